@@ -1,0 +1,444 @@
+"""The user's side of the contract: :class:`Experiment`, and adapters that turn every
+supported step style into one pure function ``(state, batch) -> (state, metrics)``.
+
+Supported step styles (all unchanged):
+  * pure optax: ``state = (params, opt_state)``, ``step(state, batch) -> (state, {"loss": l})``;
+  * Flax linen ``TrainState``: ``step(state, batch) -> (state, metrics)``;
+  * Flax NNX in place: ``state = (model, optimizer)``, an ``nnx.jit`` step
+    ``step(model, optimizer, batch) -> loss | metrics | None`` that mutates them
+    (``step(state, batch)`` with the tuple also works);
+  * a step that returns only the new state, and (NNX) a step that returns only the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import DataError, ExperimentError
+from ._tree import is_array, is_inexact, same_structure
+
+PyTree = Any
+
+_INPUT_KEYS = ("x", "image", "images", "inputs", "input", "features", "tokens", "input_ids", "data")
+_LABEL_KEYS = ("y", "label", "labels", "targets", "target")
+_MASK_KEYS = ("mask", "attention_mask", "padding_mask", "weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """Handles on a training program; only ``init``, ``step`` and ``train`` are required.
+
+    Args:
+      init: ``key -> state``, a fresh train state from a PRNG key.
+      step: ``(state, batch) -> (state, metrics) | state`` (may be jitted); for NNX,
+        ``(model, optimizer, batch) -> loss | metrics | None`` mutating in place.
+      train: one batch, an iterable of batches, or a zero-argument callable returning one.
+      eval: the same, for held-out data.
+      loss: ``(params, batch) -> scalar`` mean loss (NNX: ``(model, batch)``).
+      apply: ``(params, inputs) -> outputs`` in eval mode (NNX: ``(model, inputs)``).
+      params: ``state -> params`` (default: ``state.params``, ``state["params"]``, ``state[0]``).
+      inputs, labels, mask: ``batch -> array``; defaults look for common keys
+        (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
+      num_classes: number of classes, for label-range and init-loss checks.
+      name: shown in reports.
+    """
+
+    init: Callable[[jax.Array], PyTree]
+    step: Callable[..., Any]
+    train: Any
+    eval: Any = None
+    loss: Callable | None = None
+    apply: Callable | None = None
+    params: Callable | None = None
+    inputs: Callable | None = None
+    labels: Callable | None = None
+    mask: Callable | None = None
+    num_classes: int | None = None
+    name: str = "experiment"
+
+    def __post_init__(self):
+        for field in ("init", "step"):
+            value = getattr(self, field)
+            if not callable(value):
+                raise ExperimentError(
+                    f"Experiment.{field} must be callable, got {type(value).__name__}. "
+                    + ("Pass init=lambda key: state (a fresh train state from a PRNG key)."
+                       if field == "init" else "Pass step=train_step, a function (state, batch) -> (state, metrics)."))
+        for field in ("loss", "apply", "params", "inputs", "labels", "mask"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise ExperimentError(f"Experiment.{field} must be a callable or None, got {type(value).__name__}.")
+        if self.train is None:
+            raise ExperimentError("Experiment.train is required: one batch, an iterable of batches, "
+                                  "or a callable returning a batch.")
+        if self.num_classes is not None and (not isinstance(self.num_classes, int) or self.num_classes < 2):
+            raise ExperimentError(f"Experiment.num_classes must be an int >= 2, got {self.num_classes!r}.")
+
+
+# ----------------------------------------------------------------------------- data access
+
+def is_batch(data: Any) -> bool:
+    """True when ``data`` is one batch (an array, a mapping or a tuple of arrays), not a stream."""
+    if is_array(data):
+        return True
+    if isinstance(data, Mapping):
+        return True
+    if isinstance(data, tuple) and data and all(is_array(x) or isinstance(x, Mapping) for x in data):
+        return True
+    return False
+
+
+def first_batch(data: Any, what: str = "train") -> PyTree:
+    """The first batch of ``data`` (one batch, a callable, or an iterable). Not jit-safe."""
+    if data is None:
+        raise DataError(f"no {what} data: pass Experiment({what}=...) with a batch, an iterable of batches "
+                        "or a callable returning one.")
+    if is_batch(data):
+        batch = data
+    elif callable(data):
+        batch = data()
+    elif isinstance(data, Iterable):
+        try:
+            batch = next(iter(data))
+        except StopIteration:
+            raise DataError(f"the {what} data is empty: its iterator yielded no batch. Pass a non-empty "
+                            "iterable, or a callable that returns a batch.") from None
+    else:
+        raise DataError(f"cannot read batches from {what} data of type {type(data).__name__}: pass a batch "
+                        "(dict/tuple of arrays), an iterable of batches or a callable returning one.")
+    check_batch(batch, what)
+    return batch
+
+
+def iter_batches(data: Any, limit: int | None = None, what: str = "train"):
+    """Yield up to ``limit`` batches. A single batch is repeated; a callable is called each time."""
+    if data is None:
+        first_batch(data, what)
+    count = 0
+    if is_batch(data) or callable(data):
+        while limit is None or count < limit:
+            yield first_batch(data, what)
+            count += 1
+        return
+    it = iter(data)
+    for batch in it:
+        if limit is not None and count >= limit:
+            return
+        check_batch(batch, what)
+        yield batch
+        count += 1
+    if count == 0:
+        first_batch([], what)  # raises the empty-data error
+
+
+def check_batch(batch: PyTree, what: str = "train") -> None:
+    """Raise a DataError if a batch has no arrays, or object/string leaves."""
+    leaves = jax.tree_util.tree_leaves_with_path(batch)
+    if not leaves:
+        raise DataError(f"a {what} batch is empty (no array leaves): {type(batch).__name__}.")
+    for path, leaf in leaves:
+        if isinstance(leaf, (str, bytes)):
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a string; "
+                            "tokenize/encode it to numbers before it reaches the step.")
+        if not (is_array(leaf) or isinstance(leaf, (int, float, bool, complex))):
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a "
+                            f"{type(leaf).__name__}, not an array; convert it with np.asarray.")
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and dtype.kind in "OUS":
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} has dtype {dtype} "
+                            "(object/string); convert it to a numeric array (ragged rows must be padded).")
+
+
+def _lookup(batch: PyTree, keys: tuple[str, ...], index: int | None, what: str, field: str) -> Any:
+    if isinstance(batch, Mapping):
+        for k in keys:
+            if k in batch:
+                return batch[k]
+        raise DataError(f"cannot find the {what} in a batch with keys {sorted(map(str, batch))}: "
+                        f"looked for {list(keys)}. Pass Experiment({field}=lambda batch: batch[...]).")
+    if isinstance(batch, (tuple, list)) and index is not None and len(batch) > index:
+        return batch[index]
+    for k in keys:
+        if hasattr(batch, k):
+            return getattr(batch, k)
+    raise DataError(f"cannot find the {what} in a batch of type {type(batch).__name__}: expected a dict with "
+                    f"one of {list(keys)} or an (x, y) tuple. Pass Experiment({field}=lambda batch: ...).")
+
+
+def get_inputs(exp: Experiment, batch: PyTree) -> Any:
+    return exp.inputs(batch) if exp.inputs else _lookup(batch, _INPUT_KEYS, 0, "inputs", "inputs")
+
+
+def get_labels(exp: Experiment, batch: PyTree) -> Any:
+    return exp.labels(batch) if exp.labels else _lookup(batch, _LABEL_KEYS, 1, "labels", "labels")
+
+
+def get_mask(exp: Experiment, batch: PyTree) -> Any | None:
+    """The padding mask, or None when the batch has none. Not an error when missing."""
+    if exp.mask:
+        return exp.mask(batch)
+    if isinstance(batch, Mapping):
+        for k in _MASK_KEYS:
+            if k in batch:
+                return batch[k]
+    return None
+
+
+def batch_size(batch: PyTree) -> int:
+    leaves = [x for x in jax.tree_util.tree_leaves(batch) if getattr(x, "ndim", 0) >= 1]
+    if not leaves:
+        raise DataError("the batch has no array with a leading batch axis.")
+    return int(leaves[0].shape[0])
+
+
+def slice_batch(batch: PyTree, n: int) -> PyTree:
+    """The first ``n`` examples of every leaf that has a leading batch axis."""
+    size = batch_size(batch)
+    return jax.tree_util.tree_map(lambda x: x[:n] if getattr(x, "ndim", 0) >= 1 and x.shape[0] == size else x,
+                                  batch)
+
+
+# ----------------------------------------------------------------------------- NNX detection
+
+def _nnx():
+    from flax import nnx
+    return nnx
+
+
+def is_nnx_state(state: Any) -> bool:
+    """True when ``state`` holds Flax NNX graph objects (a Module, an Optimizer, or a tuple of them)."""
+    try:
+        nnx = _nnx()
+    except ImportError:  # pragma: no cover
+        return False
+    items = state if isinstance(state, (tuple, list)) else (state,)
+    return any(isinstance(x, nnx.Pytree) for x in items if not is_array(x))
+
+
+def _unwrap(fn: Callable) -> Callable:
+    for attr in ("fun", "_fun", "__wrapped__"):
+        inner = getattr(fn, attr, None)
+        if callable(inner):
+            return _unwrap(inner)
+    return fn
+
+
+def _positional_arity(fn: Callable) -> int | None:
+    try:
+        sig = inspect.signature(_unwrap(fn))
+    except (TypeError, ValueError):
+        return None
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------- the adapter
+
+def _as_metrics(out: Any) -> dict[str, Any]:
+    if out is None:
+        return {}
+    if isinstance(out, Mapping):
+        return dict(out)
+    if is_array(out) or isinstance(out, (float, int)) or hasattr(out, "shape"):
+        return {"loss": out}
+    if isinstance(out, (tuple, list)):
+        return {f"out_{i}": v for i, v in enumerate(out)}
+    return {"out": out}
+
+
+class Adapted:
+    """An Experiment seen through one pure interface, whatever its step style.
+
+    * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree);
+    * ``state, metrics = adapted.step(state, batch)`` — pure and jit-safe; ``metrics`` is a dict;
+    * ``adapted.params(state)`` — the trainable parameters;
+    * ``adapted.user_state(state)`` — back to the user's own objects (NNX: ``nnx.merge``);
+    * ``adapted.loss_fn`` / ``adapted.apply_fn`` — ``(params, batch)`` / ``(params, inputs)``
+      on pure params, or None when the Experiment has no such handle.
+    """
+
+    def __init__(self, experiment: Experiment, *, key: jax.Array | None = None):
+        self.experiment = exp = experiment
+        key = jax.random.key(0) if key is None else key
+        try:
+            example = exp.init(key)
+        except TypeError as e:
+            raise ExperimentError(f"Experiment.init(key) failed: {e}. init must take one PRNG key "
+                                  "(jax.random.key) and return a fresh train state.") from e
+        if example is None:
+            raise ExperimentError("Experiment.init(key) returned None; it must return the train state.")
+        self.nnx = is_nnx_state(example)
+        if self.nnx:
+            nnx = _nnx()
+            self._graphdef, _ = nnx.split(example)
+            model = self._model_of(example)
+            self._model_def, _, self._model_rest = nnx.split(model, nnx.Param, ...)
+            arity = _positional_arity(exp.step)
+            self._unpack = (isinstance(example, (tuple, list)) and arity is not None
+                            and arity == len(example) + 1)
+        else:
+            self._check_leaves(example)
+        self._example = example
+        self._style: str | None = None
+
+    # -- conversions
+    def to_pure(self, user_state: Any) -> PyTree:
+        if self.nnx:
+            return _nnx().state(user_state)
+        return user_state
+
+    def user_state(self, state: PyTree) -> Any:
+        """The user's own state object (NNX objects are rebuilt with ``nnx.merge``)."""
+        if self.nnx:
+            return _nnx().merge(self._graphdef, state)
+        return state
+
+    def init(self, key: jax.Array) -> PyTree:
+        """Pure state from a PRNG key. Not jit-safe for NNX (builds objects)."""
+        return self.to_pure(self.experiment.init(key))
+
+    @property
+    def example_state(self) -> PyTree:
+        return self.to_pure(self._example)
+
+    @staticmethod
+    def _check_leaves(state: PyTree) -> None:
+        bad = [(p, leaf) for p, leaf in jax.tree_util.tree_leaves_with_path(state)
+               if not (is_array(leaf) or isinstance(leaf, (int, float, bool)))]
+        if bad:
+            path, leaf = bad[0]
+            raise ExperimentError(
+                f"the train state has a non-array leaf at state{jax.tree_util.keystr(path)} "
+                f"({type(leaf).__name__}); steps need arrays there. Mark it static "
+                "(flax.struct.field(pytree_node=False)) or convert it with jnp.asarray.")
+
+    # -- the step
+    def _call_user_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, Any]:
+        exp = self.experiment
+        if self.nnx:
+            objs = _nnx().merge(self._graphdef, state)
+            out = exp.step(*objs, batch) if self._unpack else exp.step(objs, batch)
+            return _nnx().state(objs), out
+        return None, exp.step(state, batch)
+
+    def step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
+        """Run the user's step once, purely. Jit-safe."""
+        new_state, out = self._call_user_step(state, batch)
+        if self.nnx:
+            if isinstance(out, tuple) and len(out) == 2 and is_nnx_state(out[0]):
+                out = out[1]
+            return new_state, _as_metrics(out)
+        style = self._style or self.detect_style(state, batch)
+        if style == "state_metrics":
+            return out[0], _as_metrics(out[1])
+        return out, {}
+
+    def detect_style(self, state: PyTree, batch: PyTree) -> str:
+        """``"state_metrics"`` or ``"state"``, found by tracing the step once (no FLOPs run)."""
+        if self._style is not None:
+            return self._style
+        try:
+            out = jax.eval_shape(lambda s, b: self._call_user_step(s, b)[1], state, batch)
+        except Exception as e:  # the user's step failed to trace: show the real error, with context
+            raise ExperimentError(f"calling the step on the first batch failed: {type(e).__name__}: {e}") from e
+        if isinstance(out, (tuple, list)) and len(out) == 2 and same_structure(out[0], state):
+            self._style = "state_metrics"
+        elif same_structure(out, state):
+            self._style = "state"
+        else:
+            shown = jax.tree_util.tree_structure(out)
+            raise ExperimentError(
+                "the step's output does not match the state's structure: expected (new_state, metrics) or "
+                f"new_state with the structure {jax.tree_util.tree_structure(state)}, got {shown}. "
+                "Return the updated state (same pytree as init's) and optionally a metrics dict; "
+                "a step that returns only the loss is supported for NNX objects updated in place.")
+        return self._style
+
+    # -- params / loss / apply on pure params
+    def params(self, state: PyTree) -> PyTree:
+        """The trainable parameters of a pure state. Jit-safe."""
+        exp = self.experiment
+        if self.nnx:
+            nnx = _nnx()
+            return nnx.state(self._model_of(nnx.merge(self._graphdef, state)), nnx.Param)
+        if exp.params is not None:
+            return exp.params(state)
+        if hasattr(state, "params"):
+            return state.params
+        if isinstance(state, Mapping) and "params" in state:
+            return state["params"]
+        if isinstance(state, (tuple, list)) and state:
+            return state[0]
+        raise ExperimentError("cannot find the parameters in the state: pass Experiment(params=lambda state: ...).")
+
+    @staticmethod
+    def _model_of(objs: Any) -> Any:
+        """The NNX model among the state's objects (the first one; an Optimizer's ``.model``)."""
+        nnx = _nnx()
+        model = objs[0] if isinstance(objs, (tuple, list)) else objs
+        return model.model if isinstance(model, nnx.Optimizer) else model
+
+    def _model_with(self, params: PyTree):
+        """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables."""
+        return _nnx().merge(self._model_def, params, self._model_rest)
+
+    @property
+    def loss_fn(self) -> Callable | None:
+        """``(params, batch) -> scalar`` on pure params, or None. Jit-safe."""
+        loss = self.experiment.loss
+        if loss is None:
+            return None
+        if self.nnx:
+            return lambda params, batch: loss(self._model_with(params), batch)
+        return loss
+
+    @property
+    def apply_fn(self) -> Callable | None:
+        """``(params, inputs) -> outputs`` on pure params, or None. Jit-safe."""
+        apply = self.experiment.apply
+        if apply is None:
+            return None
+        if self.nnx:
+            return lambda params, inputs: apply(self._model_with(params), inputs)
+        return apply
+
+    def with_params(self, state: PyTree, params: PyTree) -> PyTree:
+        """A pure state whose parameters are replaced by ``params`` (same structure). Jit-safe."""
+        if self.nnx:
+            nnx = _nnx()
+            objs = nnx.merge(self._graphdef, state)
+            nnx.update(self._model_of(objs), params)
+            return nnx.state(objs)
+        old = self.params(state)
+        old_leaves, treedef = jax.tree_util.tree_flatten(old)
+        new_leaves = jax.tree_util.tree_leaves(params)
+        ids = {id(x): i for i, x in enumerate(old_leaves)}
+        state_leaves, state_def = jax.tree_util.tree_flatten(state)
+        replaced = [new_leaves[ids[id(x)]] if id(x) in ids else x for x in state_leaves]
+        if sum(id(x) in ids for x in state_leaves) != len(old_leaves):
+            raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
+                                  "returning a sub-tree of the state.")
+        return jax.tree_util.tree_unflatten(state_def, replaced)
+
+
+def chance_loss(num_classes: int) -> float:
+    """Cross-entropy of a uniform prediction over ``num_classes``: ln C."""
+    return math.log(num_classes)
+
+
+def float_leaves(tree: PyTree) -> list:
+    return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
+

@@ -1,0 +1,81 @@
+"""Pytree helpers shared by every check: readable leaf paths and finite flags."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+def path_str(path: tuple, root: str = "") -> str:
+    """``(DictKey('params'), DictKey('w'))`` -> ``root['params']['w']`` (``root.params`` for attributes)."""
+    text = jax.tree_util.keystr(path)
+    if root and text.startswith("."):
+        return root + text
+    return root + text if root else (text.lstrip(".") or "<root>")
+
+
+def leaves_with_paths(tree: PyTree, root: str = "", is_leaf: Callable | None = None) -> list[tuple[str, Any]]:
+    """Flatten ``tree`` into ``[(path string, leaf)]`` in ``jax.tree`` order."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return [(path_str(p, root), leaf) for p, leaf in flat]
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def is_inexact(x: Any) -> bool:
+    """True for float and complex arrays (the leaves that can hold NaN/Inf). Jit-safe."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.inexact))
+    except TypeError:  # extended dtypes such as PRNG keys
+        return False
+
+
+def finite_flags(tree: PyTree) -> jax.Array:
+    """One bool per leaf of ``tree`` (True = finite or not a float leaf). Jit-safe.
+
+    Each inexact leaf costs one fused reduction; integer, bool and key leaves are skipped.
+    """
+    flags = [jnp.all(jnp.isfinite(x)) if is_inexact(x) else jnp.asarray(True)
+             for x in jax.tree_util.tree_leaves(tree)]
+    if not flags:
+        return jnp.ones((0,), bool)
+    return jnp.stack(flags)
+
+
+def nonfinite_counts(tree: PyTree, root: str = "") -> list[tuple[str, int, int, int]]:
+    """Host side: ``[(path, n_nan, n_posinf, n_neginf)]`` for each leaf holding any. Not jit-safe."""
+    out = []
+    for path, leaf in leaves_with_paths(tree, root):
+        if not is_inexact(leaf):
+            continue
+        a = np.asarray(leaf)
+        nan = int(np.isnan(a).sum())
+        pinf = int(np.isposinf(a).sum()) if not np.iscomplexobj(a) else 0
+        ninf = int(np.isneginf(a).sum()) if not np.iscomplexobj(a) else 0
+        if nan or pinf or ninf:
+            out.append((path, nan, pinf, ninf))
+    return out
+
+
+def describe_counts(n_nan: int, n_pinf: int, n_ninf: int) -> str:
+    parts = [f"{n} {name}" for n, name in ((n_nan, "NaN"), (n_pinf, "+Inf"), (n_ninf, "-Inf")) if n]
+    return ", ".join(parts)
+
+
+def to_host(tree: PyTree) -> PyTree:
+    """Copy every array leaf to host numpy (keeps dtypes, including bfloat16). Not jit-safe."""
+    return jax.tree_util.tree_map(lambda x: np.asarray(x) if is_array(x) else x, tree)
+
+
+def same_structure(a: PyTree, b: PyTree) -> bool:
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)

@@ -1,0 +1,128 @@
+"""The command line, thin over the library.
+
+  jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...]
+
+Exit codes: 0 no error findings, 1 error findings, 2 usage errors (so it works as a CI gate).
+ATTR names an :class:`Experiment` or a zero-argument callable returning one. With no target,
+the bundled examples run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def load_target(target: str) -> Any:
+    """``pkg.module:attr`` or ``path/to/file.py:attr`` -> an Experiment (calling attr if needed)."""
+    from ._experiment import Experiment
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"target {target!r} must look like MODULE:ATTR or path/to/file.py:ATTR")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            if not os.path.isfile(module_name):
+                raise UsageError(f"no such file: {module_name}")
+            spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(module_name))[0],
+                                                          module_name)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
+            spec.loader.exec_module(module)
+        else:
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {module_name!r}: {e}") from e
+    if not hasattr(module, attr):
+        raise UsageError(f"{module_name!r} has no attribute {attr!r}")
+    value = getattr(module, attr)
+    if not isinstance(value, Experiment) and callable(value):
+        value = value()
+    if not isinstance(value, Experiment):
+        raise UsageError(f"{target} is a {type(value).__name__}, not a jaxsane.Experiment (or a callable "
+                         "returning one)")
+    return value
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ._doctor import doctor
+    from ._errors import JaxsaneError
+    from ._findings import Diagnosis
+
+    if args.targets:
+        experiments = [load_target(t) for t in args.targets]
+    else:
+        from .examples import EXAMPLES, load
+        print(f"[jaxsane] no target given: running the bundled examples {', '.join(EXAMPLES)}", file=sys.stderr)
+        experiments = [load(name) for name in EXAMPLES]
+    stage_options = dict(kv.split("=", 1) for kv in args.option)
+    results: list[Diagnosis] = []
+    for exp in experiments:
+        try:
+            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet,
+                               **{k: _parse_value(v) for k, v in stage_options.items()})
+        except JaxsaneError as e:
+            raise UsageError(str(e)) from e
+        results.append(diagnosis)
+        if not args.quiet:
+            diagnosis.render()
+            print()
+    if args.json:
+        payload = [d.to_dict() for d in results]
+        with open(args.json, "w") as fh:
+            json.dump(payload if len(payload) > 1 else payload[0], fh, indent=2)
+    if args.html:
+        from ._report import write_html
+        write_html(args.html, results)
+    return EXIT_OK if all(d.ok for d in results) else EXIT_ERRORS
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)")
+    p.add_argument("targets", nargs="*", metavar="MODULE:ATTR", help="experiments to check")
+    p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages")
+    p.add_argument("--skip", nargs="+", metavar="STAGE", help="skip these stages")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a stage option, e.g. -o run_steps=50")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
+    p.set_defaults(func=_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: 2 on usage errors, 0 on --help
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"[jaxsane] usage error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
