@@ -10,12 +10,22 @@ from ._errors import (
     JaxsaneError as JaxsaneError,
     NonFiniteError as NonFiniteError,
 )
+from ._data import check_data as check_data
+from ._dist import ReplicaDivergenceError as ReplicaDivergenceError, check_replicas as check_replicas
 from ._doctor import doctor as doctor
 from ._experiment import Experiment as Experiment
 from ._findings import CODES as CODES, Diagnosis as Diagnosis, Finding as Finding
+from ._fit import FitResult as FitResult, fit as fit
 from ._guard import Guarded as Guarded, JaxsaneWarning as JaxsaneWarning, guard as guard
+from ._monitor import History as History, Monitor as Monitor, check_training as check_training
+from ._init_sweep import InitScaleSweep as InitScaleSweep, init_scale_sweep as init_scale_sweep
+from ._overfit import OverfitConfig as OverfitConfig, OverfitResult as OverfitResult, overfit as overfit
+from ._report import write_html as write_html
 
 __all__ = [
     "CODES", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "Finding", "GradCheckError",
-    "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "doctor", "guard", "load_dump", "save_dump",
+    "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError", "check_data",
+    "check_replicas", "doctor", "guard", "load_dump", "save_dump",
+    "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",
+    "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
 ]

@@ -1,68 +1,925 @@
-"""Data checks: label range, shapes across batches, non-finite inputs."""
+"""Data checks: labels, shapes, leakage, duplicates, padding, scale, constant and non-finite inputs.
+
+:func:`check_data` reads each split once, as a stream of row chunks, and keeps only small
+per-split accumulators plus one 64-bit content hash and one index per example (16 bytes per row),
+so it runs on real-size data (a 1,000,000 x 784 uint8 split in a few seconds) and on
+single-pass generators. Hashing is vectorized over 8-byte words: each word is mixed with a
+position key (xor, two odd multiplies and two xor-shifts, as in splitmix64), the mixed words of a
+row are summed modulo 2**64, and the sum is finalised with splitmix64. Matching is sort based;
+candidate pairs of in-memory data are then confirmed by exact byte comparison, so a hash collision
+can never be reported as a leak or duplicate (stream data keeps no rows: its matches are by
+64-bit hash, collision probability about n**2 / 2**65).
+
+Nothing here runs inside ``jit``.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 
-from ._experiment import Experiment, get_inputs, get_labels, iter_batches
-from ._findings import Finding
-from ._tree import is_inexact, leaves_with_paths
+from ._errors import DataError, JaxsaneError
+from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
+from ._findings import Diagnosis, Finding
+from ._tree import path_str
+
+PyTree = Any
+
+_U64 = np.uint64
+_C1, _C2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)   # splitmix64 multipliers
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_HASH_BLOCK_BYTES = 1 << 20    # rows hashed per numpy pass: ~1 MiB of words stays in cache
+_STATS_ROWS = 1024             # rows per chunk sampled for mean/std (scale check)
+_STATS_VALUES = 1 << 22        # after this many sampled values, sample every 16th row
+_MAX_CLASSES = 100_000         # integer labels above this (without num_classes) are not class ids
 
 
-def _first_indices(mask: np.ndarray, n: int = 5) -> list[int]:
-    return np.flatnonzero(mask)[:n].tolist()
+# ----------------------------------------------------------------------------- hashing
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, in place on a uint64 array."""
+    z ^= z >> _U64(30)
+    z *= _C1
+    z ^= z >> _U64(27)
+    z *= _C2
+    z ^= z >> _U64(31)
+    return z
 
 
-def basic_data_checks(exp: Experiment, *, max_batches: int = 20) -> list[Finding]:
-    """Shapes/dtypes consistent across batches, labels in range, inputs finite. Not jit-safe."""
-    findings: list[Finding] = []
-    signature = None
-    offset = 0
-    for b, batch in enumerate(iter_batches(exp.train, max_batches)):
-        sig = [(p, np.shape(x)[1:], np.asarray(x).dtype.str) for p, x in leaves_with_paths(batch, "batch")]
-        if signature is None:
-            signature = sig
-        elif sig != signature:
-            findings.append(Finding("data.shape", f"batch {b} has shapes/dtypes {sig} but batch 0 had {signature}",
-                                    "make every batch the same per-example shape and dtype (pad, cast)",
-                                    path=f"batch {b}"))
-            break
-        for path, x in leaves_with_paths(batch, "batch"):
-            if is_inexact(x):
-                bad = ~np.isfinite(np.asarray(x)).reshape(len(x), -1).all(axis=1) if np.ndim(x) else \
-                    ~np.isfinite(np.asarray(x)).reshape(1)
-                if bad.any():
-                    findings.append(Finding("nonfinite.input", f"{int(bad.sum())} examples of {path} hold NaN/Inf "
-                                            f"(first indices {[offset + i for i in _first_indices(bad)]})",
-                                            "drop or repair these rows in the data pipeline", path=path))
-        if exp.num_classes is not None:
+_KEYS_CACHE: dict[int, np.ndarray] = {}
+
+
+def _position_keys(words: int) -> np.ndarray:
+    keys = _KEYS_CACHE.get(words)
+    if keys is None:
+        keys = _splitmix((np.arange(1, words + 1, dtype=_U64) * _GOLDEN))
+        _KEYS_CACHE[words] = keys
+    return keys
+
+
+def hash_rows(x: np.ndarray) -> np.ndarray:
+    """One uint64 content hash per row (leading axis) of ``x``, from its raw bytes. Not jit-safe.
+
+    Vectorized: no Python loop per example; memory beyond the output is about 1 MiB.
+    Equal rows (same dtype, shape and bytes) always get equal hashes.
+    """
+    n = x.shape[0]
+    rows = np.ascontiguousarray(x).reshape(n, -1).view(np.uint8)
+    nbytes = rows.shape[1]
+    out = np.empty(n, _U64)
+    if nbytes == 0 or n == 0:
+        out[:] = 0
+        return _splitmix(out)
+    width = -(-nbytes // 8) * 8
+    keys = _position_keys(width // 8)
+    block = max(1, _HASH_BLOCK_BYTES // width)
+    for s in range(0, n, block):
+        part = rows[s:s + block]
+        if width != nbytes:  # pad each row to whole 8-byte words
+            padded = np.zeros((len(part), width), np.uint8)
+            padded[:, :nbytes] = part
+            part = padded
+        z = part.view(_U64) ^ keys
+        z *= _C1
+        z ^= z >> _U64(32)
+        z *= _C2
+        z ^= z >> _U64(29)
+        out[s:s + block] = z.sum(axis=1, dtype=_U64)
+    out ^= _U64((nbytes * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+    return _splitmix(out)
+
+
+def _combine(h: np.ndarray | None, g: np.ndarray) -> np.ndarray:
+    if h is None:
+        return g
+    h = h * _C1
+    h ^= g
+    return _splitmix(h)
+
+
+# ----------------------------------------------------------------------------- reading the data
+
+def _is_arraylike(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, jax.Array, np.generic))
+
+
+def _normalize(tree: Any, where: str) -> PyTree:
+    """Arrays for every leaf (lists of numbers become arrays); clear errors for the rest."""
+    if isinstance(tree, Mapping):
+        return {k: _normalize(v, f"{where}[{k!r}]") for k, v in tree.items()}
+    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
+    if isinstance(tree, tuple):  # NamedTuple
+        return type(tree)(*(_normalize(v, f"{where}.{f}") for f, v in zip(tree._fields, tree)))
+    if isinstance(tree, list) and tree and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in tree):
+        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
+    if isinstance(tree, (str, bytes)):
+        raise DataError(f"{where} is a string ({tree[:30]!r}); tokenize/encode text to integer ids before "
+                        "it reaches the model.")
+    if isinstance(tree, jax.Array):
+        return tree
+    if isinstance(tree, (np.ndarray, np.generic, list, int, float, bool, complex)):
+        try:
+            arr = np.asarray(tree)
+        except ValueError as e:  # ragged nested lists
+            raise DataError(f"{where} is ragged (rows of different lengths): {e}. Pad every row to one "
+                            "length and pass a padding mask.") from None
+        if arr.dtype.kind in "OUSV":
+            kind = {"O": "object", "U": "string", "S": "bytes", "V": "void/structured"}[arr.dtype.kind]
+            raise DataError(f"{where} has dtype {arr.dtype} ({kind}); convert it to a numeric array "
+                            "(encode strings to ids, pad ragged rows to one length).")
+        return arr
+    if hasattr(tree, "__array__"):  # e.g. a torch tensor or pandas column
+        return _normalize(np.asarray(tree), where)
+    raise DataError(f"{where} is a {type(tree).__name__}, not an array: pass numpy/jax arrays, dicts or "
+                    "(x, y) tuples of them.")
+
+
+def _leaves(tree: PyTree, root: str) -> list[tuple[str, Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [(path_str(p, root), leaf) for p, leaf in flat]
+
+
+def _num_rows(tree: PyTree, where: str) -> int:
+    """The common leading size of every leaf with an axis; DataError when they disagree."""
+    first = None
+    for path, leaf in _leaves(tree, where):
+        if np.ndim(leaf) == 0:
+            continue
+        if first is None:
+            first = (path, leaf.shape[0])
+        elif leaf.shape[0] != first[1]:
+            raise DataError(f"ragged batch: {path} has {leaf.shape[0]} rows but {first[0]} has {first[1]}. "
+                            "Every array of a batch needs the same leading (example) axis.")
+    if first is None:
+        raise DataError(f"{where} has no array with a leading example axis.")
+    return int(first[1])
+
+
+def _slice(tree: PyTree, s: int, e: int) -> PyTree:
+    return jax.tree_util.tree_map(lambda a: a[s:e] if np.ndim(a) else a, tree)
+
+
+def _take(tree: PyTree, idx: np.ndarray) -> PyTree:
+    return jax.tree_util.tree_map(lambda a: a[idx] if np.ndim(a) else a, tree)
+
+
+def _is_data(x: Any) -> bool:
+    """True for in-memory data (an array, a dict or a tuple of arrays), read as one whole split."""
+    if _is_arraylike(x) or isinstance(x, Mapping):
+        return True
+    return isinstance(x, tuple) and bool(x) and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in x)
+
+
+def _batches(data: Any, what: str, max_batches: int | None) -> tuple[bool, Iterator[tuple[int, PyTree]]]:
+    """(is_stream, iterator of (batch index, raw batch))."""
+    if data is not None and not _is_data(data) and callable(data):
+        data = data()
+    if _is_data(data):
+        return False, iter([(0, data)])
+    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        raise DataError(f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
+                        "(x, y) tuple of arrays, or an iterable of such batches.")
+
+    def gen():
+        it = iter(data)
+        b = 0
+        while max_batches is None or b < max_batches:
             try:
-                labels = np.asarray(get_labels(exp, batch))
-            except Exception:
-                labels = None
-            if labels is not None and labels.dtype.kind in "iu":
-                bad = (labels < 0) | (labels >= exp.num_classes)
-                if bad.any():
-                    findings.append(Finding(
-                        "data.label_range", f"{int(bad.sum())} labels outside [0, {exp.num_classes}) in batch {b} "
-                        f"(min {labels.min()}, max {labels.max()}; first indices "
-                        f"{[offset + i for i in _first_indices(bad.reshape(-1))]})",
-                        "labels must be 0..num_classes-1: fix an off-by-one (1-based labels) or num_classes",
-                        path="labels"))
-        offset += len(jax.tree_util.tree_leaves(batch)[0]) if np.ndim(jax.tree_util.tree_leaves(batch)[0]) else 1
-    # de-duplicate repeated findings of the same code and path
-    seen, unique = set(), []
-    for f in findings:
-        if (f.code, f.path) not in seen:
-            seen.add((f.code, f.path))
-            unique.append(f)
-    return unique
+                batch = next(it)
+            except StopIteration:
+                return
+            except JaxsaneError:
+                raise
+            except Exception as e:
+                raise DataError(f"reading {what} batch {b} raised {type(e).__name__}: {e} (in your data "
+                                "iterator; see the chained traceback)") from e
+            yield b, batch
+            b += 1
+    return True, gen()
 
+
+def _get(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,
+         required: bool) -> Any:
+    """Apply a handle (callable, dict key or default lookup) to a batch."""
+    if callable(spec):
+        try:
+            return spec(batch)
+        except JaxsaneError:
+            raise
+        except Exception as e:
+            raise DataError(f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
+                            "batch (or a slice of the data) and return an array.") from None
+    if isinstance(spec, str):
+        if isinstance(batch, Mapping):
+            if spec in batch:
+                return batch[spec]
+            raise DataError(f"{where} has no {what} key {spec!r}; its keys are {sorted(map(str, batch))}. "
+                            f"Pass {what}= one of them, or a function batch -> array.")
+        raise DataError(f"{what}={spec!r} names a dict key, but {where} is a {type(batch).__name__}; pass a "
+                        f"function batch -> array instead.")
+    if spec is not None:
+        raise DataError(f"{what} must be a function batch -> array, a dict key or None, got "
+                        f"{type(spec).__name__}.")
+    if isinstance(batch, Mapping):
+        for k in keys:
+            if k in batch:
+                return batch[k]
+        if required:
+            raise DataError(f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
+                            f"{list(keys)}. Pass {what}='your_key' or a function batch -> array.")
+        return None
+    if isinstance(batch, tuple):
+        if index is not None and len(batch) > index:
+            return batch[index]
+        if required:
+            raise DataError(f"{where} is a tuple of {len(batch)} arrays; the {what} should be element {index}. "
+                            f"Pass {what}= a function batch -> array.")
+        return None
+    if what == "inputs":  # a bare array is the inputs
+        return batch
+    if required:
+        raise DataError(f"{where} is a bare {type(batch).__name__} (inputs only) but {what} are needed (num_classes "
+                        f"was given): pass (x, y), a dict with a label key, or {what}= a function batch -> array.")
+    return None
+
+
+def _host(x: Any) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _first(idx: np.ndarray, k: int) -> list[int]:
+    return [int(i) for i in idx[:k]]
+
+
+class _Flags:
+    """A count of flagged examples and the first few of their indices."""
+
+    def __init__(self, k: int):
+        self.k, self.count, self.first = k, 0, []
+
+    def add(self, flags: np.ndarray, offset: int) -> None:
+        n = int(flags.sum())
+        if n:
+            if len(self.first) < self.k:
+                self.first += (np.flatnonzero(flags)[: self.k - len(self.first)] + offset).tolist()
+            self.count += n
+
+    def add_index(self, i: int, n: int = 1) -> None:
+        if len(self.first) < self.k:
+            self.first.append(int(i))
+        self.count += n
+
+
+class _LeafStats:
+    """Scale/range accumulators for one input leaf."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.lo, self.hi = math.inf, -math.inf
+        self.n = 0
+        self.s = self.ss = 0.0
+
+
+class _Split:
+    """Single-pass accumulators of one split."""
+
+    def __init__(self, what: str, k: int):
+        self.what, self.k = what, k
+        self.rows = self.batches = 0
+        self.stream = False
+        self.memory: PyTree = None            # the split itself when it is in memory (for exact checks)
+        self.hashes: list[np.ndarray] = []
+        self.hash_index: list[np.ndarray] = []
+        self.signature: list | None = None
+        self.shape_errors = _Flags(k)
+        self.shape_warnings = _Flags(k)
+        self.shape_detail = ""
+        self.shape_warning_detail = ""
+        self.nonfinite: dict[str, _Flags] = {}
+        self.stats: dict[str, _LeafStats] = {}
+        self.constant_batches = _Flags(k)
+        self.padding_rows = _Flags(k)
+        self.padding_batches = _Flags(k)
+        self.label_bad = _Flags(k)
+        self.label_lo, self.label_hi = math.inf, -math.inf
+        self.label_float = _Flags(k)
+        self.label_soft_bad = _Flags(k)
+        self.label_column = None              # shape of (B, 1) class-id labels, when seen
+        self.label_dtype = None
+        self.label_ndim = None
+        self.class_counts = np.zeros(0, np.int64)
+        self.has_labels = False
+        self.count_classes = True
+
+
+# ----------------------------------------------------------------------------- the check
+
+def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
+               inputs: Any = None, labels: Any = None, mask: Any = None,
+               apply: Callable | None = None, params: Any = None, max_batches: int | None = None,
+               max_imbalance_ratio: float = 10.0, max_duplicate_fraction: float = 0.0,
+               max_leakage_fraction: float = 0.0, scale_range: tuple[float, float] = (1e-2, 10.0),
+               integer_features: bool | None = None, max_indices: int = 5, apply_examples: int = 4,
+               chunk_bytes: int = 1 << 24) -> Diagnosis:
+    """Check training (and evaluation) data before the model ever sees it.
+
+    Each split is read once, in row chunks, with bounded memory (16 bytes per example for the
+    content hashes plus one chunk), so single-pass generators work and a 1,000,000-row split takes
+    seconds. Every finding says how many examples are affected, the first few indices (counted in
+    stream order across batches) and the fix.
+
+    Codes: ``data.label_range`` (labels outside ``[0, num_classes)``, negative labels, float class
+    labels, soft labels outside [0, 1]), ``data.shape`` (per-example shapes/dtypes that change
+    across batches; predictions and labels that silently broadcast, e.g. ``(B, 1)`` against
+    ``(B,)``), ``data.leakage`` (eval examples whose inputs also appear in train, exact content
+    match), ``data.duplicates`` (repeated inputs within a split), ``data.imbalance``,
+    ``data.all_padding`` (sequences whose mask is all zero; batches entirely padding),
+    ``data.unnormalized``, ``data.constant`` (the whole input, or a whole batch, is one value),
+    ``nonfinite.input`` (NaN/Inf in inputs or float labels).
+
+    Args:
+      train: the training data: a numpy/jax array (inputs only), a dict or ``(x, y)`` tuple of
+        arrays (the whole split, chunked internally), or an iterable of such batches (read once,
+        as a stream), or a zero-argument callable returning one of those.
+      eval: the held-out data, in any of the same forms, or None.
+      num_classes: number of classes; enables the label range, float-label and missing-class checks.
+      inputs, labels, mask: how to get them from a batch: a function ``batch -> array``, a dict key,
+        or None for the defaults (keys ``x``/``image``/``inputs``/``tokens``..., ``y``/``label``/
+        ``labels``/``targets``..., ``mask``/``attention_mask``/``padding_mask``/``weights``; element
+        0 and 1 of a tuple). Labels and mask are optional unless named.
+      apply: ``(params, inputs) -> predictions`` (or ``inputs -> predictions`` when ``params`` is
+        None), evaluated (abstractly, via ``jax.eval_shape``) on ``apply_examples`` train examples
+        to compare prediction and label shapes.
+      params: the parameters passed to ``apply``.
+      max_batches: read at most this many batches of an iterable split (None: all of it; an
+        infinite stream needs a limit).
+      max_imbalance_ratio: flag when the most frequent class has more than this many times the
+        examples of the least frequent one (or a class in ``range(num_classes)`` never occurs).
+        Default 10: Google's ML Crash Course ("Imbalanced datasets") calls a minority class of
+        1-20% "moderate" imbalance that needs handling; 10:1 is 9% of a binary split.
+      max_duplicate_fraction: flag a split where more than this fraction of the examples repeat
+        an earlier one. Default 0 (any duplicate), as deepchecks' ``DataDuplicates`` condition.
+      max_leakage_fraction: flag when more than this fraction of eval examples appear in train.
+        Default 0: any exact overlap invalidates the eval (deepchecks warns only at 5%).
+      scale_range: float inputs whose root-mean-square ``sqrt(mean**2 + std**2)`` lies outside
+        this range are flagged as unnormalized. Default (0.01, 10): inputs should be roughly zero
+        mean and unit variance (LeCun et al., "Efficient BackProp", 1998, section 4.3); raw 0..255
+        pixels as floats have RMS ~85, pixels divided by 255 twice ~0.001.
+      integer_features: whether integer inputs are numeric features (checked for scale: a max
+        above 1 means raw values such as 0..255 pixels) or ids (tokens, categories; not checked).
+        None (default): uint8 inputs are features (pixels), other integer dtypes are ids.
+      max_indices: how many example indices each finding lists.
+      apply_examples: how many examples ``apply`` sees.
+      chunk_bytes: rows are processed in chunks of about this many bytes.
+
+    Returns:
+      A :class:`~jaxsane.Diagnosis`; ``diagnosis.artifacts["data"]`` holds per-split summaries
+      (rows, batches, class counts, input mean/std).
+
+    Raises:
+      DataError: the data cannot be read: ragged batches or rows, a named key that is missing,
+        string/object arrays, unsupported types, a handle that raises.
+
+    Not jit-safe (host numpy).
+
+    Example:
+      >>> import numpy as np
+      >>> x = np.arange(12, dtype=np.float32).reshape(6, 2) / 12
+      >>> y = np.array([0, 1, 0, 1, 0, 2])
+      >>> check_data((x, y), num_classes=2).codes
+      ['data.label_range']
+    """
+    if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or num_classes < 1):
+        raise DataError(f"num_classes must be a positive int, got {num_classes!r}.")
+    if max_batches is not None and max_batches < 1:
+        raise DataError(f"max_batches must be >= 1 or None, got {max_batches!r}.")
+    opts = dict(num_classes=None if num_classes is None else int(num_classes), inputs=inputs, labels=labels,
+                mask=mask, integer_features=integer_features, chunk_bytes=chunk_bytes,
+                apply=apply, params=params, apply_examples=apply_examples)
+    diagnosis = Diagnosis(name="data")
+    findings: list[Finding] = []
+    train_split = _scan(train, "train", max_batches, max_indices, opts, findings)
+    eval_split = _scan(eval, "eval", max_batches, max_indices, opts, findings) if eval is not None else None
+    splits = [s for s in (train_split, eval_split) if s is not None]
+    train_sorted = None
+    for split in splits:
+        findings += _split_findings(split, opts, max_imbalance_ratio, scale_range)
+        dup, sorted_ = _duplicates(split, max_duplicate_fraction, max_indices, inputs)
+        findings += dup
+        if split is train_split:
+            train_sorted = sorted_
+    if eval_split is not None:
+        findings += _leakage(train_split, eval_split, train_sorted, max_leakage_fraction, max_indices, inputs)
+    diagnosis.add(findings)
+    diagnosis.artifacts["data"] = {s.what: _summary(s) for s in splits}
+    return diagnosis
+
+
+def _summary(split: _Split) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": split.rows, "batches": split.batches, "stream": split.stream}
+    if split.class_counts.size:
+        out["class_counts"] = split.class_counts.tolist()
+    out["inputs"] = {}
+    for path, st in split.stats.items():
+        if st.n:
+            mean = st.s / st.n
+            out["inputs"][path] = {"dtype": str(st.dtype), "min": st.lo, "max": st.hi, "mean": mean,
+                                   "std": math.sqrt(max(st.ss / st.n - mean * mean, 0.0))}
+    return out
+
+
+def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> _Split:
+    split = _Split(what, k)
+    stream, batches = _batches(data, what, max_batches)
+    split.stream = stream
+    offset = 0
+    for b, raw in batches:
+        where = f"{what} batch {b}" if stream else what
+        batch = _normalize(raw, where)
+        if not stream:
+            split.memory = batch
+        n = _num_rows(batch, where)
+        padded = _get(batch, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
+        _signature(split, batch, b, where, padded is not None)
+        row_bytes = max(1, sum(int(np.prod(np.shape(a)[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize
+                               for _, a in _leaves(batch, "") if np.ndim(a)))
+        step = max(1, int(opts["chunk_bytes"]) // row_bytes)
+        batch_lo: dict[str, float] = {}
+        batch_hi: dict[str, float] = {}
+        batch_any_mask = False
+        batch_has_mask = False
+        for s in range(0, n, step):
+            chunk = _slice(batch, s, min(n, s + step)) if (s > 0 or step < n) else batch
+            lo, hi, has_mask, any_mask = _scan_chunk(split, chunk, offset + s, where, opts,
+                                                     first=(b == 0 and s == 0), findings=findings)
+            for p in lo:
+                batch_lo[p] = min(batch_lo.get(p, math.inf), lo[p])
+                batch_hi[p] = max(batch_hi.get(p, -math.inf), hi[p])
+            batch_has_mask |= has_mask
+            batch_any_mask |= any_mask
+        if batch_has_mask and not batch_any_mask:
+            split.padding_batches.add_index(b)
+        elif stream and n > 1 and batch_lo and all(batch_lo[p] == batch_hi[p] for p in batch_lo):
+            split.constant_batches.add_index(b)
+        offset += n
+        split.batches += 1
+    if split.batches == 0:
+        raise DataError(f"the {what} data is empty: its iterator yielded no batch.")
+    split.rows = offset
+    return split
+
+
+def _signature(split: _Split, batch: PyTree, b: int, where: str, padded: bool) -> None:
+    """Compare per-example shapes/dtypes with batch 0: a changed dtype, rank or (without a padding
+    mask) size is an error; a changed size in padded data (dynamic padding) is a recompile warning."""
+    sig = [(p, tuple(np.shape(a)[1:]), np.dtype(a.dtype).str) for p, a in _leaves(batch, "batch")]
+    if split.signature is None:
+        split.signature = sig
+        return
+    if sig == split.signature:
+        return
+    if [p for p, _, _ in sig] != [p for p, _, _ in split.signature]:
+        detail = (f"{where} has leaves {[p for p, _, _ in sig]} but batch 0 had "
+                  f"{[p for p, _, _ in split.signature]}")
+        severe = True
+    else:
+        diffs = [(p, s0, d0, s1, d1) for (p, s1, d1), (_, s0, d0) in zip(sig, split.signature) if (s1, d1) != (s0, d0)]
+        severe = not padded or any(d0 != d1 or len(s0) != len(s1) for _, s0, d0, s1, d1 in diffs)
+        p, s0, d0, s1, d1 = diffs[0]
+        detail = (f"{p} has per-example shape {s1} dtype {np.dtype(d1)} in {where} but {s0} dtype "
+                  f"{np.dtype(d0)} in batch 0")
+    if severe:
+        if not split.shape_errors.count:
+            split.shape_detail = detail
+        split.shape_errors.add_index(b)
+    else:
+        if not split.shape_warnings.count:
+            split.shape_warning_detail = detail
+        split.shape_warnings.add_index(b)
+
+
+def _is_feature(dtype: np.dtype, integer_features: bool | None) -> bool:
+    if dtype.kind in "fc":
+        return True
+    if dtype.kind in "iu":
+        return integer_features if integer_features is not None else dtype == np.uint8
+    return False
+
+
+def _scan_chunk(split: _Split, chunk: PyTree, offset: int, where: str, opts: dict, *, first: bool,
+                findings: list[Finding]):
+    """Accumulate one chunk of rows; returns per-leaf (min, max) and mask presence/any."""
+    x = _get(chunk, opts["inputs"], _INPUT_KEYS, 0, "inputs", where, required=True)
+    x = _normalize(x, f"{where} inputs")
+    y = _get(chunk, opts["labels"], _LABEL_KEYS, 1, "labels", where,
+             required=opts["labels"] is not None or opts["num_classes"] is not None)
+    m = _get(chunk, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
+    rows = None
+    leaves = [(p, _host(a)) for p, a in _leaves(x, "inputs")]
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    h = None
+    for path, a in leaves:
+        if a.ndim == 0:
+            continue
+        if rows is None:
+            rows = a.shape[0]
+        elif a.shape[0] != rows:
+            raise DataError(f"ragged inputs in {where}: {path} has {a.shape[0]} rows, another input leaf {rows}.")
+        if a.dtype.kind == "b":
+            a = a.view(np.uint8)
+        h = _combine(h, hash_rows(a))
+        flat = a.reshape(a.shape[0], -1)
+        finite_rows = None
+        if a.dtype.kind in "fc":
+            bad = ~np.isfinite(flat).all(axis=1)
+            if bad.any():
+                split.nonfinite.setdefault(path, _Flags(split.k)).add(bad, offset)
+                finite_rows = ~bad
+        if flat.size == 0:
+            continue
+        if finite_rows is None:
+            lo[path], hi[path] = float(flat.min()), float(flat.max())
+        elif finite_rows.any():
+            good = flat[finite_rows]
+            lo[path], hi[path] = float(good.min()), float(good.max())
+        st = split.stats.setdefault(path, _LeafStats(a.dtype))
+        if path in lo:
+            st.lo, st.hi = min(st.lo, lo[path]), max(st.hi, hi[path])
+        if _is_feature(a.dtype, opts["integer_features"]):
+            # mean/std from a row sample: at most _STATS_ROWS rows per chunk, and every 16th row once
+            # _STATS_VALUES values are in (streams of small batches), so the scale check stays cheap
+            stride = max(1, len(flat) // _STATS_ROWS, 16 if st.n >= _STATS_VALUES else 1)
+            sample = flat[::stride]
+            if finite_rows is not None:
+                sample = sample[finite_rows[::stride]]
+            if sample.size:
+                sample = sample.astype(np.float64) if a.dtype.kind != "c" else np.abs(sample).astype(np.float64)
+                st.n += sample.size
+                st.s += float(sample.sum())
+                st.ss += float(np.einsum("ij,ij->", sample, sample))
+    if rows is None:
+        raise DataError(f"the inputs of {where} have no leading example axis (scalars only).")
+    # padding mask
+    keep = None
+    has_mask = any_mask = False
+    if m is not None:
+        mk = _host(_normalize(m, f"{where} mask"))
+        if mk.ndim == 0 or mk.shape[0] != rows:
+            raise DataError(f"the mask of {where} has shape {mk.shape} but the inputs have {rows} rows; the mask "
+                            "needs the same leading (example) axis.")
+        has_mask = True
+        if mk.ndim >= 2:
+            row_any = mk.reshape(rows, -1).any(axis=1)
+            split.padding_rows.add(~row_any, offset)
+            keep = row_any
+            any_mask = bool(row_any.any())
+        else:
+            any_mask = bool(mk.any())
+    idx = np.arange(offset, offset + rows, dtype=np.int64)
+    if keep is not None and not keep.all():
+        h, idx = h[keep], idx[keep]
+    split.hashes.append(h)
+    split.hash_index.append(idx)
+    if y is not None:
+        _scan_labels(split, y, m, rows, offset, where, opts)
+    if first and split.what == "train" and opts["apply"] is not None:
+        findings += _apply_check(opts, x, y, where)
+    return lo, hi, has_mask, any_mask
+
+
+def _scan_labels(split: _Split, y: Any, m: Any, rows: int, offset: int, where: str, opts: dict) -> None:
+    y = _normalize(y, f"{where} labels")
+    leaves = jax.tree_util.tree_leaves(y)
+    if len(leaves) != 1:
+        return  # multi-task label pytrees: only the input checks apply
+    lab = _host(leaves[0])
+    if lab.ndim == 0 or lab.shape[0] != rows:
+        raise DataError(f"ragged batch in {where}: the labels have shape {lab.shape} but the inputs have {rows} "
+                        "rows; every example needs a label.")
+    split.has_labels = True
+    split.label_dtype, split.label_ndim = lab.dtype, lab.ndim
+    C = opts["num_classes"]
+    valid = None
+    if m is not None:
+        mk = _host(m)
+        if mk.shape == lab.shape or (mk.ndim < lab.ndim and lab.shape[:mk.ndim] == mk.shape and mk.ndim >= 2):
+            valid = mk.astype(bool).reshape(mk.shape + (1,) * (lab.ndim - mk.ndim))
+    flat_rows = lab.reshape(rows, -1)
+    if lab.dtype.kind in "fc":
+        bad = ~np.isfinite(flat_rows).all(axis=1)
+        if bad.any():
+            split.nonfinite.setdefault("labels", _Flags(split.k)).add(bad, offset)
+        if C is not None:
+            if lab.ndim >= 2 and lab.shape[-1] == C and C > 1:  # one-hot / soft labels
+                out = ((flat_rows < 0) | (flat_rows > 1)).any(axis=1) & ~bad
+                split.label_soft_bad.add(out, offset)
+            else:
+                split.label_float.add(np.ones(rows, bool), offset)
+        return
+    if lab.dtype.kind not in "iub":
+        return
+    lab_i = lab.astype(np.int64, copy=False)
+    bad = lab_i < 0
+    if C is not None:
+        bad |= lab_i >= C
+    if valid is not None:
+        bad &= np.broadcast_to(valid, bad.shape)
+    bad_rows = bad.reshape(rows, -1).any(axis=1)
+    if bad_rows.any():
+        split.label_bad.add(bad_rows, offset)
+        vals = lab_i[bad]
+        split.label_lo, split.label_hi = min(split.label_lo, int(vals.min())), max(split.label_hi, int(vals.max()))
+    if lab.ndim == 2 and lab.shape[1] == 1 and (C is not None or lab.dtype.kind in "iu"):
+        split.label_column = lab.shape
+    if split.count_classes and (lab.ndim == 1 or (lab.ndim == 2 and lab.shape[1] == 1)):
+        good = lab_i.reshape(-1)
+        good = good[good >= 0]
+        if C is not None:
+            good = good[good < C]
+        if C is None and good.size and good.max() >= _MAX_CLASSES:  # ids or counts, not classes
+            split.count_classes, split.class_counts = False, np.zeros(0, np.int64)
+            return
+        if good.size:
+            counts = np.bincount(good, minlength=C or 0)
+            if counts.size > split.class_counts.size:
+                counts[: split.class_counts.size] += split.class_counts
+                split.class_counts = counts
+            else:
+                split.class_counts[: counts.size] += counts
+
+
+def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:
+    """Evaluate ``apply`` abstractly on a few examples and compare prediction and label shapes."""
+    apply, params, k = opts["apply"], opts["params"], max(1, int(opts["apply_examples"]))
+    xs = _slice(x, 0, k)
+    try:
+        fn = (lambda inp: apply(inp)) if params is None else (lambda inp: apply(params, inp))
+        try:
+            out = jax.eval_shape(fn, xs)
+        except Exception:
+            out = fn(xs)
+    except Exception as e:
+        return [Finding("doctor.skipped", f"predictions-vs-labels check skipped: apply raised "
+                        f"{type(e).__name__}: {str(e)[:200]} on {where} inputs", "make apply(params, inputs) "
+                        "work on a slice of a batch", severity="info")]
+    leaves = jax.tree_util.tree_leaves(out)
+    if y is None or not leaves:
+        return []
+    pred_shape = tuple(leaves[0].shape)
+    lab_leaves = jax.tree_util.tree_leaves(y)
+    if len(lab_leaves) != 1:
+        return []
+    lab = _host(lab_leaves[0])[:k]
+    lab_shape = tuple(lab.shape)
+    C = opts["num_classes"]
+    if pred_shape == lab_shape:
+        return []
+    if lab.dtype.kind in "iu" and pred_shape[:-1] == lab_shape and pred_shape[-1] > 1:
+        if C is not None and pred_shape[-1] != C:
+            return [Finding("data.shape", f"predictions have {pred_shape[-1]} classes (shape {pred_shape}) but "
+                            f"num_classes={C}", "make the output layer's width equal num_classes",
+                            path="predictions")]
+        return []  # logits (B, C) against integer class ids (B,)
+    try:
+        joint = np.broadcast_shapes(pred_shape, lab_shape)
+    except ValueError:
+        return [Finding("data.shape", f"predictions of shape {pred_shape} cannot be compared with labels of shape "
+                        f"{lab_shape} ({k} examples of {where})",
+                        "make the model output match the labels (one value per label, or logits (B, C) for "
+                        "integer class ids)", path="predictions")]
+    if joint != pred_shape or joint != lab_shape:
+        return [Finding("data.shape", f"predictions of shape {pred_shape} and labels of shape {lab_shape} "
+                        f"silently broadcast to {joint} in an elementwise loss ({k} examples of {where}): every "
+                        f"prediction is compared with every label",
+                        "squeeze the trailing axis (preds[:, 0] or labels[:, None]) so both have one shape",
+                        path="predictions", extra={"predictions": pred_shape, "labels": lab_shape})]
+    return []
+
+
+def _idx(flags: _Flags) -> str:
+    return f"first indices {flags.first}"
+
+
+def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tuple[float, float]) -> list[Finding]:
+    out: list[Finding] = []
+    w, C = split.what, opts["num_classes"]
+    n = split.rows
+    if split.shape_errors.count:
+        out.append(Finding("data.shape", f"{split.shape_errors.count} {w} batches change per-example shape/dtype: "
+                           f"{split.shape_detail} (batches {split.shape_errors.first})",
+                           "make every batch the same structure, per-example shape and dtype (cast, pad)",
+                           path=w, extra={"batches": split.shape_errors.first}))
+    if split.shape_warnings.count:
+        out.append(Finding("data.shape", f"{split.shape_warnings.count} {w} batches change a per-example size: "
+                           f"{split.shape_warning_detail} (batches {split.shape_warnings.first}); each new shape "
+                           "recompiles the jitted step", "pad to one fixed length (or a few bucket lengths)",
+                           severity="warning", path=w))
+    for path, fl in split.nonfinite.items():
+        out.append(Finding("nonfinite.input", f"{fl.count} of {n} {w} examples hold NaN/Inf in {path} "
+                           f"({_idx(fl)})", "drop or repair these rows in the data pipeline (check for division by "
+                           "zero or missing values before normalisation)", path=f"{w} {path}",
+                           extra={"count": fl.count, "indices": fl.first}))
+    if split.label_bad.count:
+        rng = f"[0, {C})" if C is not None else "the non-negative integers"
+        out.append(Finding("data.label_range", f"{split.label_bad.count} of {n} {w} examples have labels outside "
+                           f"{rng} (offending values from {split.label_lo} to {split.label_hi}; "
+                           f"{_idx(split.label_bad)})",
+                           "labels must be 0..num_classes-1: fix 1-based labels (y - 1), an ignore index such as "
+                           "-100 (mask it instead), or num_classes", path=f"{w} labels",
+                           extra={"count": split.label_bad.count, "indices": split.label_bad.first}))
+    if split.label_float.count:
+        out.append(Finding("data.label_range", f"{w} labels have float dtype {split.label_dtype} although "
+                           f"num_classes={C} (all {split.label_float.count} examples): class labels should be "
+                           "integer ids", "cast them with labels.astype(np.int32) (and use integer-label cross "
+                           "entropy), or pass one-hot labels of shape (B, num_classes)", path=f"{w} labels",
+                           extra={"count": split.label_float.count}))
+    if split.label_soft_bad.count:
+        out.append(Finding("data.label_range", f"{split.label_soft_bad.count} of {n} {w} examples have one-hot/soft "
+                           f"labels outside [0, 1] ({_idx(split.label_soft_bad)})",
+                           "soft labels are probabilities: check the label smoothing / one-hot encoding",
+                           path=f"{w} labels"))
+    if split.label_column is not None and opts["apply"] is None:
+        out.append(Finding("data.shape", f"{w} class-id labels have shape {split.label_column} (a trailing axis of "
+                           "1): against (B,) predictions or per-example losses they silently broadcast to (B, B)",
+                           "squeeze them to shape (B,) (labels[:, 0]); pass apply= to compare with the model's "
+                           "predictions", path=f"{w} labels", extra={"shape": split.label_column}))
+    counts = split.class_counts
+    if counts.size >= 2 or (C is not None and C >= 2 and counts.size):
+        present = counts[counts > 0]
+        missing = np.flatnonzero(counts == 0)
+        ratio = float(present.max() / present.min()) if present.size else math.inf
+        if missing.size and C is not None:
+            out.append(Finding("data.imbalance", f"{missing.size} of {C} classes never occur in the {w} labels "
+                               f"(classes {_first(missing, split.k)}; {counts.sum()} labelled examples)",
+                               "check the label mapping and num_classes, or stratify the split",
+                               path=f"{w} labels", extra={"class_counts": counts.tolist()}))
+        elif ratio > max_ratio:
+            big, small = int(np.argmax(np.where(counts > 0, counts, -1))), int(np.argmin(np.where(counts > 0, counts,
+                                                                                           np.iinfo(np.int64).max)))
+            out.append(Finding("data.imbalance", f"{w} class frequencies are skewed {ratio:.1f}:1 (class {big}: "
+                               f"{counts[big]} examples, class {small}: {counts[small]} of {counts.sum()}; "
+                               f"threshold {max_ratio:g}:1)",
+                               "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
+                               path=f"{w} labels", extra={"class_counts": counts.tolist(), "ratio": ratio}))
+    if split.padding_rows.count:
+        out.append(Finding("data.all_padding", f"{split.padding_rows.count} of {n} {w} examples are all padding "
+                           f"(mask all zero; {_idx(split.padding_rows)})",
+                           "drop empty sequences before batching; check the tokenizer, truncation and packing",
+                           path=f"{w} mask", extra={"count": split.padding_rows.count,
+                                                    "indices": split.padding_rows.first}))
+    if split.padding_batches.count:
+        out.append(Finding("data.all_padding", f"{split.padding_batches.count} {w} batches are entirely padding "
+                           f"(mask all zero; batches {split.padding_batches.first}): they train on nothing and "
+                           "make a masked mean 0/0", "drop empty batches; check the mask polarity (1 = real token)",
+                           path=f"{w} mask"))
+    for path, st in split.stats.items():
+        if st.lo == math.inf:
+            continue
+        if st.lo == st.hi and n > 1:
+            out.append(Finding("data.constant", f"every {w} input in {path} is the same value {st.lo:g} "
+                               f"(all {n} examples)", "the loader returns a placeholder (zeros?): check the "
+                               "decoding and preprocessing", path=f"{w} {path}"))
+            continue
+        if st.dtype.kind in "iu" and _is_feature(st.dtype, opts["integer_features"]) and st.hi > 1:
+            out.append(Finding("data.unnormalized", f"{w} {path} is raw {st.dtype} in [{st.lo:g}, {st.hi:g}] fed as "
+                               f"features (all {n} examples)", f"scale it to floats: x.astype(np.float32) / "
+                               f"{st.hi:g} (or standardise to zero mean, unit variance)", path=f"{w} {path}"))
+        elif st.dtype.kind in "fc" and st.n:
+            mean = st.s / st.n
+            std = math.sqrt(max(st.ss / st.n - mean * mean, 0.0))
+            rms = math.sqrt(max(st.ss / st.n, 0.0))
+            if not (scale_range[0] <= rms <= scale_range[1]):
+                out.append(Finding("data.unnormalized", f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
+                                   f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
+                                   "standardise the inputs ((x - mean) / std over the train split) or scale pixels "
+                                   "once by 1/255", path=f"{w} {path}",
+                                   extra={"mean": mean, "std": std}))
+    if split.constant_batches.count:
+        out.append(Finding("data.constant", f"{split.constant_batches.count} of {split.batches} {w} batches have "
+                           f"constant inputs (one value throughout; batches {split.constant_batches.first})",
+                           "the loader returns a placeholder batch: check decoding, augmentation and the end of "
+                           "the stream", path=f"{w} inputs"))
+    return out
+
+
+# ----------------------------------------------------------------------------- duplicates and leakage
+
+def _hashes(split: _Split) -> tuple[np.ndarray, np.ndarray]:
+    h = np.concatenate(split.hashes) if split.hashes else np.zeros(0, _U64)
+    i = np.concatenate(split.hash_index) if split.hash_index else np.zeros(0, np.int64)
+    split.hashes, split.hash_index = [h], [i]
+    return h, i
+
+
+def _confirm(a: _Split, ia: np.ndarray, b: _Split, ib: np.ndarray, opts_inputs: Any) -> np.ndarray | None:
+    """Exact byte equality of the inputs of rows ``ia`` of ``a`` and ``ib`` of ``b``; None for streams."""
+    if a.memory is None or b.memory is None:
+        return None
+    same = np.ones(len(ia), bool)
+    for s in range(0, len(ia), 4096):
+        ra = _get(_take(a.memory, ia[s:s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", a.what, True)
+        rb = _get(_take(b.memory, ib[s:s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", b.what, True)
+        for (_, la), (_, lb) in zip(_leaves(ra, ""), _leaves(rb, "")):
+            la, lb = _host(la), _host(lb)
+            if la.ndim == 0:
+                continue
+            if la.dtype != lb.dtype or la.shape[1:] != lb.shape[1:]:
+                same[s:s + 4096] = False
+                continue
+            ua = np.ascontiguousarray(la).reshape(len(la), -1).view(np.uint8)
+            ub = np.ascontiguousarray(lb).reshape(len(lb), -1).view(np.uint8)
+            same[s:s + 4096] &= (ua == ub).all(axis=1)
+    return same
+
+
+def _duplicates(split: _Split, max_fraction: float, k: int, inputs: Any):
+    h, idx = _hashes(split)
+    order = np.argsort(h, kind="stable")
+    hs, isorted = h[order], idx[order]
+    if len(hs) < 2:
+        return [], (hs, isorted)
+    same = hs[1:] == hs[:-1]
+    if not same.any():
+        return [], (hs, isorted)
+    starts = np.concatenate([[True], ~same])
+    group = np.cumsum(starts) - 1
+    rep = isorted[starts][group]
+    pos = np.flatnonzero(~starts)
+    dup, orig = isorted[pos], rep[pos]
+    ok = _confirm(split, dup, split, orig, inputs)
+    exact = ok is not None
+    if ok is not None:
+        dup, orig = dup[ok], orig[ok]
+    if not len(dup):
+        return [], (hs, isorted)
+    o = np.argsort(dup, kind="stable")
+    dup, orig = dup[o], orig[o]
+    frac = len(dup) / max(1, len(h))
+    if frac <= max_fraction:
+        return [], (hs, isorted)
+    how = "exact content match" if exact else "64-bit content hash"
+    pairs = ", ".join(f"{d}={r}" for d, r in zip(dup[:k].tolist(), orig[:k].tolist()))
+    return [Finding("data.duplicates", f"{len(dup)} of {len(h)} {split.what} examples ({100 * frac:.2g}%) repeat an "
+                    f"earlier example's inputs ({how}; first duplicate=original indices {pairs})",
+                    "deduplicate the split (np.unique(x, axis=0, return_index=True)); check for repeated shards or "
+                    "copy-based oversampling", path=f"{split.what} inputs",
+                    extra={"count": int(len(dup)), "indices": dup[:k].tolist(), "originals": orig[:k].tolist()})], \
+        (hs, isorted)
+
+
+def _leakage(train: _Split, eval_: _Split, train_sorted, max_fraction: float, k: int, inputs: Any) -> list[Finding]:
+    hs, isorted = train_sorted
+    he, ie = _hashes(eval_)
+    if not len(hs) or not len(he):
+        return []
+    pos = np.searchsorted(hs, he)
+    pos = np.minimum(pos, len(hs) - 1)
+    hit = hs[pos] == he
+    if not hit.any():
+        return []
+    ev, tr = ie[hit], isorted[pos[hit]]
+    ok = _confirm(eval_, ev, train, tr, inputs)
+    exact = ok is not None
+    if ok is not None:
+        ev, tr = ev[ok], tr[ok]
+    frac = len(ev) / max(1, len(he))
+    if not len(ev) or frac <= max_fraction:
+        return []
+    how = "exact content match" if exact else "64-bit content hash"
+    return [Finding("data.leakage", f"{len(ev)} of {len(he)} eval examples ({100 * frac:.2g}%) also appear in train "
+                    f"({how}; first eval indices {ev[:k].tolist()} = train indices {tr[:k].tolist()})",
+                    "remove these examples from one split; deduplicate before splitting (split by a group id such "
+                    "as the source document or user)", path="eval inputs",
+                    extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()})]
+
+
+# ----------------------------------------------------------------------------- doctor stage
 
 def data_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: basic data sanity on the train batches."""
-    get_inputs(ctx.experiment, ctx.batch)  # raises a clear DataError when inputs cannot be found
-    return basic_data_checks(ctx.experiment)
+    """doctor stage: :func:`check_data` on the experiment's train (and eval) data.
+
+    Options: ``data_max_batches`` (batches read from an iterable split; default: all of a sized
+    iterable up to 1000, otherwise 20, so an endless stream stops before a second epoch repeats
+    examples as duplicates).
+    """
+    exp = ctx.experiment
+    limit = ctx.option("data_max_batches", None)
+    if limit is None:
+        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
+    apply_fn = params = None
+    if ctx.adapted.apply_fn is not None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+            apply_fn = ctx.adapted.apply_fn
+        except Exception:  # init problems are the init stage's to report
+            apply_fn = params = None
+    diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
+                           labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    ctx.diagnosis.artifacts["data"] = diagnosis.artifacts.get("data")
+    return list(diagnosis)

@@ -17,14 +17,15 @@ from typing import Any, Callable, Iterable
 import jax
 
 from ._errors import JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch
+from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
 
 # (name, "module:function", what it checks) — in checklist order. A stage module that is not
 # importable (an optional dependency missing) is skipped with an info finding.
 STAGES: list[tuple[str, str, str]] = [
-    ("data", "jaxsane._data:data_stage", "data: shapes, labels, non-finite values"),
+    ("data", "jaxsane._data:data_stage", "data: shapes, labels, leakage, duplicates, padding, scale"),
     ("init", "jaxsane._init:init_stage", "init: loss at init against ln C"),
+    ("overfit", "jaxsane._overfit:overfit_stage", "overfit one small batch (vmapped sweep)"),
     ("run", "jaxsane._run:run_stage", "a short guarded run"),
 ]
 
@@ -77,6 +78,9 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     if unknown:
         raise JaxsaneError(f"unknown doctor stage(s) {unknown}; the stages are {known}.")
     key = jax.random.key(0) if key is None else key
+    # generators can be read once: cache what the stages read, so each stage starts from the first batch
+    experiment = dataclasses.replace(experiment, train=replayable(experiment.train),
+                                     eval=replayable(experiment.eval))
     diagnosis = Diagnosis(name=experiment.name)
     adapted = Adapted(experiment, key=key)
     eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None

@@ -18,14 +18,9 @@ import jax
 import numpy as np
 
 from ._errors import JaxsaneError
-from ._tree import path_str
+from ._tree import is_key as _is_key, path_str
 
 FORMAT = "jaxsane-dump-v1"
-
-
-def _is_key(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _encode_leaf(x: Any) -> tuple[np.ndarray, dict]:

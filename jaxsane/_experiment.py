@@ -139,6 +139,40 @@ def iter_batches(data: Any, limit: int | None = None, what: str = "train"):
         first_batch([], what)  # raises the empty-data error
 
 
+class Replayable:
+    """Wraps a one-shot iterator (a generator) so several checks can each read it from the start.
+
+    Batches are cached as they are first read, so memory grows with what the checks consume
+    (doctor reads a few dozen batches). Not jit-safe.
+    """
+
+    def __init__(self, iterator: Any):
+        self._source = iter(iterator)
+        self._cache: list = []
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i < len(self._cache):
+                yield self._cache[i]
+            else:
+                try:
+                    batch = next(self._source)
+                except StopIteration:
+                    return
+                self._cache.append(batch)
+                yield batch
+            i += 1
+
+
+def replayable(data: Any) -> Any:
+    """``data`` itself, or a :class:`Replayable` when it is a one-shot iterator (``iter(data) is data``)."""
+    if data is not None and not is_batch(data) and not callable(data) and isinstance(data, Iterable):
+        if iter(data) is data:
+            return Replayable(data)
+    return data
+
+
 def check_batch(batch: PyTree, what: str = "train") -> None:
     """Raise a DataError if a batch has no arrays, or object/string leaves."""
     leaves = jax.tree_util.tree_leaves_with_path(batch)

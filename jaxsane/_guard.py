@@ -61,6 +61,7 @@ class _Pending:
     step: int
     flags: jax.Array
     call: "_Call | None"    # what the call saw, kept by reference (None with keep_inputs=False)
+    replica: Any = None     # check_replicas: (plan, fingerprints, input state, root names); see _dist
 
 
 class Guarded:
@@ -74,7 +75,7 @@ class Guarded:
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
-                 sync: bool = False, locate: bool = True):
+                 sync: bool = False, locate: bool = True, check_replicas: bool = False):
         if not callable(step):
             raise TypeError(f"[jaxsane] guard needs a callable step, got {type(step).__name__}.")
         if on_nonfinite not in POLICIES:
@@ -90,6 +91,9 @@ class Guarded:
         self.keep_inputs = keep_inputs
         self.sync = sync
         self.locate_on_failure = locate
+        self.check_replicas = check_replicas
+        self._replica_plans: dict = {}
+        self._multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
         self.step_count = 0
         self.skipped = 0
         self.failures: list[Finding] = []
@@ -107,7 +111,7 @@ class Guarded:
             self._arg_names = []
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs). A donating step keeps its
         # memory behaviour only with keep_inputs=False (then the plain args tuple is donated).
-        self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2), donate_argnums=(4,) if donate else ())
+        self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6), donate_argnums=(4,) if donate else ())
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ naming
@@ -115,13 +119,20 @@ class Guarded:
         return self._arg_names[i] if i < len(self._arg_names) else f"args[{i}]"
 
     # ------------------------------------------------------------------ the compiled body
-    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs):
-        """Run the step and reduce inputs and outputs to one finite flag per leaf. Jit-safe."""
-        in_flags = finite_flags((nnx_state, plain, kwargs))
+    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=()):
+        """Run the step and reduce inputs and outputs to one finite flag per leaf. Jit-safe.
+
+        Inputs are checked except the state (the first argument, or the NNX objects): a non-finite
+        state was already caught as the output of the step that produced it.
+        """
+        in_flags = finite_flags((plain[1:] if layout is None else plain, kwargs))
         args = list(plain)
         for i, value in statics:
             args[i] = value
         objs = None
+        # the input leaves, taken before merge: the step mutates the merged objects (and may mutate
+        # the variables nnx_state refers to), while skip needs the values as they came in.
+        in_leaves, in_def = jax.tree_util.tree_flatten(nnx_state)
         if layout is not None:
             graphdef, positions = layout
             objs = _nnx().merge(graphdef, nnx_state)
@@ -131,12 +142,19 @@ class Guarded:
         new_nnx_state = _nnx().state(objs) if objs is not None else None
         out_flags = finite_flags((new_nnx_state, out))
         ok = jnp.all(in_flags) & jnp.all(out_flags)
+        replica = None
+        if replicas:  # check_replicas: fingerprints of the new state's replicated leaves, compared across devices
+            from ._dist import replica_fingerprints
+            replica = replica_fingerprints(_replica_target(out, new_nnx_state, args[0] if args else None), replicas)
         if self.on_nonfinite == "skip":
             if objs is not None:
-                new_nnx_state = _select(ok, new_nnx_state, nnx_state)
+                new_nnx_state = _select(ok, new_nnx_state, jax.tree_util.tree_unflatten(in_def, in_leaves))
             else:
                 out = _select_state(ok, out, args[0] if args else None)
-        return out, new_nnx_state, jnp.concatenate([in_flags, out_flags])
+        flags = jnp.concatenate([in_flags, out_flags])
+        if replica is not None:  # the replica flags ride at the end of the flag vector
+            return out, new_nnx_state, (jnp.concatenate([flags, replica[0]]), replica[1])
+        return out, new_nnx_state, flags
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
@@ -153,21 +171,42 @@ class Guarded:
             objs = tuple(args[i] for i in positions)
             graphdef, nnx_state = _nnx().split(objs)
             layout = (graphdef, positions)
-        out, new_nnx_state, flags = self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs)
+        plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
+        out, new_nnx_state, flags = self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs, plan)
+        replica = None
+        if plan:
+            flags, fps = flags
+            names = [self._arg_name(p) for p in positions] if positions else [self._arg_name(0)]
+            replica = (plan, fps, nnx_state if positions else plain[0], names, bool(positions))
         if positions:
             _nnx().update(objs, new_nnx_state)
-        kept = _Call(positions, nnx_state, plain, kwargs, new_nnx_state, out, args) if self.keep_inputs else None
-        self._pending.append(_Pending(self.step_count, flags, kept))
+        kept = None
+        if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
+            nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions else None
+            kept = _Call(positions, nnx_in, plain, kwargs, new_nnx_state, out, layout[0] if layout else None)
+        self._pending.append(_Pending(self.step_count, flags, kept, replica))
         self.step_count += 1
         if self.sync:
             self._poll(block=True)
         return out
 
+    def _replica_plan(self, state) -> tuple:
+        """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""
+        if not self.check_replicas or state is None:
+            return ()
+        leaves = jax.tree_util.tree_leaves(state)
+        key = (jax.tree_util.tree_structure(state),
+               tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in leaves))
+        if key not in self._replica_plans:
+            from ._dist import replica_plan
+            self._replica_plans[key] = replica_plan(state)
+        return self._replica_plans[key]
+
     def _traced_call(self, *args, **kwargs):
         """Under an outer jit/vmap: same checks; the host hears of failures through a callback."""
-        out, _, flags = self._body(None, (), (), None, args, kwargs)
-        names = ([self._arg_name(i) for i in range(len(args))], leaves_with_paths((None, args, kwargs)),
-                 leaves_with_paths(out, "out"))
+        out, _, flags = self._body(None, (), (), None, tuple(args), kwargs)
+        in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._arg_name(i))]
+        names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out, "out"))
         jax.debug.callback(functools.partial(_traced_failure, weakref.ref(self), names), flags)
         return out
 
@@ -175,7 +214,12 @@ class Guarded:
     def _poll(self, block: bool) -> None:
         while self._pending:
             rec = self._pending[0]
-            if not block and len(self._pending) <= self.max_lag and not rec.flags.is_ready():
+            if self._multiprocess is None:
+                self._multiprocess = jax.process_count() > 1
+            # Under jax.distributed every process must decide at the same call (a failure path may run
+            # collectives, and a process that stops early would leave the others waiting in the next step's
+            # collectives): there flags are read after exactly max_lag calls, never "when ready".
+            if not block and len(self._pending) <= self.max_lag and (self._multiprocess or not rec.flags.is_ready()):
                 return
             self._pending.popleft()
             flags = np.asarray(rec.flags)
@@ -191,9 +235,10 @@ class Guarded:
     def _names(self, call: "_Call") -> tuple[list[str], list[str]]:
         """(input leaf paths, output leaf paths), in the order of the flag vector."""
         obj_names = [self._arg_name(p) for p in call.positions]
-        in_paths = _nnx_paths(call.nnx_state, obj_names)
+        in_paths = []
         for i, a in enumerate(call.plain):
-            in_paths += [p for p, _ in leaves_with_paths(a, self._arg_name(i))]
+            if i > 0 or call.positions:  # the state (first argument) is not checked on input
+                in_paths += [p for p, _ in leaves_with_paths(a, self._arg_name(i))]
         in_paths += [p for p, _ in leaves_with_paths(call.kwargs)]
         out_paths = _nnx_paths(call.new_nnx_state, obj_names)
         out = call.out
@@ -208,8 +253,53 @@ class Guarded:
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
         return in_paths, out_paths
 
+    # ------------------------------------------------------------------ sharded steps (see _dist)
+    def _replica_failures(self, rec: _Pending, flags: np.ndarray) -> tuple[np.ndarray, list[Finding]]:
+        """Split the replica flags off the flag vector; dist.replica_divergence findings for those that failed."""
+        plan, fps, state_in, names, is_nnx = rec.replica
+        n = sum(len(group[1]) for group in plan)
+        finite, agree = flags[:len(flags) - n], flags[len(flags) - n:]
+        if agree.all():
+            return finite, []
+        from ._dist import plan_findings
+        paths = _nnx_paths(state_in, names) if is_nnx else [p for p, _ in leaves_with_paths(state_in, names[0])]
+        return finite, plan_findings(plan, fps, paths, step=rec.step)
+
+    def _on_divergence(self, rec: _Pending, divergence: list[Finding]) -> None:
+        """check_replicas: report copies of replicated state that differ ("skip" cannot undo it: it warns)."""
+        from ._dist import ReplicaDivergenceError
+        self.failures.extend(divergence)
+        text = (f"[jaxsane] dist.replica_divergence at step {rec.step}: the new state is not the same on every "
+                f"device/process\n" + "\n".join(f"  {d.message}" for d in divergence)
+                + f"\n  fix: {divergence[0].hint}")
+        if self.on_nonfinite != "raise":
+            warnings.warn(text, JaxsaneWarning, stacklevel=4)
+            return
+        self._pending.clear()
+        raise ReplicaDivergenceError(text, divergence)
+
+    def _shard_finding(self, call: "_Call", bad: np.ndarray, step: int, code: str) -> Finding | None:
+        """dist.nonfinite_shard for the failing leaves of a sharded step (failure path only), else None."""
+        values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
+        values += jax.tree_util.tree_leaves(call.kwargs)
+        values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
+        if not any(isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1
+                   for i in bad if i < len(values)):
+            return None
+        from ._dist import nonfinite_shards
+        in_paths, out_paths = self._names(call)
+        names = in_paths + out_paths
+        if len(names) != len(values):  # the flag layout changed under us: better no attribution than a wrong one
+            return None
+        return nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
+
     def _on_failure(self, rec: _Pending, flags: np.ndarray) -> None:
         call = rec.call
+        divergence: list[Finding] = []
+        if rec.replica is not None:  # the replica flags ride at the end of the flag vector
+            flags, divergence = self._replica_failures(rec, flags)
+            if flags.all():
+                return self._on_divergence(rec, divergence)
         bad = np.flatnonzero(~flags)
         if call is None:
             code, paths = "nonfinite.forward", [f"leaf {i}" for i in bad]
@@ -221,19 +311,23 @@ class Guarded:
             bad_outputs = [names[i] for i in bad if i >= len(in_paths)]
             if bad_inputs:
                 code, paths = "nonfinite.input", bad_inputs
-                state_names = {self._arg_name(0), *(self._arg_name(p) for p in call.positions)}
-                only_state = all(p.split("[")[0].split(".")[0] in state_names for p in bad_inputs)
-                message = (f"the inputs of step {rec.step} already hold NaN/Inf at {_some(bad_inputs)}"
-                           + (" (the state passed in was already non-finite)" if only_state else ""))
+                message = f"the inputs of step {rec.step} already hold NaN/Inf at {_some(bad_inputs)}"
             else:
                 in_metrics = any(p.startswith(("metrics", "loss", "out")) for p in bad_outputs)
                 code, paths = ("nonfinite.forward" if in_metrics else "nonfinite.update"), bad_outputs
                 message = f"step {rec.step} produced NaN/Inf in {_some(bad_outputs)}"
-        hint, file, line, located, host_inputs = _FIX[code], None, None, None, None
+        hint, file, line, located, host_inputs, shard = _FIX[code], None, None, None, None, None
         if call is not None:
-            host_inputs = (to_host(tuple(_pure_args(call.args))), to_host(call.kwargs))
-            if self.locate_on_failure and code != "nonfinite.input":
-                located = _try_locate(self.step, call.args, call.kwargs)
+            shard = self._shard_finding(call, bad, rec.step, code)
+            if self._multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
+                from ._dist import gather_to_host
+                host_inputs = gather_to_host((call.args(), call.kwargs))
+            else:
+                host_inputs = (to_host(call.args()), to_host(call.kwargs))
+            # locate replays the step equation by equation on this host only: under jax.distributed that would
+            # run the step's collectives on one process, so it is left to a single-process replay of the dump.
+            if self.locate_on_failure and code != "nonfinite.input" and not self._multiprocess:
+                located = _try_locate(self.step, call)
         origin = located.origins[0] if located is not None and getattr(located, "origins", None) else None
         if origin is not None:
             code = getattr(origin, "code", code)
@@ -243,17 +337,25 @@ class Guarded:
         if self.dump_dir and host_inputs is not None:
             from ._dump import save_dump
             dump_path = os.path.join(self.dump_dir, f"step_{rec.step:06d}")
-            save_dump(dump_path, host_inputs[0], host_inputs[1],
-                      meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths}})
+            if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
+                save_dump(dump_path, host_inputs[0], host_inputs[1],
+                          meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths}})
             message += f" (inputs dumped to {dump_path})"
         finding = Finding(code, message, hint, path=paths[0] if paths else None, step=rec.step, file=file,
                           line=line, extra={"paths": paths, "policy": self.on_nonfinite,
-                                            **({"dump": dump_path} if dump_path else {})})
+                                            **({"dump": dump_path} if dump_path else {}),
+                                            **({"nonfinite_shard": {"message": shard.message, **shard.extra}}
+                                               if shard is not None else {})})
         self.failures.append(finding)
+        self.failures.extend([shard] if shard is not None else [])
+        self.failures.extend(divergence)
         consecutive = self._last_failed_step is not None and rec.step == self._last_failed_step + 1
         self._consecutive = self._consecutive + 1 if consecutive else 1
         self._last_failed_step = rec.step
         text = f"[jaxsane] {code} at step {rec.step}: {message}\n  fix: {hint}"
+        if shard is not None:
+            text += f"\n  {shard.code}: {shard.message}"
+        text += "".join(f"\n  {d.code}: {d.message}" for d in divergence)
         if located is not None:
             text += "\n" + str(located)
         if self.on_nonfinite == "skip":
@@ -273,12 +375,21 @@ class Guarded:
 class _Call:
     """What one guarded call saw, kept by reference until its flags are read."""
     positions: tuple
-    nnx_state: Any
-    plain: tuple
+    nnx_in: Any             # (leaves, treedef) of the NNX objects' state as it came in, or None
+    plain: tuple            # positional args, with NNX objects and static args replaced by None
     kwargs: dict
     new_nnx_state: Any
     out: Any
-    args: tuple
+    graphdef: Any
+
+    def args(self) -> tuple:
+        """The positional args as the step saw them; NNX objects as their pure input ``nnx.State``."""
+        args = list(self.plain)
+        if self.positions:
+            state = jax.tree_util.tree_unflatten(self.nnx_in[1], self.nnx_in[0])
+            for k, p in enumerate(self.positions):
+                args[p] = state[k]
+        return tuple(args)
 
 
 def _some(paths: list[str], n: int = 4) -> str:
@@ -297,9 +408,13 @@ def _nnx_paths(state: Any, names: list[str]) -> list[str]:
     return out
 
 
-def _pure_args(args: tuple) -> list:
-    """NNX objects become their pure ``nnx.State`` so that dumps hold arrays only."""
-    return [_nnx().state(a) if _is_nnx_object(a) else a for a in args]
+def _replica_target(out: Any, new_nnx_state: Any, state_in: Any) -> Any:
+    """The new state (same structure as the state passed in) whose replicas are checked. Jit-safe."""
+    if new_nnx_state is not None:
+        return new_nnx_state
+    if isinstance(out, tuple) and len(out) >= 1 and same_structure(out[0], state_in):
+        return out[0]
+    return out if same_structure(out, state_in) else state_in  # a loss-only step: check the state passed in
 
 
 def _select(ok: jax.Array, new: Any, old: Any) -> Any:
@@ -341,14 +456,23 @@ def _traced_failure(ref, names, flags) -> None:
         self.skipped += 1
 
 
-def _try_locate(step: Callable, args: tuple, kwargs: dict):
-    """Run jaxsane.locate on the failing inputs, off the hot path; None if unavailable or it fails."""
+def _try_locate(step: Callable, call: _Call):
+    """Run jaxsane.locate on the failing step's inputs, off the hot path; None if unavailable or it fails.
+
+    NNX objects are rebuilt from their input state (``nnx.merge``), so locate sees the step exactly
+    as it was called, before the in-place update.
+    """
     try:
         from ._locate import locate
     except ImportError:
         return None
+    args = list(call.args())
+    if call.positions:
+        objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
+        for p, obj in zip(call.positions, objs):
+            args[p] = obj
     try:
-        return locate(step, *args, **kwargs)
+        return locate(step, *args, **call.kwargs)
     except Exception as e:  # locate must never hide the original failure
         warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",
                       JaxsaneWarning)
@@ -369,7 +493,7 @@ def _flush_at_exit(ref) -> None:
 
 def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
           max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True) -> Guarded:
+          locate: bool = True, check_replicas: bool = False) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -390,6 +514,19 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         the donation is then not applied). ``False`` restores donation and keeps nothing.
       sync: wait for each step's flags before returning, so the failing call itself raises.
       locate: run :func:`jaxsane.locate` on the failing inputs (off the hot path) to name the origin.
+        Not under ``jax.distributed`` (it would run the step's collectives on one process): replay the
+        dump in one process instead.
+      check_replicas: also check, inside the compiled step, that every copy of the new state's replicated
+        leaves (a sharding that puts the same index on several devices) is bitwise identical across
+        devices and processes: one checksum per leaf and device and one small all-gather of them per
+        step. A divergence is reported as ``dist.replica_divergence`` (raises
+        :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise).
+
+    Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
+    failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
+    names the devices, processes and batch rows holding the NaN/Inf. Under ``jax.distributed`` every
+    process reads its flags at the same call (``max_lag`` calls late), so all processes stop at the
+    same step with the same report and none is left waiting in a collective.
 
     Returns:
       A :class:`Guarded` callable; call ``.flush()`` after the loop to hear about the last steps.
@@ -403,4 +540,4 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     """
     return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
                    max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                   sync=sync, locate=locate)
+                   sync=sync, locate=locate, check_replicas=check_replicas)

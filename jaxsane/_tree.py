@@ -72,9 +72,16 @@ def describe_counts(n_nan: int, n_pinf: int, n_ninf: int) -> str:
     return ", ".join(parts)
 
 
+def is_key(x: Any) -> bool:
+    """True for typed PRNG key arrays (``jax.random.key``)."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
 def to_host(tree: PyTree) -> PyTree:
-    """Copy every array leaf to host numpy (keeps dtypes, including bfloat16). Not jit-safe."""
-    return jax.tree_util.tree_map(lambda x: np.asarray(x) if is_array(x) else x, tree)
+    """Copy array leaves to host numpy (keeps dtypes, bfloat16 included; typed PRNG keys stay jax
+    arrays since numpy cannot hold them). Not jit-safe."""
+    return jax.tree_util.tree_map(lambda x: np.asarray(x) if is_array(x) and not is_key(x) else x, tree)
 
 
 def same_structure(a: PyTree, b: PyTree) -> bool:

@@ -1,0 +1,1 @@
+"""The fault benchmark: small faulty and correct training programs, run by ``run.py``."""

@@ -1,0 +1,369 @@
+"""Gradient checks: autodiff against finite differences, one parameter leaf at a time (``grad.*``).
+
+Each float leaf of the differentiated arguments is checked on its own along one random
+direction ``d``: ``g(t) = f(params with leaf + t * d)`` is a function of one scalar, and
+:func:`jax.test_util.check_grads` compares its JVP/VJP with central finite differences. A leaf
+costs a few evaluations of ``f`` whatever its size, so a 2M-parameter MLP is checked in seconds.
+The check runs in float64 with x64 switched on only inside the check (``jax.enable_x64``);
+parameters and float inputs are cast to float64 there, so float16/bfloat16/float32 models are
+upcast. When the function still computes in a lower precision on the path from the parameters
+(an explicit ``astype`` or ``dtype=jnp.bfloat16`` in a layer), the tolerances of that dtype are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+
+from ._errors import JaxsaneError
+from ._findings import Finding
+from ._tree import leaves_with_paths
+
+PyTree = Any
+
+# effective compute dtype (by bits) -> (eps, atol, rtol). float64 is tighter than
+# jax.test_util's 1e-5 step (eps 1e-6 keeps ReLU kinks out of the finite difference); the others
+# follow jax.test_util.check_grads' default gradient tolerances (float32 2e-3, float16 1e-2,
+# bfloat16 1e-1), loosened for float32/float16 because a loss of O(1) has finite-difference round-off
+# of ~1e-7 / eps in float32.
+GRAD_DEFAULTS: dict[str, tuple[float, float, float]] = {
+    "float64": (1e-6, 1e-5, 1e-5),
+    "float32": (1e-3, 5e-3, 2e-2),
+    "float16": (1e-2, 5e-2, 5e-2),
+    "bfloat16": (3e-2, 1e-1, 1e-1),
+}
+
+_CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+
+
+def sub_jaxpr(eqn) -> tuple[Any, Sequence[Any]] | None:
+    """``(jaxpr, consts)`` of a call-like equation whose invars map 1:1 to ``eqn.invars``, else None."""
+    if eqn.primitive.name not in _CALLS:
+        return None
+    sub = eqn.params.get("jaxpr", None)
+    if sub is None:
+        sub = eqn.params.get("call_jaxpr", None)
+    if sub is None:
+        return None
+    if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+        jaxpr, consts = sub.jaxpr, sub.consts
+    else:
+        jaxpr, consts = sub, ()
+    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
+        return None
+    return jaxpr, consts
+
+
+def _is_real_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return isinstance(x, float)
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:  # key dtypes
+        return False
+
+
+def _tainted_float_dtypes(jaxpr, mask: Sequence[bool]) -> set:
+    """Float dtypes of every value computed from the invars flagged in ``mask`` (recursing into calls)."""
+    from jax.extend.core import Literal
+
+    tainted = {v for v, m in zip(jaxpr.invars, mask) if m}
+    found: set = set()
+    for eqn in jaxpr.eqns:
+        flags = [not isinstance(v, Literal) and v in tainted for v in eqn.invars]
+        if not any(flags):
+            continue
+        sub = sub_jaxpr(eqn)
+        if sub is not None:
+            found |= _tainted_float_dtypes(sub[0], flags)
+        for out in eqn.outvars:
+            dtype = getattr(out.aval, "dtype", None)
+            if dtype is not None and _is_real_float(out.aval):
+                found.add(np.dtype(dtype))
+            tainted.add(out)
+    return found
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    return name if name in GRAD_DEFAULTS else ("float64" if np.dtype(dtype).itemsize >= 8 else "float32")
+
+
+def _lowest(dtypes: Iterable[Any], default: str) -> str:
+    order = ["bfloat16", "float16", "float32", "float64"]
+    names = [_dtype_name(d) for d in dtypes]
+    for name in order:
+        if name in names:
+            return name
+    return default
+
+
+def _display(path: str) -> str:
+    return path[:-len(".value")] if path.endswith(".value") else path
+
+
+def _directional(h: Callable, t0: np.ndarray, eps: float) -> float:
+    return float((h(t0 + eps) - h(t0 - eps)) / (2 * eps))
+
+
+def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order: int = 1,
+                modes: Sequence[str] = ("fwd", "rev"), eps: float | None = None, atol: float | None = None,
+                rtol: float | None = None, dtype: Any = jnp.float64, has_aux: bool = False, seed: int = 0,
+                root: str | Sequence[str] | None = None) -> list[Finding]:
+    """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
+
+    Every real float leaf of the arguments in ``argnums`` is checked on its own with
+    :func:`jax.test_util.check_grads` along a random direction, so a failure names the leaf.
+    Non-scalar outputs are projected on a fixed random cotangent.
+
+    Args:
+      f: the function, e.g. a loss ``(params, batch) -> scalar``. May be jitted.
+      *args: its arguments; float leaves of every argument are cast to ``dtype``.
+      argnums: which arguments' leaves to check (default the first, the parameters).
+      order: derivative order checked (>= 1), as in ``jax.test_util.check_grads``.
+      modes: ``"fwd"`` (JVP) and/or ``"rev"`` (VJP).
+      eps: finite-difference step; default per compute dtype, see ``GRAD_DEFAULTS``
+        (float64: 1e-6; jax.test_util's own defaults otherwise).
+      atol, rtol: tolerances of the comparison; default per compute dtype (``GRAD_DEFAULTS``,
+        float64: 1e-5, jax.test_util.check_grads' float64 gradient tolerance).
+      dtype: precision of the check (default float64, x64 enabled only inside this call);
+        ``None`` keeps the arguments' dtypes.
+      has_aux: ``f`` returns ``(output, aux)``; only ``output`` is checked.
+      seed: seed of the random directions and cotangents.
+      root: names of the checked arguments in paths (default ``"params"`` for argument 0,
+        ``"args[i]"`` otherwise).
+
+    Returns:
+      Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
+      leaf whose gradient is identically zero on these arguments). Empty when all agree.
+
+    Raises:
+      JaxsaneError: ``order`` < 1, unknown modes, or arguments ``f`` cannot be called with.
+
+    Not jit-safe (runs ``f`` several times on the host).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> check_grads(lambda p, x: jnp.sum(jnp.tanh(x @ p["w"])), {"w": jnp.ones((3, 2))}, jnp.ones((4, 3)))
+      []
+    """
+    if int(order) < 1:
+        raise JaxsaneError(f"check_grads: order must be >= 1, got {order}.")
+    modes = tuple(modes)
+    if not modes or any(m not in ("fwd", "rev") for m in modes):
+        raise JaxsaneError(f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}.")
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not args:
+        raise JaxsaneError("check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, "
+                           "params, batch).")
+    if any(not isinstance(i, int) or not 0 <= i < len(args) for i in argnums):
+        raise JaxsaneError(f"check_grads: argnums {argnums} out of range for {len(args)} argument(s).")
+    if isinstance(root, str):
+        root = (root,)
+    names = list(root) if root is not None else ["params" if i == 0 else f"args[{i}]" for i in argnums]
+    if len(names) != len(argnums):
+        raise JaxsaneError(f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums.")
+    x64 = dtype is not None and np.dtype(dtype).itemsize >= 8
+    scope = jax.enable_x64(True) if x64 else contextlib.nullcontext()
+    with scope:
+        return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed)
+
+
+def _cast_host(x: Any, dtype: Any) -> Any:
+    """Float leaves to ``dtype`` through numpy (no device compile per shape); other leaves unchanged."""
+    if dtype is None or not (_is_real_float(x) and hasattr(x, "dtype")):
+        return x
+    if isinstance(x, jax.core.Tracer):
+        raise JaxsaneError("check_grads is not jit-safe: call it on concrete arrays, outside jax.jit.")
+    return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
+
+
+def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed) -> list[Finding]:
+    args = [jax.tree_util.tree_map(lambda x: _cast_host(x, dtype), a) for a in args]
+    rng = np.random.default_rng(seed)
+
+    # the leaves under check, their paths, and how to put them back
+    flat, defs, paths = [], [], []
+    for i, name in zip(argnums, names):
+        leaves, treedef = jax.tree_util.tree_flatten(args[i])
+        flat.append(leaves)
+        defs.append(treedef)
+        paths.append([p for p, _ in leaves_with_paths(args[i], name)])
+    checked = [(a, k) for a, leaves in enumerate(flat) for k, leaf in enumerate(leaves)
+               if _is_real_float(leaf) and hasattr(leaf, "shape")]
+    if not checked:
+        return []
+    n = len(checked)
+    values = [flat[a][k] for a, k in checked]
+    dirs = [jax.device_put(rng.standard_normal(v.shape).astype(v.dtype)) for v in values]
+
+    def call(vals):
+        full = list(args)
+        new = [list(leaves) for leaves in flat]
+        for (a, k), v in zip(checked, vals):
+            new[a][k] = v
+        for i, treedef, leaves in zip(argnums, defs, new):
+            full[i] = jax.tree_util.tree_unflatten(treedef, leaves)
+        out = f(*full)
+        return out[0] if has_aux else out
+
+    try:
+        jaxpr, out_shape = jax.make_jaxpr(call, return_shape=True)(values)
+    except JaxsaneError:
+        raise
+    except Exception as e:
+        raise JaxsaneError(f"check_grads: calling f on the given arguments failed: {type(e).__name__}: {e}") from e
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if not any(_is_real_float(o) for o in out_leaves):
+        raise JaxsaneError("check_grads: f returns no float output to differentiate; return the loss (or pass "
+                           "has_aux=True when f returns (loss, aux)).")
+    cots = [jax.device_put(np.asarray(1.0 if o.shape == () else rng.standard_normal(o.shape)).astype(o.dtype))
+            if _is_real_float(o) else None for o in out_leaves]
+
+    # precision the function really computes in, on the path from the checked leaves to the output
+    tdtype = np.dtype(dtype if dtype is not None else np.float32)
+    mask = [True] * n + [False] * (len(jaxpr.jaxpr.invars) - n)
+    compute = _lowest(_tainted_float_dtypes(jaxpr.jaxpr, mask) or {tdtype}, _dtype_name(tdtype))
+    d_eps, d_atol, d_rtol = GRAD_DEFAULTS[compute]
+    eps = d_eps if eps is None else float(eps)
+    atol = d_atol if atol is None else float(atol)
+    rtol = d_rtol if rtol is None else float(rtol)
+
+    def scalar(vals):
+        outs = jax.tree_util.tree_leaves(call(vals))
+        return sum(jnp.sum(c * o) for c, o in zip(cots, outs) if c is not None)
+
+    def perturbed(vals, directions, t):
+        return scalar([v + t[j].astype(v.dtype) * d for j, (v, d) in enumerate(zip(vals, directions))])
+
+    def autodiff(vals, directions, fwd):
+        """Reverse-mode gradient of every leaf, and (fwd) each leaf's JVP along its direction."""
+        grads = jax.grad(scalar)(vals)
+        if not fwd:
+            return grads, None
+        zero = jnp.zeros((n,), tdtype)
+        jvps = jax.vmap(lambda dt: jax.jvp(lambda u: perturbed(vals, directions, u), (zero,), (dt,))[1])(
+            jnp.eye(n, dtype=tdtype))
+        return grads, jvps
+
+    value_at = jax.jit(perturbed)
+    fwd = "fwd" in modes
+    try:
+        grads, jvps = jax.jit(autodiff, static_argnums=2)(values, dirs, fwd)
+    except TypeError as e:  # forward mode cannot go through a jax.custom_vjp: check in reverse mode only
+        if not fwd or "custom_vjp" not in str(e):
+            raise
+        modes = tuple(m for m in modes if m != "fwd") or ("rev",)
+        grads, jvps = jax.jit(autodiff, static_argnums=2)(values, dirs, False)
+    grads = [np.asarray(x) for x in grads]
+    jvps = None if jvps is None else np.asarray(jvps)
+    directional = [float(np.vdot(g.ravel(), np.asarray(d).ravel())) for g, d in zip(grads, dirs)]
+
+    findings: list[Finding] = []
+    t0 = np.asarray(0.0, tdtype)
+    v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
+    for j, (a, k) in enumerate(checked):
+        path = _display(paths[a][k])
+
+        def g(t, j=j):
+            if np.asarray(t) == 0:
+                return v0
+            vec = np.zeros((n,), tdtype)
+            vec[j] = np.asarray(t, tdtype)
+            return np.asarray(value_at(values, dirs, vec))
+
+        if not np.any(grads[j]):
+            fd = _directional(g, t0, eps)
+            findings.append(_missing(path, fd, fd != 0.0, values[j]))
+            continue
+        ad = directional[j]
+
+        def g_jvp(primals, tangents, j=j):  # jvp is linear in the tangent: scale the compiled one
+            return v0, np.asarray(jvps[j] * np.asarray(tangents[0]), tdtype)
+
+        def g_vjp(t, ad=ad):  # check_vjp asks at t0 only, where the reverse-mode gradient is known
+            return v0, lambda ct: (np.asarray(np.asarray(ct) * ad, tdtype),)
+
+        checks = (g, g_jvp, g_vjp) if order == 1 else (g, None, None)
+        failure = _run_check(checks, t0, order, modes, atol, rtol, eps)
+        if failure is not None:  # retry with a smaller step: a ReLU kink inside the step is not a bug
+            failure = _run_check(checks, t0, order, modes, atol, rtol, eps / 10)
+        if failure is None:
+            continue
+        fd = min((_directional(g, t0, e) for e in (eps, eps / 10)), key=lambda v: abs(v - ad))
+        rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
+        fwd_note = ""
+        if jvps is not None:
+            fwd_note = f", forward mode {float(jvps[j]):.6g}"
+        findings.append(Finding(
+            "grad.mismatch",
+            f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g} "
+            f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
+            f"{compute}, order {order}, modes {'/'.join(modes)})",
+            "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
+            "jax.custom_vjp/custom_jvp rule it flows through (sign, a missing factor of the cotangent g, the "
+            "residuals saved in fwd); leaves that check clean sit downstream of the bug",
+            path=path,
+            extra={"autodiff": ad, "finite_diff": fd, "relative_error": rel, "atol": atol, "rtol": rtol,
+                   "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000]}))
+    return findings
+
+
+def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
+    """None when jax.test_util's checks pass on the one-scalar function at ``t0``, else their message.
+
+    Order 1 uses ``check_jvp``/``check_vjp`` (what ``check_grads`` runs at order 1) with the JVP and
+    VJP compiled once for all leaves; higher orders call ``jax.test_util.check_grads`` itself.
+    """
+    g, g_jvp, g_vjp = fns
+    try:
+        if g_jvp is None:
+            jax.test_util.check_grads(g, (t0,), order, modes=modes, atol=atol, rtol=rtol, eps=eps)
+        else:
+            if "fwd" in modes:
+                jax.test_util.check_jvp(g, g_jvp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="JVP")
+            if "rev" in modes:
+                jax.test_util.check_vjp(g, g_vjp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="VJP")
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def _missing(path: str, fd: float, depends: bool, leaf: Any) -> Finding:
+    if depends:
+        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient, yet the output "
+                   f"changes with it (finite-difference directional derivative {fd:.4g})")
+        hint = ("something on its path blocks the gradient: a jax.lax.stop_gradient on this layer, a custom_vjp "
+                "returning zeros for it, or an integer cast; remove the stop_gradient (or freeze the leaf on "
+                "purpose with optax.set_to_zero / multi_transform)")
+    else:
+        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient and the output "
+                   "does not depend on it on this batch")
+        hint = ("the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
+                "pass) or all its units are dead on this batch; wire it in or delete it")
+    return Finding("grad.missing", message, hint, path=path, extra={"finite_diff": fd, "depends": depends})
+
+
+def grads_stage(ctx) -> Iterable[Finding]:
+    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first batch.
+
+    Options: ``grads_order`` (1), ``grads_modes`` (("fwd", "rev")), ``grads_batch_size`` (32,
+    the first examples of the batch).
+    """
+    adapted = ctx.adapted
+    if adapted.loss_fn is None:
+        return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
+                        "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
+    from ._experiment import slice_batch
+
+    state = adapted.init(ctx.key)
+    batch = slice_batch(ctx.batch, int(ctx.option("grads_batch_size", 32)))
+    return check_grads(adapted.loss_fn, adapted.params(state), batch, order=int(ctx.option("grads_order", 1)),
+                       modes=tuple(ctx.option("grads_modes", ("fwd", "rev"))))

@@ -1,0 +1,597 @@
+"""Overfit one small batch: many configurations of the user's own step in ONE compiled program.
+
+Every configuration (seed x learning rate x init scale, plus one constant-input baseline) is a
+slice of a ``jax.vmap``-ed train state; the steps run in a ``lax.scan`` of ``chunk`` steps inside a
+``lax.while_loop`` that stops once every real configuration has reached the target. The whole
+sweep is traced and compiled once, runs without any host round trip between chunks, and works on
+CPU, GPU or TPU alike. It is Karpathy's "overfit one batch" sanity check ("A Recipe for Training
+Neural Networks"), run for a whole grid at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import DataError, ExperimentError, JaxsaneError
+from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
+from ._findings import Finding
+from ._tree import is_inexact, path_str
+
+PyTree = Any
+
+
+class OverfitConfig(NamedTuple):
+    """One configuration of the sweep. ``baseline`` marks the constant-input run."""
+
+    seed: int
+    learning_rate: float | None
+    init_scale: float
+    baseline: bool = False
+
+    def label(self) -> str:
+        lr = "lr=default" if self.learning_rate is None else f"lr={self.learning_rate:.3g}"
+        text = f"seed={self.seed} {lr} scale={self.init_scale:g}"
+        return text + " (constant input)" if self.baseline else text
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class OverfitResult:
+    """The outcome of :func:`overfit`. Not a pytree; everything lives on the host as numpy.
+
+    Attributes:
+      configs: the :class:`OverfitConfig` of each row (the baseline, if any, is last).
+      losses: float array ``[configs, steps_run]``, the loss the step reported at each step.
+      accuracy: per-configuration per-example accuracy on the batch after the last step, or None
+        when the Experiment has no ``apply`` or no integer labels.
+      reached: bool ``[configs]``, whether the configuration reached the target.
+      reached_at: int ``[configs]``, the first step that met the target (-1 when never).
+      verdicts: ``"fits"``, ``"fails"``, ``"diverged"`` or ``"baseline"`` per configuration.
+      findings: ``overfit.failed``, ``model.ignores_input``, ``overfit.best``, ``overfit.no_lr_sweep``.
+      target: the loss target as a fraction of each configuration's initial loss.
+      target_accuracy: the accuracy target, or None when accuracy is not measured.
+      steps_run: steps actually run (early exit stops at a chunk boundary).
+      max_steps: the step budget.
+      compiles: how many times the sweep program was traced (1 for a sweep).
+      seconds: wall time of the compiled sweep, compile included.
+      compile_seconds: the part of ``seconds`` spent tracing and compiling.
+      lr_swept: whether learning rates were set per configuration.
+      batch_size: examples in the overfit batch.
+    """
+
+    configs: tuple[OverfitConfig, ...]
+    losses: np.ndarray
+    accuracy: np.ndarray | None
+    reached: np.ndarray
+    reached_at: np.ndarray
+    verdicts: tuple[str, ...]
+    findings: tuple[Finding, ...]
+    target: float
+    target_accuracy: float | None
+    steps_run: int
+    max_steps: int
+    compiles: int
+    seconds: float
+    lr_swept: bool
+    batch_size: int
+    compile_seconds: float = float("nan")
+
+    # -- derived
+    @property
+    def ok(self) -> bool:
+        """True when no error finding was raised (some configuration fits, inputs matter)."""
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def initial_loss(self) -> np.ndarray:
+        return self.losses[:, 0]
+
+    @property
+    def final_loss(self) -> np.ndarray:
+        return self.losses[:, -1]
+
+    @property
+    def real(self) -> np.ndarray:
+        """Indices of the real-input configurations."""
+        return np.array([i for i, c in enumerate(self.configs) if not c.baseline], dtype=int)
+
+    @property
+    def baseline(self) -> int | None:
+        """Index of the constant-input baseline, or None."""
+        return next((i for i, c in enumerate(self.configs) if c.baseline), None)
+
+    @property
+    def best(self) -> int:
+        """Index of the best real configuration: earliest to reach the target, else lowest loss ratio."""
+        return _best_index(self)
+
+    @property
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+    # -- rendering
+    def table(self) -> str:
+        """A plain-text table, one row per configuration."""
+        head = ["#", "seed", "lr", "scale", "input", "loss[0]", "loss[-1]", "ratio", "acc", "reached@", "verdict"]
+        rows = []
+        for i, c in enumerate(self.configs):
+            init, fin = self.losses[i, 0], self.losses[i, -1]
+            ratio = fin / init if np.isfinite(init) and init != 0 else float("nan")
+            rows.append([str(i), str(c.seed), "default" if c.learning_rate is None else f"{c.learning_rate:.3g}",
+                         f"{c.init_scale:g}", "constant" if c.baseline else "real", f"{init:.4g}", f"{fin:.4g}",
+                         f"{ratio:.3g}", "-" if self.accuracy is None else f"{self.accuracy[i]:.0%}",
+                         str(self.reached_at[i]) if self.reached_at[i] >= 0 else "-", self.verdicts[i]])
+        widths = [max(len(r[j]) for r in [head, *rows]) for j in range(len(head))]
+        line = lambda r: "  ".join(x.rjust(w) for x, w in zip(r, widths))  # noqa: E731
+        target = f"loss <= {self.target:g} x initial"
+        if self.target_accuracy is not None:
+            target += f" or accuracy >= {self.target_accuracy:.0%}"
+        out = [f"overfit sweep: {len(self.configs)} configurations, batch of {self.batch_size}, "
+               f"{self.steps_run}/{self.max_steps} steps, target {target}, {self.compiles} compile(s), "
+               f"{self.seconds:.2f}s ({self.compile_seconds:.2f}s compiling)", line(head), line(["-" * w for w in widths]), *map(line, rows)]
+        out += [str(f) for f in self.findings]
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        fits = int(np.sum(self.reached[self.real])) if len(self.real) else 0
+        return (f"OverfitResult({len(self.configs)} configs, {fits}/{len(self.real)} fit, steps_run={self.steps_run}, "
+                f"codes={self.codes})")
+
+    def plot(self, ax: Any = None):
+        """Loss against step for every configuration (log scale); returns the matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(7, 4))
+        else:
+            fig = ax.figure
+        steps = np.arange(self.losses.shape[1])
+        cmap = plt.get_cmap("viridis")
+        real = list(self.real)
+        for n, i in enumerate(real):
+            c = self.configs[i]
+            colour = cmap(n / max(1, len(real) - 1))
+            ax.plot(steps, self.losses[i], color=colour, lw=1.2, alpha=0.9 if self.reached[i] else 0.5,
+                    label=c.label() + ("" if self.reached[i] else " (fails)"))
+        if self.baseline is not None:
+            ax.plot(steps, self.losses[self.baseline], color="red", ls="--", lw=1.5, label="constant-input baseline")
+        best = self.best
+        ax.axhline(self.losses[best, 0] * self.target, color="grey", ls=":", lw=1,
+                   label=f"target ({self.target:g} x initial of best)")
+        finite = self.losses[np.isfinite(self.losses) & (self.losses > 0)]
+        if finite.size:
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss on the overfit batch")
+        verdict = "FAILED" if "overfit.failed" in self.codes else "ok"
+        ax.set_title(f"overfit one batch ({self.batch_size} examples): {verdict}")
+        if len(self.configs) <= 17:
+            ax.legend(fontsize=6, loc="best")
+        fig.tight_layout()
+        return fig
+
+
+def _best_index(result: OverfitResult) -> int:
+    real = result.real
+    if len(real) == 0:
+        return 0
+    fits = [i for i in real if result.reached[i]]
+    if fits:
+        return int(min(fits, key=lambda i: (result.reached_at[i], _ratio(result.losses[i]))))
+    return int(min(real, key=lambda i: _ratio(result.losses[i])))
+
+
+def _ratio(losses: np.ndarray) -> float:
+    r = losses[-1] / losses[0] if losses[0] != 0 else float("nan")
+    return float(r) if np.isfinite(r) else float("inf")
+
+
+# ----------------------------------------------------------------------------- learning-rate leaves
+
+def _key_name(k: Any) -> Any:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return None
+
+
+def learning_rate_paths(state: PyTree) -> list[tuple]:
+    """Key paths of ``optax.inject_hyperparams`` learning-rate leaves in a pure state. Not jit-safe.
+
+    A leaf qualifies when its path holds ``hyperparams`` immediately followed by ``learning_rate``
+    (``InjectHyperparamsState.hyperparams['learning_rate']``; for NNX the optimizer's
+    ``opt_state['hyperparams']['learning_rate']`` inside the ``nnx.State``).
+    """
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        names = [_key_name(k) for k in path]
+        if any(a == "hyperparams" and b == "learning_rate" for a, b in zip(names, names[1:])) and is_inexact(leaf):
+            found.append(path)
+    return found
+
+
+def current_learning_rate(state: PyTree) -> float | None:
+    """The injected learning rate of a pure state, or None when there is none. Not jit-safe."""
+    paths = set(learning_rate_paths(state))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if path in paths:
+            return float(np.asarray(leaf).reshape(-1)[0])
+    return None
+
+
+def _set_learning_rate(state: PyTree, paths: set, lr: jax.Array) -> PyTree:
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: jnp.broadcast_to(lr, jnp.shape(x)).astype(x.dtype) if p in paths else x, state)
+
+
+# ----------------------------------------------------------------------------- batches
+
+def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) -> PyTree:
+    """``batch`` with every leaf of its inputs replaced by ``make(leaf)``."""
+    inputs = get_inputs(exp, batch)
+    ids = {id(x) for x in jax.tree_util.tree_leaves(inputs)}
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    if not any(id(x) in ids for x in leaves):
+        raise DataError("cannot find the inputs among the batch's leaves, so the constant-input baseline cannot "
+                        "be built: pass Experiment(inputs=lambda batch: batch[...]) returning a leaf of the batch.")
+    return jax.tree_util.tree_unflatten(treedef, [make(x) if id(x) in ids else x for x in leaves])
+
+
+def constant_input_batch(exp: Experiment, batch: PyTree) -> PyTree:
+    """``batch`` with constant inputs: float inputs become their mean over the batch axis, integer
+    inputs (tokens) the first example's, repeated; labels unchanged. Not jit-safe."""
+    def make(x):
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            return x
+        row = jnp.mean(x, axis=0) if jnp.issubdtype(x.dtype, jnp.inexact) else x[0]
+        return jnp.broadcast_to(row.astype(x.dtype), x.shape)
+    return _replace_inputs(exp, batch, make)
+
+
+def _accuracy_fn(adapted: Adapted, params: PyTree, batch: PyTree) -> Callable | None:
+    """``(params, batch) -> per-example accuracy`` when ``apply`` and integer class labels exist."""
+    exp = adapted.experiment
+    apply = adapted.apply_fn
+    if apply is None:
+        return None
+    try:
+        labels = get_labels(exp, batch)
+        inputs = get_inputs(exp, batch)
+        out = jax.eval_shape(apply, params, inputs)
+    except Exception:
+        return None
+    labels_dtype = getattr(labels, "dtype", None)
+    if (labels_dtype is None or not jnp.issubdtype(labels_dtype, jnp.integer) or not hasattr(out, "ndim")
+            or out.ndim != np.ndim(labels) + 1 or out.shape[:-1] != np.shape(labels)):
+        return None
+
+    def accuracy(p, b):
+        logits = apply(p, get_inputs(exp, b))
+        correct = (jnp.argmax(logits, axis=-1) == get_labels(exp, b)).astype(jnp.float32)
+        mask = get_mask(exp, b)
+        if mask is not None and np.shape(mask) == np.shape(correct):
+            m = jnp.asarray(mask).astype(jnp.float32)
+            return jnp.sum(correct * m) / jnp.maximum(jnp.sum(m), 1.0)
+        return jnp.mean(correct)
+    return accuracy
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, (int, np.integer)):
+        if seeds < 1:
+            raise JaxsaneError(f"[jaxsane] overfit(seeds=...) must be >= 1, got {seeds}.")
+        return list(range(int(seeds)))
+    out = [int(s) for s in seeds]
+    if not out:
+        raise JaxsaneError("[jaxsane] overfit(seeds=...) is empty; pass a count or a list of ints.")
+    return out
+
+
+def _scale_params(params: PyTree, scale: jax.Array, select: Callable[[str], bool]) -> PyTree:
+    def f(path, x):
+        if is_inexact(x) and select(path_str(path, "params")):
+            return (x * scale).astype(x.dtype)
+        return x
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def _selector(scale_leaves: str | Callable[[str], bool] | None) -> Callable[[str], bool]:
+    if scale_leaves is None:
+        return lambda path: True
+    if isinstance(scale_leaves, str):
+        pattern = re.compile(scale_leaves)
+        return lambda path: pattern.search(path) is not None
+    if callable(scale_leaves):
+        return scale_leaves
+    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")
+
+
+def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
+            learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
+            steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
+            baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
+            scale_leaves: str | Callable[[str], bool] | None = None) -> OverfitResult:
+    """Overfit one small batch with many configurations at once; return an :class:`OverfitResult`.
+
+    Runs the user's own step (any style, through :class:`Adapted`) for every configuration
+    ``seeds x learning_rates x init_scales`` plus one constant-input baseline, vmapped inside one
+    compiled ``while_loop`` over chunks of ``chunk`` steps that exits once every real configuration
+    has reached the target (Karpathy, "A Recipe for Training Neural Networks": a healthy model
+    drives the loss on one small batch to almost zero).
+
+    Args:
+      experiment: an :class:`Experiment` (or an :class:`Adapted` of one).
+      batch: the batch to overfit (default: the first ``batch_size`` examples of the train data).
+      seeds: a number of seeds (``0..seeds-1``) or a list of seeds; each seed is ``init(jax.random.key(seed))``.
+      learning_rates: learning rates to try. They need an optimizer built with
+        ``optax.inject_hyperparams`` (the rate is then set per configuration in the optimizer state);
+        default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters only seeds are
+        swept and an ``overfit.no_lr_sweep`` info finding says so.
+      init_scales: multipliers applied to the initial parameters (default ``(1.0,)``).
+      steps: step budget per configuration (rounded up to a multiple of ``chunk``).
+      target: a configuration fits when its loss falls to ``target`` x its initial loss (default 1%).
+      target_accuracy: ... or when its per-example accuracy on the batch reaches this value (default
+        100%; only measured when the Experiment has ``apply`` and integer labels).
+      batch_size: examples taken from the train data when ``batch`` is None (default 16).
+      baseline: add the constant-input baseline configuration (seed of the first config, default
+        learning rate, scale 1) to the same vmap.
+      ignores_input_ratio: ``model.ignores_input`` when no real configuration fits and the best real
+        final loss is above ``ignores_input_ratio`` x the baseline's final loss (default 0.5: real
+        inputs must fit at least twice as well as constant ones).
+      chunk: steps per compiled scan between early-exit checks (default 25).
+      early_exit: stop once every real configuration has reached the target.
+      scale_leaves: which parameter leaves ``init_scales`` multiplies: None (all float leaves), a regex
+        searched in the leaf path (``params['dense_0']['kernel']``), or ``callable(path) -> bool``.
+
+    Returns:
+      An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,
+      ``.findings``).
+
+    Raises:
+      ExperimentError: the step reports no ``"loss"`` and the Experiment has no ``loss``.
+
+    Not jit-safe (it compiles and runs its own program).
+
+    Example:
+      >>> from jaxsane.examples import load
+      >>> result = overfit(load("digits_optax"), seeds=2, steps=100)  # doctest: +SKIP
+      >>> result.ok  # doctest: +SKIP
+      True
+    """
+    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
+    exp = adapted.experiment
+    if not 0 < target < 1:
+        raise JaxsaneError(f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}.")
+    if steps < 1 or chunk < 1:
+        raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
+    if batch is None:
+        batch = slice_batch(first_batch(exp.train, "train"), batch_size)
+    batch = jax.tree_util.tree_map(jnp.asarray, batch)
+    from ._experiment import batch_size as _bs
+    n_examples = _bs(batch)
+    seed_list = _as_seeds(seeds)
+    scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
+    if not scales:
+        raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
+
+    # -- one pure state per seed, built on the host (NNX init builds objects: not vmappable), stacked
+    per_seed = [adapted.init(jax.random.key(s)) for s in seed_list]
+    lr_paths = set(learning_rate_paths(per_seed[0]))
+    findings: list[Finding] = []
+    default_lr = current_learning_rate(per_seed[0]) if lr_paths else None
+    if lr_paths:
+        lrs = ([default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None
+               else [float(x) for x in learning_rates])
+    else:
+        lrs = [None]
+        findings.append(Finding(
+            "overfit.no_lr_sweep",
+            "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
+            "'learning_rate'" + (f" (asked for {list(learning_rates)})" if learning_rates else "")
+            + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
+            "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can set "
+            "the rate per configuration"))
+
+    configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
+    n_real = len(configs)
+    const_batch = None
+    if baseline:
+        try:
+            const_batch = constant_input_batch(exp, batch)
+        except DataError:
+            const_batch = None
+        if const_batch is not None:
+            configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
+    k = len(configs)
+    seed_index = jnp.asarray([seed_list.index(c.seed) for c in configs])
+    lr_values = jnp.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], jnp.float32)
+    scale_values = jnp.asarray([c.init_scale for c in configs], jnp.float32)
+    # stack leaf by leaf under the first seed's treedef (static metadata such as a linen TrainState's
+    # tx may differ by identity between init calls)
+    treedef = jax.tree_util.tree_structure(per_seed[0])
+    leaves = [jax.tree_util.tree_leaves(s) for s in per_seed]
+    if any(len(l) != len(leaves[0]) for l in leaves):
+        raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
+                              "stacks one state per seed, so init must build the same pytree for every key.")
+    stacked = jax.tree_util.tree_unflatten(treedef, [jnp.stack(xs) for xs in zip(*leaves)])
+    states = jax.tree_util.tree_map(lambda x: jnp.take(x, seed_index, axis=0), stacked)
+    del stacked, per_seed
+    batches = jax.tree_util.tree_map(
+        lambda a, b: jnp.concatenate([jnp.broadcast_to(a, (n_real, *a.shape)), b[None]]) if const_batch is not None
+        else jnp.broadcast_to(a, (n_real, *a.shape)), batch, const_batch if const_batch is not None else batch)
+
+    # -- what the loss is: the step's reported loss, else Experiment.loss on the params before the step
+    _, metrics_shape = jax.eval_shape(adapted.step, adapted.example_state, batch)
+    step_reports_loss = "loss" in metrics_shape
+    loss_fn = adapted.loss_fn
+    if not step_reports_loss and loss_fn is None:
+        raise ExperimentError("overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
+                              "loss. Return {'loss': value} from the step or pass Experiment(loss=...).")
+    accuracy = _accuracy_fn(adapted, adapted.params(adapted.example_state), batch)
+    select = _selector(scale_leaves)
+    n_chunks = max(1, math.ceil(steps / chunk))
+    total = n_chunks * chunk
+    traces = [0]
+
+    def prepare(state, lr, scale):
+        state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
+        if lr_paths:
+            state = _set_learning_rate(state, lr_paths, lr)
+        return state
+
+    def one_step(state, b):
+        new_state, metrics = adapted.step(state, b)
+        if step_reports_loss:
+            loss = jnp.mean(jnp.asarray(metrics["loss"], jnp.float32))
+        else:
+            loss = jnp.asarray(loss_fn(adapted.params(state), b), jnp.float32)
+        return new_state, loss
+
+    vstep = jax.vmap(one_step)
+
+    def run(states, batches, lr_values, scale_values):
+        traces[0] += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
+        states = jax.vmap(prepare)(states, lr_values, scale_values)
+        losses = jnp.full((k, total), jnp.nan, jnp.float32)
+        acc0 = jnp.zeros((k,), jnp.float32)
+        reached_at = jnp.full((k,), -1, jnp.int32)
+
+        def cond(carry):
+            i, _, _, _, reached_at = carry
+            more = i < n_chunks
+            if early_exit:
+                more = more & ~jnp.all(reached_at[:n_real] >= 0)
+            return more
+
+        def body(carry):
+            i, states, losses, acc, reached_at = carry
+            states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), states, None, length=chunk)
+            chunk_losses = chunk_losses.T  # [k, chunk]
+            losses = lax.dynamic_update_slice(losses, chunk_losses, (0, i * chunk))
+            initial = losses[:, 0]
+            hit = chunk_losses <= (target * initial)[:, None]
+            first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
+            if accuracy is not None:
+                acc = jax.vmap(lambda s, b: accuracy(adapted.params(s), b))(states, batches)
+                first = jnp.where((first < 0) & (acc >= target_accuracy), (i + 1) * chunk - 1, first)
+            reached_at = jnp.where(reached_at >= 0, reached_at, first)
+            return i + 1, states, losses, acc, reached_at
+
+        i, _, losses, acc, reached_at = lax.while_loop(cond, body, (jnp.int32(0), states, losses, acc0, reached_at))
+        return i, losses, acc, reached_at
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+        args = (states, batches, lr_values, scale_values)
+        compiled = jax.jit(run, donate_argnums=(0,)).lower(*args).compile()
+        compile_seconds = time.perf_counter() - start
+        del states
+        i, losses, acc, reached_at = compiled(*args)
+        steps_run = int(i) * chunk
+    losses = np.asarray(losses)[:, :steps_run]
+    seconds = time.perf_counter() - start
+    reached_at = np.asarray(reached_at)
+    acc_np = np.asarray(acc) if accuracy is not None else None
+
+    reached = reached_at >= 0
+    verdicts = []
+    for j, c in enumerate(configs):
+        if c.baseline:
+            verdicts.append("baseline")
+        elif reached[j]:
+            verdicts.append("fits")
+        elif not np.all(np.isfinite(losses[j])):
+            verdicts.append("diverged")
+        else:
+            verdicts.append("fails")
+    result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, tuple(verdicts), (), target,
+                           target_accuracy if accuracy is not None else None, steps_run, total, traces[0], seconds,
+                           bool(lr_paths), n_examples, compile_seconds)
+    findings = _judge(result, findings, ignores_input_ratio=ignores_input_ratio)
+    return dataclasses.replace(result, findings=tuple(findings))
+
+
+def _judge(result: OverfitResult, findings: list[Finding], *, ignores_input_ratio: float) -> list[Finding]:
+    real = result.real
+    losses = result.losses
+    best = result.best
+    cfg = result.configs[best]
+    lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
+    acc_text = "" if result.accuracy is None else f", accuracy {result.accuracy[best]:.0%}"
+    target_text = f"loss <= {result.target:g} x initial" + (
+        "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}")
+    fits = int(np.sum(result.reached[real]))
+    out = list(findings)
+    if fits == 0:
+        out.append(Finding(
+            "overfit.failed",
+            f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
+            f"{result.steps_run} steps (target: {target_text}); best: {cfg.label()} went from loss "
+            f"{losses[best, 0]:.4g} to {losses[best, -1]:.4g}{acc_text}",
+            "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
+            "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), that "
+            "gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) or init "
+            "scales", extra={"best": best, "initial": float(losses[best, 0]), "final": float(losses[best, -1])}))
+    b = result.baseline
+    if b is not None and fits == 0 and len(real):
+        real_final = float(np.nanmin(np.where(np.isfinite(losses[real, -1]), losses[real, -1], np.nan))) \
+            if np.any(np.isfinite(losses[real, -1])) else float("inf")
+        base_final = float(losses[b, -1])
+        moved = np.nanmax(np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12))
+        if np.isfinite(base_final) and real_final > ignores_input_ratio * base_final and moved > 1e-3:
+            out.append(Finding(
+                "model.ignores_input",
+                f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
+                f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
+                f"{ignores_input_ratio:g} x constant)",
+                "the model's output does not depend on its input: check that the input is wired into the "
+                "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
+                "the labels belong to these inputs",
+                extra={"real_final": real_final, "constant_final": base_final}))
+    status = (f"fits at step {result.reached_at[best]}" if result.reached[best]
+              else f"does not fit (loss ratio {_ratio(losses[best]):.3g})")
+    out.append(Finding(
+        "overfit.best",
+        f"best configuration: learning rate {lr_text}, init scale {cfg.init_scale:g}, seed {cfg.seed}: {status}"
+        f"{acc_text}; {fits}/{len(real)} configurations fit",
+        "", extra={"learning_rate": cfg.learning_rate, "init_scale": cfg.init_scale, "seed": cfg.seed,
+                   "reached_at": int(result.reached_at[best]), "fits": fits}))
+    return out
+
+
+def overfit_stage(ctx) -> list[Finding]:
+    """doctor stage: the overfit sweep with small defaults (options ``overfit_seeds`` (2),
+    ``overfit_steps`` (300), ``overfit_learning_rates``, ``overfit_init_scales``, ``overfit_batch_size`` (16),
+    ``init_scales`` for the init-scale sweep (``(0.5, 1, 2)``)). Stores ``artifacts["overfit"]`` (an
+    :class:`OverfitResult`) and ``artifacts["init_scales"]`` (an ``InitScaleSweep``)."""
+    result = overfit(ctx.adapted, slice_batch(ctx.batch, int(ctx.option("overfit_batch_size", 16))),
+                     seeds=ctx.option("overfit_seeds", 2), steps=int(ctx.option("overfit_steps", 300)),
+                     learning_rates=ctx.option("overfit_learning_rates"),
+                     init_scales=ctx.option("overfit_init_scales"))
+    ctx.diagnosis.artifacts["overfit"] = result
+    try:
+        from ._init_sweep import init_scale_sweep
+        ctx.diagnosis.artifacts["init_scales"] = init_scale_sweep(
+            ctx.adapted, slice_batch(ctx.batch, int(ctx.option("overfit_batch_size", 16))),
+            scales=ctx.option("init_scales", (0.5, 1.0, 2.0)), key=ctx.key)
+    except JaxsaneError:
+        pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
+    return list(result.findings)

@@ -1,0 +1,283 @@
+"""Reports: one self-contained HTML page (findings, hints, plots as embedded PNGs) and its JSON form.
+
+``write_html(path, diagnoses)`` draws, for each :class:`Diagnosis`, whichever artifacts exist:
+
+* ``artifacts["run"]`` — a :class:`~jaxsane._monitor.History` (or its ``to_dict()``): train/eval loss
+  curves, gradient norms per layer, update/parameter ratios, dead-ReLU fractions;
+* ``artifacts["overfit"]`` and ``artifacts["init_scales"]`` — any object with ``.plot()`` returning a
+  matplotlib ``Figure`` (the overfit sweep and the init-scale plot).
+
+Plots are rendered with matplotlib's Agg backend into PNGs embedded as base64 ``data:`` URIs, so the
+file needs nothing else. The findings are also embedded as JSON (``<script type="application/json"
+id="jaxsane-findings">``), identical to :func:`to_json`. Not jit-safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import json
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ._findings import Diagnosis
+from ._monitor import History
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;width:100%;margin:.5em 0}th,td{border:1px solid #ddd;padding:.35em .5em;
+text-align:left;vertical-align:top;font-size:.92em}th{background:#f4f4f4}
+.error{color:#b00020;font-weight:bold}.warning{color:#a86500;font-weight:bold}.info{color:#0063a8}
+.hint{color:#206020}.ok{color:#206020;font-weight:bold}figure{margin:1em 0}img{max-width:100%;
+border:1px solid #eee}figcaption{color:#555;font-size:.9em}code{background:#f6f6f6;padding:0 .2em}
+"""
+
+
+# ----------------------------------------------------------------------------- plotting helpers
+
+def _figure(width: float = 7.5, height: float = 3.6):
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), dpi=100, layout="tight")
+
+
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib Figure as PNG bytes (Agg; works without a display). Not jit-safe."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
+        FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    try:  # figures made through pyplot stay registered until closed
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+    except Exception:
+        pass
+    return buf.getvalue()
+
+
+def as_history(run: Any) -> History | None:
+    """Accept a History, its ``to_dict()``, or a minimal ``{"loss": [...]}``; None if unusable."""
+    if isinstance(run, History):
+        return run
+    if isinstance(run, dict):
+        if "steps" in run:
+            return History.from_dict(run)
+        if "loss" in run:
+            loss = [float("nan") if v is None else float(v) for v in run["loss"]]
+            return History(steps=list(range(len(loss))), loss=loss)
+    return None
+
+
+def plot_losses(h: History):
+    """Train loss per step (and its moving median) with eval loss. Returns a Figure or None."""
+    if not h.loss and not h.eval_loss:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    if h.loss:
+        loss = np.asarray(h.loss, dtype=float)
+        ax.plot(h.steps, loss, color="#1f77b4", alpha=0.35, lw=1, label="train loss")
+        w = max(1, len(loss) // 20)
+        if w > 1:
+            smooth = np.array([np.nanmedian(loss[max(0, i - w):i + 1]) for i in range(len(loss))])
+            ax.plot(h.steps, smooth, color="#1f77b4", lw=2, label=f"train (moving median, {w})")
+    if h.eval_loss:
+        ax.plot(h.eval_steps, h.eval_loss, "o-", color="#d62728", lw=2, ms=4, label="eval loss")
+    finite = np.asarray([v for v in [*h.loss, *h.eval_loss] if np.isfinite(v)])
+    if finite.size and finite.min() > 0 and finite.max() / finite.min() > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("train and eval loss")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_grad_norms(h: History):
+    """Gradient norm per layer (kernels, input side first) over the sampled steps. Figure or None."""
+    names, g = h.layer_grad_norms()
+    if g.size == 0:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    cmap = _cmap(len(names))
+    for j, name in enumerate(names):
+        ax.plot(h.grad_steps, np.where(g[:, j] > 0, g[:, j], np.nan), color=cmap(j), lw=1.5, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("‖gradient‖")
+    ax.set_title("gradient norm per layer (input side first)")
+    ax.legend(loc="best", fontsize=7, ncol=2 if len(names) > 6 else 1)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_update_ratio(h: History):
+    """‖update‖/‖param‖ per kernel with the sane band. Figure or None."""
+    p, u = h.arrays("param_norm"), h.arrays("update_norm")
+    if p.size == 0:
+        return None
+    idx = [i for i in h.depth if i in set(h.weight_leaves)] or list(range(p.shape[1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = u[:, idx] / np.where(p[:, idx] > 0, p[:, idx], np.nan)
+    fig = _figure()
+    ax = fig.add_subplot()
+    cmap = _cmap(len(idx))
+    for j, i in enumerate(idx):
+        ax.plot(h.tele_steps, np.where(ratio[:, j] > 0, ratio[:, j], np.nan), color=cmap(j), lw=1.5,
+                label=h.leaf_paths[i] if i < len(h.leaf_paths) else str(i))
+    ax.axhspan(1e-5, 1e-1, color="green", alpha=0.06, label="sane band [1e-5, 1e-1]")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("‖Δθ‖ / ‖θ‖")
+    ax.set_title("update / parameter norm ratio per kernel")
+    ax.legend(loc="best", fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_dead(h: History):
+    d = h.arrays("dead_fraction")
+    if d.size == 0:
+        return None
+    fig = _figure(7.5, 3.0)
+    ax = fig.add_subplot()
+    cmap = _cmap(d.shape[1])
+    for j in range(d.shape[1]):
+        ax.plot(h.dead_steps, d[:, j], "o-", ms=3, color=cmap(j), label=f"ReLU #{j}")
+    ax.axhline(0.7, color="#b00020", ls="--", lw=1, label="70% threshold")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction dead")
+    ax.set_title("dead ReLU units (inactive on the whole batch)")
+    ax.legend(loc="best", fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _cmap(n: int):
+    import matplotlib
+    cmap = matplotlib.colormaps["viridis"]
+    return lambda j: cmap(0.85 * j / max(1, n - 1))
+
+
+# ----------------------------------------------------------------------------- page
+
+def _img(fig: Any, alt: str, caption: str) -> str:
+    data = base64.b64encode(figure_png(fig)).decode("ascii")
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _artifact_plot(obj: Any):
+    plot = getattr(obj, "plot", None)
+    if not callable(plot):
+        return None
+    fig = plot()
+    return fig if hasattr(fig, "savefig") else None
+
+
+def _findings_table(d: Diagnosis) -> str:
+    if not len(d):
+        return '<p class="ok">no findings</p>'
+    rows = []
+    for f in d.sorted():
+        hint = f'<div class="hint">fix: {html.escape(f.hint)}</div>' if f.hint else ""
+        rows.append(f'<tr class="finding" data-code="{html.escape(f.code)}"><td class="{f.severity}">'
+                    f"{f.severity}</td><td><code>{html.escape(f.code)}</code></td><td>{html.escape(f.where)}</td>"
+                    f"<td>{html.escape(f.message)}{hint}</td></tr>")
+    return ("<table class=\"findings\"><thead><tr><th>severity</th><th>code</th><th>where</th>"
+            "<th>finding and fix</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _section(d: Diagnosis, index: int) -> str:
+    name = d.name or f"diagnosis {index + 1}"
+    counts = d.to_dict()["counts"]
+    summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
+    parts = [f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
+             f'<p class="summary">{html.escape(summary)}'
+             + (' — <span class="ok">no errors</span>' if d.ok else "") + "</p>",
+             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>"]
+    plots = []
+    h = as_history(d.artifacts.get("run"))
+    if h is not None:
+        for fn, slug, caption in ((plot_losses, "loss-curves", "train and eval loss"),
+                                  (plot_grad_norms, "grad-norms", "gradient norm per layer"),
+                                  (plot_update_ratio, "update-ratio", "update/parameter norm ratio"),
+                                  (plot_dead, "dead-relu", "dead ReLU fraction")):
+            fig = fn(h)
+            if fig is not None:
+                plots.append((slug, caption, fig))
+    for key, slug, caption in (("overfit", "overfit-sweep", "overfit sweep on one small batch"),
+                               ("init_scales", "init-scales", "activation scale through depth at init")):
+        if key in d.artifacts:
+            try:
+                fig = _artifact_plot(d.artifacts[key])
+            except Exception as e:  # a broken artifact must not lose the rest of the report
+                parts.append(f'<p class="warning">could not draw {html.escape(key)}: {html.escape(repr(e))}</p>')
+                fig = None
+            if fig is not None:
+                plots.append((slug, caption, fig))
+    for slug, caption, fig in plots:
+        parts.append(f'<section class="plot {slug}"><h3>{html.escape(caption.capitalize())}</h3>'
+                     + _img(fig, caption, f"{name}: {caption}") + "</section>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _as_list(diagnoses: Diagnosis | Iterable[Diagnosis]) -> list[Diagnosis]:
+    return [diagnoses] if isinstance(diagnoses, Diagnosis) else list(diagnoses)
+
+
+def to_json(diagnoses: Diagnosis | Iterable[Diagnosis], path: str | None = None) -> str:
+    """The JSON form of the report: ``[diagnosis.to_dict(), ...]`` (also written to ``path``)."""
+    text = json.dumps([d.to_dict() for d in _as_list(diagnoses)], indent=2)
+    if path is not None:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+    return text
+
+
+def render_html(diagnoses: Diagnosis | Sequence[Diagnosis], title: str = "jaxsane report") -> str:
+    """The report page as a string (see :func:`write_html`). Not jit-safe."""
+    items = _as_list(diagnoses)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    total = {s: sum(d.to_dict()["counts"][s] for d in items) for s in ("error", "warning", "info")}
+    overview = "".join(
+        f'<tr><td><a href="#diagnosis-{i}">{html.escape(d.name or f"diagnosis {i + 1}")}</a></td>'
+        f'<td class="{"ok" if d.ok else "error"}">{"ok" if d.ok else "errors"}</td>'
+        + "".join(f"<td>{d.to_dict()['counts'][s]}</td>" for s in ("error", "warning", "info")) + "</tr>"
+        for i, d in enumerate(items))
+    payload = to_json(items).replace("</", "<\\/")
+    body = "\n".join(_section(d, i) for i, d in enumerate(items))
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            f"<h1>{html.escape(title)}</h1>\n<p>generated {stamp}: {total['error']} errors, {total['warning']} "
+            f"warnings, {total['info']} info</p>\n"
+            f'<section class="overview"><h2>Overview</h2><table><thead><tr><th>experiment</th><th>status</th>'
+            f"<th>errors</th><th>warnings</th><th>info</th></tr></thead><tbody>{overview}</tbody></table></section>\n"
+            f"{body}\n"
+            f'<script type="application/json" id="jaxsane-findings">{payload}</script>\n</body>\n</html>\n')
+
+
+def write_html(path: str, diagnoses: Diagnosis | Sequence[Diagnosis], title: str = "jaxsane report") -> str:
+    """Write one self-contained HTML report for ``diagnoses`` (a Diagnosis or a list) and return ``path``.
+
+    The page holds each diagnosis's findings with their hints, its train/eval loss curves and
+    gradient norms per layer (from ``artifacts["run"]``), and the overfit sweep / init-scale plots
+    (``artifacts["overfit"]`` / ``artifacts["init_scales"]``, objects with ``.plot()``), as PNGs
+    embedded in the file. Not jit-safe.
+
+    Example:
+      >>> import jaxsane, tempfile, os
+      >>> d = jaxsane.Diagnosis([jaxsane.Finding("train.plateau", "flat loss", "raise the lr")], name="demo")
+      >>> path = write_html(os.path.join(tempfile.mkdtemp(), "r.html"), [d])
+    """
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(render_html(diagnoses, title))
+    return path

@@ -1,0 +1,109 @@
+"""Tiny train programs in every step style, shared by the foundation tests."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from flax.training import train_state
+
+import jaxsane
+
+TX = optax.adam(1e-2)
+
+
+def batch(n=8, bad=False, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    if bad:
+        x[2, 1] = np.nan
+    return {"x": x, "y": (np.arange(n) % 3).astype(np.int32)}
+
+
+# ---- pure optax
+def optax_init(key):
+    params = {"w": jax.random.normal(key, (4, 3)) * 0.5, "b": jnp.zeros(3)}
+    return params, TX.init(params)
+
+
+def optax_apply(params, x):
+    return x @ params["w"] + params["b"]
+
+
+def optax_loss(params, b):
+    return optax.softmax_cross_entropy_with_integer_labels(optax_apply(params, b["x"]), b["y"]).mean()
+
+
+def optax_step(state, b):
+    params, opt_state = state
+    value, grads = jax.value_and_grad(optax_loss)(params, b)
+    updates, opt_state = TX.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), {"loss": value}
+
+
+def optax_step_state_only(state, b):
+    return optax_step(state, b)[0]
+
+
+def optax_experiment(**kw):
+    return jaxsane.Experiment(init=optax_init, step=jax.jit(optax_step), train=batch(), loss=optax_loss,
+                              apply=optax_apply, num_classes=3, **kw)
+
+
+# ---- linen TrainState
+class LinenMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.relu(nn.Dense(8)(x)))
+
+
+def linen_init(key):
+    model = LinenMLP()
+    params = model.init(key, jnp.zeros((1, 4)))["params"]
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=TX)
+
+
+def linen_loss(params, b):
+    logits = LinenMLP().apply({"params": params}, b["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
+
+
+@jax.jit
+def linen_step(state, b):
+    value, grads = jax.value_and_grad(linen_loss)(state.params, b)
+    return state.apply_gradients(grads=grads), {"loss": value}
+
+
+# ---- NNX in place
+class NNXMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(4, 8, rngs=rngs)
+        self.l2 = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(nnx.relu(self.l1(x)))
+
+
+def nnx_init(key):
+    model = NNXMLP(nnx.Rngs(params=key))
+    return model, nnx.Optimizer(model, TX, wrt=nnx.Param)
+
+
+def nnx_loss(model, b):
+    return optax.softmax_cross_entropy_with_integer_labels(model(b["x"]), b["y"]).mean()
+
+
+@nnx.jit
+def nnx_step(model, optimizer, b):
+    value, grads = nnx.value_and_grad(nnx_loss)(model, b)
+    optimizer.update(model, grads)
+    return value
+
+
+@nnx.jit
+def nnx_step_tuple(state, b):
+    model, optimizer = state
+    value, grads = nnx.value_and_grad(nnx_loss)(model, b)
+    optimizer.update(model, grads)
+    return value

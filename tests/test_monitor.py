@@ -1,0 +1,238 @@
+"""The training monitor: in-graph telemetry and the train.* detectors, on healthy and faulty runs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane._doctor import doctor
+from jaxsane._experiment import Adapted, iter_batches
+from jaxsane._monitor import (MODE_BARE, MODE_FULL, MODE_NORMS, History, Monitor, check_training, dead_fractions,
+                              depth_order, relu_outputs)
+from jaxsane.examples import digits_optax as D
+from jaxsane.examples import load
+from jaxsane.examples._digits import train_eval
+
+
+def digits(lr=3e-3, sign=1.0, bias=0.0, shuffle_eval=False):
+    """The digits MLP of the optax example with one planted fault (all defaults: healthy)."""
+    tx = optax.adam(lr)
+
+    def init(key):
+        params = D.init_params(key)
+        params = [dict(layer, b=layer["b"] + (bias if i < len(params) - 1 else 0.0)) for i, layer in enumerate(params)]
+        return params, tx.init(params)
+
+    @jax.jit
+    def step(state, batch):
+        params, opt_state = state
+        value, grads = jax.value_and_grad(D.loss)(params, batch)
+        updates, opt_state = tx.update(jax.tree.map(lambda g: sign * g, grads), opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), {"loss": value}
+
+    train, eval_ = train_eval()
+    if shuffle_eval:
+        eval_ = {"x": eval_["x"], "y": np.random.default_rng(1).permutation(eval_["y"])}
+    return jaxsane.Experiment(init=init, step=step, train=train, eval=eval_, loss=D.loss, apply=D.apply,
+                              num_classes=10, name="digits_fault")
+
+
+def run_codes(exp):
+    diagnosis = doctor(exp, stages=["run"], progress=False)
+    return diagnosis, [f.code for f in diagnosis if f.code.startswith("train.")]
+
+
+# ----------------------------------------------------------------------------- telemetry in the graph
+
+def test_telemetry_values_match_host_computation():
+    exp = load("digits_optax")
+    adapted = Adapted(exp)
+    mon = Monitor(adapted, every=1, dead_every=1)
+    state = adapted.init(jax.random.key(0))
+    batch = next(iter(exp.train))
+    new_state, metrics = mon.step(state, batch, MODE_FULL)
+    tel = metrics["telemetry"]
+    p0, p1 = jax.tree.leaves(state[0]), jax.tree.leaves(new_state[0])
+    np.testing.assert_allclose(tel["param_norm"], [np.linalg.norm(np.asarray(x)) for x in p0], rtol=1e-5)
+    np.testing.assert_allclose(tel["update_norm"], [np.linalg.norm(np.asarray(b) - np.asarray(a))
+                                                    for a, b in zip(p0, p1)], rtol=1e-4, atol=1e-8)
+    grads = jax.tree.leaves(jax.grad(D.loss)(state[0], batch))
+    np.testing.assert_allclose(tel["grad_norm"], [np.linalg.norm(np.asarray(g)) for g in grads], rtol=1e-4)
+    # dead fraction by hand: hidden units that are 0 on every example
+    h = np.asarray(jax.nn.relu(batch["x"] @ state[0][0]["w"] + state[0][0]["b"]))
+    assert tel["dead_fraction"].shape == (2,)
+    np.testing.assert_allclose(tel["dead_fraction"][0], np.mean(np.all(h <= 0, axis=0)), atol=1e-6)
+    # the bare mode is the user's step, unchanged
+    bare_state, bare_metrics = mon.step(state, batch, MODE_BARE)
+    assert "telemetry" not in bare_metrics
+    np.testing.assert_array_equal(jax.tree.leaves(bare_state)[0], jax.tree.leaves(new_state)[0])
+    sampled = Monitor(adapted, every=2, dead_every=4)
+    assert [sampled.mode_for(i) for i in range(6)] == [MODE_FULL, MODE_BARE, MODE_NORMS, MODE_BARE, MODE_FULL,
+                                                       MODE_BARE]
+
+
+def test_monitor_queues_device_arrays_and_pulls_in_batches():
+    exp = load("digits_optax")
+    adapted = Adapted(exp)
+    mon = Monitor(adapted, every=2, dead_every=0, log_every=4)
+    state = adapted.init(jax.random.key(0))
+    for i, batch in enumerate(iter_batches(exp.train, 6)):
+        state, metrics = mon.step(state, batch, mon.mode_for(i))
+        mon.record(i, metrics, state, batch)
+        assert isinstance(metrics["loss"], jax.Array)       # nothing was pulled per step
+        assert len(mon.history.steps) == (4 if i >= 3 else 0)
+    h = mon.pull()
+    assert h.steps == list(range(6)) and h.tele_steps == [0, 2, 4] and h.grad_steps == [0, 2, 4]
+    assert h.dead_steps == [] and all(np.isfinite(h.loss))
+    assert [h.leaf_paths[i] for i in h.depth][0] == "params[0]['w']"
+
+
+def test_monitor_compiles_each_mode_once():
+    exp = load("digits_optax")
+    adapted = Adapted(exp)
+    mon = Monitor(adapted, every=1, dead_every=2)
+    state = adapted.init(jax.random.key(0))
+    for i, batch in enumerate(iter_batches(exp.train, 4)):
+        state, _ = mon.step(state, batch, mon.mode_for(i))
+    assert mon.step._cache_size() == 2  # MODE_FULL and MODE_NORMS, each traced once
+
+
+def test_relu_capture_and_depth_order():
+    def apply(params, x):
+        h = jax.nn.relu(x @ params["a"])
+        h = jnp.maximum(h @ params["b"] + params["bias"], 0.0)
+        return jnp.tanh(h @ params["c"])
+
+    params = {"a": jnp.ones((3, 4)), "b": -jnp.ones((4, 5)), "bias": jnp.zeros(5), "c": jnp.ones((5, 2))}
+    x = jnp.ones((2, 3))
+    relus = jax.jit(relu_outputs, static_argnums=0)(apply, params, x)
+    assert [r.shape for r in relus] == [(2, 4), (2, 5)]
+    np.testing.assert_allclose(dead_fractions(relus), [0.0, 1.0])
+    order = depth_order(apply, params, x)
+    names = sorted(params)  # tree order: a, b, bias, c
+    assert [names[i] for i in order] == ["a", "b", "bias", "c"]
+    # reversed names do not fool the order: it follows the data flow
+    rev = {"z": params["a"], "y": params["b"], "x": params["bias"], "w": params["c"]}
+    order = depth_order(lambda p, x: apply({"a": p["z"], "b": p["y"], "bias": p["x"], "c": p["w"]}, x), rev, x)
+    assert [sorted(rev)[i] for i in order] == ["z", "y", "x", "w"]
+
+
+# ----------------------------------------------------------------------------- detectors on real runs
+
+@pytest.mark.parametrize("name", ["digits_optax", "digits_nnx", "digits_linen"])
+def test_healthy_examples_trigger_no_train_findings(name):
+    diagnosis, codes = run_codes(load(name))
+    assert codes == [], [str(f) for f in diagnosis]
+    run = diagnosis.artifacts["run"]
+    assert len(run["loss"]) == 30 and run["loss"][-1] < run["loss"][0]
+    assert len(run["eval_loss"]) == 7 and len(run["grad_norm"]) == 30 and len(run["dead_fraction"]) == 6
+
+
+@pytest.mark.parametrize("fault, expected", [
+    (dict(lr=0.3), "train.update_ratio"),          # learning rate 100x too high
+    (dict(lr=0.0), "train.update_ratio"),          # learning rate 0
+    (dict(sign=-1.0), "train.diverging"),          # gradient ascent
+    (dict(bias=-10.0), "train.dead_units"),        # ReLUs killed by a large negative bias
+    (dict(shuffle_eval=True), "train.overfitting"),  # eval labels shuffled
+])
+def test_faulty_runs_are_reported(fault, expected):
+    diagnosis, codes = run_codes(digits(**fault))
+    assert expected in codes, [str(f) for f in diagnosis]
+    finding = diagnosis.by_code(expected)[0]
+    assert finding.hint and finding.severity in ("warning", "error")
+    if "lr" in fault:
+        assert diagnosis.by_code(expected)[0].extra["direction"] == ("high" if fault["lr"] else "low")
+
+
+# ----------------------------------------------------------------------------- detectors on histories
+
+def _history(loss, **kw):
+    return History(steps=list(range(len(loss))), loss=list(map(float, loss)), **kw)
+
+
+def _codes(h, **kw):
+    return [f.code for f in check_training(h, **kw)]
+
+
+def test_loss_rules_judge_windows_not_single_steps():
+    rng = np.random.default_rng(0)
+    falling = 2.3 * np.exp(-np.arange(60) / 20) + 0.05 * rng.random(60)
+    assert _codes(_history(falling)) == []
+    spiky = falling.copy()
+    spiky[[30, 45, 59]] = 50.0                 # single spikes, even at the very end: not a trend
+    assert _codes(_history(spiky)) == []
+    assert _codes(_history(2.3 * np.exp(np.arange(60) / 15))) == ["train.diverging"]
+    assert _codes(_history([2.3] * 20 + [float("nan")] * 10)) == ["train.diverging"]
+    assert _codes(_history(2.3 + 0.001 * rng.random(40))) == ["train.plateau"]
+    zigzag = 2.0 + 1.5 * np.where(np.arange(60) % 2, 1.0, -1.0) * rng.uniform(0.5, 1, 60)
+    assert _codes(_history(zigzag)) == ["train.oscillating"]
+    assert _codes(_history(zigzag), oscillation_rel=10.0) == []   # thresholds are overridable
+    assert _codes(_history(2.3 + 0.001 * rng.random(5))) == []    # too short to judge
+
+
+def test_update_ratio_band():
+    p = [[1.0, 10.0]] * 12
+    h = _history(np.linspace(2, 1, 12), tele_steps=list(range(12)), param_norm=p,
+                 update_norm=[[1e-3, 1e-2]] * 12, weight_leaves=[0, 1], leaf_paths=["w0", "w1"], depth=[0, 1])
+    assert _codes(h) == []
+    h.update_norm = [[1e-3, 1e-2]] * 11 + [[5.0, 1e-2]]      # one burst step: not judged
+    assert _codes(h) == []
+    h.update_norm = [[0.5, 1e-2]] * 4 + [[1e-3, 1e-2]] * 8   # an early window above 1e-1
+    assert _codes(h) == ["train.update_ratio"]
+    h.update_norm = [[1e-3, 0.0]] * 12                         # w1 frozen
+    (f,) = check_training(h)
+    assert f.code == "train.update_ratio" and f.path == "w1" and f.extra["direction"] == "low"
+    assert _codes(h, update_ratio_low=0.0) == []
+
+
+def test_gradient_rules_follow_autotrainer_thresholds():
+    base = dict(grad_steps=list(range(10)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
+                depth=[0, 1, 2])
+    healthy = _history(np.linspace(2, 1, 10), grad_norm=[[0.5, 0.7, 1.0]] * 10, **base)
+    assert _codes(healthy) == []
+    vanishing = _history(np.linspace(2, 1, 10), grad_norm=[[1e-6, 1e-2, 1.0]] * 10, **base)
+    assert _codes(vanishing) == ["train.vanishing_grads"]
+    small_but_balanced = _history(np.linspace(2, 1, 10), grad_norm=[[1e-5, 1e-5, 1e-5]] * 10, **base)
+    assert _codes(small_but_balanced) == []                    # ratio 1: both conditions are needed
+    exploding = _history(np.linspace(2, 1, 10), grad_norm=[[100.0, 10.0, 1.0]] * 10, **base)
+    assert _codes(exploding) == ["train.exploding_grads"]
+    assert _codes(exploding, exploding_ratio=200) == []
+    growing = _history(np.linspace(2, 1, 10), grad_norm=[[10.0 ** k] * 3 for k in range(10)], **base)
+    assert _codes(growing) == ["train.exploding_grads"]
+    # depth order, not tree order, decides which leaf is "first"
+    reordered = _history(np.linspace(2, 1, 10), grad_norm=[[1.0, 1e-2, 1e-6]] * 10, **{**base, "depth": [2, 1, 0]})
+    assert _codes(reordered) == ["train.vanishing_grads"]
+
+
+def test_dead_units_rule():
+    h = _history(np.linspace(2, 1, 10), dead_steps=list(range(5)), dead_fraction=[[0.1, 0.69]] * 5)
+    assert _codes(h) == []
+    h.dead_fraction = [[0.1, 0.7]] * 5
+    (f,) = check_training(h)
+    assert f.code == "train.dead_units" and f.path == "relu[1]"
+    h.dead_fraction = [[0.1, 0.9]] + [[0.1, 0.2]] * 4          # one bad sample: not judged
+    assert _codes(h) == []
+
+
+def test_overfitting_rule():
+    train = np.linspace(2.3, 0.3, 30)
+    h = _history(train, eval_steps=[0, 10, 20, 30], eval_loss=[2.3, 1.5, 1.2, 1.1])
+    assert _codes(h) == []
+    h.eval_loss = [2.3, 2.2, 2.9, 3.5]
+    (f,) = check_training(h)
+    assert f.code == "train.overfitting" and f.extra["best_step"] == 10
+    h.eval_loss = [2.3, 1.5, 1.2, 1.25]                        # a small wobble is not overfitting
+    assert _codes(h) == []
+    h2 = _history(np.linspace(2.3, 2.5, 30), eval_steps=[0, 10, 20, 30], eval_loss=[2.3, 2.2, 2.9, 3.5])
+    assert "train.overfitting" not in _codes(h2)                # train did not fall: not overfitting
+
+
+def test_history_round_trips_through_json():
+    import json
+    h = _history([2.0, float("nan"), 1.0], tele_steps=[0], param_norm=[[1.0]], update_norm=[[-1.0]],
+                 eval_steps=[0], eval_loss=[2.0])
+    back = History.from_dict(json.loads(json.dumps(h.to_dict())))
+    assert back.steps == h.steps and np.isnan(back.loss[1]) and back.eval_loss == [2.0]
+    assert np.isnan(back.arrays("update_norm")[0, 0])          # the -1 sentinel reads as "not finite"

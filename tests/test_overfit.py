@@ -1,0 +1,168 @@
+"""The vmapped overfit-one-batch sweep: healthy programs fit, broken ones are named."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane import overfit
+from jaxsane._overfit import learning_rate_paths
+from jaxsane.examples import load
+from jaxsane.examples._digits import load_digits_split
+
+
+def _batch(n=16):
+    x, y, _, _ = load_digits_split()
+    return {"x": x[:n], "y": y[:n]}
+
+
+def _tiny(kind="healthy", inject=False, lr=1e-2):
+    """A 64-32-10 MLP in pure optax; ``kind`` plants one bug in the step or the model."""
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr) if inject else optax.adam(lr)
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        params = {"w1": jax.random.normal(k1, (64, 32)) / 8.0, "b1": jnp.zeros(32),
+                  "w2": jax.random.normal(k2, (32, 10)) / math.sqrt(32), "b2": jnp.zeros(10)}
+        return params, tx.init(params), jnp.zeros((), jnp.int32)
+
+    def apply(params, x):
+        if kind == "ignores_input":
+            x = jnp.zeros_like(x)  # BUG: the input is never used
+        h = jax.nn.relu(x @ params["w1"] + params["b1"])
+        return h @ params["w2"] + params["b2"]
+
+    def loss(params, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(apply(params, batch["x"]), batch["y"]).mean()
+
+    @jax.jit
+    def step(state, batch):
+        params, opt_state, count = state
+        if kind == "shuffled_labels":  # BUG: labels permuted independently of the inputs, every step
+            perm = jax.random.permutation(jax.random.fold_in(jax.random.key(1), count), batch["y"].shape[0])
+            batch = {"x": batch["x"], "y": batch["y"][perm]}
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        if kind == "no_update":  # BUG: the update is computed but never applied
+            new_params = params
+        return (new_params, opt_state, count + 1), {"loss": value}
+
+    return jaxsane.Experiment(init=init, step=step, train=_batch(), loss=loss, apply=apply, name=kind)
+
+
+@pytest.mark.parametrize("name", ["digits_optax", "digits_linen", "digits_nnx"])
+def test_bundled_healthy_examples_fit(name):
+    result = overfit(load(name), seeds=2, steps=150)
+    assert result.ok, result.table()
+    assert "overfit.failed" not in result.codes and "model.ignores_input" not in result.codes
+    assert result.reached[result.real].all()
+    assert result.verdicts[-1] == "baseline" and result.configs[-1].baseline
+    # the baseline (constant inputs, same labels) cannot memorise the batch
+    assert not result.reached[result.baseline]
+    assert "overfit.no_lr_sweep" in result.codes  # the examples use plain optax.adam
+    assert result.losses.shape == (3, result.steps_run) and result.compiles == 1
+
+
+@pytest.mark.parametrize("kind", ["shuffled_labels", "no_update"])
+def test_broken_steps_fail(kind):
+    result = overfit(_tiny(kind), seeds=2, steps=150)
+    assert "overfit.failed" in result.codes, result.table()
+    assert not result.ok and not result.reached[result.real].any()
+    assert result.steps_run == 150  # no early exit: nobody reached the target
+    failed = next(f for f in result.findings if f.code == "overfit.failed")
+    assert failed.severity == "error" and "labels" in failed.hint
+
+
+def test_healthy_tiny_passes_and_exits_early():
+    result = overfit(_tiny("healthy"), seeds=2, steps=300)
+    assert result.ok and result.codes == ["overfit.no_lr_sweep", "overfit.best"], result.table()
+    assert result.steps_run < 300  # early exit once every real configuration fits
+
+
+def test_model_ignoring_input_is_reported():
+    result = overfit(_tiny("ignores_input"), seeds=2, steps=150)
+    assert "model.ignores_input" in result.codes and "overfit.failed" in result.codes, result.table()
+
+
+def test_learning_rates_are_set_per_configuration_and_compile_once():
+    exp = _tiny("healthy", inject=True)
+    adapted = jaxsane._experiment.Adapted(exp)
+    assert len(learning_rate_paths(adapted.example_state)) == 1
+    result = overfit(adapted, seeds=2, learning_rates=[0.0, 1e-2], init_scales=[0.0, 1.0], steps=75,
+                     chunk=25, early_exit=False)
+    assert result.compiles == 1 and result.steps_run == 75  # three chunks in one compiled while_loop
+    assert result.lr_swept and "overfit.no_lr_sweep" not in result.codes
+    lr = np.array([c.learning_rate if c.learning_rate is not None else np.nan for c in result.configs])
+    scale = np.array([c.init_scale for c in result.configs])
+    real = result.real
+    # learning rate 0: the loss never moves; 1e-2 at scale 1 fits
+    assert np.allclose(result.losses[real][lr[real] == 0.0][:, -1], result.losses[real][lr[real] == 0.0][:, 0])
+    assert result.reached[real][(lr[real] == 1e-2) & (scale[real] == 1.0)].all()
+    # init scale 0: every parameter is zero, so the logits are uniform and the loss is exactly ln 10
+    assert np.allclose(result.losses[real][scale[real] == 0.0][:, 0], math.log(10), atol=1e-5)
+    best = next(f for f in result.findings if f.code == "overfit.best")
+    assert best.extra["learning_rate"] == pytest.approx(1e-2) and best.extra["init_scale"] == 1.0
+    # the default baseline uses the state's own rate (1e-2), scale 1
+    assert result.configs[result.baseline].learning_rate == pytest.approx(1e-2)
+
+
+def test_nnx_learning_rate_sweep():
+    from flax import nnx
+
+    from jaxsane.examples import digits_nnx
+
+    def init(key):
+        model = digits_nnx.MLP(nnx.Rngs(params=key), hidden=32)
+        return model, nnx.Optimizer(model, optax.inject_hyperparams(optax.adam)(learning_rate=3e-3), wrt=nnx.Param)
+
+    exp = jaxsane.Experiment(init=init, step=digits_nnx.train_step, train=_batch(), loss=digits_nnx.loss,
+                             apply=lambda m, x: m(x), name="nnx_inject")
+    result = overfit(exp, seeds=1, learning_rates=[0.0, 1e-2], steps=100)
+    assert [c.learning_rate for c in result.configs[:2]] == pytest.approx([0.0, 1e-2])
+    assert result.verdicts[:2] == ("fails", "fits"), result.table()
+    assert np.allclose(result.losses[0], result.losses[0, 0])
+    assert result.ok  # one configuration fits: not overfit.failed
+
+
+def test_no_lr_sweep_is_said_when_rates_are_asked_but_not_injectable():
+    result = overfit(_tiny("healthy"), seeds=1, learning_rates=[1e-3, 1e-2], steps=50, baseline=False)
+    assert len(result.configs) == 1 and result.configs[0].learning_rate is None
+    info = next(f for f in result.findings if f.code == "overfit.no_lr_sweep")
+    assert info.severity == "info" and "inject_hyperparams" in info.hint
+
+
+def test_result_table_and_plot():
+    result = overfit(_tiny("healthy"), seeds=1, steps=50)
+    text = str(result)
+    assert "constant" in text and "fits" in text and result.table() == text
+    fig = result.plot()
+    assert isinstance(fig, matplotlib.figure.Figure)
+    assert len(fig.axes[0].lines) >= 3  # one real config, the baseline, the target line
+    matplotlib.pyplot.close(fig)
+
+
+def test_missing_loss_raises_clear_error():
+    exp = _tiny("healthy")
+
+    def step(state, batch):  # reports no loss
+        return exp.step(state, batch)[0]
+
+    bare = jaxsane.Experiment(init=exp.init, step=step, train=exp.train)
+    with pytest.raises(jaxsane.ExperimentError, match="overfit needs a loss"):
+        overfit(bare, steps=25)
+
+
+def test_doctor_overfit_stage():
+    diagnosis = jaxsane.doctor(_tiny("no_update"), stages=["overfit"], progress=False, overfit_steps=50)
+    assert "overfit.failed" in diagnosis.codes
+    assert isinstance(diagnosis.artifacts["overfit"], jaxsane.OverfitResult)
+    assert isinstance(diagnosis.artifacts["overfit"].plot(), matplotlib.figure.Figure)
+    assert isinstance(diagnosis.artifacts["init_scales"], jaxsane.InitScaleSweep)
+    healthy = jaxsane.doctor(_tiny("healthy"), stages=["overfit"], progress=False)
+    assert healthy.ok and "overfit.best" in healthy.codes, str(healthy)
