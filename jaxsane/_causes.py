@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -176,7 +177,19 @@ def _primal(node, backward: bool = False):
 
 
 def _zero_cotangent(analysis, node):
-    """(multiplying node, where node or None) when a downstream backward product meets a 0 cotangent."""
+    """(multiplying node, where node) when a backward product/quotient meets a 0 cotangent from a where.
+
+    The product may be ``node`` itself (``ct / x`` with ``ct = 0`` and ``x = 0`` for log) or a node
+    downstream of it (``ct * inf``)."""
+    if node.prim in ("mul", "div") and "transpose(" in node.stack and node.outs:
+        out = _arr(next((o for o in node.outs if o.bad), node.outs[0]))
+        idx = _first_bad(out)
+        for x in node.ins:
+            v = _at(_arr(x), idx, out.shape)
+            if v is not None and float(v) == 0.0:
+                where = next((p for p in _producers(x, depth=8) if _is_where(p)), None)
+                if where is not None:
+                    return node, where
     for c in analysis.downstream(node, limit=48):
         if c == "output" or getattr(c, "link", True) or c.prim not in ("mul", "div", "dot_general"):
             continue
@@ -207,10 +220,12 @@ def _first_nan_after(analysis, node):
 
 
 def _masked_count(v) -> bool:
-    """True when a denominator is a (converted/broadcast) sum, e.g. ``mask.sum(-1)``."""
+    """True when a denominator counts a 0/1 mask, e.g. ``mask.sum(-1)``."""
     for p in _producers(v, depth=4, limit=8):
-        if not p.link and p.prim in ("reduce_sum", "cumsum"):
-            return True
+        if not p.link and p.prim in ("reduce_sum", "cumsum") and p.ins:
+            a = _arr(p.ins[0])
+            if a.size and a.dtype.kind in "biuf" and np.isin(a, (0, 1)).all() and (a == 1).any():
+                return True
     return False
 
 
@@ -239,6 +254,16 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
     def mk(cause, fix):
         return Cause(values, cause, fix, then)
 
+    if inf_inputs and not any(o.nan for o in node.outs):
+        xent = any(_in_files(c, (os.path.join("optax", "losses"), os.path.join("jax", "_src", "nn")))
+                   for c in analysis.downstream(node, limit=64) if c != "output" and not getattr(c, "link", True))
+        if xent:
+            return mk("a -inf mask reaches a cross-entropy/log-softmax: the label (or target mass) sits on a masked "
+                      "position, so its log-probability is -inf",
+                      "make sure labels never point at masked positions, and mask with a large finite negative "
+                      "(jnp.finfo(x.dtype).min) instead of -inf")
+        return mk("an infinite constant (e.g. a -inf mask) flows into the outputs unchanged",
+                  "use a large finite value (jnp.finfo(dtype).min/max) instead of inf, or mask the outputs too")
     if inf_inputs:
         masked = _in_files(node, _SOFTMAX_FILES[:3])
         if prim in ("sub", "add", "mul", "div") and masked:
@@ -257,8 +282,9 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
             return mk("inf / inf = NaN", "keep numerator and denominator finite (compute the ratio in log space)")
         return mk(f"{prim} turned an infinite input into NaN", "keep the infinite input out of this computation")
 
-    if dt in _LOW_PRECISION and phase == "update" and prim == "div":
-        return mk(f"the optimizer's eps underflows in {dt}: eps=1e-8 rounds to 0 (float16's smallest subnormal "
+    if (dt == "float16" and phase == "update" and prim == "div" and len(node.ins) == 2
+            and any(p.prim in ("sqrt", "rsqrt") for p in _producers(node.ins[1], depth=3) if not p.link)):
+        return mk("the optimizer's eps underflows in float16: eps=1e-8 rounds to 0 (float16's smallest subnormal "
                   "is 6e-8), so m / (sqrt(v) + eps) divides by 0 where the gradient is 0",
                   "keep the optimizer state and update in float32 (cast params and grads to float32 before "
                   "tx.update, or use optax's mu_dtype=jnp.float32), or raise eps to >= 1e-4 in float16")
@@ -289,7 +315,8 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
                   "clamp the base to >= 0 (jnp.maximum(x, 0.0) ** p) or use jnp.abs(x) ** p * jnp.sign(x)")
     if prim in ("acos", "asin", "atanh", "acosh"):
         return mk(f"{prim} outside its domain is NaN",
-                  f"clip the argument into the domain: jnp.{prim.replace('a', 'arc', 1)}(jnp.clip(x, -1 + eps, 1 - eps))")
+                  f"clip the argument into the domain: "
+                  f"jnp.{prim.replace('a', 'arc', 1)}(jnp.clip(x, -1 + eps, 1 - eps))")
     if prim == "div":
         a, b = vals if len(vals) == 2 else (None, None)
         masked = len(node.ins) == 2 and _masked_count(node.ins[1])
@@ -306,7 +333,7 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
                       "d + eps with eps > 0; under grad also mask the result with a second where")
     if prim in ("exp", "exp2", "expm1"):
         soft = "softplus" in text or "log(1+" in text or "log1p(" in text
-        limit = np.log(np.finfo(dt).max) if dt else 88.7
+        limit = float(np.log(float(jnp.finfo(dt).max))) if dt else 88.7
         if soft:
             return mk(f"softplus overflow: exp(x) exceeds the largest {dt} for x > {limit:.1f}, so log(1 + exp(x)) "
                       "is inf", "use jax.nn.softplus(x) or jnp.logaddexp(0.0, x), which are stable for large x")
@@ -314,14 +341,14 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
                   "subtract the max before exponentiating (jax.nn.softmax / jax.nn.logsumexp do), work in log "
                   "space, or clip x (jnp.minimum(x, 80.0))")
     if dt in _LOW_PRECISION:
-        big = float(np.finfo(dt).max)
+        big = float(jnp.finfo(dt).max)
         return mk(f"{dt} overflow: the result exceeds finfo({dt}).max = {big:.6g}",
                   "compute this in float32 (x.astype(jnp.float32)) and cast back, use bfloat16 (float32's "
                   "range) instead of float16, or use dynamic loss scaling")
     if prim == "convert_element_type":
         return mk(f"casting to {dt} overflows", f"clip before the cast (jnp.clip(x, finfo.min, finfo.max))")
     if any(o.inf for o in node.outs) and all(np.isfinite(a).all() for a in ins if a.dtype.kind in "fc"):
-        big = float(np.finfo(dt).max) if dt and np.dtype(dt).kind == "f" else float("inf")
+        big = float(jnp.finfo(dt).max) if dt and jnp.issubdtype(dt, jnp.floating) else float("inf")
         return mk(f"overflow: the result exceeds finfo({dt}).max = {big:.3g} (exploding values: a learning-rate "
                   "blow-up or unnormalised activations)",
                   "lower the learning rate, clip gradients (optax.clip_by_global_norm), normalise activations, "
@@ -354,6 +381,9 @@ def _explain_derivative(analysis, node) -> Cause:
         name = node.prim
         values = f"d{name} -> {val} ({describe(node)})"
     mulnode, where = _zero_cotangent(analysis, node)
+    if mulnode is node and node.prim == "div":   # ct / x with ct = 0 and x = 0: the derivative 1/x is inf
+        values = values.rsplit(" -> ", 1)[0] + " -> inf"
+        val = "inf"
     fname = {"pow": "jnp.power", "integer_pow": "jnp.power", "acos": "jnp.arccos", "asin": "jnp.arcsin",
              "atan2": "jnp.arctan2", "div": "jnp.divide"}.get(name, f"jnp.{name}")
     if mulnode is not None:

@@ -11,10 +11,12 @@ multi-controller runtime (``jax.distributed``); nothing here adds a runtime. Two
   ``check_vma=False`` and ``out_specs=P()`` then silently returns different "replicated" copies).
 * **non-finite shard attribution** (``dist.nonfinite_shard``): on the failure path of
   :func:`jaxsane.guard`, the addressable shards of the failing leaves are inspected on the host to
-  name the devices and processes holding the NaN/Inf and the batch rows those shards held.
+  name the devices and processes holding the NaN/Inf and the batch rows those shards held. When
+  an all-reduce spread the NaN to every device, :func:`replay_shards` replays the step once per
+  batch shard (that shard's rows tiled to the full batch) to find the shard whose rows cause it.
 
 Multi-process rule: every function here that exchanges data between processes
-(:func:`check_replicas`, :func:`nonfinite_shards`, :func:`gather_to_host`) calls the same
+(:func:`check_replicas`, :func:`nonfinite_shards`, :func:`replay_shards`, :func:`gather_to_host`) calls the same
 collectives in the same order on every process, given the same pytree structure and shardings on
 every process, so that no process waits in a collective the others never enter.
 """
@@ -22,7 +24,8 @@ every process, so that no process waits in a collective the others never enter.
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,11 +38,6 @@ from ._tree import is_inexact, leaves_with_paths
 
 PyTree = Any
 
-_REPLICA_HINT = ("values meant to be replicated must be computed identically everywhere: in a data-parallel "
-                 "shard_map/pmap step average the gradients across devices (grads = jax.lax.pmean(grads, "
-                 "'data')) before the update; initialise every process from the same PRNG key (jax.random.key(0), "
-                 "not a per-process seed) or broadcast the initial state "
-                 "(jax.experimental.multihost_utils.broadcast_one_to_all).")
 _PROCESS_HINT = ("the processes disagree while the devices of each process agree: every process must build the "
                  "replicated state from the same seed and the same data (use one PRNG key for init, not "
                  "jax.random.key(jax.process_index())), or broadcast it from process 0 with "
@@ -93,31 +91,23 @@ def _bits(x: jax.Array) -> jax.Array:
     raise TypeError(f"[jaxsane] cannot fingerprint dtype {dtype}")
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
 def fingerprint(x: jax.typing.ArrayLike) -> jax.Array:
-    """A bitwise checksum of ``x``: ``uint32[2]``. Jit-safe (two fused reductions).
+    """A bitwise checksum of ``x``: ``uint32[2]`` = (checksum, number of 32-bit words). Jit-safe.
 
-    Equal arrays give equal fingerprints. Arrays that differ in one element always get different
-    ones; any other difference collides with probability about 2**-64. Shape and dtype are not
-    part of the fingerprint.
+    One fused pass: each 32-bit word ``b`` of ``x`` is mixed (``b ^ (b >> 16)``, a bijection that
+    carries high bits down) and multiplied by an odd weight that depends on its position, then all
+    are summed modulo 2**32. Equal arrays give equal fingerprints; arrays that differ in exactly one
+    element always get different ones (an odd weight times a non-zero difference is non-zero mod
+    2**32); other differences collide with probability about 2**-32. XLA:CPU runs integer
+    reductions several times slower than float ones; accelerators do not.
     """
     x = jnp.asarray(x)
     bits = _bits(x)
     if bits.size == 0:
         return jnp.zeros((2,), jnp.uint32)
-    i = jnp.arange(bits.size, dtype=jnp.uint32)
-    # each element is mixed with its position by a bijective hash (murmur3's finaliser), then summed:
-    # a change in one element always changes each word, a change anywhere changes it with p ~ 1 - 2**-32.
-    h1 = jnp.sum(_fmix32(bits ^ (i * jnp.uint32(0x9E3779B1))), dtype=jnp.uint32)
-    h2 = jnp.sum(_fmix32(bits + (i * jnp.uint32(0x85EBCA77) + jnp.uint32(0x165667B1))), dtype=jnp.uint32)
-    return jnp.stack([h1, h2])
+    w = jax.lax.iota(jnp.uint32, bits.size) * jnp.uint32(0x9E3779B1) | jnp.uint32(1)  # odd weights
+    h = jnp.sum((bits ^ (bits >> 16)) * w, dtype=jnp.uint32)
+    return jnp.stack([h, jnp.uint32(bits.size & 0xFFFFFFFF)])
 
 
 _fingerprint_jit = jax.jit(fingerprint)
@@ -356,10 +346,6 @@ def _allgather_records(local: list[list[tuple]]) -> list[list[tuple]]:
 
     rows = [(k, dev, proc, hash(key) & 0x7FFFFFFF, fp[0], fp[1])
             for k, recs in enumerate(local) for dev, proc, key, fp in recs]
-    keys = {}
-    for k, recs in enumerate(local):
-        for _, _, key, _ in recs:
-            keys[hash(key) & 0x7FFFFFFF] = key
     n = np.asarray(multihost_utils.process_allgather(np.asarray([len(rows)], np.int32))).max()
     table = np.full((int(n), 6), -1, np.int64)
     if rows:
@@ -460,11 +446,89 @@ def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | Non
     return None
 
 
-def shard_summary(finding: Finding | None) -> str:
-    """One line for a NonFiniteError message, or "" when there is nothing to add."""
-    if finding is None:
-        return ""
-    return f"\n  shards: {finding.message}"
+def _row_groups(leaves: Sequence[Any]) -> list[tuple[int, int]] | None:
+    """The common dim-0 split of the row-sharded leaves: sorted ``(start, stop)``; None if none/inconsistent."""
+    groups = None
+    for x in leaves:
+        keys = sorted({_index_key(idx, x.shape)[0] for idx in x.sharding.devices_indices_map(x.shape).values()})
+        if groups is None:
+            groups = keys
+        elif keys != groups:
+            return None
+    return groups if groups is not None and len(groups) > 1 else None
+
+
+def _is_row_sharded(x: Any) -> bool:
+    if not isinstance(x, jax.Array) or x.ndim < 1 or len(x.sharding.device_set) < 2:
+        return False
+    starts = {_index_key(idx, x.shape)[0] for idx in x.sharding.devices_indices_map(x.shape).values()}
+    return len(starts) > 1
+
+
+@functools.lru_cache(maxsize=64)
+def _take_rows(sharding: Any):
+    """A jitted ``(x, idx) -> x[idx]`` whose result keeps ``sharding`` (Explicit or Auto mesh axes)."""
+    mesh = getattr(sharding, "mesh", None)
+    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return jax.jit(lambda x, idx: x.at[idx].get(out_sharding=sharding))
+    return jax.jit(lambda x, idx: x[idx], out_shardings=sharding)
+
+
+def replay_shards(run: Callable[[tuple, dict], bool], args: tuple, kwargs: dict, *, step: int | None = None,
+                  max_groups: int = 64, max_rows: int = 32) -> Finding | None:
+    """Find the batch shard(s) whose rows alone make a step non-finite, by replaying it. Not jit-safe.
+
+    For a step whose batch leaves (``args[1:]`` and ``kwargs``) are split along dim 0 over
+    devices, each shard's rows are tiled to the full batch (same shape and sharding, so the step
+    does not recompile) and the step is run once per shard: the shards whose rows alone give
+    NaN/Inf are the origin, even when an all-reduce spread the NaN to every device. When the
+    culprit shards hold at most ``max_rows`` rows in all, each row is replayed alone as well.
+    Failure path only. Every replay is the same global program on every process.
+
+    Args:
+      run: ``(args, kwargs) -> bool`` runs the step and returns True when everything stayed finite.
+      args, kwargs: the failing call's inputs (``args[0]``, the state, is kept as it is).
+      step: the step index, for the finding.
+      max_groups: do not replay when the batch is split into more shards than this.
+      max_rows: replay single rows only when the culprit shards hold at most this many rows.
+
+    Returns:
+      A ``dist.nonfinite_shard`` finding (``extra["replayed"]`` True), or None when the batch is not
+      row-sharded, the split is too fine, or the replays do not single out some shards.
+    """
+    flat, treedef = jax.tree_util.tree_flatten((args[1:], kwargs))
+    rowed = [i for i, x in enumerate(flat) if _is_row_sharded(x)]
+    groups = _row_groups([flat[i] for i in rowed]) if rowed else None
+    if groups is None or len(groups) > max_groups:
+        return None
+    n = flat[rowed[0]].shape[0]
+
+    def replay(idx: np.ndarray) -> bool:
+        idx = np.resize(np.asarray(idx, np.int32), n)
+        new = list(flat)
+        for i in rowed:
+            new[i] = jax.device_put(_take_rows(flat[i].sharding)(flat[i], idx), flat[i].sharding)  # no retrace
+        rest, kw = jax.tree_util.tree_unflatten(treedef, new)
+        return run((args[0], *rest), kw)
+
+    culprits = [g for g in groups if not replay(np.arange(*g))]
+    if not culprits or len(culprits) == len(groups):
+        return None
+    rows: list[int] = []
+    if sum(b - a for a, b in culprits) <= max_rows:
+        rows = [r for a, b in culprits for r in range(a, b) if not replay(np.asarray([r]))]
+    x = flat[rowed[0]]
+    holders = [d for d, idx in x.sharding.devices_indices_map(x.shape).items()
+               if _index_key(idx, x.shape)[0] in culprits]
+    dev_ids = sorted(_device_id(d) for d in holders)
+    procs = sorted({int(d.process_index) for d in holders})
+    held = ", ".join(f"{a}:{b}" for a, b in culprits)
+    message = (f"the step goes non-finite when every device is given the batch rows {held} held by device(s) "
+               f"{_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}; the other {len(groups) - len(culprits)} "
+               f"shard(s)' rows stay finite" + (f"; row(s) {_ids(rows, 16)} alone reproduce it" if rows else ""))
+    return Finding("dist.nonfinite_shard", message, _SHARD_HINT, path=None, step=step,
+                   extra={"devices": dev_ids, "processes": procs, "rows_held": [list(g) for g in culprits],
+                          "rows": rows, "n_shards": len(groups), "replayed": True})
 
 
 # ------------------------------------------------------------------------------ host transfers

@@ -24,7 +24,10 @@ from ._findings import Diagnosis, Finding
 # importable (an optional dependency missing) is skipped with an info finding.
 STAGES: list[tuple[str, str, str]] = [
     ("data", "jaxsane._data:data_stage", "data: shapes, labels, leakage, duplicates, padding, scale"),
-    ("init", "jaxsane._init:init_stage", "init: loss at init against ln C"),
+    ("init", "jaxsane._init:init_stage", "init: loss at init against ln C, activation scale, symmetric units"),
+    ("grads", "jaxsane._grads:grads_stage", "gradients: autodiff vs finite differences, per leaf"),
+    ("step", "jaxsane._step_checks:step_stage", "the step: updates, optimizer state, randomness, compiles once"),
+    ("batch", "jaxsane._batch:batch_stage", "batch independence: VJP of one example's output"),
     ("overfit", "jaxsane._overfit:overfit_stage", "overfit one small batch (vmapped sweep)"),
     ("run", "jaxsane._run:run_stage", "a short guarded run"),
 ]

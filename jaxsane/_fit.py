@@ -425,7 +425,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     stopped_early = False
     seen_failures = 0
 
-    def note_failures(error: NonFiniteError | None = None) -> None:
+    def note_failures() -> None:
         nonlocal seen_failures
         for f in guarded.failures[seen_failures:]:
             at = positions[f.step] if f.step is not None and f.step < len(positions) else f.step
@@ -456,6 +456,21 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
             loop["bad_evals"] += 1
         return patience is not None and loop["bad_evals"] >= patience
 
+    def handle(error: NonFiniteError) -> None:
+        """A non-finite step: record it, then roll back to the last good state or re-raise, by policy."""
+        nonlocal state
+        note_failures()
+        if on_nonfinite != "rollback" or loop["rollbacks"] >= max_rollbacks:
+            raise error
+        loop["rollbacks"] += 1
+        back, state = good
+        warnings.warn(f"[jaxsane] non-finite step: rolled back to the state after step {back} "
+                      f"({loop['rollbacks']}/{max_rollbacks} rollbacks); batches {back}..{position - 1} "
+                      f"are skipped.\n{error}", JaxsaneWarning, stacklevel=3)
+
+    if patience is not None and loop["bad_evals"] >= patience:
+        stopped_early = True      # resumed after early stopping: nothing left to do
+        steps = start
     batches = _train_stream(experiment.train, start)
     position = start              # batches consumed so far: the data position and the step count
     try:
@@ -483,18 +498,16 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                 if stop:
                     break
             except NonFiniteError as e:
-                note_failures(e)
-                if on_nonfinite != "rollback" or loop["rollbacks"] >= max_rollbacks:
-                    raise
-                loop["rollbacks"] += 1
-                back, state = good
-                warnings.warn(f"[jaxsane] non-finite step: rolled back to the state after step {back} "
-                              f"({loop['rollbacks']}/{max_rollbacks} rollbacks); batches {back}..{position - 1} "
-                              f"are skipped.\n{e}", JaxsaneWarning, stacklevel=2)
-        guarded.flush()
-        note_failures()
-        if saved[0] != position:
-            checkpoint(position)
+                handle(e)
+        while True:               # the last steps' flags, and the final checkpoint
+            try:
+                guarded.flush()
+                note_failures()
+                if saved[0] != position:
+                    checkpoint(position)
+                break
+            except NonFiniteError as e:
+                handle(e)
     finally:
         bar.close()
         monitor.pull()

@@ -75,11 +75,14 @@ class Guarded:
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
-                 sync: bool = False, locate: bool = True, check_replicas: bool = False):
+                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False):
         if not callable(step):
             raise TypeError(f"[jaxsane] guard needs a callable step, got {type(step).__name__}.")
         if on_nonfinite not in POLICIES:
             raise ValueError(f"[jaxsane] on_nonfinite must be one of {POLICIES}, got {on_nonfinite!r}.")
+        if not isinstance(check_replicas, (bool, int)) or check_replicas < 0:
+            raise ValueError(f"[jaxsane] check_replicas must be a bool or a step interval >= 1, "
+                             f"got {check_replicas!r}.")
         if max_consecutive_skips < 1 or max_lag < 0:
             raise ValueError("[jaxsane] max_consecutive_skips must be >= 1 and max_lag >= 0.")
         functools.update_wrapper(self, step)
@@ -194,6 +197,8 @@ class Guarded:
         """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""
         if not self.check_replicas or state is None:
             return ()
+        if self.check_replicas is not True and self.step_count % int(self.check_replicas):
+            return ()  # check_replicas=N: every N-th step (a second compiled variant, compiled once)
         leaves = jax.tree_util.tree_leaves(state)
         key = (jax.tree_util.tree_structure(state),
                tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in leaves))
@@ -279,19 +284,34 @@ class Guarded:
         raise ReplicaDivergenceError(text, divergence)
 
     def _shard_finding(self, call: "_Call", bad: np.ndarray, step: int, code: str) -> Finding | None:
-        """dist.nonfinite_shard for the failing leaves of a sharded step (failure path only), else None."""
+        """dist.nonfinite_shard for a failing sharded step (failure path only), else None.
+
+        First the failing leaves' shards are inspected; when the NaN/Inf is everywhere (spread by an
+        all-reduce), the step is replayed once per batch shard to find the shard whose rows cause it.
+        """
+        from ._dist import nonfinite_shards, replay_shards
         values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
         values += jax.tree_util.tree_leaves(call.kwargs)
         values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
-        if not any(isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1
-                   for i in bad if i < len(values)):
-            return None
-        from ._dist import nonfinite_shards
         in_paths, out_paths = self._names(call)
         names = in_paths + out_paths
-        if len(names) != len(values):  # the flag layout changed under us: better no attribution than a wrong one
+        found = None
+        # (if the flag layout changed under us, better no attribution than a wrong one)
+        if len(names) == len(values) and any(isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1
+                                             for i in bad if i < len(values)):
+            found = nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
+        if found is not None or code == "nonfinite.input" or call.positions or self._static_argnames:
+            return found
+        statics = tuple((i, call.args[i]) for i in self._static_argnums if i < len(call.args))
+
+        def run(plain, kwargs) -> bool:
+            return bool(np.asarray(self._compiled(None, statics, (), None, plain, kwargs, ())[2]).all())
+
+        try:
+            return replay_shards(run, call.plain, call.kwargs, step=step)
+        except Exception as e:  # attribution must never hide the original failure
+            warnings.warn(f"[jaxsane] per-shard replay failed: {type(e).__name__}: {e}", JaxsaneWarning)
             return None
-        return nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
 
     def _on_failure(self, rec: _Pending, flags: np.ndarray) -> None:
         call = rec.call
@@ -493,7 +513,7 @@ def _flush_at_exit(ref) -> None:
 
 def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
           max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True, check_replicas: bool = False) -> Guarded:
+          locate: bool = True, check_replicas: bool | int = False) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -520,7 +540,8 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         leaves (a sharding that puts the same index on several devices) is bitwise identical across
         devices and processes: one checksum per leaf and device and one small all-gather of them per
         step. A divergence is reported as ``dist.replica_divergence`` (raises
-        :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise).
+        :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise). An int ``N``
+        checks every N-th step only (the checksums cost about one pass over the replicated state).
 
     Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
     failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding

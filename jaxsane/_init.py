@@ -1,16 +1,28 @@
-"""Init checks: the loss at init against chance level (ln C for C classes)."""
+"""Init checks: the loss at init against chance level (ln C for C classes), per-layer activation
+statistics captured from the jaxpr of ``apply`` (scale through depth, saturation, symmetric units).
+
+Also home of jaxsane's small jaxpr interpreter (:func:`interpret`), which evaluates a function's
+jaxpr equation by equation so that checks can record intermediate values with no cooperation
+from the user's model.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Iterable
+import os
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._errors import ExperimentError
 from ._experiment import Adapted, get_inputs, get_labels
 from ._findings import Finding
+from ._tree import leaves_with_paths
+
+PyTree = Any
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -70,13 +82,491 @@ def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list
                     f"(tolerance ±{rtol:.0%})", hint, extra={"loss": loss, "chance": chance, "rtol": rtol})]
 
 
+# ----------------------------------------------------------------------------- a small jaxpr interpreter
+
+_CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+
+
+def sub_jaxpr(eqn) -> tuple[Any, Sequence[Any]] | None:
+    """``(jaxpr, consts)`` of a call-like equation whose invars map 1:1 to ``eqn.invars``, else None."""
+    if eqn.primitive.name not in _CALLS:
+        return None
+    sub = eqn.params.get("jaxpr", None)
+    if sub is None:
+        sub = eqn.params.get("call_jaxpr", None)
+    if sub is None:
+        return None
+    if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+        jaxpr, consts = sub.jaxpr, sub.consts
+    else:
+        jaxpr, consts = sub, ()
+    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
+        return None
+    return jaxpr, consts
+
+
+def jaxpr_primitives(jaxpr) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it (calls, control flow), depth first."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for item in (value if isinstance(value, (tuple, list)) else (value,)):
+                inner = getattr(item, "jaxpr", item)
+                if hasattr(inner, "eqns"):
+                    yield from jaxpr_primitives(inner)
+
+
+def bind_eqn(eqn, invals: Sequence[Any]) -> list[Any]:
+    """Apply one equation to values (concrete or traced); always returns a list of outputs."""
+    params = dict(eqn.primitive.get_bind_params(eqn.params))
+    subfuns = params.pop("subfuns", ())
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+Hook = Callable[[Any, list, list], "tuple[list, list] | None"]
+
+
+def interpret(jaxpr, consts: Sequence[Any], args: Sequence[Any], hook: Hook | None = None,
+              annotations: Sequence[Any] | None = None) -> tuple[list[Any], list[Any]]:
+    """Evaluate ``jaxpr`` equation by equation, inlining calls (jit, custom_jvp/vjp, remat).
+
+    ``hook(eqn, invals, in_annotations)`` may return ``(outvals, out_annotations)`` to take over
+    an equation, or None for the default (recurse into calls, else bind). Annotations are
+    arbitrary per-value tags that flow through inlined calls. Jit-safe (works on tracers), so a
+    recording interpreter can be compiled with ``jax.jit``. Control flow bodies are not entered.
+    Returns ``(outputs, output annotations)``.
+    """
+    from jax.extend.core import Literal
+
+    env: dict[Any, Any] = {}
+    tags: dict[Any, Any] = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    annotations = list(annotations) if annotations is not None else [None] * len(args)
+    for v, a, t in zip(jaxpr.invars, args, annotations):
+        env[v] = a
+        tags[v] = t
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        in_tags = [None if isinstance(v, Literal) else tags.get(v) for v in eqn.invars]
+        result = hook(eqn, invals, in_tags) if hook is not None else None
+        if result is None:
+            sub = sub_jaxpr(eqn)
+            if sub is not None:
+                _ENCLOSING.append(eqn)
+                try:
+                    result = interpret(sub[0], sub[1], invals, hook, in_tags)
+                finally:
+                    _ENCLOSING.pop()
+            else:
+                outs = bind_eqn(eqn, invals)
+                result = (outs, [None] * len(outs))
+        outs, out_tags = result
+        for v, o, t in zip(eqn.outvars, outs, out_tags):
+            env[v] = o
+            tags[v] = t
+    return ([read(v) for v in jaxpr.outvars],
+            [None if isinstance(v, Literal) else tags.get(v) for v in jaxpr.outvars])
+
+
+_LIBRARY_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("jax", "jaxlib", "flax", "optax", "chex", "equinox"))
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+_ENCLOSING: list[Any] = []  # the call equations :func:`interpret` is inside of, outermost first
+
+
+def location_of(eqn) -> str | None:
+    """``file:line`` in the user's code of an equation met by :func:`interpret`: its own traceback
+    stops at the jit boundary of a nested call, so the enclosing calls are tried outwards."""
+    for candidate in (eqn, *reversed(_ENCLOSING)):
+        where = user_location(candidate.source_info)
+        if where:
+            return where
+    return None
+
+
+def user_location(source_info) -> str | None:
+    """``file:line`` of the first frame of the user's code (not jax/flax/optax/jaxsane) that made an equation."""
+    from jax._src import source_info_util
+
+    try:
+        frames = list(source_info_util.user_frames(source_info.traceback))
+    except Exception:  # pragma: no cover - private API moved
+        return None
+    for frame in frames:
+        name = frame.file_name
+        if name.startswith(_OWN_DIR) and f"{os.sep}examples{os.sep}" not in name:
+            continue
+        if "site-packages" in name and any(d in name for d in _LIBRARY_DIRS):
+            continue
+        return f"{name}:{frame.start_line}"
+    return None
+
+
+# ----------------------------------------------------------------------------- activation statistics
+
+_ACTIVATION_NAMES = {"relu", "relu6", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "elu", "selu", "celu",
+                     "leaky_relu", "hard_tanh", "hard_sigmoid", "hard_silu", "hard_swish", "mish", "log_sigmoid",
+                     "squareplus", "sparse_plus", "soft_sign"}
+_ACTIVATION_PRIMS = {"tanh": "tanh", "logistic": "sigmoid", "erf": "erf", "max": "relu"}
+_BOUNDED = {"tanh": (-1.0, 1.0), "sigmoid": (0.0, 1.0), "hard_tanh": (-1.0, 1.0), "hard_sigmoid": (0.0, 1.0),
+            "erf": (-1.0, 1.0), "soft_sign": (-1.0, 1.0)}
+_PASS_LAYER = {"add", "sub", "mul", "div", "neg", "broadcast_in_dim", "reshape", "convert_element_type",
+               "transpose", "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "select_n", "add_any"}
+_PASS_PARAM = {"convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
+               "copy", "copy_p", "reduce_precision"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStats:
+    """Statistics of one layer's output at init, found in the jaxpr of ``apply``.
+
+    A layer is a ``dot_general`` or ``conv_general_dilated`` with a parameter operand; ``pre_*``
+    describe its output (after the bias), ``act_*`` the nonlinearity applied to it (if any).
+    ``symmetry`` is ``max |unit_j - unit_0| / max |unit|`` over the batch (0 = all units identical).
+    """
+
+    index: int
+    name: str
+    kind: str
+    location: str | None
+    shape: tuple[int, ...]
+    units: int
+    activation: str | None
+    is_output: bool
+    pre_mean: float
+    pre_std: float
+    pre_rms: float
+    act_mean: float
+    act_std: float
+    act_frac_zero: float
+    act_frac_saturated: float
+    symmetry: float
+
+
+def _layer_name(path: str) -> str:
+    for suffix in (".value", "['kernel']", "['w']", "['weight']", "['W']", ".kernel", ".weight"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+    return path
+
+
+def _unit_axes(eqn, param_side: int, ndim: int) -> tuple[int, ...]:
+    if eqn.primitive.name == "conv_general_dilated":
+        return (eqn.params["dimension_numbers"].out_spec[1],)
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs_nd, rhs_nd = eqn.invars[0].aval.ndim, eqn.invars[1].aval.ndim
+    n_batch = len(lb)
+    n_lhs_free = lhs_nd - len(lc) - len(lb)
+    n_rhs_free = rhs_nd - len(rc) - len(rb)
+    if param_side == 1:
+        return tuple(range(n_batch + n_lhs_free, n_batch + n_lhs_free + n_rhs_free))
+    return tuple(range(n_batch, n_batch + n_lhs_free))
+
+
+def _stats(x, bounded) -> list:
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x)
+    std = jnp.std(x)
+    rms = jnp.sqrt(jnp.mean(x * x))
+    zero = jnp.mean((x == 0).astype(jnp.float32))
+    if bounded is None:
+        sat = jnp.asarray(jnp.nan, jnp.float32)
+    else:
+        lo, hi = bounded
+        margin = 0.01 * (hi - lo)
+        sat = jnp.mean(((x <= lo + margin) | (x >= hi - margin)).astype(jnp.float32))
+    return [mean, std, rms, zero, sat]
+
+
+def _symmetry(x, axes: tuple[int, ...]):
+    if not axes:
+        return jnp.asarray(jnp.nan, jnp.float32)
+    x = jnp.moveaxis(x.astype(jnp.float32), axes, tuple(range(x.ndim - len(axes), x.ndim)))
+    units = int(np.prod([x.shape[i] for i in range(x.ndim - len(axes), x.ndim)]))
+    if units < 2:
+        return jnp.asarray(jnp.nan, jnp.float32)
+    a = x.reshape(-1, units)
+    return jnp.max(jnp.abs(a - a[:, :1])) / (jnp.max(jnp.abs(a)) + 1e-30)
+
+
+def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[LayerStats]:
+    """Per-layer activation statistics of ``apply(params, inputs)``, with no help from the model.
+
+    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (compiled once): every
+    ``dot_general``/``conv_general_dilated`` with an operand computed from a parameter leaf is a
+    layer, named by that leaf's path; the first nonlinearity applied to its output (``relu``,
+    ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is its activation.
+    Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Scanned layers
+    (``nn.scan``/``lax.scan`` bodies) are not entered. Not jit-safe.
+    """
+    try:
+        closed = jax.make_jaxpr(apply)(params, inputs)
+    except Exception as e:
+        raise ExperimentError(f"activation_stats: apply(params, inputs) failed to trace: {type(e).__name__}: {e}") from e
+    param_paths = [p for p, _ in leaves_with_paths(params, "params")]
+    n_in = len(closed.jaxpr.invars)
+    tags0 = [("param", p) for p in param_paths] + [None] * (n_in - len(param_paths))
+    meta: list[dict[str, Any]] = []
+
+    def run(flat):
+        pre: list[Any] = []
+        act: dict[int, tuple[str, Any]] = {}
+        meta.clear()
+
+        def hook(eqn, invals, in_tags):
+            name = eqn.primitive.name
+            layer_in = [t[1] for t in in_tags if t is not None and t[0] == "layer"]
+            if name in ("dot_general", "conv_general_dilated"):
+                outs = bind_eqn(eqn, invals)
+                sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
+                if not sides:
+                    return outs, [None]
+                side = 1 if 1 in sides else sides[0]
+                k = len(pre)
+                pre.append(outs[0])
+                meta.append({"name": _layer_name(_display(in_tags[side][1])),
+                             "kind": "conv" if name.startswith("conv") else "dense",
+                             "location": location_of(eqn),
+                             "shape": tuple(eqn.outvars[0].aval.shape),
+                             "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
+                return outs, [("layer", k)]
+            if not layer_in:
+                if name in _PASS_PARAM:
+                    params_in = [t for t in in_tags if t is not None and t[0] == "param"]
+                    if len(params_in) == 1:
+                        outs = bind_eqn(eqn, invals)
+                        return outs, [params_in[0]] * len(outs)
+                return None
+            k = max(layer_in)
+            act_name = None
+            if name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
+                act_name = eqn.params["name"]
+                sub = sub_jaxpr(eqn)
+                outs = interpret(sub[0], sub[1], invals, hook)[0] if sub is not None else bind_eqn(eqn, invals)
+            elif name in _ACTIVATION_PRIMS:
+                if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval")
+                                             for v in eqn.invars):
+                    return None
+                act_name = _ACTIVATION_PRIMS[name]
+                outs = bind_eqn(eqn, invals)
+            elif name in _PASS_LAYER:
+                outs = bind_eqn(eqn, invals)
+                return outs, [("layer", k)] * len(outs)
+            else:
+                return None
+            if k not in act:
+                act[k] = (act_name, outs[0])
+            return outs, [None] * len(outs)
+
+        outs, out_tags = interpret(closed.jaxpr, closed.consts, flat, hook, tags0)
+        output_layers = {t[1] for t in out_tags if t is not None and t[0] == "layer"}
+        results = []
+        for k, x in enumerate(pre):
+            meta[k]["activation"] = act[k][0] if k in act else None
+            meta[k]["is_output"] = k in output_layers
+            a = act[k][1] if k in act else x
+            pre_stats = _stats(x, None)
+            act_stats = _stats(a, _BOUNDED.get(meta[k]["activation"]))
+            results.append(jnp.stack([pre_stats[0], pre_stats[1], pre_stats[2], act_stats[0], act_stats[1],
+                                      act_stats[3], act_stats[4], _symmetry(x, meta[k]["axes"])]))
+        return results
+
+    flat = jax.tree_util.tree_leaves((params, inputs))
+    values = [np.asarray(v, np.float64) for v in jax.jit(run)(flat)]
+    layers = []
+    for k, (m, v) in enumerate(zip(meta, values)):
+        units = int(np.prod([m["shape"][i] for i in m["axes"]])) if m["axes"] else 1
+        layers.append(LayerStats(k, m["name"], m["kind"], m["location"], m["shape"], units, m["activation"],
+                                 m["is_output"], *[float(x) for x in v]))
+    return layers
+
+
+def _display(path: str) -> str:
+    return path[:-len(".value")] if path.endswith(".value") else path
+
+
+def _file_of(location: str | None) -> str | None:
+    return location.rsplit(":", 1)[0] if location and ":" in location else None
+
+
+def _line_of(location: str | None) -> int | None:
+    tail = location.rsplit(":", 1)[1] if location and ":" in location else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def _where(layer: LayerStats) -> str:
+    return f"{layer.name} ({layer.kind} -> {layer.shape}{', at ' + layer.location if layer.location else ''})"
+
+
+def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0, per_layer_factor: float = 2.0,
+                      max_saturated: float = 0.5, symmetric_tol: float = 1e-6) -> list[Finding]:
+    """``init.scale`` and ``init.symmetric`` from :func:`activation_stats`. Not jit-safe.
+
+    Hidden layers only (a layer feeding the model's output directly, e.g. a zero-initialised
+    classifier head, is exempt). Rules, each a keyword argument:
+
+    * ``init.symmetric`` (error): a hidden layer's units are identical on the batch
+      (``symmetry <= symmetric_tol``, default 1e-6) — constant or zero init never breaks symmetry.
+    * ``init.scale`` (warning): the RMS of the pre-activations changes by more than ``scale_ratio``
+      (default 10) from the first to the last hidden layer AND by more than ``per_layer_factor``
+      (default 2) per layer on average — variance-preserving inits keep it about constant
+      (Glorot & Bengio 2010; He et al. 2015: a 0.7x/layer drift of LeCun init under ReLU is fine);
+      or more than ``max_saturated`` (default 50%) of a bounded activation (tanh, sigmoid) is within
+      1% of its bounds.
+    """
+    findings: list[Finding] = []
+    hidden = [l for l in layers if not l.is_output]
+    for layer in hidden:
+        if layer.units >= 2 and np.isfinite(layer.symmetry) and layer.symmetry <= symmetric_tol:
+            findings.append(Finding(
+                "init.symmetric",
+                f"all {layer.units} units of {_where(layer)} compute the same value on every example at init "
+                f"(max difference {layer.symmetry:.1e} of the largest activation)",
+                "identical units get identical gradients and can never differ: initialise this layer's kernel "
+                "randomly (e.g. nn.initializers.lecun_normal / he_normal), not with a constant or zeros",
+                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
+                extra={"layer": dataclasses.asdict(layer)}))
+    scaled = [l for l in hidden if np.isfinite(l.pre_rms) and l.pre_rms > 0]
+    if len(scaled) >= 2:
+        total = scaled[-1].pre_rms / scaled[0].pre_rms
+        per_layer = total ** (1.0 / (len(scaled) - 1))
+        grows = total > scale_ratio and per_layer > per_layer_factor
+        shrinks = total < 1.0 / scale_ratio and per_layer < 1.0 / per_layer_factor
+        if grows or shrinks:
+            jumps = [scaled[i + 1].pre_rms / scaled[i].pre_rms for i in range(len(scaled) - 1)]
+            worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
+            layer = scaled[worst + 1]
+            rms = ", ".join(f"{l.pre_rms:.3g}" for l in scaled)
+            findings.append(Finding(
+                "init.scale",
+                f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
+                f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
+                f"({jumps[worst]:.3g}x) is into {_where(layer)}",
+                ("weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
+                 "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation")
+                if grows else
+                ("weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
+                 "(tanh) instead of a tiny constant std, or add normalisation"),
+                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
+                extra={"rms": [l.pre_rms for l in scaled], "ratio": total,
+                                        "per_layer": per_layer}))
+    saturated = [l for l in hidden if np.isfinite(l.act_frac_saturated) and l.act_frac_saturated > max_saturated]
+    if saturated:
+        listed = "; ".join(f"{l.name}: {l.act_frac_saturated:.0%} of {l.activation} (pre-activation RMS "
+                           f"{l.pre_rms:.3g})" for l in saturated)
+        findings.append(Finding(
+            "init.scale",
+            f"bounded activations are saturated at init in {len(saturated)} hidden layer(s), first "
+            f"{_where(saturated[0])}: {listed}",
+            "saturated units pass almost no gradient: shrink these layers' init (lecun_normal / glorot for "
+            "tanh and sigmoid, std ~ 1/sqrt(fan_in)) or normalise their inputs",
+            path=saturated[0].name, file=_file_of(saturated[0].location), line=_line_of(saturated[0].location),
+            extra={"frac_saturated": {l.name: l.act_frac_saturated for l in saturated}}))
+    return findings
+
+
+def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None, *, num_classes: int | None = None,
+               loss: float | None = None, loss_rtol: float = 0.5, scale_ratio: float = 10.0,
+               per_layer_factor: float = 2.0, max_saturated: float = 0.5,
+               symmetric_tol: float = 1e-6) -> list[Finding]:
+    """The init checklist on one batch: loss at init, activation scale through depth, symmetric units.
+
+    Args:
+      apply: ``(params, inputs) -> logits`` (for NNX use ``Adapted(exp).apply_fn`` or
+        ``lambda state, x: nnx.merge(graphdef, state)(x)``).
+      params: the freshly initialised parameters.
+      inputs: a batch of inputs.
+      labels: integer labels; with them the loss at init is the softmax cross-entropy of the logits.
+      num_classes: number of classes (default: the last axis of the logits).
+      loss: the initial loss, when computed elsewhere (overrides ``labels``).
+      loss_rtol: ``init.loss`` tolerance around ln C (default 0.5; Karpathy's recipe).
+      scale_ratio, per_layer_factor, max_saturated, symmetric_tol: see :func:`check_activations`.
+
+    Returns:
+      Findings ``init.loss``, ``init.scale``, ``init.symmetric``; empty on a healthy init.
+
+    Not jit-safe.
+    """
+    findings: list[Finding] = []
+    if loss is None and labels is not None:
+        logits = jax.jit(apply)(params, inputs)
+        labels = jnp.asarray(labels)
+        if getattr(logits, "ndim", 0) == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
+            loss = float(softmax_cross_entropy(logits, labels))
+            num_classes = num_classes or int(logits.shape[-1])
+    if loss is not None:
+        if num_classes is None:
+            out = jax.eval_shape(apply, params, inputs)
+            num_classes = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 and out.shape[-1] >= 2 else None
+        if num_classes is not None:
+            findings += check_init_loss(float(loss), num_classes, rtol=loss_rtol)
+    findings += check_activations(activation_stats(apply, params, inputs), scale_ratio=scale_ratio,
+                                  per_layer_factor=per_layer_factor, max_saturated=max_saturated,
+                                  symmetric_tol=symmetric_tol)
+    return findings
+
+
+def traceable(adapted: Adapted, which: str) -> Callable | None:
+    """``adapted.apply_fn`` (``which="apply"``) or ``adapted.loss_fn`` (``"loss"``), safe to trace.
+
+    For NNX, the model's non-parameter variables are copied inside the traced function, so a model
+    that updates them while being traced (BatchNorm left in train mode updating ``BatchStat``)
+    does not raise flax's TraceContextError. Jit-safe.
+    """
+    handle = adapted.apply_fn if which == "apply" else adapted.loss_fn
+    user = adapted.experiment.apply if which == "apply" else adapted.experiment.loss
+    if handle is None or not adapted.nnx:
+        return handle
+    from flax import nnx
+
+    def call(params, arg):
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+        def copy(x):  # fresh values (traceable), floats in the parameters' dtype (float64 in check_grads)
+            if floats and hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
+                return jnp.asarray(x, floats[0])
+            return jnp.asarray(x) if hasattr(x, "dtype") else x
+
+        rest = jax.tree_util.tree_map(copy, adapted._model_rest)
+        return user(nnx.merge(adapted._model_def, params, rest), arg)
+
+    return call
+
+
 def init_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: loss at init against ln C (options: ``init_loss_rtol``)."""
+    """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply``.
+
+    Options: ``init_loss_rtol`` (0.5), ``init_scale_ratio`` (10), ``init_per_layer_factor`` (2),
+    ``init_max_saturated`` (0.5), ``init_symmetric_tol`` (1e-6).
+    """
     state = ctx.adapted.init(ctx.key)
     num_classes = infer_num_classes(ctx.adapted, state, ctx.batch)
     loss, source = initial_loss(ctx.adapted, state, ctx.batch)
     ctx.diagnosis.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
+    findings: list[Finding] = []
     if loss is None or num_classes is None:
-        return [Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a loss "
-                        "(Experiment.loss, apply + labels, or a step reporting 'loss')", "")]
-    return check_init_loss(loss, num_classes, rtol=ctx.option("init_loss_rtol", 0.5))
+        findings.append(Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a "
+                                "loss (Experiment.loss, apply + labels, or a step reporting 'loss')", ""))
+    else:
+        findings += check_init_loss(loss, num_classes, rtol=ctx.option("init_loss_rtol", 0.5))
+    if ctx.adapted.apply_fn is None:
+        findings.append(Finding("doctor.skipped", "activation statistics at init not checked: they need "
+                                "Experiment.apply ((params, inputs) -> outputs)", "pass Experiment(apply=...)"))
+        return findings
+    layers = activation_stats(traceable(ctx.adapted, "apply"), ctx.adapted.params(state),
+                              get_inputs(ctx.experiment, ctx.batch))
+    ctx.diagnosis.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
+    findings += check_activations(layers, scale_ratio=ctx.option("init_scale_ratio", 10.0),
+                                  per_layer_factor=ctx.option("init_per_layer_factor", 2.0),
+                                  max_saturated=ctx.option("init_max_saturated", 0.5),
+                                  symmetric_tol=ctx.option("init_symmetric_tol", 1e-6))
+    return findings

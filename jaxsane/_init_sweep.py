@@ -183,6 +183,8 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     """
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
+    if adapted.loss_fn is None and adapted.apply_fn is None:
+        raise ExperimentError("init_scale_sweep needs Experiment.loss or Experiment.apply to run the model.")
     scales_list = [float(s) for s in scales]
     if not scales_list:
         raise JaxsaneError("[jaxsane] init_scale_sweep(scales=...) is empty.")

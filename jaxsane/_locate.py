@@ -1,29 +1,35 @@
 """locate: find where the first non-finite value that reaches a function's outputs is born.
 
 ``jaxsane.locate(fn, *args, **kwargs)`` traces ``fn`` to a jaxpr and replays it on the real
-inputs, equation by equation, with its own interpreter. Calls into ``jit``, ``scan``,
-``while_loop``, ``cond``/``switch`` and ``shard_map`` first run as one compiled call (fast); only
-when such a call hands a NaN/Inf towards the outputs does the interpreter descend into its body
-(per loop iteration, per branch taken, per device shard). ``custom_jvp``/``custom_vjp`` and
-``remat`` bodies are replayed inline. After the replay, a backward pass over the data flow keeps
-only non-finite values that actually flow into non-finite outputs, so NaNs produced and masked
-away (``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
+inputs, equation by equation, with its own interpreter. ``jit``, ``custom_jvp``/``custom_vjp``
+and ``remat`` calls are replayed inline. The common primitives (elementwise math, reductions,
+``dot_general``, shape ops, ``select_n``) run on the host with numpy, so the replay compiles
+nothing; the rest run through ``bind`` (compiled once per primitive, shape and parameters, and
+cached by jax). ``scan``, ``while_loop``, ``cond``/``switch`` and ``shard_map`` first run whole;
+only when one of them hands a NaN/Inf towards the outputs does the interpreter descend into its
+body (per loop iteration, per branch taken, per device shard under a ``vmap`` that names the
+mesh axes). After the replay, a backward pass over the data flow keeps only non-finite values
+that actually flow into non-finite outputs, so NaNs produced and masked away
+(``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
 reported. The origin is the first computation with finite inputs and a non-finite result (or a
-NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a path.
+NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
+path. :mod:`jaxsane._causes` names the cause and the fix.
 
-When the de-optimized replay is finite but the compiled program is not, the report says "not
-reproduced outside XLA" and the smallest compiled prefix of the program that produces the
-non-finite value is found by bisection.
+When the replay is finite but the compiled program is not, the report says "not reproduced
+outside XLA" and the smallest compiled prefix of the program that produces the non-finite value
+is found by bisection (:func:`bisect_compiled`).
 
-Nothing here is jit-safe: locate runs on the host, off the hot path, after a failure.
+Nothing here is jit-safe: locate runs on the host, off the hot path, after a failure. On an
+accelerator the replay copies the values it computes to host memory.
 """
-
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import linecache
 import os
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -83,6 +89,67 @@ def source_text(file: str | None, line: int | None) -> str:
     return linecache.getline(file, line).strip()
 
 
+# ----------------------------------------------------------------------------- custom_vjp backward rules
+
+@contextlib.contextmanager
+def _recording_custom_vjp(records: list):
+    """Record every custom_vjp call made while tracing: (user call site, the custom_vjp, arg shapes)."""
+    from jax._src.custom_derivatives import custom_vjp as cls
+    original = cls.__call__
+
+    def call(self, *args, **kwargs):
+        f = sys._getframe(1)
+        while f is not None and _is_library_file(f.f_code.co_filename):
+            f = f.f_back
+        try:
+            specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), (args, kwargs))
+        except Exception:  # noqa: BLE001 - non-array arguments: no re-trace later
+            specs = None
+        records.append(((f.f_code.co_filename, f.f_lineno) if f is not None else None, self, specs))
+        return original(self, *args, **kwargs)
+
+    cls.__call__ = call
+    try:
+        yield records
+    finally:
+        cls.__call__ = original
+
+
+def _all_eqns(jaxpr):
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                if isinstance(sub, (jcore.Jaxpr, jcore.ClosedJaxpr)):
+                    yield from _all_eqns(_closed(sub)[0])
+
+
+def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
+    """The line inside a custom_vjp's backward rule that made ``node`` (jax keeps only the call site)."""
+    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in _frames(node.eqn)):
+        return None
+    shapes = [tuple(np.shape(_raw(x.value))) for x in node.ins]
+    for site, obj, specs in records:
+        if site != node.frame or specs is None or getattr(obj, "nondiff_argnums", ()):
+            continue
+        try:
+            out, res = jax.eval_shape(obj.fwd, *specs[0], **specs[1])
+            bwd = jax.make_jaxpr(obj.bwd)(res, out)
+        except Exception:  # noqa: BLE001 - a rule we cannot re-trace: keep the call site
+            continue
+        best = None
+        for e in _all_eqns(bwd.jaxpr):
+            frame = user_frame(e)
+            if e.primitive.name != node.prim or frame is None:
+                continue
+            if [tuple(getattr(v.aval, "shape", ())) for v in e.invars] == shapes:
+                return frame
+            best = best or frame
+        if best is not None:
+            return best
+    return None
+
+
 # ----------------------------------------------------------------------------- values and nodes
 
 def _flags(x: Any) -> tuple[bool, bool]:
@@ -127,7 +194,8 @@ class _Ctx:
 
 class _Node:
     """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
-    __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings", "last_grad")
+    __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
+                 "last_grad")
 
     def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
         self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
@@ -302,7 +370,8 @@ def _evaluate(eqn, values: list, mesh=None) -> list:
     out = np.asarray(out)
     if out.shape != tuple(aval.shape):
         return _bind(eqn, values, mesh)
-    return [out.astype(aval.dtype, copy=False)]
+    with np.errstate(all="ignore"):
+        return [out.astype(aval.dtype, copy=False)]
 
 
 def _is_extended(v: Any) -> bool:
@@ -341,6 +410,7 @@ class _Replay:
 
     def __init__(self):
         self.count = 0
+        self.envs: dict[int, tuple] = {}   # id(inlined jaxpr) -> (jaxpr, its replayed values)
 
     def run(self, jaxpr, consts: Sequence, ins: Sequence[_Val], ctx: _Ctx) -> tuple[list[_Val], dict]:
         env: dict = {}
@@ -368,7 +438,9 @@ class _Replay:
             if sub_key is not None and sub_key in eqn.params and ctx.mesh is None:
                 # calls are replayed inline, equation by equation
                 sub, sub_consts = _closed(eqn.params[sub_key])
-                outs, _ = self.run(sub, sub_consts, invals[len(invals) - len(sub.invars):], self._child(node))
+                outs, sub_env = self.run(sub, sub_consts, invals[len(invals) - len(sub.invars):],
+                                         self._child(node))
+                self.envs[id(sub)] = (sub, sub_env)
             else:
                 raw = _evaluate(eqn, [x.value for x in invals], ctx.mesh)
                 outs = [_Val(o, producer=node) for o in raw]
@@ -378,10 +450,6 @@ class _Replay:
                     env[v] = o
         outs = [read(a) for a in jaxpr.outvars]
         return outs, env
-
-    def eager(self, node: _Node) -> list:
-        """Re-run one equation on its own (no fusion with its neighbours)."""
-        return _bind(node.eqn, [x.value for x in node.ins], node.ctx.mesh)
 
     @staticmethod
     def _child(node: _Node, tags: tuple = (), order_extra: tuple = ()) -> _Ctx:
@@ -509,7 +577,7 @@ def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the report
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Origin:
     """One place where a non-finite value that reaches the outputs is born.
 
@@ -560,7 +628,8 @@ class Origin:
         if self.then:
             lines.append(f"    then: {self.then}")
         if self.reaches:
-            shown = ", ".join(self.reaches[:6]) + (f" and {len(self.reaches) - 6} more" if len(self.reaches) > 6 else "")
+            more = f" and {len(self.reaches) - 6} more" if len(self.reaches) > 6 else ""
+            shown = ", ".join(self.reaches[:6]) + more
             lines.append(f"    reaches: {shown}")
         lines.append(f"    cause: {self.cause}")
         lines.append(f"    fix: {self.fix}")
@@ -574,7 +643,7 @@ class Origin:
                               "name_stack": self.name_stack, "where": list(self.where), "source": self.source})
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LocateReport:
     """What :func:`locate` found. ``origins[0]`` is the root cause; ``str(report)`` renders it all.
 
@@ -644,10 +713,12 @@ class _Analysis:
         self.consumers: dict[int, list] = {}
         self.vals: dict[int, _Val] = {}
         self.out_of: dict[int, list[str]] = {}
+        self.out_order = {p: i for i, p in enumerate(out_paths)}
         self.births: list[_Node] = []
         self.sources: list[_Val] = []
         self.xla: list[tuple[_Node, int]] = []
-        self.xla_births: list[_Node] = []
+        self.retrace: Callable[[], list] | None = None
+        self._records: list | None = None
         self.reached: set[int] = set()
         work: list[_Val] = []
         for v, path in zip(outs, out_paths):
@@ -656,6 +727,14 @@ class _Analysis:
                 self._use(v, _OUT)
                 work.append(v)
         self._walk(work)
+
+    def vjp_records(self) -> list:
+        if self._records is None:
+            try:
+                self._records = self.retrace() if self.retrace is not None else []
+            except Exception:  # noqa: BLE001 - best effort
+                self._records = []
+        return self._records
 
     def _use(self, v: _Val, consumer) -> None:
         self.vals[id(v)] = v
@@ -757,7 +836,7 @@ class _Analysis:
                     if c is not _OUT:
                         nxt += [o for o in c.outs if o.bad]
             frontier = nxt
-        return paths
+        return sorted(paths, key=lambda p: self.out_order.get(p, len(self.out_order)))
 
     def only_backward(self, node: _Node) -> bool:
         """True when ``node``'s bad outputs are consumed only by backward-pass computations."""
@@ -903,8 +982,8 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     objects (they are split into pure state and merged back; their new state counts as output).
     Non-array arguments are held static. The inputs are not modified.
 
-    Not jit-safe: it replays ``fn`` on the host, equation by equation (compiled sub-calls run
-    whole and are only opened when they hand a NaN/Inf towards the outputs).
+    Not jit-safe: it replays ``fn`` on the host, equation by equation (``scan``/``while``/``cond``/
+    ``shard_map`` run whole and are only opened when they hand a NaN/Inf towards the outputs).
 
     Args:
       fn: the function that produced non-finite outputs.
@@ -914,14 +993,25 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       None when every output is finite; else a :class:`LocateReport` whose ``origins[0]`` is the
       root cause (``.code``, ``.file``, ``.line``, ``.fix``, ``.summary()``).
 
+    Raises:
+      JaxsaneError: ``fn`` is not callable or does not trace on the given inputs.
+
     Example:
       >>> import jax.numpy as jnp, jaxsane
       >>> report = jaxsane.locate(lambda x: jnp.log(x) * 2, jnp.zeros(3))
       >>> report.origins[0].primitive, report.origins[0].code
       ('log', 'nonfinite.forward')
     """
+    from ._errors import JaxsaneError
+    if not callable(fn):
+        raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
     pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
-    closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+    try:
+        closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+    except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
+        raise JaxsaneError(f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
+                           f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
+                           "that are not arrays are held static.") from e
     out_paths = out_paths_of(out_shape)
     replay = _Replay()
     ins = [_Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
@@ -934,24 +1024,90 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         if not bad:
             return None
         bad_outputs = [(out_paths[i], *_counts(compiled[i])) for i in bad]
-        pre = bisect_compiled(closed, arrays, env=env)
+        target, target_env = closed, env
+        while (len(target.jaxpr.eqns) == 1 and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
+               and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)):
+            inner = target.jaxpr.eqns[0].params["jaxpr"]   # a jitted function: bisect its body
+            target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
+        pre = bisect_compiled(target, arrays, env=target_env)
         return _xla_report(bad_outputs, pre, replay.count)
     analysis = _Analysis(replay, outs, out_paths)
+    analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
     bad_outputs = [(p, *_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
     origins = _origins(analysis)
-    if not origins and analysis.xla_births:
-        node = analysis.xla_births[0]
-        frame = node.frame
-        at = f"{node.prim} at " + (f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>")
-        return _xla_report(bad_outputs, (node.index + 1, len(node.jaxpr.eqns), at), replay.count)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
         sub, consts = _closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
         pre = None
         if sub is not None and node.prim in ("pjit", "jit"):
             pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
+        if pre is None and node.jaxpr is not None:   # the compiled loop/branch itself is the smallest prefix
+            frame = node.frame
+            at = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
+            pre = (node.index + 1, len(node.jaxpr.eqns), f"{node.prim} at {at}")
         return _xla_report(bad_outputs, pre, replay.count)
     return LocateReport(origins, bad_outputs, equations=replay.count)
+
+
+def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateReport | None:
+    """Run :func:`locate` on the inputs a guarded step dumped (``guard(..., dump_dir=...)``). Not jit-safe.
+
+    Args:
+      path: the dump directory.
+      target: the step function, an :class:`~jaxsane.Experiment`, or a zero-argument callable returning
+        one. For an Experiment the step runs through ``Adapted(experiment).step`` on the dumped
+        ``(state, batch)``; a dump of an NNX step's ``(model, optimizer, batch)`` is merged back into
+        the Experiment's NNX objects.
+      load: the dump reader (default :func:`jaxsane.load_dump`).
+
+    Returns:
+      The :class:`LocateReport`, or None when the step's outputs are finite on the dumped inputs.
+    """
+    from ._dump import load_dump
+    from ._errors import JaxsaneError
+    from ._experiment import Adapted, Experiment, _positional_arity, first_batch
+
+    load = load or load_dump
+    exp = target if isinstance(target, Experiment) else None
+    if exp is None and callable(target) and _positional_arity(target) == 0:
+        made = target()
+        exp = made if isinstance(made, Experiment) else None
+        if exp is None:
+            raise JaxsaneError(f"{target!r}() returned a {type(made).__name__}, not an Experiment or a step.")
+    if exp is None:
+        if not callable(target):
+            raise JaxsaneError(f"--step must name a step function or an Experiment, got {type(target).__name__}")
+        dump = load(path)
+        return locate(target, *dump.args, **dump.kwargs)
+    adapted = Adapted(exp)
+    batch = first_batch(exp.train)
+    n_args = len(load(path).args)
+    if adapted.nnx:
+        nnx = _nnx_module()
+        objs = exp.init(jax.random.key(0))
+        objs = tuple(objs) if isinstance(objs, (tuple, list)) else (objs,)
+        if n_args == len(objs) + 1:
+            dump = load(path, like=(*[nnx.state(o) for o in objs], batch))
+            rebuilt = [nnx.merge(nnx.graphdef(o), st) for o, st in zip(objs, dump.args[:-1])]
+            return locate(exp.step, *rebuilt, dump.args[-1], **dump.kwargs)
+    if n_args != 2:
+        raise JaxsaneError(f"the dump at {path} holds {n_args} positional arguments; an Experiment's step "
+                           "replays (state, batch). Pass the step function itself with --step instead.")
+    try:
+        dump = load(path, like=(adapted.example_state, batch))
+    except Exception:  # plain containers rebuild without a template
+        dump = load(path)
+    return locate(adapted.step, *dump.args, **dump.kwargs)
+
+
+def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
+    """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
+    from ._experiment import _unwrap
+    records: list = []
+    pure, arrays, _, _ = _prepare(_unwrap(fn), args, kwargs)
+    with _recording_custom_vjp(records):
+        jax.make_jaxpr(pure)(*arrays)
+    return records
 
 
 def _counts(x) -> tuple[int, int]:
@@ -1030,28 +1186,31 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
 
 # ----------------------------------------------------------------------------- origins
 
-def _reproduces(analysis: _Analysis, node: _Node) -> bool:
-    """Whether the equation, run on its own, also makes the non-finite value (else it is XLA-only)."""
-    try:
-        eager = analysis.replay.eager(node)
-    except Exception:  # pragma: no cover - an equation that cannot run alone: trust the replay
-        return True
-    return any(any(_flags(e)) for e, o in zip(eager, node.outs) if o.bad)
-
-
 def _origins(analysis: _Analysis) -> list[Origin]:
     found: list[tuple[tuple, Origin]] = []
     keys: dict[tuple, int] = {}
     for node in sorted(analysis.births, key=lambda n: n.order):
-        if not _reproduces(analysis, node):
-            analysis.xla_births.append(node)
-            continue
         o = _origin_of(analysis, node)
         key = (o.primitive, o.file, o.line, o.code, node.eqn is not None and id(node.eqn))
         if key in keys:
             continue
         keys[key] = len(found)
         found.append((node.order, o))
+    # an infinite constant (a -inf mask) that reaches the outputs as is: name where it enters
+    if not found:
+        for v in analysis.sources:
+            if v.kind not in ("literal", "const"):
+                continue
+            for c in analysis.consumers.get(id(v), []):
+                c = _first_real(analysis, c)
+                if c is None or any(o is c for o in analysis.births):
+                    continue
+                analysis.births.append(c)
+                o = _origin_of(analysis, c)
+                key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
+                if key not in keys:
+                    keys[key] = len(found)
+                    found.append((c.order, o))
     # a non-finite input is a root cause only when nothing computed is born from it
     for v in analysis.sources:
         if v.kind == "input" and (v.nan or not found):
@@ -1059,6 +1218,16 @@ def _origins(analysis: _Analysis) -> list[Origin]:
             found.append(((-1,), o))
     found.sort(key=lambda t: t[0])
     return [o for _, o in found]
+
+
+def _first_real(analysis: _Analysis, c) -> _Node | None:
+    """The first equation (not a link, not the output) reached through ``c``."""
+    seen = 0
+    while c is not _OUT and getattr(c, "link", False) and seen < 50:
+        users = [u for o in c.outs for u in analysis.consumers.get(id(o), [])]
+        c = users[0] if users else _OUT
+        seen += 1
+    return None if c is _OUT or getattr(c, "link", True) else c
 
 
 def _input_origin(analysis: _Analysis, v: _Val) -> Origin:
@@ -1078,9 +1247,13 @@ def _origin_of(analysis: _Analysis, node: _Node) -> Origin:
     elif phase == "backward" and node.prim in _COEFF_PRIMS and not any(x.bad for x in node.ins):
         deriv = _primal_of(node) is not None   # e.g. a derivative recomputed by remat in the backward pass
     frame = node.frame
+    if phase == "backward":
+        frame = _custom_vjp_bwd_frame(node, analysis.vjp_records()) or frame
     file, line = (frame if frame else (None, None))
-    info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
     reaches = analysis.reaches(node)
+    if phase == "update" and reaches and all(p.startswith(("metrics", "loss")) for p in reaches):
+        phase = "forward"   # computed after the gradients, but only for the reported metrics
+    info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
     where = list(node.ctx.tags)
     shard = _shard_index(node)
     if shard:
@@ -1101,7 +1274,7 @@ _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
 def _primal_of(node: _Node):
     from ._causes import _primal
     p = _primal(node, backward=True)
-    return p if p is not None and p is not node and "transpose(" in p.stack else None
+    return p if p is not None and p is not node else None
 
 
 def _shard_index(node: _Node) -> str:
@@ -1132,4 +1305,4 @@ def _batch_rows(analysis: _Analysis, node: _Node) -> list[int]:
     return sorted(rows)
 
 
-__all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "user_frame"]
+__all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "replay_dump", "user_frame"]

@@ -287,6 +287,7 @@ class Monitor:
       dead_every: compute dead-ReLU fractions every this many steps (needs ``apply``); 0 = never.
       grads: compute per-leaf gradient norms (needs ``loss``) at sampled steps.
       log_every: move queued telemetry to the host every this many recorded steps.
+      lag: when pulling, leave this many newest steps queued so the host never waits for running steps.
 
     Not jit-safe to construct; :attr:`step` is a jitted function ``(state, batch, mode) -> (state, metrics)``
     with a static ``mode`` (see :meth:`mode_for`).
@@ -304,9 +305,10 @@ class Monitor:
     """
 
     def __init__(self, adapted: Adapted, *, every: int = 10, dead_every: int = 50, grads: bool = True,
-                 log_every: int = 50):
-        if every < 1 or log_every < 1 or dead_every < 0:
-            raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1 and dead_every >= 0.")
+                 log_every: int = 50, lag: int = 2):
+        if every < 1 or log_every < 1 or dead_every < 0 or lag < 0:
+            raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1, dead_every >= 0 and lag >= 0.")
+        self.lag = int(lag)
         self.adapted = adapted
         self.every, self.dead_every, self.log_every = int(every), int(dead_every), int(log_every)
         self.grads = grads and adapted.loss_fn is not None
@@ -375,34 +377,57 @@ class Monitor:
         if not self._layout_done and state is not None:
             self._layout(state, batch)
         self._pending.append((i, metrics))
-        if len(self._pending) >= self.log_every:
-            self.pull()
+        if len(self._pending) >= self.log_every + self.lag:
+            self.pull(keep=self.lag)
 
-    def pull(self) -> History:
-        """Move queued metrics to the host (one transfer for the whole queue) and append them. Not jit-safe."""
-        if not self._pending:
+    def pull(self, keep: int = 0) -> History:
+        """Move queued metrics to the host (one transfer for the whole queue) and append them. Not jit-safe.
+
+        ``keep`` leaves the newest records queued: their steps may still be running, and waiting for
+        them would stall the dispatch pipeline (the others finished long ago, so reading them does not block).
+        """
+        if len(self._pending) <= keep:
             return self.history
-        pending, self._pending = self._pending, []
-        host = jax.device_get([m for _, m in pending])
-        h = self.history
-        for (i, _), m in zip(pending, host):
-            tel = m.pop("telemetry", None) if isinstance(m, dict) else None
-            loss = m.get("loss") if isinstance(m, dict) else None
-            h.steps.append(i)
-            h.loss.append(float(np.asarray(loss).mean()) if loss is not None else float("nan"))
-            for k, v in (m.items() if isinstance(m, dict) else ()):
-                if k != "loss" and np.size(v) == 1 and np.issubdtype(np.asarray(v).dtype, np.number):
-                    h.train_metrics.setdefault(k, []).append(float(np.asarray(v).reshape(())))
+        cut = len(self._pending) - keep
+        pending, self._pending = self._pending[:cut], self._pending[cut:]
+        groups: dict = {}
+        for i, m in pending:   # one group per step mode (bare / norms / full): same structure, same shapes
+            groups.setdefault(jax.tree_util.tree_structure(m), []).append((i, m))
+        train, tele, grad, dead = [], [], [], []
+        for items in groups.values():
+            steps = [i for i, _ in items]
+            cols = _stacked([m for _, m in items])
+            if not isinstance(cols, dict):
+                cols = {"loss": cols}
+            tel = cols.pop("telemetry", None)
+            loss = cols.pop("loss", None)
+            loss = (np.asarray(loss, np.float64).reshape(len(steps), -1).mean(axis=1) if loss is not None
+                    else np.full(len(steps), np.nan))
+            scalars = {k: np.asarray(v, np.float64).reshape(len(steps)) for k, v in cols.items()
+                       if np.size(v) == len(steps) and np.issubdtype(np.asarray(v).dtype, np.number)}
+            train += [(i, loss[k], {n: v[k] for n, v in scalars.items()}) for k, i in enumerate(steps)]
             if tel is not None:
-                h.tele_steps.append(i)
-                h.param_norm.append(np.asarray(tel["param_norm"]).tolist())
-                h.update_norm.append(np.asarray(tel["update_norm"]).tolist())
+                tele += [(i, tel["param_norm"][k], tel["update_norm"][k]) for k, i in enumerate(steps)]
                 if "grad_norm" in tel:
-                    h.grad_steps.append(i)
-                    h.grad_norm.append(np.asarray(tel["grad_norm"]).tolist())
+                    grad += [(i, tel["grad_norm"][k]) for k, i in enumerate(steps)]
                 if "dead_fraction" in tel:
-                    h.dead_steps.append(i)
-                    h.dead_fraction.append(np.asarray(tel["dead_fraction"]).tolist())
+                    dead += [(i, tel["dead_fraction"][k]) for k, i in enumerate(steps)]
+        h = self.history
+        for i, loss, scalars in sorted(train, key=lambda r: r[0]):
+            h.steps.append(i)
+            h.loss.append(float(loss))
+            for n, v in scalars.items():
+                h.train_metrics.setdefault(n, []).append(float(v))
+        for i, p, u in sorted(tele, key=lambda r: r[0]):
+            h.tele_steps.append(i)
+            h.param_norm.append(p.tolist())
+            h.update_norm.append(u.tolist())
+        for i, g in sorted(grad, key=lambda r: r[0]):
+            h.grad_steps.append(i)
+            h.grad_norm.append(g.tolist())
+        for i, d in sorted(dead, key=lambda r: r[0]):
+            h.dead_steps.append(i)
+            h.dead_fraction.append(d.tolist())
         return h
 
     def record_eval(self, step: int, loss: float, **metrics: float) -> None:
@@ -416,6 +441,27 @@ class Monitor:
     def check(self, **thresholds: Any) -> list[Finding]:
         """Pull, then run :func:`check_training` on the history."""
         return check_training(self.pull(), **thresholds)
+
+
+@jax.jit
+def _stack_jit(trees: list) -> PyTree:
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _stacked(trees: list) -> PyTree:
+    """Stack same-structure metric trees on the device and fetch them in one transfer per leaf.
+
+    Lists are padded to a power of two so that only a few stacking programs are ever compiled.
+    Falls back to a per-leaf fetch for leaves that cannot be stacked. Not jit-safe.
+    """
+    n = len(trees)
+    size = 1 << max(0, (n - 1).bit_length())
+    try:
+        out = jax.device_get(_stack_jit(list(trees) + [trees[-1]] * (size - n)))
+        return jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], out)
+    except Exception:  # e.g. a metric whose shape changes between steps
+        host = jax.device_get(list(trees))
+        return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
 
 
 def _rebuild(params: PyTree, float_leaves: list) -> PyTree:

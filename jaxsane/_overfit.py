@@ -240,6 +240,22 @@ def _set_learning_rate(state: PyTree, paths: set, lr: jax.Array) -> PyTree:
 
 # ----------------------------------------------------------------------------- batches
 
+def _host(x: Any) -> Any:
+    """A numpy copy of an array leaf (PRNG keys and other extended dtypes stay jax arrays)."""
+    try:
+        return np.asarray(x)
+    except TypeError:
+        return x
+
+
+def _stack(xs: Sequence[Any], index: np.ndarray) -> Any:
+    """Stack one leaf of several seeds' states and pick ``index`` rows, on the host when possible."""
+    host = [_host(x) for x in xs]
+    if all(isinstance(x, np.ndarray) for x in host):
+        return np.stack(host)[index]
+    return jnp.take(jnp.stack([jnp.asarray(x) for x in xs]), jnp.asarray(index), axis=0)
+
+
 def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) -> PyTree:
     """``batch`` with every leaf of its inputs replaced by ``make(leaf)``."""
     inputs = get_inputs(exp, batch)
@@ -255,11 +271,11 @@ def constant_input_batch(exp: Experiment, batch: PyTree) -> PyTree:
     """``batch`` with constant inputs: float inputs become their mean over the batch axis, integer
     inputs (tokens) the first example's, repeated; labels unchanged. Not jit-safe."""
     def make(x):
-        x = jnp.asarray(x)
+        x = _host(x)
         if x.ndim == 0:
             return x
-        row = jnp.mean(x, axis=0) if jnp.issubdtype(x.dtype, jnp.inexact) else x[0]
-        return jnp.broadcast_to(row.astype(x.dtype), x.shape)
+        row = np.mean(x, axis=0) if np.issubdtype(x.dtype, np.inexact) else x[0]
+        return np.broadcast_to(row.astype(x.dtype), x.shape).copy()
     return _replace_inputs(exp, batch, make)
 
 
@@ -383,7 +399,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
     if batch is None:
         batch = slice_batch(first_batch(exp.train, "train"), batch_size)
-    batch = jax.tree_util.tree_map(jnp.asarray, batch)
+    batch = jax.tree_util.tree_map(_host, batch)  # host numpy: no per-leaf eager XLA compiles
     from ._experiment import batch_size as _bs
     n_examples = _bs(batch)
     seed_list = _as_seeds(seeds)
@@ -420,9 +436,9 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         if const_batch is not None:
             configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
     k = len(configs)
-    seed_index = jnp.asarray([seed_list.index(c.seed) for c in configs])
-    lr_values = jnp.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], jnp.float32)
-    scale_values = jnp.asarray([c.init_scale for c in configs], jnp.float32)
+    seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
+    lr_values = np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32)
+    scale_values = np.asarray([c.init_scale for c in configs], np.float32)
     # stack leaf by leaf under the first seed's treedef (static metadata such as a linen TrainState's
     # tx may differ by identity between init calls)
     treedef = jax.tree_util.tree_structure(per_seed[0])
@@ -430,12 +446,11 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     if any(len(l) != len(leaves[0]) for l in leaves):
         raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
                               "stacks one state per seed, so init must build the same pytree for every key.")
-    stacked = jax.tree_util.tree_unflatten(treedef, [jnp.stack(xs) for xs in zip(*leaves)])
-    states = jax.tree_util.tree_map(lambda x: jnp.take(x, seed_index, axis=0), stacked)
-    del stacked, per_seed
+    states = jax.tree_util.tree_unflatten(treedef, [_stack(xs, seed_index) for xs in zip(*leaves)])
+    del per_seed
     batches = jax.tree_util.tree_map(
-        lambda a, b: jnp.concatenate([jnp.broadcast_to(a, (n_real, *a.shape)), b[None]]) if const_batch is not None
-        else jnp.broadcast_to(a, (n_real, *a.shape)), batch, const_batch if const_batch is not None else batch)
+        lambda a, b: np.concatenate([np.broadcast_to(a, (n_real, *a.shape)), b[None]]) if const_batch is not None
+        else np.broadcast_to(a, (n_real, *a.shape)), batch, const_batch if const_batch is not None else batch)
 
     # -- what the loss is: the step's reported loss, else Experiment.loss on the params before the step
     _, metrics_shape = jax.eval_shape(adapted.step, adapted.example_state, batch)

@@ -1,6 +1,7 @@
 """The command line, thin over the library.
 
   jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...]
+  jaxsane replay DUMP_DIR --step MODULE:ATTR     (exit 1: a NaN origin was found, 0: finite)
 
 Exit codes: 0 no error findings, 1 error findings, 2 usage errors (so it works as a CI gate).
 ATTR names an :class:`Experiment` or a zero-argument callable returning one. With no target,
@@ -24,8 +25,10 @@ class UsageError(Exception):
     pass
 
 
-def load_target(target: str) -> Any:
-    """``pkg.module:attr`` or ``path/to/file.py:attr`` -> an Experiment (calling attr if needed)."""
+def load_target(target: str, raw: bool = False) -> Any:
+    """``pkg.module:attr`` or ``path/to/file.py:attr`` -> an Experiment (calling attr if needed).
+
+    With ``raw=True`` the attribute itself is returned (e.g. a step function)."""
     from ._experiment import Experiment
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
@@ -47,6 +50,8 @@ def load_target(target: str) -> Any:
     if not hasattr(module, attr):
         raise UsageError(f"{module_name!r} has no attribute {attr!r}")
     value = getattr(module, attr)
+    if raw:
+        return value
     if not isinstance(value, Experiment) and callable(value):
         value = value()
     if not isinstance(value, Experiment):
@@ -88,6 +93,27 @@ def _doctor(args: argparse.Namespace) -> int:
     return EXIT_OK if all(d.ok for d in results) else EXIT_ERRORS
 
 
+def _replay(args: argparse.Namespace) -> int:
+    """``jaxsane replay DUMP_DIR --step MODULE:ATTR``: re-run :func:`jaxsane.locate` on a guard dump."""
+    from ._dump import load_dump
+    from ._errors import JaxsaneError
+    from ._locate import replay_dump
+
+    if not os.path.isdir(args.dump):
+        raise UsageError(f"no such dump directory: {args.dump}")
+    target = load_target(args.step, raw=True)
+    try:
+        report = replay_dump(args.dump, target, load=load_dump)
+    except JaxsaneError as e:
+        raise UsageError(str(e)) from e
+    if report is None:
+        print("[jaxsane] replay: every output of the step is finite on the dumped inputs (the failure did not "
+              "reproduce; compare devices, dtypes and XLA flags with the failing run)")
+        return EXIT_OK
+    print(report)
+    return EXIT_ERRORS
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -108,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stage option, e.g. -o run_steps=50")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
     p.set_defaults(func=_doctor)
+    p = sub.add_parser("replay", help="re-run jaxsane.locate on the inputs a guarded step dumped")
+    p.add_argument("dump", metavar="DUMP_DIR", help="a dump directory written by guard(..., dump_dir=...)")
+    p.add_argument("--step", required=True, metavar="MODULE:ATTR",
+                   help="the step function, or an Experiment (or a zero-argument callable returning one)")
+    p.set_defaults(func=_replay)
     return parser
 
 

@@ -206,6 +206,39 @@ def test_guard_attributes_nan_born_on_one_device_in_a_sharded_output():
     assert "nonfinite.forward" in str(e.value) or "nonfinite" in e.value.finding.code
 
 
+@pytest.mark.parametrize("kind", ["jit", "shard_map"])
+def test_guard_replays_shards_to_find_the_rows_behind_a_nan_spread_by_all_reduce(kind):
+    """Finite batch; one row makes the loss NaN, and the mean/pmean spreads it to every device."""
+    mesh = mesh1()
+
+    def log_loss(params, batch):
+        return jnp.mean(jnp.log(batch["x"]) @ params["w"] + params["b"])
+
+    def local(params, batch):
+        loss, grads = jax.value_and_grad(log_loss)(params, batch)
+        if kind == "shard_map":
+            grads, loss = jax.lax.pmean((grads, loss), "data")
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), {"loss": loss}
+
+    step = jax.jit(local if kind == "jit" else jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False))
+    params, _ = make_state(mesh)
+    x = np.abs(np.random.default_rng(0).normal(size=(BATCH, N_IN))).astype(np.float32) + 0.5
+    ok_batch = {"x": put(x.copy(), mesh, P("data"))}
+    x[13, 4] = -2.0                                                   # rows 12:14 live on the 7th device
+    g = jaxsane.guard(step, sync=True, locate=False)
+    params, _ = g(params, ok_batch)
+    params, _ = g(params, ok_batch)
+    compiled = g._compiled._cache_size()
+    with pytest.raises(jaxsane.NonFiniteError) as e:
+        g(params, {"x": put(x, mesh, P("data"))})
+    (shard,) = [f for f in g.failures if f.code == "dist.nonfinite_shard"]
+    assert shard.extra["replayed"] and shard.extra["devices"] == [mesh.devices.flat[6].id]
+    assert shard.extra["rows_held"] == [[12, 14]] and shard.extra["rows"] == [13]
+    assert "rows 12:14" in str(e.value) and "row(s) 13 alone" in str(e.value)
+    assert g._compiled._cache_size() == compiled                     # the replays reuse the compiled step
+
+
 def test_no_attribution_on_unsharded_or_everywhere_nan():
     mesh = mesh1()
     everywhere = put(jnp.full((8, 2), jnp.nan), mesh, P("data"))
@@ -272,3 +305,27 @@ def test_doctor_runs_on_a_sharded_experiment():
     exp_bad = jaxsane.Experiment(init=init, step=dp_step, train=bad, loss=loss_fn, name="sharded_nan")
     diagnosis = jaxsane.doctor(exp_bad, stages=["run"], progress=False, run_steps=2)
     assert "nonfinite.input" in diagnosis.codes
+
+
+def test_guard_on_a_sharded_nnx_step():
+    from flax import nnx
+
+    mesh = mesh1()
+    model = nnx.Linear(N_IN, N_OUT, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    for obj in (model, opt):
+        nnx.update(obj, jax.device_put(nnx.state(obj), NamedSharding(mesh, P())))
+
+    @nnx.jit
+    def step(model, opt, batch):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(batch["x"]) - batch["y"]) ** 2))(model)
+        opt.update(model, grads)
+        return loss
+
+    g = jaxsane.guard(step, check_replicas=True, sync=True, locate=False)
+    g(model, opt, make_batch(mesh))
+    assert g.failures == [] and any(g._replica_plans.values())   # replicated NNX state is checked
+    with pytest.raises(jaxsane.NonFiniteError):
+        g(model, opt, make_batch(mesh, nan_row=5))
+    (shard,) = [f for f in g.failures if f.code == "dist.nonfinite_shard"]
+    assert shard.extra["devices"] == [mesh.devices.flat[2].id] and shard.extra["rows"] == [5]

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -200,9 +201,13 @@ def test_nnx_state_resumes_exactly(tmp_path):
 
 def test_report_and_tensorboard_options(tmp_path):
     path = str(tmp_path / "fit.html")
-    with pytest.warns(jaxsane.JaxsaneWarning, match="tensorboard"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         result = jaxsane.fit(experiment(n=6), steps=6, eval_every=3, report=path, metrics_path=str(tmp_path / "m.jsonl"),
                              tensorboard_dir=str(tmp_path / "tb"), **FIT)
+    # TensorBoard is optional: either a standard writer wrote event files, or fit said why it could not
+    tb = tmp_path / "tb"
+    assert (tb.exists() and any(tb.rglob("*tfevents*"))) or any("tensorboard" in str(w.message) for w in caught)
     text = open(path).read()
     assert "train and eval loss" in text.lower() and "data:image/png;base64," in text
     kinds = [json.loads(l)["kind"] for l in open(tmp_path / "m.jsonl")]

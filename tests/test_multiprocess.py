@@ -80,6 +80,26 @@ CHILD = textwrap.dedent('''
             shard = [f for f in guarded.failures if f.code == "dist.nonfinite_shard"]
             emit(kind="nonfinite", code=e.finding.code, step=e.finding.step, message=str(e), stopped=stopped,
                  shard=shard[0].extra if shard else None, seconds=time.time() - start)
+        # a finite batch whose row makes log() NaN on process 1: the mean spreads it to every device, and
+        # the guard replays the step once per batch shard (the same global programs on both processes)
+        @jax.jit
+        def log_step(w, batch):
+            loss, g = jax.value_and_grad(lambda w: jnp.mean(jnp.log(batch["x"]) @ w))(w)
+            return w - 0.1 * g, {"loss": loss}
+
+        guarded = jaxsane.guard(log_step, max_lag=1)
+        w = jax.make_array_from_process_local_data(rep, np.ones((3,), np.float32))
+        try:
+            for i in range(6):
+                local_x = np.abs(np.random.default_rng(i).normal(size=(N_LOCAL, 3))).astype(np.float32) + 0.5
+                if pid == 1 and i == 2:
+                    local_x[2, 0] = -1.0          # process-local row 2 = global row 6
+                w, _ = guarded(w, {"x": jax.make_array_from_process_local_data(rows, local_x)})
+            guarded.flush()
+        except jaxsane.NonFiniteError as e:
+            shard = [f for f in guarded.failures if f.code == "dist.nonfinite_shard"]
+            emit(kind="forward", code=e.finding.code, step=e.finding.step, stopped=i,
+                 shard=shard[0].extra if shard else None)
         # the same global program still runs on both processes afterwards: nobody is stuck in a collective
         total = jax.jit(lambda x: jnp.sum(x), out_shardings=rep)(local_batch(0)["x"])
         emit(kind="after", total=float(total))
@@ -154,6 +174,10 @@ def test_nan_on_one_process_stops_both_with_the_same_report(tmp_path):
     assert a["shard"]["processes"] == [1] and a["shard"]["rows"] == [5]
     assert a["shard"]["devices"] == [r1["devices"]["local"][0]] and a["shard"]["rows_held"] == [[4, 6]]
     assert "batch['x']" in a["message"] and "process(es) 1" in a["message"]
+    f0, f1 = r0["forward"], r1["forward"]
+    assert f0 == f1 and f0["code"] in ("nonfinite.forward", "nonfinite.update") and f0["step"] == 2
+    assert f0["shard"]["replayed"] and f0["shard"]["processes"] == [1] and f0["shard"]["rows"] == [6]
+    assert f0["shard"]["devices"] == [r1["devices"]["local"][1]] and f0["shard"]["rows_held"] == [[6, 8]]
     assert r0["after"]["total"] == r1["after"]["total"]                  # collectives still work afterwards
     assert "shutdown" in r0 and "shutdown" in r1
 

@@ -1,0 +1,174 @@
+"""Batch independence (``batch.cross_talk``): in eval mode, example i's output must depend on
+example i's input only — Karpathy's "use backprop to chart dependencies".
+
+For a probe example i, one VJP of ``apply`` with a random cotangent on example i's output (zeros
+elsewhere) gives the gradient of that output w.r.t. the WHOLE input batch; it must be exactly zero
+outside example i. A few probes cost a few VJPs, not a Jacobian. Integer inputs (tokens), which
+have no gradient, are probed forward instead: every other example is replaced and example i's
+output must not move. BatchNorm in train mode is not cross talk as long as ``apply`` runs in eval
+mode (running averages), which is what ``Experiment.apply`` is for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import ExperimentError, JaxsaneError
+from ._experiment import batch_size, get_inputs
+from ._findings import Finding
+
+PyTree = Any
+
+
+def _is_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    try:
+        return dtype is not None and bool(jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
+def _probes(n: int, probes: int | Sequence[int]) -> list[int]:
+    if not isinstance(probes, int):
+        chosen = [int(i) for i in probes]
+        bad = [i for i in chosen if not 0 <= i < n]
+        if bad:
+            raise JaxsaneError(f"check_batch_independence: probe examples {bad} outside the batch of {n}.")
+        return chosen
+    picks = [0, n - 1, n // 2, 1, n - 2]
+    return list(dict.fromkeys(i for i in picks if 0 <= i < n))[:max(1, probes)]
+
+
+def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 2,
+                             rtol: float = 1e-6, seed: int = 0, max_pairs: int = 8) -> list[Finding]:
+    """``batch.cross_talk`` when example i's output depends on another example's input.
+
+    Args:
+      apply: ``(params, inputs) -> outputs`` in EVAL mode (no dropout, BatchNorm on running averages).
+      params: parameters.
+      inputs: a batch (array or pytree of arrays with a leading batch axis, at least 2 examples).
+      probes: how many examples to probe (default 2: the first and the last), or their indices.
+      rtol: relative leak allowed, ``|d out_i / d x_j| / |d out_i / d x_i|`` (default 1e-6; a
+        batch-independent model gives exact zeros, since no path carries the cotangent across).
+      seed: seed of the random cotangents.
+      max_pairs: offending (output, input) example pairs listed in the message.
+
+    Returns:
+      One ``batch.cross_talk`` finding naming the offending example pairs, or nothing.
+
+    Not jit-safe (one compiled VJP per probe set).
+    """
+    try:
+        n = batch_size(inputs)
+    except Exception as e:
+        raise ExperimentError(f"check_batch_independence: the inputs have no batch axis ({e}).") from e
+    if n < 2:
+        return []
+    chosen = _probes(n, probes)
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    batched = [getattr(x, "ndim", 0) >= 1 and x.shape[0] == n for x in leaves]
+    float_idx = [i for i, x in enumerate(leaves) if batched[i] and _is_float(x)]
+    out_shape = jax.eval_shape(apply, params, inputs)
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if not any(getattr(o, "ndim", 0) >= 1 and o.shape[0] == n for o in out_leaves):
+        raise ExperimentError(f"check_batch_independence: apply's outputs have no leading batch axis of size {n} "
+                              f"(shapes {[getattr(o, 'shape', None) for o in out_leaves]}).")
+    if float_idx:
+        leaks = _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed)
+        how = "VJP of its output w.r.t. the whole input batch"
+    else:
+        leaks = _forward_leaks(apply, params, leaves, treedef, batched, n, chosen)
+        how = "forward probe (inputs are not float: other examples replaced)"
+    pairs = [(i, j, r) for i, row in leaks.items() for j, r in enumerate(row) if j != i and r > rtol]
+    if not pairs:
+        return []
+    pairs.sort(key=lambda p: -p[2])
+    shown = ", ".join(f"output {i} <- input {j} ({r:.2g})" for i, j, r in pairs[:max_pairs])
+    affected = sorted({i for i, _, _ in pairs})
+    return [Finding(
+        "batch.cross_talk",
+        f"in eval mode, the output of example(s) {affected} depends on other examples' inputs "
+        f"({len(pairs)} pairs; {how}; relative leak): {shown}",
+        "something mixes examples along the batch axis: a softmax/mean/normalisation over axis 0 instead of "
+        "the feature axis, a reshape or transpose that moves the batch axis, or BatchNorm still using batch "
+        "statistics in apply (use_running_average=True / model.eval()); find it by bisecting apply",
+        path=f"example {pairs[0][0]} <- example {pairs[0][1]}",
+        extra={"pairs": [(i, j, float(r)) for i, j, r in pairs], "probes": chosen})]
+
+
+def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    cots = []
+    for o in out_leaves:
+        if getattr(o, "ndim", 0) >= 1 and o.shape[0] == n and _is_float(o):
+            cots.append(rng.standard_normal(o.shape).astype(o.dtype))
+        else:
+            cots.append(None)
+
+    def f(float_inputs):
+        full = list(leaves)
+        for i, x in zip(float_idx, float_inputs):
+            full[i] = x
+        outs = jax.tree_util.tree_leaves(apply(params, jax.tree_util.tree_unflatten(treedef, full)))
+        return [o for o, c in zip(outs, cots) if c is not None]
+
+    @jax.jit
+    def per_example_grad_norms(float_inputs, masks):
+        outs, vjp = jax.vjp(f, float_inputs)
+
+        def one(mask):
+            ct = [jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype)
+                  for c in cots if c is not None]
+            grads = vjp(ct)[0]
+            sq = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32) ** 2, (n, -1)), axis=1) for g in grads)
+            return jnp.sqrt(sq)
+
+        return jax.lax.map(one, masks)
+
+    masks = np.zeros((len(chosen), n), np.float32)
+    for row, i in enumerate(chosen):
+        masks[row, i] = 1.0
+    norms = np.asarray(per_example_grad_norms([leaves[i] for i in float_idx], jax.device_put(masks)))
+    leaks = {}
+    for row, i in enumerate(chosen):
+        own = norms[row, i]
+        leaks[i] = norms[row] / own if own > 0 else np.where(norms[row] > 0, np.inf, 0.0)
+    return leaks
+
+
+def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[int, np.ndarray]:
+    run = jax.jit(lambda xs: apply(params, jax.tree_util.tree_unflatten(treedef, xs)))
+    base = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(leaves))]
+    leaks = {}
+    for i in chosen:
+        others = np.roll(np.arange(n), 1)
+        others[i] = i  # example i kept, every other example replaced by its neighbour
+        moved = [jax.device_put(np.asarray(x)[others]) if b else x for x, b in zip(leaves, batched)]
+        outs = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(moved))]
+        change = max((float(np.max(np.abs(a[i].astype(np.float64) - b[i].astype(np.float64)))) /
+                      (float(np.max(np.abs(a[i].astype(np.float64)))) + 1e-30)
+                      for a, b in zip(base, outs) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == n), default=0.0)
+        row = np.zeros(n)
+        if change > 0:  # the forward probe cannot tell which example leaks: blame all replaced ones
+            row[:] = change
+            row[i] = 0.0
+        leaks[i] = row
+    return leaks
+
+
+def batch_stage(ctx) -> Iterable[Finding]:
+    """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (option
+    ``batch_probes``, default 2)."""
+    adapted = ctx.adapted
+    if adapted.apply_fn is None:
+        return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
+                        "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+    state = adapted.init(ctx.key)
+    from ._init import traceable
+
+    return check_batch_independence(traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch),
+                                    probes=ctx.option("batch_probes", 2))

@@ -1,0 +1,356 @@
+"""Step wiring: does the user's step update the parameters, thread the optimizer state and the
+randomness, and compile once? (``step.no_update``, ``step.opt_state_frozen``, ``step.rng_reused``,
+``step.recompiles``.)
+
+Everything is read from a few real calls of the user's own step through :class:`Adapted`, called
+as the user calls it (not re-wrapped in ``jax.jit``, so that Python-side recompilation is seen).
+Randomness is found by evaluating the step's jaxpr with jaxsane's interpreter and recording the
+output of every ``random_bits`` equation (dropout masks, noise) on two consecutive states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import JaxsaneError
+from ._experiment import Adapted, Experiment, first_batch
+from ._findings import Finding
+from ._init import bind_eqn, interpret, jaxpr_primitives, location_of
+from ._tree import leaves_with_paths, to_host
+
+PyTree = Any
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+_RANDOM_PRIMS = ("random_bits", "threefry2x32", "random_wrap")
+
+
+class CompileCounter:
+    """Counts XLA compilations and jaxpr traces while active (a ``jax.monitoring`` listener).
+
+    Use as ``with count_compilations() as c: ...; c.compiles``. Not jit-safe; counts every
+    compilation in the process while active, so run nothing else inside it.
+    """
+
+    def __init__(self):
+        self.compiles = 0
+        self.traces = 0
+        self.active = False
+
+    def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
+        if not self.active:
+            return
+        if event == _COMPILE_EVENT:
+            self.compiles += 1
+        elif event == _TRACE_EVENT:
+            self.traces += 1
+
+
+@contextlib.contextmanager
+def count_compilations() -> Iterator[CompileCounter]:
+    """Context manager counting XLA compilations (and traces) inside it. Not jit-safe.
+
+    Example:
+      >>> f = jax.jit(lambda x: x + 1)
+      >>> with count_compilations() as c:
+      ...     _ = f(1.0); _ = f(2.0)
+      >>> c.compiles
+      1
+    """
+    counter = CompileCounter()
+    jax.monitoring.register_event_duration_secs_listener(counter._listener)
+    counter.active = True
+    try:
+        yield counter
+    finally:
+        counter.active = False
+        jax.monitoring.unregister_event_duration_listener(counter._listener)
+
+
+def _is_key(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    try:
+        return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:
+        return False
+
+
+def _is_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or _is_key(x):
+        return False
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
+def _host(x: Any) -> Any:
+    if _is_key(x):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x) if hasattr(x, "shape") else x
+
+
+def _snapshot(state: PyTree) -> list[tuple[str, Any]]:
+    """Host copies of every leaf with its path (keys as their raw data), taken before the next call."""
+    return [(path, _host(leaf)) for path, leaf in leaves_with_paths(state, "state")]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _display(path: str) -> str:
+    return path[:-len(".value")] if path.endswith(".value") else path
+
+
+def _raw_key_path(path: str, leaf: Any) -> bool:
+    lowered = path.lower()
+    return (getattr(leaf, "dtype", None) == np.uint32 and getattr(leaf, "shape", ())[-1:] == (2,)
+            and ("key" in lowered or "rng" in lowered))
+
+
+def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.Array | None = None,
+               calls: int = 3, check_rng: bool = True) -> list[Finding]:
+    """Run the user's step ``calls`` times on one batch and check its wiring.
+
+    * ``step.no_update`` — the parameters are bitwise unchanged by every call (stale state returned,
+      update not applied, learning rate 0);
+    * ``step.opt_state_frozen`` — the parameters change but every float optimizer-state leaf (not a
+      parameter, counter or key) is bitwise unchanged across all calls;
+    * ``step.rng_reused`` — the step draws random bits (``random_bits`` in its jaxpr) and draws the
+      same bits on two consecutive states (a dropout key never split or advanced);
+    * ``step.recompiles`` — any XLA compilation during calls 2..``calls`` with identical shapes
+      (a Python scalar as a static argument, a new ``jax.jit`` per call, dtype drift of the state).
+
+    Args:
+      experiment: the :class:`Experiment` (or its :class:`Adapted` view).
+      batch: the batch for every call (default: the first train batch).
+      key: PRNG key for ``init`` (default ``jax.random.key(0)``).
+      calls: how many steps to run (>= 2; default 3; raise it above k for optax.MultiSteps(k)).
+      check_rng: also evaluate the step's jaxpr to compare its random draws (one extra compile
+        when the step draws randomness).
+
+    Returns:
+      A list of findings, empty when the step is wired correctly.
+
+    Not jit-safe: it calls the step on the host.
+    """
+    if int(calls) < 2:
+        raise JaxsaneError(f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}.")
+    key = jax.random.key(0) if key is None else key
+    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment, key=key)
+    batch = first_batch(adapted.experiment.train, "train") if batch is None else batch
+    state = adapted.init(key)
+    first_state = state
+    param_ids = {id(x) for x in jax.tree_util.tree_leaves(adapted.params(state))}
+    kinds = _leaf_kinds(state, param_ids)
+
+    snapshots = [_snapshot(state)]
+    compiles, traces = [], []
+    for i in range(int(calls)):
+        with count_compilations() as counter:
+            state, _ = adapted.step(state, batch)
+            jax.block_until_ready(jax.tree_util.tree_leaves(state))
+        compiles.append(counter.compiles)
+        traces.append(counter.traces)
+        snapshots.append(_snapshot(state))
+
+    findings: list[Finding] = []
+    findings += _update_findings(snapshots, kinds)
+    findings += _recompile_findings(compiles, traces)
+    if check_rng:
+        findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
+    return findings
+
+
+def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:
+    """Per leaf of the state: "param", "opt" (float, not a param), "key", or "other"."""
+    kinds = []
+    for path, leaf in leaves_with_paths(state, "state"):
+        if id(leaf) in param_ids:
+            kinds.append("param")
+        elif _is_key(leaf) or _raw_key_path(path, leaf):
+            kinds.append("key")
+        elif _is_float(leaf):
+            kinds.append("opt")
+        else:
+            kinds.append("other")
+    has_opt_state = [k == "opt" and "opt_state" in path for k, (path, _) in
+                     zip(kinds, leaves_with_paths(state, "state"))]
+    if any(has_opt_state):  # prefer the optimizer's own sub-tree when it is named (TrainState, nnx.Optimizer)
+        kinds = ["opt" if flag else ("stat" if k == "opt" else k) for k, flag in zip(kinds, has_opt_state)]
+    return kinds
+
+
+def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
+    n = len(snapshots) - 1
+    params = [i for i, k in enumerate(kinds) if k == "param"]
+    opt = [i for i, k in enumerate(kinds) if k == "opt"]
+    changed = [[not _equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))]
+               for c in range(n)]
+    params_moved = any(changed[c][i] for c in range(n) for i in params)
+    if params and not params_moved:
+        opt_note = ""
+        if opt and not any(changed[c][i] for c in range(n) for i in opt):
+            opt_note = " and neither did the optimizer state"
+        return [Finding(
+            "step.no_update",
+            f"the parameters ({len(params)} leaves, e.g. {_display(snapshots[0][params[0]][0])}) are bitwise "
+            f"unchanged after {n} steps{opt_note}",
+            "the step does not apply its update: return the NEW state (e.g. state.apply_gradients(grads=...) or "
+            "optax.apply_updates(params, updates)), not the state it was given; for NNX call "
+            "optimizer.update(model, grads) inside the step; check the learning rate is not 0. "
+            "(Gradient accumulation with optax.MultiSteps(k) only updates every k steps: run with more calls.)",
+            path=_display(snapshots[0][params[0]][0]), extra={"calls": n})]
+    if opt and params_moved and not any(changed[c][i] for c in range(n) for i in opt):
+        return [Finding(
+            "step.opt_state_frozen",
+            f"the parameters change but the optimizer state ({len(opt)} float leaves, e.g. "
+            f"{_display(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
+            "the step returns the initial optimizer state: thread the new one, "
+            "`updates, opt_state = tx.update(grads, opt_state, params)` and return that opt_state with the new "
+            "params (momentum and Adam moments are lost otherwise)",
+            path=_display(snapshots[0][opt[0]][0]), extra={"calls": n})]
+    return []
+
+
+def _recompile_findings(compiles: list[int], traces: list[int]) -> list[Finding]:
+    later = compiles[1:]
+    if not any(later):
+        return []
+    every = all(later)
+    return [Finding(
+        "step.recompiles",
+        f"the step compiled again on later calls with the same shapes: compilations per call {compiles} "
+        f"(traces {traces})",
+        ("it recompiles on every call: a Python value that changes each call is a static argument or is "
+         "closed over (pass it as a jnp array argument instead), or jax.jit is applied anew inside the loop "
+         "(jit once, outside)") if every else
+        ("a later call recompiled once: the state returned by the step differs from the initial one in "
+         "dtype, weak type or sharding (compare jax.tree.map(lambda x: (x.dtype, x.shape), state) before and "
+         "after a step, e.g. init with jnp.float32 arrays instead of Python scalars)"),
+        extra={"compiles": compiles, "traces": traces})]
+
+
+def _random_sites(jaxpr) -> list[Any]:
+    return [eqn for eqn in jaxpr_primitives(jaxpr) if eqn.primitive.name in _RANDOM_PRIMS]
+
+
+def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]) -> list[Finding]:
+    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    closed = jax.make_jaxpr(adapted.step)(state0, batch)
+    if not _random_sites(closed.jaxpr):
+        return []
+    recorded_meta: list[str] = []
+
+    def record_bits(flat_args):
+        recorded: list[Any] = []
+        recorded_meta.clear()
+
+        def hook(eqn, invals, tags):
+            if eqn.primitive.name != "random_bits":
+                return None
+            outs = bind_eqn(eqn, invals)
+            recorded.append(jnp.ravel(outs[0])[:4096])
+            recorded_meta.append(location_of(eqn) or "random_bits")
+            return outs, [None] * len(outs)
+
+        interpret(closed.jaxpr, closed.consts, flat_args, hook)
+        return recorded
+
+    flat0 = jax.tree_util.tree_leaves((state0, batch))
+    try:
+        runner = _dead_code_eliminated(record_bits, flat0)
+        bits0 = runner(flat0)
+    except Exception:  # an exotic step the interpreter cannot replay: fall back to key leaves only
+        return _key_only_findings(snapshots, kinds)
+    if not bits0:
+        return []
+    # the state after the first call, rebuilt from the host snapshot (the step may donate its inputs)
+    state1 = _state_from_snapshot(state0, snapshots[1])
+    bits1 = runner(jax.tree_util.tree_leaves((state1, batch)))
+    same = [i for i, (a, b) in enumerate(zip(bits0, bits1)) if _equal(a, b)]
+    if not same:
+        return []
+    frozen_keys = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
+                   if k == "key" and _equal(snapshots[0][i][1], snapshots[1][i][1])]
+    where = recorded_meta[same[0]] if same[0] < len(recorded_meta) else None
+    key_note = f"; key leaves unchanged by the step: {', '.join(frozen_keys[:4])}" if frozen_keys else ""
+    return [Finding(
+        "step.rng_reused",
+        f"the step draws the same random bits on two consecutive calls at {len(same)} of {len(bits0)} random "
+        f"draw sites (e.g. identical dropout masks){key_note}",
+        "split the PRNG key every step and return the new key in the state (`key, sub = jax.random.split(key)`, "
+        "use sub, return key), or fold in the step number (`jax.random.fold_in(key, state.step)`); with NNX pass "
+        "nnx.Rngs to the layers and let them advance",
+        path=frozen_keys[0] if frozen_keys else None, file=_file(where), line=_line(where),
+        extra={"sites": [recorded_meta[i] for i in same if i < len(recorded_meta)], "frozen_keys": frozen_keys})]
+
+
+def _dead_code_eliminated(fn, flat_args):
+    """``jax.jit(fn)`` compiled without the equations its outputs do not need (only the key
+    arithmetic and ``random_bits`` of a train step remain, so the compile is small)."""
+    try:
+        from jax._src.core import eval_jaxpr
+        from jax._src.interpreters.partial_eval import dce_jaxpr
+    except ImportError:  # pragma: no cover - private API moved: compile everything
+        return jax.jit(fn)
+    closed = jax.make_jaxpr(fn)(flat_args)
+    jaxpr, used = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    consts = closed.consts
+
+    @jax.jit
+    def run(args):
+        return eval_jaxpr(jaxpr, consts, *[a for a, u in zip(args, used) if u])
+
+    return run
+
+
+def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
+    frozen = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
+              if k == "key" and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1])
+                                    for c in range(len(snapshots) - 1))]
+    if not frozen:
+        return []
+    return [Finding("step.rng_reused", f"the step draws randomness but the key(s) {', '.join(frozen[:4])} never "
+                    "change between steps",
+                    "split the key every step and return the new key in the state, or fold in the step number",
+                    path=frozen[0], extra={"frozen_keys": frozen})]
+
+
+def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    rebuilt = []
+    for leaf, (_, value) in zip(leaves, snapshot):
+        if _is_key(leaf):
+            rebuilt.append(jax.random.wrap_key_data(jax.device_put(value), impl=jax.random.key_impl(leaf)))
+        else:  # Python scalars too, so that consecutive states have one signature (no recompile)
+            rebuilt.append(jax.device_put(np.asarray(value, getattr(leaf, "dtype", None))))
+    return jax.tree_util.tree_unflatten(treedef, rebuilt)
+
+
+def _file(where: str | None) -> str | None:
+    if not where or ":" not in where:
+        return None
+    return where.rsplit(":", 1)[0]
+
+
+def _line(where: str | None) -> int | None:
+    if not where or ":" not in where:
+        return None
+    tail = where.rsplit(":", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+def step_stage(ctx) -> Iterable[Finding]:
+    """doctor stage: :func:`check_step` on the first train batch (option ``step_calls``, default 3)."""
+    return check_step(ctx.adapted, ctx.batch, key=ctx.key, calls=int(ctx.option("step_calls", 3)))

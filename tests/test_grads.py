@@ -1,0 +1,253 @@
+"""Gradient checks: wrong custom_vjp rules, stop_gradient and unused parameters are named by leaf;
+correct programs (NNX, linen, pure optax; BatchNorm, dropout, a correct custom_vjp) stay silent."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxsane
+from jaxsane import check_grads
+from jaxsane.examples import load
+from jaxsane.testing import assert_grads_match
+
+X = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+Y = (np.arange(8) % 3).astype(np.int32)
+
+
+def _mlp_params(seed=0):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {"l1": {"w": jax.random.normal(k1, (5, 6)) * 0.5, "b": jnp.zeros(6) + 0.1},
+            "l2": {"w": jax.random.normal(k2, (6, 3)) * 0.5, "b": jnp.zeros(3)}}
+
+
+def _tanh_vjp(bug):
+    """tanh with a hand-written VJP; ``bug`` plants one classic mistake."""
+
+    @jax.custom_vjp
+    def act(x):
+        return jnp.tanh(x)
+
+    def fwd(x):
+        y = jnp.tanh(x)
+        return y, (x if bug == "residual" else y)  # BUG("residual"): saves the input, bwd expects the output
+
+    def bwd(r, g):
+        if bug == "sign":
+            return (-(1 - r ** 2) * g,)  # BUG: wrong sign
+        if bug == "factor":
+            return ((1 - r ** 2),)  # BUG: the cotangent g is dropped
+        return ((1 - r ** 2) * g,)
+
+    act.defvjp(fwd, bwd)
+    return act
+
+
+def _loss_with(act):
+    def loss(params, batch):
+        h = act(batch["x"] @ params["l1"]["w"] + params["l1"]["b"])
+        logits = h @ params["l2"]["w"] + params["l2"]["b"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss
+
+
+@pytest.mark.parametrize("bug", ["sign", "factor", "residual"])
+def test_wrong_custom_vjp_is_named_by_leaf(bug):
+    findings = check_grads(_loss_with(_tanh_vjp(bug)), _mlp_params(), {"x": X, "y": Y})
+    mismatched = {f.path for f in findings if f.code == "grad.mismatch"}
+    # the custom_vjp sits between layer 1 and layer 2: layer 1's leaves are wrong, layer 2's are right
+    assert mismatched == {"params['l1']['w']", "params['l1']['b']"}, findings
+    f = next(f for f in findings if f.path == "params['l1']['w']")
+    assert f.severity == "error" and "relative error" in f.message and "rtol=" in f.message
+    assert f.extra["relative_error"] > f.extra["rtol"]
+    assert f.extra["compute_dtype"] == "float64"
+    assert "custom_vjp" in f.hint
+
+
+def test_correct_custom_vjp_and_x64_stays_scoped():
+    assert not jax.config.jax_enable_x64
+    assert check_grads(_loss_with(_tanh_vjp(None)), _mlp_params(), {"x": X, "y": Y}) == []
+    assert not jax.config.jax_enable_x64
+    assert jnp.asarray(1.0).dtype == jnp.float32
+
+
+def test_wrong_custom_jvp_caught_in_forward_mode_alone():
+    @jax.custom_jvp
+    def softplus(x):
+        return jnp.logaddexp(x, 0.0)
+
+    @softplus.defjvp
+    def softplus_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return softplus(x), jax.nn.sigmoid(x) * t * 2.0  # BUG: factor 2
+
+    def loss(params, x):
+        return jnp.sum(softplus(x @ params["w"]))
+
+    params = {"w": jnp.ones((5, 2)) * 0.3}
+    findings = check_grads(loss, params, X, modes=("fwd",))
+    assert [f.path for f in findings if f.code == "grad.mismatch"] == ["params['w']"]
+    assert findings[0].extra["modes"] == ["fwd"]
+
+
+def test_stop_gradient_on_a_linen_layer_is_grad_missing():
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = jax.lax.stop_gradient(nn.relu(nn.Dense(6, name="encoder")(x)))  # BUG
+            return nn.Dense(3, name="head")(h)
+
+    model = Net()
+    params = model.init(jax.random.key(0), X)["params"]
+
+    def loss(p, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, batch["x"]),
+                                                               batch["y"]).mean()
+
+    findings = check_grads(loss, params, {"x": X, "y": Y})
+    missing = {f.path: f for f in findings if f.code == "grad.missing"}
+    assert set(missing) == {"params['encoder']['kernel']", "params['encoder']['bias']"}
+    assert missing["params['encoder']['kernel']"].extra["depends"] is True
+    assert "stop_gradient" in missing["params['encoder']['kernel']"].hint
+    assert not [f for f in findings if f.code == "grad.mismatch"]
+
+
+class _NNXNet(nnx.Module):
+    def __init__(self, rngs, use_extra=True, bn=False, dropout=False):
+        self.l1 = nnx.Linear(5, 6, rngs=rngs)
+        self.extra = nnx.Linear(6, 6, rngs=rngs)
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+        self.use_extra = use_extra
+        self.bn = nnx.BatchNorm(6, rngs=rngs) if bn else None
+        self.drop = nnx.Dropout(0.3, rngs=rngs) if dropout else None
+
+    def __call__(self, x):
+        h = self.l1(x)
+        if self.bn is not None:
+            h = self.bn(h)
+        h = nnx.tanh(h)
+        if self.use_extra:
+            h = nnx.tanh(self.extra(h))
+        if self.drop is not None:
+            h = self.drop(h)
+        return self.out(h)
+
+
+def _nnx_experiment(**kw):
+    def init(key):
+        model = _NNXNet(nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)), **kw)
+        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    def loss(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    @nnx.jit
+    def step(model, optimizer, batch):
+        value, grads = nnx.value_and_grad(loss)(model, batch)
+        optimizer.update(model, grads)
+        return value
+
+    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, loss=loss,
+                              apply=lambda m, x: m(x), num_classes=3, name="nnx-test")
+
+
+def test_unused_nnx_layer_is_grad_missing_from_doctor():
+    diagnosis = jaxsane.doctor(_nnx_experiment(use_extra=False), stages=["grads"], progress=False)
+    missing = [f for f in diagnosis if f.code == "grad.missing"]
+    assert {f.path for f in missing} == {"params['extra']['kernel']", "params['extra']['bias']"}
+    assert all(f.extra["depends"] is False for f in missing)
+    assert "unused" in missing[0].hint
+
+
+def test_clean_nnx_with_batchnorm_and_dropout_is_silent():
+    diagnosis = jaxsane.doctor(_nnx_experiment(bn=True, dropout=True), stages=["grads"], progress=False)
+    assert not diagnosis.by_code("grad"), diagnosis
+    assert not diagnosis.by_code("doctor"), diagnosis
+
+
+def test_clean_linen_batchnorm_train_mode_is_silent():
+    class BNNet(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            h = nn.Dense(6)(x)
+            h = nn.BatchNorm(use_running_average=not train)(h)
+            return nn.Dense(3)(nn.relu(h))
+
+    model = BNNet()
+    variables = model.init(jax.random.key(0), X, train=False)
+
+    def loss(params, batch):
+        logits, _ = model.apply({"params": params, "batch_stats": variables["batch_stats"]}, batch["x"],
+                                train=True, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    findings = check_grads(loss, variables["params"], {"x": X, "y": Y})
+    # the Dense bias before BatchNorm is cancelled by the batch mean: its gradient is ~0 but not
+    # identically 0, and finite differences agree
+    assert findings == []
+
+
+@pytest.mark.parametrize("name", ["digits_optax", "digits_linen", "digits_nnx"])
+def test_doctor_model_and_step_stages_silent_on_examples(name):
+    """The bundled healthy programs: no finding at all from the init/grads/step/batch stages."""
+    diagnosis = jaxsane.doctor(load(name), stages=["init", "grads", "step", "batch"], progress=False)
+    assert list(diagnosis) == [], diagnosis
+    assert [layer["name"] for layer in diagnosis.artifacts["init_activations"]][-1].endswith(
+        ("[2]", "['Dense_2']", "['out']"))
+
+
+def test_bfloat16_params_are_upcast():
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _mlp_params())
+    loss = _loss_with(jnp.tanh)
+    assert check_grads(loss, params, {"x": X.astype(jnp.bfloat16), "y": Y}) == []
+    bad = check_grads(_loss_with(_tanh_vjp("sign")), params, {"x": X, "y": Y})
+    assert {f.path for f in bad} == {"params['l1']['w']", "params['l1']['b']"}
+
+
+def test_low_precision_compute_uses_its_dtype_tolerance():
+    def loss(params, batch):  # computes in float32 whatever the parameters' dtype
+        p = jax.tree.map(lambda a: a.astype(jnp.float32), params)
+        h = jnp.tanh(batch["x"].astype(jnp.float32) @ p["l1"]["w"] + p["l1"]["b"])
+        return jnp.mean(jnp.tanh(h @ p["l2"]["w"] + p["l2"]["b"]))
+
+    params = _mlp_params()
+    assert check_grads(loss, params, {"x": X, "y": Y}) == []
+    bad = check_grads(lambda p, b: loss(p, b) + jnp.sum(_tanh_vjp("sign")(p["l1"]["b"])), params, {"x": X, "y": Y})
+    assert [f.path for f in bad] == ["params['l1']['b']"] and bad[0].extra["compute_dtype"] == "float32"
+
+
+def test_order_two_and_non_scalar_output():
+    def f(params, x):
+        return jnp.tanh(x @ params["w"])  # (8, 2) output: projected on a random cotangent
+
+    assert check_grads(f, {"w": jnp.ones((5, 2)) * 0.2}, X, order=2) == []
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(jaxsane.JaxsaneError, match="order must be >= 1"):
+        check_grads(lambda p: jnp.sum(p), jnp.ones(3), order=0)
+    with pytest.raises(jaxsane.JaxsaneError, match="modes"):
+        check_grads(lambda p: jnp.sum(p), jnp.ones(3), modes=("sideways",))
+    with pytest.raises(jaxsane.JaxsaneError, match="failed"):
+        check_grads(lambda p, x: p @ x, jnp.ones(3), jnp.ones(4))
+
+
+def test_assert_grads_match():
+    assert_grads_match(_loss_with(_tanh_vjp(None)), _mlp_params(), {"x": X, "y": Y})
+    with pytest.raises(jaxsane.GradCheckError, match=r"params\['l1'\]\['w'\]") as info:
+        assert_grads_match(_loss_with(_tanh_vjp("sign")), _mlp_params(), {"x": X, "y": Y})
+    assert {f.code for f in info.value.findings} == {"grad.mismatch"}
+    with pytest.raises(AssertionError):  # GradCheckError is an AssertionError, as pytest expects
+        assert_grads_match(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((5, 2)), "unused": jnp.ones(2)}, X)
+    assert_grads_match(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((5, 2)), "unused": jnp.ones(2)}, X,
+                       allow_missing=True)
+
+
+def test_grads_stage_skipped_without_loss():
+    exp = load("digits_optax")
+    exp = jaxsane.Experiment(init=exp.init, step=exp.step, train=exp.train, apply=exp.apply, num_classes=10)
+    diagnosis = jaxsane.doctor(exp, stages=["grads"], progress=False)
+    assert diagnosis.codes == ["doctor.skipped"] and diagnosis[0].severity == "info"

@@ -1,0 +1,155 @@
+"""Init checks: per-layer activation statistics read from the jaxpr (NNX, linen, plain functions),
+init.scale through depth and saturation, init.symmetric units, init.loss."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxsane
+from jaxsane import activation_stats, check_init
+from jaxsane._experiment import Adapted
+from jaxsane.testing import CheckFailed, assert_init_ok
+
+X = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)
+Y = (np.arange(32) % 4).astype(np.int32)
+
+
+def _mlp(key, sizes, scale, act=jax.nn.relu):
+    """A plain-function MLP; ``scale(fan_in)`` is the std of the weights."""
+    params = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        key, sub = jax.random.split(key)
+        params.append({"w": jax.random.normal(sub, (n_in, n_out)) * scale(n_in), "b": jnp.zeros(n_out)})
+
+    def apply(params, x):
+        for layer in params[:-1]:
+            x = act(x @ layer["w"] + layer["b"])
+        return x @ params[-1]["w"] + params[-1]["b"]
+
+    return params, apply
+
+
+def test_stats_name_layers_and_the_output_layer():
+    params, apply = _mlp(jax.random.key(0), (16, 32, 32, 4), lambda n: np.sqrt(2.0 / n))
+    layers = activation_stats(apply, params, X)
+    assert [l.name for l in layers] == ["params[0]", "params[1]", "params[2]"]
+    assert [l.activation for l in layers] == ["relu", "relu", None]
+    assert [l.is_output for l in layers] == [False, False, True]
+    assert layers[0].units == 32 and layers[0].shape == (32, 32)
+    assert 0.3 < layers[0].act_frac_zero < 0.7  # ReLU at init: about half the units off
+    assert layers[0].location.endswith(f"test_init.py:{_mlp.__code__.co_firstlineno + 9}")  # the `x @ w + b` line
+    assert check_init(apply, params, X, Y) == []
+
+
+def test_exploding_init_is_init_scale_with_the_layer():
+    params, apply = _mlp(jax.random.key(0), (16, 64, 64, 64, 4), lambda n: 1.0)  # BUG: std 1, not sqrt(2/n)
+    findings = [f for f in check_init(apply, params, X) if f.code == "init.scale"]
+    assert len(findings) == 1
+    assert "grows" in findings[0].message and findings[0].path == "params[1]"
+    assert findings[0].extra["ratio"] > 10 and "he_normal" in findings[0].hint
+
+
+def test_vanishing_init_is_init_scale():
+    params, apply = _mlp(jax.random.key(0), (16, 64, 64, 64, 4), lambda n: 0.01)  # BUG: tiny constant std
+    findings = [f for f in check_init(apply, params, X) if f.code == "init.scale"]
+    assert len(findings) == 1 and "shrinks" in findings[0].message
+
+
+def test_saturated_tanh_is_init_scale():
+    params, apply = _mlp(jax.random.key(0), (16, 32, 4), lambda n: 3.0, act=jnp.tanh)  # BUG: huge for tanh
+    findings = [f for f in check_init(apply, params, X) if f.code == "init.scale"]
+    assert len(findings) == 1 and "saturated" in findings[0].message and findings[0].path == "params[0]"
+
+
+def test_lecun_relu_drift_is_not_flagged():
+    """Flax's default lecun_normal halves the variance per ReLU layer: a slow drift, not a bug."""
+    params, apply = _mlp(jax.random.key(1), (16, 64, 64, 64, 64, 4), lambda n: np.sqrt(1.0 / n))
+    assert [f for f in check_init(apply, params, X) if f.code == "init.scale"] == []
+
+
+class _ConstNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.Dense(16, kernel_init=nn.initializers.constant(0.1))(x))  # BUG: constant init
+        return nn.Dense(4, kernel_init=nn.initializers.zeros)(h)  # fine: zero-init head is common
+
+
+def test_constant_linen_init_is_symmetric_and_zero_head_is_exempt():
+    model = _ConstNet()
+    params = model.init(jax.random.key(0), X)["params"]
+    apply = lambda p, x: model.apply({"params": p}, x)
+    findings = check_init(apply, params, X)
+    assert [(f.code, f.path) for f in findings] == [("init.symmetric", "params['Dense_0']")]
+    assert findings[0].severity == "error" and findings[0].file.endswith("test_init.py")
+    with pytest.raises(CheckFailed, match="init.symmetric"):
+        assert_init_ok(apply, params, X)
+
+
+class _ZeroHidden(nnx.Module):
+    def __init__(self, rngs):
+        self.hidden = nnx.Linear(16, 8, kernel_init=nnx.initializers.zeros, rngs=rngs)  # BUG: zero init
+        self.out = nnx.Linear(8, 4, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.tanh(self.hidden(x)))
+
+
+def _nnx_experiment(module):
+    def init(key):
+        model = module(nnx.Rngs(params=key))
+        return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer, batch):
+        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(batch["x"]), batch["y"]).mean()
+        value, grads = nnx.value_and_grad(loss)(model)
+        optimizer.update(model, grads)
+        return value
+
+    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=lambda m, x: m(x),
+                              num_classes=4)
+
+
+def test_zero_init_nnx_layer_is_symmetric_in_doctor():
+    diagnosis = jaxsane.doctor(_nnx_experiment(_ZeroHidden), stages=["init"], progress=False)
+    symmetric = diagnosis.by_code("init.symmetric")
+    assert [f.path for f in symmetric] == ["params['hidden']"]
+    assert "random" in symmetric[0].hint
+    layers = diagnosis.artifacts["init_activations"]
+    assert [l["name"] for l in layers] == ["params['hidden']", "params['out']"]
+    assert layers[0]["activation"] == "tanh"
+
+
+def test_conv_layers_are_found():
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.gelu(nn.Conv(4, (3, 3))(x))
+            return nn.Dense(2)(x.reshape(x.shape[0], -1))
+
+    x = np.random.default_rng(1).normal(size=(4, 6, 6, 1)).astype(np.float32)
+    model = CNN()
+    params = model.init(jax.random.key(0), x)["params"]
+    layers = activation_stats(lambda p, x: model.apply({"params": p}, x), params, x)
+    assert [(l.kind, l.name, l.activation, l.units) for l in layers] == [
+        ("conv", "params['Conv_0']", "gelu", 4), ("dense", "params['Dense_0']", None, 2)]
+    assert layers[0].symmetry > 1e-3
+
+
+def test_overconfident_logits_are_init_loss():
+    params, apply = _mlp(jax.random.key(0), (16, 32, 4), lambda n: np.sqrt(2.0 / n))
+    params[-1]["w"] = params[-1]["w"] * 100.0  # BUG: huge last layer
+    findings = check_init(apply, params, X, Y)
+    assert [f.code for f in findings] == ["init.loss"]
+
+
+def test_init_stage_needs_apply_for_activations():
+    exp = _nnx_experiment(_ZeroHidden)
+    exp = jaxsane.Experiment(init=exp.init, step=exp.step, train=exp.train, num_classes=4)
+    diagnosis = jaxsane.doctor(exp, stages=["init"], progress=False)
+    assert any(f.code == "doctor.skipped" and "activation" in f.message for f in diagnosis)
+    assert not diagnosis.by_code("init.symmetric")
