@@ -174,6 +174,9 @@ class Guarded:
             objs = tuple(args[i] for i in positions)
             graphdef, nnx_state = _nnx().split(objs)
             layout = (graphdef, positions)
+        # nnx.split's state refers to the live variables, which nnx.update below overwrites: keep the
+        # input values now (a list of immutable arrays) for dumps and locate.
+        nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
         plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
         out, new_nnx_state, flags = self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs, plan)
         replica = None
@@ -185,7 +188,6 @@ class Guarded:
             _nnx().update(objs, new_nnx_state)
         kept = None
         if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
-            nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions else None
             kept = _Call(positions, nnx_in, plain, kwargs, new_nnx_state, out, layout[0] if layout else None)
         self._pending.append(_Pending(self.step_count, flags, kept, replica))
         self.step_count += 1
@@ -353,6 +355,7 @@ class Guarded:
             code = getattr(origin, "code", code)
             file, line = getattr(origin, "file", None), getattr(origin, "line", None)
             hint = getattr(origin, "fix", None) or hint
+            message += f"; origin: {origin.summary()}"
         dump_path = None
         if self.dump_dir and host_inputs is not None:
             from ._dump import save_dump

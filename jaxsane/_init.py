@@ -220,7 +220,8 @@ _ACTIVATION_PRIMS = {"tanh": "tanh", "logistic": "sigmoid", "erf": "erf", "max":
 _BOUNDED = {"tanh": (-1.0, 1.0), "sigmoid": (0.0, 1.0), "hard_tanh": (-1.0, 1.0), "hard_sigmoid": (0.0, 1.0),
             "erf": (-1.0, 1.0), "soft_sign": (-1.0, 1.0)}
 _PASS_LAYER = {"add", "sub", "mul", "div", "neg", "broadcast_in_dim", "reshape", "convert_element_type",
-               "transpose", "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "select_n", "add_any"}
+               "transpose", "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "select_n", "add_any",
+               "integer_pow", "square", "pow"}
 _PASS_PARAM = {"convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
                "copy", "copy_p", "reduce_precision"}
 
@@ -323,14 +324,20 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
         meta.clear()
 
         def hook(eqn, invals, in_tags):
+            # tags: ("param", path) | ("layer", k) = layer k's output (+ bias, reshapes...) |
+            # ("act", k, name) = layer k's output after a nonlinearity
             name = eqn.primitive.name
-            layer_in = [t[1] for t in in_tags if t is not None and t[0] == "layer"]
+            derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
             if name in ("dot_general", "conv_general_dilated"):
                 outs = bind_eqn(eqn, invals)
                 sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
                 if not sides:
                     return outs, [None]
                 side = 1 if 1 in sides else sides[0]
+                feeding = in_tags[1 - side]
+                if feeding is not None and feeding[0] in ("layer", "act") and feeding[1] not in act:
+                    # what enters this layer is the previous layer's activation
+                    act[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, invals[1 - side])
                 k = len(pre)
                 pre.append(outs[0])
                 meta.append({"name": _layer_name(_display(in_tags[side][1])),
@@ -339,36 +346,38 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
                              "shape": tuple(eqn.outvars[0].aval.shape),
                              "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
                 return outs, [("layer", k)]
-            if not layer_in:
+            if not derived:
                 if name in _PASS_PARAM:
                     params_in = [t for t in in_tags if t is not None and t[0] == "param"]
                     if len(params_in) == 1:
                         outs = bind_eqn(eqn, invals)
                         return outs, [params_in[0]] * len(outs)
                 return None
-            k = max(layer_in)
-            act_name = None
+            k = max(t[1] for t in derived)
+            acts = [t for t in derived if t[0] == "act" and t[1] == k]
             if name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
-                act_name = eqn.params["name"]
                 sub = sub_jaxpr(eqn)
                 outs = interpret(sub[0], sub[1], invals, hook)[0] if sub is not None else bind_eqn(eqn, invals)
-            elif name in _ACTIVATION_PRIMS:
+                return outs, [("act", k, acts[0][2] if acts else eqn.params["name"])] * len(outs)
+            if name in _ACTIVATION_PRIMS:
                 if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval")
                                              for v in eqn.invars):
                     return None
-                act_name = _ACTIVATION_PRIMS[name]
                 outs = bind_eqn(eqn, invals)
-            elif name in _PASS_LAYER:
+                return outs, [("act", k, acts[0][2] if acts else _ACTIVATION_PRIMS[name])] * len(outs)
+            if name in _PASS_LAYER:
                 outs = bind_eqn(eqn, invals)
-                return outs, [("layer", k)] * len(outs)
-            else:
-                return None
-            if k not in act:
-                act[k] = (act_name, outs[0])
-            return outs, [None] * len(outs)
+                if acts and name == "mul" and any(t[0] == "layer" and t[1] == k for t in derived):
+                    tag = ("act", k, "gated")  # x * f(x): inlined gelu, swish, mish — unbounded
+                elif acts:
+                    tag = acts[0]
+                else:
+                    tag = ("layer", k)
+                return outs, [tag] * len(outs)
+            return None
 
         outs, out_tags = interpret(closed.jaxpr, closed.consts, flat, hook, tags0)
-        output_layers = {t[1] for t in out_tags if t is not None and t[0] == "layer"}
+        output_layers = {t[1] for t in out_tags if t is not None and t[0] in ("layer", "act")}
         results = []
         for k, x in enumerate(pre):
             meta[k]["activation"] = act[k][0] if k in act else None

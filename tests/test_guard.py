@@ -202,3 +202,20 @@ def test_bad_policy_and_step():
         jaxsane.guard(optax_step, on_nonfinite="ignore")
     with pytest.raises(TypeError, match=r"\[jaxsane\] guard needs a callable"):
         jaxsane.guard(None)
+
+
+def test_nnx_failure_keeps_the_input_state_for_dump(tmp_path):
+    model, optimizer = nnx_init(jax.random.key(0))
+
+    @nnx.jit
+    def poison(model, optimizer, b):
+        model.l1.kernel.value = model.l1.kernel.value * jnp.nan
+        return jnp.sum(b["x"])
+
+    before = jax.tree.map(np.array, jax.tree.leaves(nnx.state(model)))
+    guarded = jaxsane.guard(poison, sync=True, locate=False, dump_dir=str(tmp_path))
+    with pytest.raises(jaxsane.NonFiniteError) as info:
+        guarded(model, optimizer, batch())
+    dumped_model = info.value.inputs[0][0]
+    assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(dumped_model)))
+    assert jaxsane.load_dump(info.value.dump_path).step == 0

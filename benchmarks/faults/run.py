@@ -14,7 +14,7 @@ whether the file:line of a nonfinite finding is the marked line, doctor's time, 
 detection rate (every expected code found), line-exact rate, false-positive rate (error findings on
 correct programs), mean time per program.
 
-    python benchmarks/faults/run.py [--full] [--no-baselines] [--only f01,c02] [--json out.json]
+    python benchmarks/faults/run.py [--full] [--no-baselines] [--only f01,c02] [--json F] [--markdown F]
 
 ``--full`` runs every doctor stage on every program (as a user who does not know the bug would);
 by default each program runs only the stages it declares. Timings are wall clock on whatever
@@ -272,12 +272,33 @@ def print_totals(t: dict) -> None:
         print(f"false positives: {t['false_positives']}")
 
 
+def markdown(rows: list[Row], t: dict) -> str:
+    """The results as a markdown table with the totals underneath (for benchmarks/README.md)."""
+    def pct(d):
+        return f"{d['n']}/{d['of']} ({100 * d['rate']:.0f}%)" if d["of"] else "n/a"
+
+    lines = ["| program | expected | found (errors, warnings) | detected | line-exact | time (s) | debug_nans | "
+             "checkify |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        det = ("false positive" if r.errors else "quiet") if r.correct else ("yes" if r.detected else "**no**")
+        lines.append(f"| {r.name} | {', '.join(r.expected) or '(correct)'} | {', '.join(r.found) or '-'} | {det} | "
+                     f"{_fmt_bool(r.line_exact)} | {r.seconds:.1f} | {r.debug_nans} | {r.checkify} |")
+    lines += ["", f"- detection: {pct(t['detection'])} of faulty programs; line-exact: {pct(t['line_exact'])}; "
+              f"false positives: {pct(t['false_positive'])} of correct programs; mean doctor time "
+              f"{t['mean_seconds']:.1f} s per program",
+              f"- jax_debug_nans: caught {pct(t['debug_nans_detection'])} faulty programs, raised on "
+              f"{pct(t['debug_nans_false_positive'])} correct ones; checkify(float_checks): caught "
+              f"{pct(t['checkify_detection'])}, raised on {pct(t['checkify_false_positive'])}"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="run every doctor stage on every program")
     parser.add_argument("--no-baselines", action="store_true", help="skip jax_debug_nans and checkify")
     parser.add_argument("--only", default="", help="comma-separated program name prefixes (e.g. f01,c02)")
     parser.add_argument("--json", default="", help="write the rows and totals to this JSON file")
+    parser.add_argument("--markdown", default="", help="write the results as a markdown table to this file")
     args = parser.parse_args(argv)
     names = discover()
     if args.only:
@@ -290,6 +311,8 @@ def main(argv=None) -> int:
     print_table(rows)
     t = totals(rows)
     print_totals(t)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows, t))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [dataclasses.asdict(r) for r in rows], "totals": t},
                                               indent=1, default=str))
