@@ -7,7 +7,8 @@
               host sync; the loop with float(loss) per step is shown too).
 
 Every way starts from fresh init states and ends with the losses on the host; times include
-compilation, as a user running the sweep once sees them. Medians over interleaved repetitions.
+compilation, as a user running the sweep once sees them (the compile part is also shown on its own).
+One untimed warm-up of every way first; then medians over interleaved repetitions.
 Prints a table; asserts nothing about time.
 
     .venv/bin/python benchmarks/overfit_sweep.py [--steps 2000] [--hidden 32] [--reps 3]
@@ -87,7 +88,7 @@ def init_state(adapted, seed, lr):
 def run_vmapped(exp, batch, steps):
     result = jaxsane.overfit(exp, batch, seeds=len(SEEDS), learning_rates=LRS, steps=steps, early_exit=False)
     assert len(result.configs) == 16 and result.losses.shape == (16, steps)
-    return result.losses, result.compiles
+    return result.losses, result.compiles, result.compile_seconds
 
 
 def run_sequential(exp, batch, steps):
@@ -101,9 +102,13 @@ def run_sequential(exp, batch, steps):
             return s, m["loss"]
         return jax.lax.scan(body, state, None, length=steps)[1]
 
-    scan = jax.jit(scan, donate_argnums=(0,))
-    losses = [scan(init_state(adapted, seed, lr), b) for seed, lr, b in configurations(adapted, batch)]
-    return np.stack([np.asarray(l) for l in losses]), traces[0]
+    configs = configurations(adapted, batch)
+    start = time.perf_counter()
+    first = init_state(adapted, *configs[0][:2])
+    scan = jax.jit(scan, donate_argnums=(0,)).lower(first, configs[0][2]).compile()
+    compile_s = time.perf_counter() - start
+    losses = [scan(init_state(adapted, seed, lr), b) for seed, lr, b in configs]
+    return np.stack([np.asarray(l) for l in losses]), traces[0], compile_s
 
 
 def run_loop(exp, batch, steps, sync=False):
@@ -114,9 +119,12 @@ def run_loop(exp, batch, steps, sync=False):
         traces[0] += 1
         return adapted.step(state, b)
 
-    step = jax.jit(step, donate_argnums=(0,))
+    configs = configurations(adapted, batch)
+    start = time.perf_counter()
+    step = jax.jit(step, donate_argnums=(0,)).lower(init_state(adapted, *configs[0][:2]), configs[0][2]).compile()
+    compile_s = time.perf_counter() - start
     all_losses = []
-    for seed, lr, b in configurations(adapted, batch):
+    for seed, lr, b in configs:
         state = init_state(adapted, seed, lr)
         b = jax.tree_util.tree_map(jnp.asarray, b)
         losses = []
@@ -124,7 +132,7 @@ def run_loop(exp, batch, steps, sync=False):
             state, metrics = step(state, b)
             losses.append(float(metrics["loss"]) if sync else metrics["loss"])
         all_losses.append(np.asarray(jnp.stack(losses)) if not sync else np.asarray(losses))
-    return np.stack(all_losses), traces[0]
+    return np.stack(all_losses), traces[0], compile_s
 
 
 def main():
@@ -141,23 +149,31 @@ def main():
             "python loop": lambda: run_loop(exp, batch, args.steps),
             "python loop + float(loss)": lambda: run_loop(exp, batch, args.steps, sync=True)}
     times = {k: [] for k in ways}
+    compile_times = {k: [] for k in ways}
     compiles = {}
     losses = {}
+    run_vmapped(exp, batch, 25), run_sequential(exp, batch, 25), run_loop(exp, batch, 2)  # warm eager ops (init)
     for _ in range(args.reps):  # interleaved: A, B, C, D, A, B, C, D, ...
         for name, fn in ways.items():
             start = time.perf_counter()
-            losses[name], compiles[name] = fn()
+            losses[name], compiles[name], compile_s = fn()
             times[name].append(time.perf_counter() - start)
+            compile_times[name].append(compile_s)
     ref = losses["sequential scans"]
     print(f"overfit sweep, K=16 configurations x {args.steps} steps, MLP 64-{args.hidden}-{args.hidden}-10, "
           f"batch {args.batch}, {jax.default_backend()} ({jax.devices()[0].device_kind}), "
           f"{platform.python_version()}, jax {jax.__version__}; median of {args.reps} interleaved runs")
-    print(f"{'way':28} {'wall s':>8} {'compiles':>9} {'vmapped speed-up':>17} {'max |loss - seq|':>17}")
+    print(f"{'way':28} {'wall s':>8} {'compiles':>9} {'compile s':>10} {'wall - compile':>15} "
+          f"{'vmapped speed-up':>17} {'(excl. compile)':>16} {'max |loss - seq|':>17}")
     vm = statistics.median(times["vmapped"])
+    vm_run = statistics.median([t - c for t, c in zip(times["vmapped"], compile_times["vmapped"])])
     for name in ways:
         t = statistics.median(times[name])
+        c = statistics.median(compile_times[name])
+        run = statistics.median([a - b for a, b in zip(times[name], compile_times[name])])
         diff = float(np.nanmax(np.abs(losses[name] - ref)))
-        print(f"{name:28} {t:8.2f} {compiles[name]:9d} {t / vm:16.2f}x {diff:17.2e}")
+        print(f"{name:28} {t:8.2f} {compiles[name]:9d} {c:10.2f} {run:15.2f} {t / vm:16.2f}x {run / vm_run:15.2f}x "
+              f"{diff:17.2e}")
     print("all runs (s): " + "; ".join(f"{k}: {', '.join(f'{t:.2f}' for t in v)}" for k, v in times.items()))
 
 

@@ -330,7 +330,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         checkpoint_every: int = 100, keep: int = 3, resume: bool = True, key: jax.Array | None = None,
         on_nonfinite: str = "rollback", max_rollbacks: int = 3, patience: int | None = None,
         min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int = 10, dead_every: int = 50,
-        log_every: int = 50, metrics_path: str | None = None, tensorboard_dir: str | None = None,
+        log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None) -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
@@ -416,7 +416,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         open(metrics_path, "w").close()
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history)
 
-    guarded = guard(monitor.step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
+    guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = _Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None

@@ -78,6 +78,7 @@ class InitScaleSweep:
             axes[1].plot(depth, self.gradient_std[s], marker="o", color=colour, label=f"x{scale:g}")
         for ax, title in zip(axes, ["activation std (layer output)", "gradient std (d loss / d output)"]):
             ax.set_xlabel("layer (depth)")
+            ax.set_xticks(depth)
             ax.set_title(title, fontsize=10)
             values = self.activation_std if ax is axes[0] else self.gradient_std
             if np.any(np.isfinite(values) & (values > 0)):

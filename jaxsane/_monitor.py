@@ -1,7 +1,7 @@
 """The training monitor: telemetry computed inside the compiled step, and the ``train.*`` detectors.
 
-``Monitor(adapted)`` wraps an :class:`~jaxsane._experiment.Adapted` step into one jitted function
-``monitored_step(state, batch, mode) -> (state, metrics)`` where ``mode`` is static:
+``Monitor(adapted)`` wraps an :class:`~jaxsane._experiment.Adapted` step into
+``monitor.step(state, batch, mode) -> (state, metrics)``, one compiled program per ``mode``:
 
 * ``0`` — the bare step (most steps: no extra work at all);
 * ``1`` — plus telemetry in ``metrics["telemetry"]``: per-leaf parameter norm, update norm
@@ -23,6 +23,7 @@ AUTOTRAINER (ICSE 2021) and DeepDiagnosis (ICSE 2022) where those publish one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -289,8 +290,9 @@ class Monitor:
       log_every: move queued telemetry to the host every this many recorded steps.
       lag: when pulling, leave this many newest steps queued so the host never waits for running steps.
 
-    Not jit-safe to construct; :attr:`step` is a jitted function ``(state, batch, mode) -> (state, metrics)``
-    with a static ``mode`` (see :meth:`mode_for`).
+    Not jit-safe to construct. :meth:`step` ``(state, batch, mode) -> (state, metrics)`` dispatches to one
+    jitted program per ``mode`` (see :meth:`mode_for`); :attr:`compiled_step` is the same as one jitted
+    function with a static ``mode`` (what :func:`jaxsane.fit` wraps in :func:`jaxsane.guard`).
 
     Example:
       >>> from jaxsane.examples import load
@@ -305,7 +307,7 @@ class Monitor:
     """
 
     def __init__(self, adapted: Adapted, *, every: int = 10, dead_every: int = 50, grads: bool = True,
-                 log_every: int = 50, lag: int = 2):
+                 log_every: int = 100, lag: int = 2):
         if every < 1 or log_every < 1 or dead_every < 0 or lag < 0:
             raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1, dead_every >= 0 and lag >= 0.")
         self.lag = int(lag)
@@ -316,7 +318,17 @@ class Monitor:
         self.history = History()
         self._pending: list[tuple[int, dict]] = []
         self._layout_done = False
-        self.step = jax.jit(self._monitored_step, static_argnums=(2,))
+        # one jitted function per mode (the bare one is the user's step itself), so that a call
+        # costs exactly a plain jit dispatch; compiled_step takes the mode as a static argument
+        # for wrappers such as guard that need one callable.
+        self._jitted = {MODE_BARE: jax.jit(adapted.step),
+                        MODE_NORMS: jax.jit(functools.partial(self._monitored_step, mode=MODE_NORMS)),
+                        MODE_FULL: jax.jit(functools.partial(self._monitored_step, mode=MODE_FULL))}
+        self.compiled_step = jax.jit(self._monitored_step, static_argnums=(2,))
+
+    def step(self, state: PyTree, batch: PyTree, mode: int = MODE_NORMS) -> tuple[PyTree, dict]:
+        """Run the monitored step in ``mode`` (see :meth:`mode_for`). Jitted per mode; call it outside jit."""
+        return self._jitted[mode](state, batch)
 
     # ------------------------------------------------------------------ in-graph
     def _monitored_step(self, state: PyTree, batch: PyTree, mode: int = MODE_NORMS):

@@ -30,7 +30,6 @@ from ._findings import Finding
 from ._tree import is_inexact, path_str
 
 PyTree = Any
-_COMPILER_OPTIONS: dict = {}
 
 
 class OverfitConfig(NamedTuple):
@@ -517,7 +516,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         args = (states, batches, lr_values, scale_values)
-        compiled = jax.jit(run, donate_argnums=(0,)).lower(*args).compile(_COMPILER_OPTIONS or None)
+        compiled = jax.jit(run, donate_argnums=(0,)).lower(*args).compile()
         compile_seconds = time.perf_counter() - start
         del states
         i, losses, acc, reached_at = compiled(*args)

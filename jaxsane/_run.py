@@ -31,7 +31,7 @@ def run_stage(ctx) -> Iterable[Finding]:
     adapted = ctx.adapted
     state = adapted.init(ctx.key)
     monitor = Monitor(adapted, every=1, dead_every=int(ctx.option("run_dead_every", 5)), log_every=max(1, steps))
-    guarded = guard(monitor.step, on_nonfinite="raise")
+    guarded = guard(monitor.compiled_step, on_nonfinite="raise")
     eval_loss = None
     if ctx.eval_batch is not None and adapted.loss_fn is not None and eval_every > 0:
         eval_loss = jax.jit(adapted.loss_fn)

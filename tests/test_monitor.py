@@ -97,7 +97,8 @@ def test_monitor_compiles_each_mode_once():
     state = adapted.init(jax.random.key(0))
     for i, batch in enumerate(iter_batches(exp.train, 4)):
         state, _ = mon.step(state, batch, mon.mode_for(i))
-    assert mon.step._cache_size() == 2  # MODE_FULL and MODE_NORMS, each traced once
+    assert mon._jitted[MODE_FULL]._cache_size() == 1 and mon._jitted[MODE_NORMS]._cache_size() == 1
+    assert mon._jitted[MODE_BARE]._cache_size() == 0    # dead_every=2, every=1: never bare
 
 
 def test_relu_capture_and_depth_order():

@@ -1,4 +1,4 @@
-"""Learning rate far too low: Adam with lr=1e-7 (a schedule's final value used as the peak).
+"""Learning rate far too low: full-batch Adam with lr=1e-7 (a schedule's final value used as the peak).
 
 Every update is ~1e-7 of a unit: the loss stays flat at its initial value for the whole run.
 Fix: a learning rate around 1e-3 for Adam (``jaxsane.overfit`` sweeps it and reports the best).
@@ -7,7 +7,8 @@ Fix: a learning rate around 1e-3 for Adam (``jaxsane.overfit`` sweeps it and rep
 import optax
 
 import jaxsane
-from benchmarks.faults._common import NUM_CLASSES, dense_params, digits, mlp_apply, optax_step, xent
+from benchmarks.faults._common import NUM_CLASSES, dense_params, mlp_apply, optax_step, xent
+from jaxsane.examples._digits import load_digits_split
 
 EXPECTED = ["train.plateau"]
 STYLE = "optax"
@@ -26,6 +27,7 @@ def init(key):
 
 
 def experiment():
-    train, eval_ = digits()
-    return jaxsane.Experiment(init=init, step=optax_step(loss, tx), train=train, eval=eval_, loss=loss,
+    x, y, xe, ye = load_digits_split()
+    return jaxsane.Experiment(init=init, step=optax_step(loss, tx), train={"x": x, "y": y}, eval={"x": xe, "y": ye},
+                              loss=loss,
                               apply=mlp_apply, num_classes=NUM_CLASSES, name="f36_lr_too_low")

@@ -167,13 +167,13 @@ def checkify_catches(module, steps: int = BASELINE_STEPS) -> str:
         return f"crash:{type(e).__name__}"
 
 
-def run_program(name: str, *, full: bool = False, baselines: bool = True) -> Row:
+def run_program(name: str, *, full: bool = False, baselines: bool = True, doctor: bool = True) -> Row:
     module = load(name)
     expected = list(module.EXPECTED)
     correct = name.startswith("c")
     note = ""
     try:
-        findings, seconds, missing = run_doctor(module, full)
+        findings, seconds, missing = run_doctor(module, full) if doctor else ([], float("nan"), [])
     except Exception as e:
         findings, seconds, missing = [], float("nan"), []
         note = f"doctor raised {type(e).__name__}: {e}"[:300]
@@ -296,6 +296,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="run every doctor stage on every program")
     parser.add_argument("--no-baselines", action="store_true", help="skip jax_debug_nans and checkify")
+    parser.add_argument("--no-doctor", action="store_true", help="only the baselines (jax_debug_nans, checkify)")
     parser.add_argument("--only", default="", help="comma-separated program name prefixes (e.g. f01,c02)")
     parser.add_argument("--json", default="", help="write the rows and totals to this JSON file")
     parser.add_argument("--markdown", default="", help="write the results as a markdown table to this file")
@@ -306,7 +307,7 @@ def main(argv=None) -> int:
         names = [n for n in names if any(n.startswith(p) for p in prefixes)]
     rows = []
     for name in names:
-        rows.append(run_program(name, full=args.full, baselines=not args.no_baselines))
+        rows.append(run_program(name, full=args.full, baselines=not args.no_baselines, doctor=not args.no_doctor))
         print(f"[{len(rows)}/{len(names)}] {name}: {rows[-1].seconds:.1f}s", file=sys.stderr, flush=True)
     print_table(rows)
     t = totals(rows)

@@ -1,0 +1,145 @@
+"""Batch independence: a softmax or mean over the batch axis, or BatchNorm left on batch statistics,
+is named by example pairs; eval-mode BatchNorm and per-example models stay silent."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxsane
+from jaxsane import check_batch_independence
+from jaxsane.testing import CheckFailed, assert_batch_independent
+
+X = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+Y = (np.arange(8) % 3).astype(np.int32)
+W = jnp.asarray(np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32))
+
+
+def test_softmax_over_the_batch_axis_is_cross_talk():
+    apply = lambda p, x: jax.nn.softmax(x @ p, axis=0)  # BUG: normalises over examples, not classes
+    findings = check_batch_independence(apply, W, X)
+    assert [f.code for f in findings] == ["batch.cross_talk"]
+    pairs = {(i, j) for i, j, _ in findings[0].extra["pairs"]}
+    assert {(0, j) for j in range(1, 8)} <= pairs and {(7, j) for j in range(7)} <= pairs
+    assert "axis" in findings[0].hint and "output 0 <- input" in findings[0].message
+
+
+def test_a_single_leaking_pair_is_named():
+    def apply(p, x):  # BUG: example 3 gets a bit of example 0 (a wrong roll/reshape in disguise)
+        return (x + 0.5 * jnp.zeros_like(x).at[3].set(x[0])) @ p
+
+    findings = check_batch_independence(apply, W, X, probes=[3, 5])
+    assert [(i, j) for i, j, _ in findings[0].extra["pairs"]] == [(3, 0)]
+    assert findings[0].path == "example 3 <- example 0"
+
+
+def test_per_example_model_is_silent_and_assert_helper():
+    apply = lambda p, x: jax.nn.softmax(jnp.tanh(x @ p), axis=-1)
+    assert check_batch_independence(apply, W, X, probes=4) == []
+    assert_batch_independent(apply, W, X)
+    with pytest.raises(CheckFailed, match="batch.cross_talk"):
+        assert_batch_independent(lambda p, x: (x - x.mean(0)) @ p, W, X)  # BUG: centring over the batch
+
+
+class _BN(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+        h = nn.Dense(6)(x)
+        h = nn.BatchNorm(use_running_average=not train)(h)
+        return nn.Dense(3)(nn.relu(h))
+
+
+def test_linen_batchnorm_eval_mode_is_silent_train_mode_is_not():
+    """BatchNorm trains on batch statistics (that is not a bug); apply in eval mode must not."""
+    model = _BN()
+    variables = model.init(jax.random.key(0), X, train=False)
+    tx = optax.adam(1e-2)
+
+    def init(key):
+        v = model.init(key, X, train=False)
+        return {"params": v["params"], "batch_stats": v["batch_stats"]}, tx.init(v["params"])
+
+    @jax.jit
+    def step(state, batch):
+        (variables, opt_state) = state
+
+        def loss(p):
+            logits, upd = model.apply({"params": p, "batch_stats": variables["batch_stats"]}, batch["x"],
+                                      train=True, mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), upd
+
+        (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(variables["params"])
+        updates, opt_state = tx.update(grads, opt_state)
+        return ({"params": optax.apply_updates(variables["params"], updates), **upd}, opt_state), {"loss": value}
+
+    def apply_eval(params, x):
+        return model.apply({"params": params, "batch_stats": variables["batch_stats"]}, x, train=False)
+
+    exp = jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=apply_eval,
+                             params=lambda s: s[0]["params"], num_classes=3)
+    diagnosis = jaxsane.doctor(exp, stages=["batch"], progress=False)
+    assert list(diagnosis) == []
+
+    def apply_train(params, x):  # BUG: batch statistics at evaluation
+        return model.apply({"params": params, "batch_stats": variables["batch_stats"]}, x, train=True,
+                           mutable=["batch_stats"])[0]
+
+    assert [f.code for f in check_batch_independence(apply_train, variables["params"], X)] == ["batch.cross_talk"]
+
+
+class _NNXBN(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(5, 6, rngs=rngs)
+        self.bn = nnx.BatchNorm(6, rngs=rngs)
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.relu(self.bn(self.l1(x))))
+
+
+def _nnx_experiment(apply):
+    def init(key):
+        model = _NNXBN(nnx.Rngs(params=key))
+        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer, batch):
+        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(batch["x"]), batch["y"]).mean()
+        value, grads = nnx.value_and_grad(loss)(model)
+        optimizer.update(model, grads)
+        return value
+
+    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=apply, num_classes=3)
+
+
+def _eval_apply(model, x):
+    model.eval()
+    out = model(x)
+    model.train()
+    return out
+
+
+def test_nnx_batchnorm_without_eval_is_cross_talk_in_doctor():
+    diagnosis = jaxsane.doctor(_nnx_experiment(lambda m, x: m(x)), stages=["batch"], progress=False)
+    assert diagnosis.codes == ["batch.cross_talk"], diagnosis
+    clean = jaxsane.doctor(_nnx_experiment(_eval_apply), stages=["batch"], progress=False)
+    assert list(clean) == [], clean
+
+
+def test_integer_inputs_are_probed_forward():
+    table = jnp.asarray(np.random.default_rng(2).normal(size=(20, 4)).astype(np.float32))
+    tokens = np.random.default_rng(3).integers(0, 20, size=(6, 7)).astype(np.int32)
+    per_example = lambda p, t: p[t].mean(axis=1)
+    assert check_batch_independence(per_example, table, tokens) == []
+    mixing = lambda p, t: p[t].mean(axis=1) - p[t].mean(axis=(0, 1))  # BUG: mean over the batch too
+    findings = check_batch_independence(mixing, table, tokens)
+    assert [f.code for f in findings] == ["batch.cross_talk"] and "forward probe" in findings[0].message
+
+
+def test_batch_stage_skipped_without_apply():
+    exp = _nnx_experiment(None)
+    diagnosis = jaxsane.doctor(exp, stages=["batch"], progress=False)
+    assert diagnosis.codes == ["doctor.skipped"] and diagnosis[0].severity == "info"
