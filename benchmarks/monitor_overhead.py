@@ -1,11 +1,12 @@
 """Monitor overhead: the monitored step against the bare jitted step (interleaved rounds, medians).
 
-  .venv/bin/python benchmarks/monitor_overhead.py [--rounds 15] [--steps 200] [--only digits|mlp]
+  .venv/bin/python benchmarks/monitor_overhead.py [--rounds 15] [--steps 500] [--only digits|mlp]
 
 Variants, each a full training loop of ``--steps`` steps per round:
   bare            jax.jit(adapted.step)
-  monitor         Monitor defaults used by fit (norms + grads every 10 steps, dead ReLUs every 50,
-                  host-side queueing and batched pulls every 100 steps)
+  monitor         Monitor defaults, as fit uses them on long runs (norms + grads every 50 steps, dead
+                  ReLUs every 250, host-side queueing and batched pulls every 100 steps)
+  monitor/every=10  norms + grads every 10 steps, dead ReLUs every 50
   monitor/every=1 telemetry on every step (what doctor's short run uses), for reference
   guard           guard(jax.jit(adapted.step))
   guard+monitor   guard(Monitor.step): what jaxsane.fit runs
@@ -103,14 +104,16 @@ def make_loops(exp):
         return s
 
     guarded = jaxsane.guard(bare)
-    default = Monitor(adapted)                    # fit defaults
+    default = Monitor(adapted)                    # fit defaults on long runs
+    every10 = Monitor(adapted, every=10, dead_every=50)
     dense = Monitor(adapted, every=1, dead_every=5, log_every=50)
     fit_mon = Monitor(adapted)
-    for mon in (default, dense, fit_mon):
+    for mon in (default, every10, dense, fit_mon):
         mon._layout(state0, batch)
     return {
         "bare": loop_bare,
         "monitor": loop_monitor(default),
+        "monitor/every=10": loop_monitor(every10),
         "monitor/every=1": loop_monitor(dense),
         "guard": loop_guard,
         "guard+monitor": _guard_monitor(fit_mon, state0, batch),
@@ -157,22 +160,22 @@ def measure(loops, rounds, steps):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=500)
     p.add_argument("--only", choices=["digits", "mlp"])
     args = p.parse_args()
     cases = {"digits": digits_experiment, "mlp": mlp_experiment}
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.rounds} interleaved rounds of "
           f"{args.steps} steps; per-step medians")
-    print(f"{'model':14s} {'variant':16s} {'ms/step':>9s} {'x bare':>8s} {'paired':>8s} {'cpu':>8s}")
+    print(f"{'model':14s} {'variant':17s} {'ms/step':>9s} {'x bare':>8s} {'paired':>8s} {'cpu':>8s}")
     for name, factory in cases.items():
         if args.only and args.only != name:
             continue
         loops = make_loops(factory())
         med, paired, paired_cpu, paired_guard = measure(loops, args.rounds, args.steps)
         for variant, t in med.items():
-            print(f"{name:14s} {variant:16s} {t * 1e3:9.3f} {t / med['bare']:8.3f} {paired[variant]:8.3f} "
+            print(f"{name:14s} {variant:17s} {t * 1e3:9.3f} {t / med['bare']:8.3f} {paired[variant]:8.3f} "
                   f"{paired_cpu[variant]:8.3f}")
-        print(f"{name:14s} {'guard+monitor':16s} {'':9s} {med['guard+monitor'] / med['guard']:8.3f} "
+        print(f"{name:14s} {'guard+monitor':17s} {'':9s} {med['guard+monitor'] / med['guard']:8.3f} "
               f"{paired_guard[0]:8.3f} {paired_guard[1]:8.3f}  (x guard)")
 
 if __name__ == "__main__":

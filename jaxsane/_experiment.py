@@ -427,7 +427,9 @@ class Adapted:
 
     def _model_with(self, params: PyTree):
         """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables."""
-        return _nnx().merge(self._model_def, params, self._model_rest)
+        # copy the non-parameter variables: merge would otherwise share them across traces, and a
+        # model that updates them (BatchNorm stats) would mutate a variable of another trace level.
+        return _nnx().merge(self._model_def, params, jax.tree_util.tree_map(lambda x: x, self._model_rest))
 
     @property
     def loss_fn(self) -> Callable | None:

@@ -329,7 +329,8 @@ class _Progress:
 def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int = 100, keep: int = 3, resume: bool = True, key: jax.Array | None = None,
         on_nonfinite: str = "rollback", max_rollbacks: int = 3, patience: int | None = None,
-        min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int = 10, dead_every: int = 50,
+        min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int | None = None,
+        dead_every: int | None = None,
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None) -> FitResult:
@@ -353,7 +354,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         ``patience`` evaluations in a row (None: no early stopping).
       eval_batches: at most this many batches of an eval iterable are used (a single batch is used as is).
       telemetry_every, dead_every, log_every: :class:`Monitor` sampling (norms/gradients, dead ReLUs)
-        and how often telemetry is moved to the host.
+        and how often telemetry is moved to the host. Defaults: ``steps // 40`` clipped to [1, 50] (at
+        least 40 samples for the detectors, at most one telemetry step in 50 on long runs) and
+        5x that for dead ReLUs.
       metrics_path: the JSONL metrics file (default ``checkpoint_dir/metrics.jsonl``; None without a dir).
       tensorboard_dir: also write scalars there through tensorboardX/torch/tensorflow if installed.
       progress: a progress bar on stderr (only when stderr is a terminal).
@@ -400,6 +403,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     if metrics_path and os.path.dirname(metrics_path):
         os.makedirs(os.path.dirname(metrics_path), exist_ok=True)
 
+    if telemetry_every is None:
+        telemetry_every = max(1, min(50, steps // 40))
+    if dead_every is None:
+        dead_every = 5 * telemetry_every
     monitor = Monitor(adapted, every=telemetry_every, dead_every=dead_every, log_every=log_every)
     ckpt = _Checkpoints(checkpoint_dir, keep, state) if checkpoint_dir else None
     loop = {"best": None, "best_step": None, "bad_evals": 0, "rollbacks": 0}

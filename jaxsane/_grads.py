@@ -258,12 +258,15 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     for j, (a, k) in enumerate(checked):
         path = _display(paths[a][k])
 
-        def g(t, j=j):
-            if np.asarray(t) == 0:
-                return v0
-            vec = np.zeros((n,), tdtype)
-            vec[j] = np.asarray(t, tdtype)
-            return np.asarray(value_at(values, dirs, vec))
+        memo: dict[float, np.ndarray] = {0.0: v0}
+
+        def g(t, j=j, memo=memo):  # check_jvp and check_vjp ask for the same points: evaluate once
+            key = float(np.asarray(t))
+            if key not in memo:
+                vec = np.zeros((n,), tdtype)
+                vec[j] = key
+                memo[key] = np.asarray(value_at(values, dirs, vec))
+            return memo[key]
 
         if not np.any(grads[j]):
             fd = _directional(g, t0, eps)

@@ -21,7 +21,7 @@ from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch
 from ._findings import Finding
 from ._init import bind_eqn, interpret, jaxpr_primitives, location_of
-from ._tree import leaves_with_paths, to_host
+from ._tree import leaves_with_paths
 
 PyTree = Any
 

@@ -1,5 +1,6 @@
-"""Correct: NaNs created on purpose and masked away. Each example's "ink fraction" per row is
-``row / row.sum()``, which is 0/0 = NaN for blank rows; ``jnp.where`` replaces them before use.
+"""Correct: NaNs created on purpose and masked away. Each example's "ink fraction" per column is
+``col / col.sum()``, which is 0/0 = NaN for blank columns (a quarter of all digit columns);
+``jnp.where`` replaces them before use.
 
 The NaN is computed from the inputs only (no gradient flows through it), never reaches the loss,
 the gradients or the state: training is correct. (checkify's float_checks flags the division.)
@@ -20,9 +21,9 @@ tx = optax.adam(3e-3)
 
 
 def features(x):
-    rows = x.reshape(-1, 8, 8)
-    total = rows.sum(-1, keepdims=True)
-    fraction = rows / total                         # NaN for blank rows: 0 / 0
+    image = x.reshape(-1, 8, 8)
+    total = image.sum(-2, keepdims=True)            # ink per column
+    fraction = image / total                        # NaN for blank columns: 0 / 0
     fraction = jnp.where(total > 0, fraction, 0.0)  # masked on purpose
     return jnp.concatenate([x, fraction.reshape(-1, 64)], axis=-1)
 
