@@ -45,14 +45,27 @@ class JaxsaneWarning(RuntimeWarning):
     """Issued by ``guard(..., on_nonfinite="warn")``."""
 
 
-def _is_nnx_object(x: Any) -> bool:
+@functools.cache
+def _nnx_pytree_type() -> type:
     try:
-        return isinstance(x, _nnx().Pytree)
+        return _nnx().Pytree
     except ImportError:  # pragma: no cover
-        return False
+        return type(None)
+
+
+def _is_nnx_object(x: Any) -> bool:
+    return isinstance(x, _nnx_pytree_type())
+
+
+try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover
+    _trace_state_clean = None
 
 
 def _has_tracer(tree: Any) -> bool:
+    if _trace_state_clean is not None:
+        return not _trace_state_clean()
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 

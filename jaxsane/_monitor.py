@@ -232,24 +232,6 @@ class History:
             return float("nan") if v is None else v
         return cls(**{k: conv(v) for k, v in d.items() if k in names})
 
-    def truncate(self, step: int) -> None:
-        """Drop everything recorded after ``step`` steps (used when a run resumes or rolls back)."""
-        keep = [i for i, s in enumerate(self.steps) if s < step]
-        self.steps = [self.steps[i] for i in keep]
-        self.loss = [self.loss[i] for i in keep]
-        self.train_metrics = {k: [v[i] for i in keep if i < len(v)] for k, v in self.train_metrics.items()}
-        ke = [i for i, s in enumerate(self.eval_steps) if s <= step]
-        self.eval_steps = [self.eval_steps[i] for i in ke]
-        self.eval_loss = [self.eval_loss[i] for i in ke]
-        self.eval_metrics = {k: [v[i] for i in ke if i < len(v)] for k, v in self.eval_metrics.items()}
-        for steps_name, fields in (("tele_steps", ("param_norm", "update_norm")), ("grad_steps", ("grad_norm",)),
-                                   ("dead_steps", ("dead_fraction",))):
-            kt = [i for i, s in enumerate(getattr(self, steps_name)) if s < step]
-            setattr(self, steps_name, [getattr(self, steps_name)[i] for i in kt])
-            for name in fields:
-                rows = getattr(self, name)
-                setattr(self, name, [rows[i] for i in kt if i < len(rows)])
-
     def layer_grad_norms(self) -> tuple[list[str], np.ndarray]:
         """(weight leaf paths in depth order, grad norms ``(samples, layers)``) for plots and the layer rules."""
         g = self.arrays("grad_norm")

@@ -1,6 +1,5 @@
 """Correct: a pure-optax MLP with AdamW, gradient clipping and a cosine schedule."""
 
-import jax
 import optax
 
 import jaxsane

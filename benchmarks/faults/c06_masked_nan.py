@@ -6,7 +6,6 @@ The NaN is computed from the inputs only (no gradient flows through it), never r
 the gradients or the state: training is correct. (checkify's float_checks flags the division.)
 """
 
-import jax
 import jax.numpy as jnp
 import optax
 

@@ -6,7 +6,6 @@ is finite (and the diagonal is even masked out). Fix: compute the squared distan
 diagonal inside the sqrt (``jnp.sqrt(jnp.where(eye, 1.0, d2))``), or add an eps under the sqrt.
 """
 
-import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx

@@ -5,7 +5,6 @@ the std (a sqrt) at 0 is inf, and the gradient of the learned gain becomes NaN. 
 inside the sqrt, ``jnp.sqrt(jnp.var(p, -1, keepdims=True) + eps)`` (as LayerNorm does).
 """
 
-import jax
 import jax.numpy as jnp
 import optax
 

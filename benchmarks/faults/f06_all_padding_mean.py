@@ -5,7 +5,6 @@ The packing step emits empty sequences (every 8th example has length 0). The mea
 the pipeline, and divide by ``jnp.maximum(mask.sum(), 1)``.
 """
 
-import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx

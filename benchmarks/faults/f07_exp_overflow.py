@@ -4,7 +4,6 @@
 ``jax.nn.softmax`` / ``log_softmax`` (they subtract the max), and scale the inputs to [0, 1].
 """
 
-import jax
 import jax.numpy as jnp
 import optax
 

@@ -6,7 +6,6 @@ Fix: the full derivative, or ``jax.nn.swish`` with autodiff.
 """
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import jaxsane

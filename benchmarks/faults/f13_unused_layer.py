@@ -4,8 +4,6 @@ The model was refactored and ``self.hidden2`` is no longer called; its parameter
 saved and "trained", but get an identically zero gradient. Fix: call the layer, or delete it.
 """
 
-import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 

@@ -4,8 +4,6 @@ so the units can never become different (the symmetry is never broken).
 Fix: a random kernel init (``nnx.initializers.lecun_normal()``, the default).
 """
 
-import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 

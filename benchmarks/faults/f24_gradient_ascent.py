@@ -4,8 +4,6 @@ The loss rises at every step, without bound. Fix: ``p - lr * g`` (or an optax op
 """
 
 import jax
-import jax.numpy as jnp
-import optax
 from flax import nnx
 
 import jaxsane

@@ -6,7 +6,6 @@ Fix: labels 0..num_classes-1 (or num_classes=11).
 """
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import jaxsane

@@ -3,8 +3,6 @@
 the other examples of the eval batch. Fix: ``model.eval()`` before evaluating (``model.train()`` after).
 """
 
-import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 

@@ -8,7 +8,6 @@ Needs several devices: ``check()`` runs 3 steps and returns ``jaxsane.check_repl
 """
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane

@@ -8,7 +8,6 @@ Needs several devices: ``check()`` runs the guarded step and returns the guard's
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -6,7 +6,6 @@ Fix: ReLU/GELU activations with He init, residual connections or normalisation l
 """
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import jaxsane
