@@ -26,7 +26,7 @@ import numpy as np
 from ._errors import NonFiniteError
 from ._experiment import _nnx, _unwrap
 from ._findings import Finding
-from ._tree import finite_flags, leaves_with_paths, same_structure, to_host
+from ._tree import finite_flags, grouped_finite_flags, host_finite_flags, leaves_with_paths, same_structure, to_host
 
 POLICIES = ("raise", "skip", "warn")
 
@@ -135,7 +135,7 @@ class Guarded:
         return self._arg_names[i] if i < len(self._arg_names) else f"args[{i}]"
 
     # ------------------------------------------------------------------ the compiled body
-    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=()):
+    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), per_leaf=None):
         """Run the step and reduce inputs and outputs to one finite flag per leaf. Jit-safe.
 
         Inputs are checked except the state (the first argument, or the NNX objects): a non-finite
@@ -156,7 +156,12 @@ class Guarded:
                 args[p] = obj
         out = self.step(*args, **kwargs, **dict(static_kw))
         new_nnx_state = _nnx().state(objs) if objs is not None else None
-        out_flags = finite_flags((new_nnx_state, out))
+        # per-leaf output flags only where the host cannot recompute them on failure (skip returns the old
+        # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
+        # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
+        per_leaf = self._per_leaf_flags() if per_leaf is None else per_leaf
+        out_flags = finite_flags((new_nnx_state, out)) if per_leaf else \
+            grouped_finite_flags((new_nnx_state, out))
         ok = jnp.all(in_flags) & jnp.all(out_flags)
         replica = None
         if replicas:  # check_replicas: fingerprints of the new state's replicated leaves, compared across devices
@@ -201,7 +206,8 @@ class Guarded:
             _nnx().update(objs, new_nnx_state)
         kept = None
         if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
-            kept = _Call(positions, nnx_in, plain, kwargs, new_nnx_state, out, layout[0] if layout else None)
+            kept = _Call(positions, nnx_in, plain, kwargs, new_nnx_state, out, layout[0] if layout else None,
+                         statics)
         self._pending.append(_Pending(self.step_count, flags, kept, replica))
         self.step_count += 1
         if self.sync:
@@ -224,7 +230,7 @@ class Guarded:
 
     def _traced_call(self, *args, **kwargs):
         """Under an outer jit/vmap: same checks; the host hears of failures through a callback."""
-        out, _, flags = self._body(None, (), (), None, tuple(args), kwargs)
+        out, _, flags = self._body(None, (), (), None, tuple(args), kwargs, per_leaf=True)
         in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._arg_name(i))]
         names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out, "out"))
         jax.debug.callback(functools.partial(_traced_failure, weakref.ref(self), names), flags)
@@ -317,7 +323,7 @@ class Guarded:
             found = nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
         if found is not None or code == "nonfinite.input" or call.positions or self._static_argnames:
             return found
-        statics = tuple((i, call.args[i]) for i in self._static_argnums if i < len(call.args))
+        statics = call.statics
 
         def run(plain, kwargs) -> bool:
             return bool(np.asarray(self._compiled(None, statics, (), None, plain, kwargs, ())[2]).all())
@@ -328,6 +334,20 @@ class Guarded:
             warnings.warn(f"[jaxsane] per-shard replay failed: {type(e).__name__}: {e}", JaxsaneWarning)
             return None
 
+    def _per_leaf_flags(self) -> bool:
+        """Whether the compiled step returns one output flag per leaf (see ``_body``)."""
+        return self.on_nonfinite == "skip" or not self.keep_inputs or jax.process_count() > 1
+
+    def _leaf_flags(self, call: "_Call", flags: np.ndarray) -> np.ndarray:
+        """Per-leaf flags in the order of ``_names``: the input part as computed in the step, the output
+        part recomputed on the host from the kept outputs when the step returned grouped flags."""
+        if self._per_leaf_flags():
+            return flags
+        in_values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions
+                     for x in jax.tree_util.tree_leaves(a)] + jax.tree_util.tree_leaves(call.kwargs)
+        out_values = jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
+        return np.concatenate([flags[:len(in_values)], host_finite_flags(out_values)])
+
     def _on_failure(self, rec: _Pending, flags: np.ndarray) -> None:
         call = rec.call
         divergence: list[Finding] = []
@@ -335,6 +355,8 @@ class Guarded:
             flags, divergence = self._replica_failures(rec, flags)
             if flags.all():
                 return self._on_divergence(rec, divergence)
+        if call is not None:
+            flags = self._leaf_flags(call, flags)
         bad = np.flatnonzero(~flags)
         if call is None:
             code, paths = "nonfinite.forward", [f"leaf {i}" for i in bad]
@@ -417,10 +439,13 @@ class _Call:
     new_nnx_state: Any
     out: Any
     graphdef: Any
+    statics: tuple = ()     # (position, value) of static positional args
 
     def args(self) -> tuple:
         """The positional args as the step saw them; NNX objects as their pure input ``nnx.State``."""
         args = list(self.plain)
+        for i, value in self.statics:
+            args[i] = value
         if self.positions:
             state = jax.tree_util.tree_unflatten(self.nnx_in[1], self.nnx_in[0])
             for k, p in enumerate(self.positions):

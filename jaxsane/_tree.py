@@ -52,6 +52,32 @@ def finite_flags(tree: PyTree) -> jax.Array:
     return jnp.stack(flags)
 
 
+def grouped_finite_flags(tree: PyTree) -> jax.Array:
+    """One bool per (shape, dtype) group of inexact leaves: True when all of them are finite. Jit-safe.
+
+    Leaves of one shape (a kernel, its Adam ``mu`` and ``nu``) are combined elementwise before a
+    single ``uint8`` min-reduction, so XLA reads each array once and reduces once per group: on a
+    2M-parameter Adam step this costs a third of one reduction per leaf. Use :func:`finite_flags`
+    when each leaf needs its own flag.
+    """
+    groups: dict = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        if is_inexact(x):
+            groups.setdefault((jnp.shape(x), jnp.result_type(x)), []).append(x)
+    flags = []
+    for xs in groups.values():
+        finite = jnp.isfinite(xs[0])
+        for x in xs[1:]:
+            finite = finite & jnp.isfinite(x)
+        flags.append(jnp.min(finite.astype(jnp.uint8)).astype(bool) if finite.ndim else finite)
+    return jnp.stack(flags) if flags else jnp.ones((0,), bool)
+
+
+def host_finite_flags(leaves: list) -> np.ndarray:
+    """Host side: one bool per leaf (True = finite or not a float leaf). Not jit-safe."""
+    return np.array([not is_inexact(x) or bool(np.isfinite(np.asarray(x)).all()) for x in leaves], bool)
+
+
 def nonfinite_counts(tree: PyTree, root: str = "") -> list[tuple[str, int, int, int]]:
     """Host side: ``[(path, n_nan, n_posinf, n_neginf)]`` for each leaf holding any. Not jit-safe."""
     out = []
