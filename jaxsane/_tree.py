@@ -62,7 +62,7 @@ def grouped_finite_flags(tree: PyTree) -> jax.Array:
     """
     groups: dict = {}
     for x in jax.tree_util.tree_leaves(tree):
-        if is_inexact(x):
+        if is_inexact(x) and jnp.size(x):  # empty leaves are trivially finite
             groups.setdefault((jnp.shape(x), jnp.result_type(x)), []).append(x)
     flags = []
     for xs in groups.values():

@@ -219,3 +219,15 @@ def test_nnx_failure_keeps_the_input_state_for_dump(tmp_path):
     dumped_model = info.value.inputs[0][0]
     assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(dumped_model)))
     assert jaxsane.load_dump(info.value.dump_path).step == 0
+
+
+def test_empty_and_scalar_leaves_in_the_state():
+    def step(state, b):
+        return {"w": state["w"] + b.sum(), "empty": state["empty"], "s": state["s"] * 2}, {"loss": b.sum()}
+
+    guarded = jaxsane.guard(step, sync=True, locate=False)
+    state = {"w": jnp.ones(3), "empty": jnp.zeros((0, 4)), "s": jnp.float32(1.0)}
+    state, _ = guarded(state, jnp.ones(2))
+    with pytest.raises(jaxsane.NonFiniteError) as info:
+        guarded(state, jnp.array([1.0, jnp.inf]))
+    assert info.value.finding.code == "nonfinite.input"
