@@ -297,6 +297,15 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
                                                                       errors[-1] < errors[0] / 10):
             continue  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
         fd = min(fds, key=lambda v: abs(v - ad))
+        if not np.isfinite(ad) and np.isfinite(fd):  # not a wrong rule: the gradient itself is NaN/Inf
+            findings.append(Finding(
+                "nonfinite.backward",
+                f"{path}: the autodiff gradient is {ad} while the function is finite around the point "
+                f"(finite differences {fd:.6g})",
+                "a NaN/Inf is born in the backward pass: run jaxsane.locate on the step (or a guarded run) to get "
+                "the line; the usual cause is jnp.where over sqrt/log/arccos (use the double-where fix)",
+                path=path, extra={"autodiff": ad, "finite_diff": fd}))
+            continue
         rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
         fwd_note = ""
         if jvps is not None:

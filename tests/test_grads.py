@@ -251,3 +251,19 @@ def test_grads_stage_skipped_without_loss():
     exp = jaxsane.Experiment(init=exp.init, step=exp.step, train=exp.train, apply=exp.apply, num_classes=10)
     diagnosis = jaxsane.doctor(exp, stages=["grads"], progress=False)
     assert diagnosis.codes == ["doctor.skipped"] and diagnosis[0].severity == "info"
+
+
+def test_nan_gradient_is_reported_as_backward_nonfinite_not_a_wrong_rule():
+    import jax.numpy as jnp
+    import numpy as np
+    import jaxsane
+
+    def loss(params, x):
+        e = jnp.sum(x * x * params["g"])
+        return jnp.where(e > 0, jnp.sqrt(e), 0.0) + jnp.sum(params["w"] * x)
+
+    params = {"g": jnp.ones(3), "w": jnp.ones(3)}
+    findings = jaxsane.check_grads(loss, params, np.zeros(3, np.float32))
+    codes = {f.code for f in findings}
+    assert "nonfinite.backward" in codes and "grad.mismatch" not in codes
+    assert [f.path for f in findings if f.code == "nonfinite.backward"] == ["['g']"]
