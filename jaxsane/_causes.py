@@ -346,7 +346,7 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
                   "compute this in float32 (x.astype(jnp.float32)) and cast back, use bfloat16 (float32's "
                   "range) instead of float16, or use dynamic loss scaling")
     if prim == "convert_element_type":
-        return mk(f"casting to {dt} overflows", f"clip before the cast (jnp.clip(x, finfo.min, finfo.max))")
+        return mk(f"casting to {dt} overflows", "clip before the cast (jnp.clip(x, finfo.min, finfo.max))")
     if any(o.inf for o in node.outs) and all(np.isfinite(a).all() for a in ins if a.dtype.kind in "fc"):
         big = float(jnp.finfo(dt).max) if dt and jnp.issubdtype(dt, jnp.floating) else float("inf")
         return mk(f"overflow: the result exceeds finfo({dt}).max = {big:.3g} (exploding values: a learning-rate "

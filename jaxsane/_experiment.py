@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from ._errors import DataError, ExperimentError
 from ._tree import is_array, is_inexact, same_structure
@@ -468,11 +465,6 @@ class Adapted:
             raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
                                   "returning a sub-tree of the state.")
         return jax.tree_util.tree_unflatten(state_def, replaced)
-
-
-def chance_loss(num_classes: int) -> float:
-    """Cross-entropy of a uniform prediction over ``num_classes``: ln C."""
-    return math.log(num_classes)
 
 
 def float_leaves(tree: PyTree) -> list:

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._errors import ExperimentError, JaxsaneError, NonFiniteError
+from ._errors import ExperimentError, NonFiniteError
 from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
-from ._findings import Diagnosis, Finding
+from ._findings import Diagnosis
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
 

@@ -462,7 +462,7 @@ class _Replay:
     # -- lazy descent into compiled calls
     def expand(self, node: _Node) -> None:
         """Replay the body of a jit/scan/while/cond/shard_map node; sets ``node.inner``."""
-        eqn, p, name = node.eqn, node.eqn.params, node.prim
+        p, name = node.eqn.params, node.prim
         ins = node.ins
         if name in ("pjit", "jit"):
             sub, consts = _closed(p["jaxpr"])

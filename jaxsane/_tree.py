@@ -78,26 +78,6 @@ def host_finite_flags(leaves: list) -> np.ndarray:
     return np.array([not is_inexact(x) or bool(np.isfinite(np.asarray(x)).all()) for x in leaves], bool)
 
 
-def nonfinite_counts(tree: PyTree, root: str = "") -> list[tuple[str, int, int, int]]:
-    """Host side: ``[(path, n_nan, n_posinf, n_neginf)]`` for each leaf holding any. Not jit-safe."""
-    out = []
-    for path, leaf in leaves_with_paths(tree, root):
-        if not is_inexact(leaf):
-            continue
-        a = np.asarray(leaf)
-        nan = int(np.isnan(a).sum())
-        pinf = int(np.isposinf(a).sum()) if not np.iscomplexobj(a) else 0
-        ninf = int(np.isneginf(a).sum()) if not np.iscomplexobj(a) else 0
-        if nan or pinf or ninf:
-            out.append((path, nan, pinf, ninf))
-    return out
-
-
-def describe_counts(n_nan: int, n_pinf: int, n_ninf: int) -> str:
-    parts = [f"{n} {name}" for n, name in ((n_nan, "NaN"), (n_pinf, "+Inf"), (n_ninf, "-Inf")) if n]
-    return ", ".join(parts)
-
-
 def is_key(x: Any) -> bool:
     """True for typed PRNG key arrays (``jax.random.key``)."""
     dtype = getattr(x, "dtype", None)

@@ -1,6 +1,5 @@
 """A healthy digits classifier in Flax NNX: an ``nnx.jit`` step mutating (model, optimizer) in place."""
 
-import jax
 import optax
 from flax import nnx
 
