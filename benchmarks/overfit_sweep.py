@@ -2,6 +2,10 @@
 
   vmapped     jaxsane.overfit: 3 seeds x 5 learning rates + the constant-input baseline, vmapped,
               one compiled while_loop of scanned chunks (early exit off, so every way runs all steps);
+              on CPU, one equal group of configurations per core runs that program in its own thread,
+              and the program compiles in a background thread while the initial states are built
+              (so its "compile s" overlaps other work, and "wall - compile" understates its run);
+  one group   the same with groups=1: one vmapped program of all 16 configurations, no threads;
   sequential  one jitted lax.scan over the steps, compiled once and called once per configuration;
   loop        a typical Python loop calling a jitted step per step (losses kept on device, no per-step
               host sync; the loop with float(loss) per step is shown too).
@@ -85,9 +89,14 @@ def init_state(adapted, seed, lr):
     return _set_learning_rate(state, set(learning_rate_paths(state)), jnp.float32(lr))
 
 
-def run_vmapped(exp, batch, steps):
-    result = jaxsane.overfit(exp, batch, seeds=len(SEEDS), learning_rates=LRS, steps=steps, early_exit=False)
+GROUPS = {}
+
+
+def run_vmapped(exp, batch, steps, groups=None):
+    result = jaxsane.overfit(exp, batch, seeds=len(SEEDS), learning_rates=LRS, steps=steps, early_exit=False,
+                             groups=groups)
     assert len(result.configs) == 16 and result.losses.shape == (16, steps)
+    GROUPS[groups] = result.groups
     return result.losses, result.compiles, result.compile_seconds
 
 
@@ -145,6 +154,7 @@ def main():
     exp = make_experiment(args.hidden, args.batch)
     batch = exp.train
     ways = {"vmapped": lambda: run_vmapped(exp, batch, args.steps),
+            "vmapped, one group": lambda: run_vmapped(exp, batch, args.steps, groups=1),
             "sequential scans": lambda: run_sequential(exp, batch, args.steps),
             "python loop": lambda: run_loop(exp, batch, args.steps),
             "python loop + float(loss)": lambda: run_loop(exp, batch, args.steps, sync=True)}
@@ -162,7 +172,8 @@ def main():
     ref = losses["sequential scans"]
     print(f"overfit sweep, K=16 configurations x {args.steps} steps, MLP 64-{args.hidden}-{args.hidden}-10, "
           f"batch {args.batch}, {jax.default_backend()} ({jax.devices()[0].device_kind}), "
-          f"{platform.python_version()}, jax {jax.__version__}; median of {args.reps} interleaved runs")
+          f"{platform.python_version()}, jax {jax.__version__}; median of {args.reps} interleaved runs; "
+          f"vmapped ran {GROUPS[None]} group(s) side by side")
     print(f"{'way':28} {'wall s':>8} {'compiles':>9} {'compile s':>10} {'wall - compile':>15} "
           f"{'vmapped speed-up':>17} {'(excl. compile)':>16} {'max |loss - seq|':>17}")
     vm = statistics.median(times["vmapped"])

@@ -2,10 +2,10 @@
 
 Every configuration (seed x learning rate x init scale, plus one constant-input baseline) is a
 slice of a ``jax.vmap``-ed train state; the steps run in a ``lax.scan`` of ``chunk`` steps inside a
-``lax.while_loop`` that stops once every real configuration has reached the target. The whole
-sweep is traced and compiled once, runs without any host round trip between chunks, and works on
-CPU, GPU or TPU alike. It is Karpathy's "overfit one batch" sanity check ("A Recipe for Training
-Neural Networks"), run for a whole grid at once.
+``lax.while_loop`` that stops once every real configuration has reached the target (the engine is
+in ``_sweep.py``). The whole sweep is traced and compiled once, runs without any host round trip
+between chunks, and works on CPU, GPU or TPU alike. It is Karpathy's "overfit one batch" sanity
+check ("A Recipe for Training Neural Networks"), run for a whole grid at once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import math
 import re
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
@@ -22,11 +21,11 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ._errors import DataError, ExperimentError, JaxsaneError
 from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
 from ._findings import Finding
+from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
 from ._tree import is_inexact, path_str
 
 PyTree = Any
@@ -64,8 +63,10 @@ class OverfitResult:
       steps_run: steps actually run (early exit stops at a chunk boundary).
       max_steps: the step budget.
       compiles: how many times the sweep program was traced (1 for a sweep).
-      seconds: wall time of the compiled sweep, compile included.
-      compile_seconds: the part of ``seconds`` spent tracing and compiling.
+      seconds: wall time of the sweep: initial states, compile and run.
+      compile_seconds: time spent tracing and compiling (in a background thread, overlapping the
+        initial states).
+      groups: how many equal groups of configurations ran the compiled program side by side.
       lr_swept: whether learning rates were set per configuration.
       batch_size: examples in the overfit batch.
     """
@@ -86,6 +87,7 @@ class OverfitResult:
     lr_swept: bool
     batch_size: int
     compile_seconds: float = float("nan")
+    groups: int = 1
 
     # -- derived
     @property
@@ -139,7 +141,8 @@ class OverfitResult:
             target += f" or accuracy >= {self.target_accuracy:.0%}"
         out = [f"overfit sweep: {len(self.configs)} configurations, batch of {self.batch_size}, "
                f"{self.steps_run}/{self.max_steps} steps, target {target}, {self.compiles} compile(s), "
-               f"{self.seconds:.2f}s ({self.compile_seconds:.2f}s compiling)", line(head), line(["-" * w for w in widths]), *map(line, rows)]
+               f"{self.seconds:.2f}s ({self.compile_seconds:.2f}s compiling"
+               + (f", {self.groups} groups in parallel)" if self.groups > 1 else ")"), line(head), line(["-" * w for w in widths]), *map(line, rows)]
         out += [str(f) for f in self.findings]
         return "\n".join(out)
 
@@ -234,8 +237,12 @@ def current_learning_rate(state: PyTree) -> float | None:
 
 
 def _set_learning_rate(state: PyTree, paths: set, lr: jax.Array) -> PyTree:
-    return jax.tree_util.tree_map_with_path(
-        lambda p, x: jnp.broadcast_to(lr, jnp.shape(x)).astype(x.dtype) if p in paths else x, state)
+    """``state`` with the learning-rate leaves at ``paths`` set to ``lr`` (NaN: left as they are). Jit-safe."""
+    def set_leaf(path, x):
+        if path not in paths:
+            return x
+        return jnp.where(jnp.isnan(lr), x, jnp.broadcast_to(lr, jnp.shape(x)).astype(x.dtype))
+    return jax.tree_util.tree_map_with_path(set_leaf, state)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -246,14 +253,6 @@ def _host(x: Any) -> Any:
         return np.asarray(x)
     except TypeError:
         return x
-
-
-def _stack(xs: Sequence[Any], index: np.ndarray) -> Any:
-    """Stack one leaf of several seeds' states and pick ``index`` rows, on the host when possible."""
-    host = [_host(x) for x in xs]
-    if all(isinstance(x, np.ndarray) for x in host):
-        return np.stack(host)[index]
-    return jnp.take(jnp.stack([jnp.asarray(x) for x in xs]), jnp.asarray(index), axis=0)
 
 
 def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) -> PyTree:
@@ -343,13 +342,15 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
             baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
-            scale_leaves: str | Callable[[str], bool] | None = None) -> OverfitResult:
+            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None) -> OverfitResult:
     """Overfit one small batch with many configurations at once; return an :class:`OverfitResult`.
 
     Runs the user's own step (any style, through :class:`Adapted`) for every configuration
     ``seeds x learning_rates x init_scales`` plus one constant-input baseline, vmapped inside one
     compiled ``while_loop`` over chunks of ``chunk`` steps that exits once every real configuration
-    has reached the target (Karpathy, "A Recipe for Training Neural Networks": a healthy model
+    has reached the target. On CPU the configurations are split into one equal group per core, each
+    running the same compiled program in its own thread; the program compiles while the initial
+    states are built (Karpathy, "A Recipe for Training Neural Networks": a healthy model
     drives the loss on one small batch to almost zero).
 
     Args:
@@ -375,6 +376,9 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       early_exit: stop once every real configuration has reached the target.
       scale_leaves: which parameter leaves ``init_scales`` multiplies: None (all float leaves), a regex
         searched in the leaf path (``params['dense_0']['kernel']``), or ``callable(path) -> bool``.
+      groups: split the configurations into this many equal vmapped groups that run the same compiled
+        program side by side in host threads. Default: one per CPU core on the CPU backend (XLA:CPU
+        runs a small vmapped program on one core), one on GPU/TPU. Results do not depend on it.
 
     Returns:
       An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,
@@ -407,11 +411,10 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     if not scales:
         raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
 
-    # -- one pure state per seed, built on the host (NNX init builds objects: not vmappable), stacked
-    per_seed = [adapted.init(jax.random.key(s)) for s in seed_list]
-    lr_paths = set(learning_rate_paths(per_seed[0]))
+    example = adapted.example_state
+    lr_paths = set(learning_rate_paths(example))
     findings: list[Finding] = []
-    default_lr = current_learning_rate(per_seed[0]) if lr_paths else None
+    default_lr = current_learning_rate(example) if lr_paths else None
     if lr_paths:
         lrs = ([default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None
                else [float(x) for x in learning_rates])
@@ -435,41 +438,20 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
             const_batch = None
         if const_batch is not None:
             configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
-    k = len(configs)
-    seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
-    lr_values = np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32)
-    scale_values = np.asarray([c.init_scale for c in configs], np.float32)
-    # stack leaf by leaf under the first seed's treedef (static metadata such as a linen TrainState's
-    # tx may differ by identity between init calls)
-    treedef = jax.tree_util.tree_structure(per_seed[0])
-    leaves = [jax.tree_util.tree_leaves(s) for s in per_seed]
-    if any(len(l) != len(leaves[0]) for l in leaves):
-        raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
-                              "stacks one state per seed, so init must build the same pytree for every key.")
-    states = jax.tree_util.tree_unflatten(treedef, [_stack(xs, seed_index) for xs in zip(*leaves)])
-    del per_seed
-    batches = jax.tree_util.tree_map(
-        lambda a, b: np.concatenate([np.broadcast_to(a, (n_real, *a.shape)), b[None]]) if const_batch is not None
-        else np.broadcast_to(a, (n_real, *a.shape)), batch, const_batch if const_batch is not None else batch)
 
     # -- what the loss is: the step's reported loss, else Experiment.loss on the params before the step
-    _, metrics_shape = jax.eval_shape(adapted.step, adapted.example_state, batch)
+    _, metrics_shape = jax.eval_shape(adapted.step, example, batch)
     step_reports_loss = "loss" in metrics_shape
     loss_fn = adapted.loss_fn
     if not step_reports_loss and loss_fn is None:
         raise ExperimentError("overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
                               "loss. Return {'loss': value} from the step or pass Experiment(loss=...).")
-    accuracy = _accuracy_fn(adapted, adapted.params(adapted.example_state), batch)
+    accuracy = _accuracy_fn(adapted, adapted.params(example), batch)
     select = _selector(scale_leaves)
-    n_chunks = max(1, math.ceil(steps / chunk))
-    total = n_chunks * chunk
-    traces = [0]
 
     def prepare(state, lr, scale):
         state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
-        if lr_paths:
-            state = _set_learning_rate(state, lr_paths, lr)
-        return state
+        return _set_learning_rate(state, lr_paths, lr) if lr_paths else state
 
     def one_step(state, b):
         new_state, metrics = adapted.step(state, b)
@@ -479,53 +461,40 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
             loss = jnp.asarray(loss_fn(adapted.params(state), b), jnp.float32)
         return new_state, loss
 
-    vstep = jax.vmap(one_step)
+    spec = SweepSpec(one_step, prepare, None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
+                     chunk=chunk, n_chunks=max(1, math.ceil(steps / chunk)), target=target,
+                     target_accuracy=target_accuracy)
+    n_groups = default_groups(n_real) if groups is None else int(groups)
+    if n_groups < 1:
+        raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
+    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
+    seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
+    treedef = jax.tree_util.tree_structure(example)
 
-    def run(states, batches, lr_values, scale_values):
-        traces[0] += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
-        states = jax.vmap(prepare)(states, lr_values, scale_values)
-        losses = jnp.full((k, total), jnp.nan, jnp.float32)
-        acc0 = jnp.zeros((k,), jnp.float32)
-        reached_at = jnp.full((k,), -1, jnp.int32)
+    per_seed: list[list[Any]] = []
 
-        def cond(carry):
-            i, _, _, _, reached_at = carry
-            more = i < n_chunks
-            if early_exit:
-                more = more & ~jnp.all(reached_at[:n_real] >= 0)
-            return more
+    def build_states(rows: np.ndarray):
+        # one pure state per seed, built on the host (NNX init builds objects: not vmappable), once; stacked
+        # leaf by leaf under the example's treedef (static metadata such as a linen TrainState's tx may differ
+        # by identity between init calls)
+        if not per_seed:
+            per_seed.extend(jax.tree_util.tree_leaves(adapted.init(jax.random.key(s))) for s in seed_list)
+        if any(len(leaves) != treedef.num_leaves for leaves in per_seed):
+            raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
+                                  "stacks one state per seed, so init must build the same pytree for every key.")
+        return stack_states(per_seed, treedef, seed_index[rows])
 
-        def body(carry):
-            i, states, losses, acc, reached_at = carry
-            states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), states, None, length=chunk)
-            chunk_losses = chunk_losses.T  # [k, chunk]
-            losses = lax.dynamic_update_slice(losses, chunk_losses, (0, i * chunk))
-            initial = losses[:, 0]
-            hit = chunk_losses <= (target * initial)[:, None]
-            first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
-            if accuracy is not None:
-                acc = jax.vmap(lambda s, b: accuracy(adapted.params(s), b))(states, batches)
-                first = jnp.where((first < 0) & (acc >= target_accuracy), (i + 1) * chunk - 1, first)
-            reached_at = jnp.where(reached_at >= 0, reached_at, first)
-            return i + 1, states, losses, acc, reached_at
-
-        i, _, losses, acc, reached_at = lax.while_loop(cond, body, (jnp.int32(0), states, losses, acc0, reached_at))
-        return i, losses, acc, reached_at
-
-    start = time.perf_counter()
+    traces = [0]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-        args = (states, batches, lr_values, scale_values)
-        compiled = jax.jit(run, donate_argnums=(0,)).lower(*args).compile()
-        compile_seconds = time.perf_counter() - start
-        del states
-        i, losses, acc, reached_at = compiled(*args)
-        steps_run = int(i) * chunk
-    losses = np.asarray(losses)[:, :steps_run]
-    seconds = time.perf_counter() - start
-    reached_at = np.asarray(reached_at)
-    acc_np = np.asarray(acc) if accuracy is not None else None
-
+        out = run_sweep(
+            spec, layout, build_states=build_states, example_state=example,
+            batch_for=lambda c: const_batch if configs[c].baseline else batch,
+            lrs=np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32),
+            scales=np.asarray([c.init_scale for c in configs], np.float32),
+            real=np.asarray([not c.baseline for c in configs]), early_exit=early_exit, traces=traces)
+    losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
+    acc_np = out.accuracy if accuracy is not None else None
     reached = reached_at >= 0
     verdicts = []
     for j, c in enumerate(configs):
@@ -538,8 +507,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         else:
             verdicts.append("fails")
     result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, tuple(verdicts), (), target,
-                           target_accuracy if accuracy is not None else None, steps_run, total, traces[0], seconds,
-                           bool(lr_paths), n_examples, compile_seconds)
+                           target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
+                           traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
     findings = _judge(result, findings, ignores_input_ratio=ignores_input_ratio)
     return dataclasses.replace(result, findings=tuple(findings))
 

@@ -11,7 +11,6 @@ from flax import nnx
 
 import jaxsane
 from jaxsane import activation_stats, check_init
-from jaxsane._experiment import Adapted
 from jaxsane.testing import CheckFailed, assert_init_ok
 
 X = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)

