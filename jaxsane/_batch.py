@@ -20,6 +20,7 @@ import numpy as np
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment import batch_size, get_inputs
 from ._findings import Finding
+from ._tree import like_sharding, put_like
 
 PyTree = Any
 
@@ -121,8 +122,8 @@ def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen,
         outs, vjp = jax.vjp(f, float_inputs)
 
         def one(mask):
-            ct = [jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype)
-                  for c in cots if c is not None]
+            ct = [like_sharding(jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype), o)
+                  for c, o in zip([c for c in cots if c is not None], outs)]
             grads = vjp(ct)[0]
             sq = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32) ** 2, (n, -1)), axis=1) for g in grads)
             return jnp.sqrt(sq)
@@ -132,7 +133,7 @@ def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen,
     masks = np.zeros((len(chosen), n), np.float32)
     for row, i in enumerate(chosen):
         masks[row, i] = 1.0
-    norms = np.asarray(per_example_grad_norms([leaves[i] for i in float_idx], jax.device_put(masks)))
+    norms = np.asarray(per_example_grad_norms([leaves[i] for i in float_idx], put_like(masks, (params, leaves))))
     leaks = {}
     for row, i in enumerate(chosen):
         own = norms[row, i]

@@ -25,7 +25,7 @@ import numpy as np
 from ._errors import DataError, JaxsaneError
 from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
 from ._findings import Diagnosis, Finding
-from ._tree import path_str
+from ._tree import explicit_sharding, path_str
 
 PyTree = Any
 
@@ -160,12 +160,20 @@ def _num_rows(tree: PyTree, where: str) -> int:
     return int(first[1])
 
 
+def _indexable(a: Any) -> Any:
+    """``a``, or its host copy when it is sharded over Explicit mesh axes (whose row slices have no
+    unambiguous sharding on device)."""
+    if explicit_sharding(a) is not None and a.is_fully_addressable:
+        return np.asarray(a)
+    return a
+
+
 def _slice(tree: PyTree, s: int, e: int) -> PyTree:
-    return jax.tree_util.tree_map(lambda a: a[s:e] if np.ndim(a) else a, tree)
+    return jax.tree_util.tree_map(lambda a: _indexable(a)[s:e] if np.ndim(a) else a, tree)
 
 
 def _take(tree: PyTree, idx: np.ndarray) -> PyTree:
-    return jax.tree_util.tree_map(lambda a: a[idx] if np.ndim(a) else a, tree)
+    return jax.tree_util.tree_map(lambda a: _indexable(a)[idx] if np.ndim(a) else a, tree)
 
 
 def _is_data(x: Any) -> bool:

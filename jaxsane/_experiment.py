@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from ._errors import DataError, ExperimentError
-from ._tree import is_array, is_inexact, same_structure
+from ._tree import explicit_sharding, is_array, is_inexact, same_structure
 
 PyTree = Any
 
@@ -37,7 +39,8 @@ class Experiment:
       init: ``key -> state``, a fresh train state from a PRNG key.
       step: ``(state, batch) -> (state, metrics) | state`` (may be jitted); for NNX,
         ``(model, optimizer, batch) -> loss | metrics | None`` mutating in place.
-      train: one batch, an iterable of batches, or a zero-argument callable returning one.
+      train: one batch, an iterable of batches, or a zero-argument callable returning a batch or a
+        fresh iterable of batches (a generator function: each call starts a new pass).
       eval: the same, for held-out data.
       loss: ``(params, batch) -> scalar`` mean loss (NNX: ``(model, batch)``).
       apply: ``(params, inputs) -> outputs`` in eval mode (NNX: ``(model, inputs)``).
@@ -98,11 +101,11 @@ def first_batch(data: Any, what: str = "train") -> PyTree:
     if data is None:
         raise DataError(f"no {what} data: pass Experiment({what}=...) with a batch, an iterable of batches "
                         "or a callable returning one.")
+    if callable(data) and not is_batch(data):
+        data = data()  # a batch, or a fresh iterable of batches (a generator function, a loader factory)
     if is_batch(data):
         batch = data
-    elif callable(data):
-        batch = data()
-    elif isinstance(data, Iterable):
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
         try:
             batch = next(iter(data))
         except StopIteration:
@@ -116,23 +119,37 @@ def first_batch(data: Any, what: str = "train") -> PyTree:
 
 
 def iter_batches(data: Any, limit: int | None = None, what: str = "train"):
-    """Yield up to ``limit`` batches. A single batch is repeated; a callable is called each time."""
+    """Yield up to ``limit`` batches. A single batch is repeated; a callable returning a batch is called
+    each time; a callable returning an iterable (a generator function) is read from one fresh call."""
     if data is None:
         first_batch(data, what)
     count = 0
-    if is_batch(data) or callable(data):
-        while limit is None or count < limit:
-            yield first_batch(data, what)
-            count += 1
-        return
-    it = iter(data)
-    for batch in it:
-        if limit is not None and count >= limit:
-            return
+    if callable(data) and not is_batch(data):
+        made = data()
+        if is_batch(made):  # a batch per call
+            def calls():
+                yield made
+                while True:
+                    yield data()
+            source = calls()
+        else:  # a fresh iterable of batches
+            source = made
+    elif is_batch(data):
+        source = itertools.repeat(data)
+    else:
+        source = data
+    if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
+        first_batch(source, what)  # raises the clear "cannot read batches" error
+    it = iter(source)
+    while limit is None or count < limit:  # checked before reading: no batch is read and dropped
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
         check_batch(batch, what)
         yield batch
         count += 1
-    if count == 0:
+    if count == 0 and limit != 0:
         first_batch([], what)  # raises the empty-data error
 
 
@@ -231,10 +248,18 @@ def batch_size(batch: PyTree) -> int:
 
 
 def slice_batch(batch: PyTree, n: int) -> PyTree:
-    """The first ``n`` examples of every leaf that has a leading batch axis."""
+    """The first ``n`` examples of every leaf that has a leading batch axis. Arrays sharded over
+    Explicit mesh axes are sliced on the host (their on-device slice has no unambiguous sharding).
+    Not jit-safe."""
     size = batch_size(batch)
-    return jax.tree_util.tree_map(lambda x: x[:n] if getattr(x, "ndim", 0) >= 1 and x.shape[0] == size else x,
-                                  batch)
+
+    def head(x):
+        if getattr(x, "ndim", 0) < 1 or x.shape[0] != size:
+            return x
+        if explicit_sharding(x) is not None and x.is_fully_addressable:
+            return np.asarray(x)[:n]
+        return x[:n]
+    return jax.tree_util.tree_map(head, batch)
 
 
 # ----------------------------------------------------------------------------- NNX detection

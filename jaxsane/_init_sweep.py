@@ -23,6 +23,7 @@ from jax.extend import core as jcore
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels
 from ._overfit import _scale_params, _selector
+from ._tree import put_like
 
 PyTree = Any
 
@@ -236,7 +237,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         grad_std = jnp.stack([jnp.std(g.astype(jnp.float32)) for g in grads])
         return act_std, grad_std, value
 
-    act_std, grad_std, loss = jax.jit(jax.vmap(stats))(jnp.asarray(scales_list, jnp.float32))
+    act_std, grad_std, loss = jax.jit(jax.vmap(stats))(put_like(np.asarray(scales_list, np.float32), flat_args))
     grad_std, loss = np.asarray(grad_std), np.asarray(loss)
     if not has_loss:
         grad_std = np.full_like(grad_std, np.nan)

@@ -333,8 +333,10 @@ def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:
     for leaf, (_, value) in zip(leaves, snapshot):
         if _is_key(leaf):
             rebuilt.append(jax.random.wrap_key_data(jax.device_put(value), impl=jax.random.key_impl(leaf)))
-        else:  # Python scalars too, so that consecutive states have one signature (no recompile)
-            rebuilt.append(jax.device_put(np.asarray(value, getattr(leaf, "dtype", None))))
+        else:  # Python scalars too, so that consecutive states have one signature (no recompile); on the
+            # leaf's own sharding (a donated array keeps its sharding metadata), so sharded steps trace alike
+            sharding = leaf.sharding if isinstance(leaf, jax.Array) else None
+            rebuilt.append(jax.device_put(np.asarray(value, getattr(leaf, "dtype", None)), sharding))
     return jax.tree_util.tree_unflatten(treedef, rebuilt)
 
 

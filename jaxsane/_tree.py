@@ -92,3 +92,37 @@ def to_host(tree: PyTree) -> PyTree:
 
 def same_structure(a: PyTree, b: PyTree) -> bool:
     return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+
+
+def explicit_sharding(x: Any) -> Any:
+    """The sharding of ``x`` (a concrete array or a traced value) when it is typed over Explicit mesh
+    axes (``jax.make_mesh``'s default), else None. Jit-safe."""
+    try:
+        sharding = x.sharding if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) \
+            else jax.typeof(x).sharding
+    except (AttributeError, TypeError):
+        return None
+    mesh = getattr(sharding, "mesh", None)
+    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return sharding
+    return None
+
+
+def like_sharding(x: Any, like: Any) -> Any:
+    """``x`` resharded to ``like``'s Explicit-axis sharding type (a VJP cotangent must match its
+    output's type exactly); unchanged when ``like`` is not typed over Explicit axes. Jit-safe."""
+    sharding = explicit_sharding(like)
+    if sharding is None:
+        return x
+    return jax.sharding.reshard(x, sharding)
+
+
+def put_like(x: Any, tree: PyTree) -> jax.Array:
+    """``x`` on device, replicated over the mesh of ``tree``'s first leaf sharded over Explicit axes
+    (a jit mixing it with those leaves then sees one device assignment); plain ``device_put``
+    otherwise. Not jit-safe."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = explicit_sharding(leaf) if isinstance(leaf, jax.Array) else None
+        if sharding is not None:
+            return jax.device_put(x, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+    return jax.device_put(x)

@@ -307,6 +307,29 @@ def test_doctor_runs_on_a_sharded_experiment():
     assert "nonfinite.input" in diagnosis.codes
 
 
+def test_every_doctor_stage_runs_on_an_explicit_mesh_experiment():
+    """jax.make_mesh gives Explicit axes: batch rows sharded as float32[16@data, 8]. Slicing such a batch
+    on device or feeding an unsharded cotangent to its VJP raises; every stage must still run."""
+    mesh = mesh1()
+    assert jax.sharding.AxisType.Explicit in mesh.axis_types
+
+    def init(key):
+        params = {"w": jax.random.normal(key, (N_IN, N_OUT)) * 0.1, "b": jnp.zeros((N_OUT,))}
+        params = jax.device_put(params, NamedSharding(mesh, P()))
+        return params, jax.device_put(tx.init(params), NamedSharding(mesh, P()))
+
+    def batches():  # a generator function: each call starts a fresh pass
+        for s in range(4):
+            yield make_batch(mesh, seed=s)
+
+    exp = jaxsane.Experiment(init=init, step=dp_step, train=batches, loss=loss_fn,
+                             apply=lambda p, x: x @ p["w"] + p["b"], name="explicit_mesh")
+    diagnosis = jaxsane.doctor(exp, progress=False, run_steps=3, overfit_steps=50, overfit_seeds=1)
+    crashed = [f for f in diagnosis if f.code == "doctor.skipped" and "crashed" in f.message]
+    assert not crashed, "\n".join(map(str, crashed))
+    assert "overfit.best" in diagnosis.codes and len(diagnosis.artifacts["run"]["loss"]) == 3
+
+
 def test_guard_on_a_sharded_nnx_step():
     from flax import nnx
 

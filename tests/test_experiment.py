@@ -71,6 +71,27 @@ def test_batch_lookup_defaults_and_errors():
     assert len(list(iter_batches([batch(), batch()], 5))) == 2
 
 
+def test_train_data_as_a_generator_function_or_a_batch_callable():
+    def epoch():  # a generator function: each call is a fresh pass over three batches
+        for i in range(3):
+            yield {"x": np.full((4, 2), float(i)), "y": np.zeros(4, np.int32)}
+
+    assert [float(b["x"][0, 0]) for b in iter_batches(epoch, 5)] == [0.0, 1.0, 2.0]
+    assert [float(b["x"][0, 0]) for b in iter_batches(epoch, 2)] == [0.0, 1.0]  # a new pass each time
+    assert float(first_batch(epoch)["x"][0, 0]) == 0.0
+    calls = []
+
+    def sample():  # a callable returning one batch: called once per batch, none wasted
+        calls.append(1)
+        return {"x": np.full((4, 2), float(len(calls))), "y": np.zeros(4, np.int32)}
+
+    assert [float(b["x"][0, 0]) for b in iter_batches(sample, 3)] == [1.0, 2.0, 3.0] and len(calls) == 3
+    with pytest.raises(jaxsane.DataError, match="empty"):
+        list(iter_batches(lambda: iter([]), 2))
+    with pytest.raises(jaxsane.DataError, match=r"\[jaxsane\] cannot read batches .* int"):
+        list(iter_batches(lambda: 5, 2))
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("init", 3, "Experiment.init must be callable"),
     ("step", None, "Experiment.step must be callable"),
