@@ -49,6 +49,9 @@ class FitResult:
       resumed_from: the checkpoint step the run resumed from, or None.
       stopped_early: True when early stopping ended the run.
       best_step, best_eval_loss: the best evaluation so far (None without eval).
+      last_state: the state after the last step (the same object as ``state`` unless ``restore_best``
+        put the best evaluation's state in ``state``).
+      restored_best: True when ``state`` is the state of the best evaluation (``restore_best=True``).
       rollbacks: how many times a NaN rolled the state back to the last good checkpoint.
       checkpoint_dir, metrics_path: where the checkpoints and the JSONL metrics went (or None).
     """
@@ -65,6 +68,8 @@ class FitResult:
     checkpoint_dir: str | None
     metrics_path: str | None
     adapted: Adapted = dataclasses.field(repr=False, default=None)
+    last_state: PyTree = dataclasses.field(repr=False, default=None)
+    restored_best: bool = False
 
     @property
     def user_state(self) -> Any:
@@ -119,6 +124,41 @@ class _Checkpoints:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _keep_copy(state: PyTree) -> PyTree:
+    """A copy of ``state`` that outlives donation: host numpy where the array is fully addressable,
+    a device copy otherwise (typed PRNG keys, multi-host shards). Not jit-safe."""
+    def copy(x):
+        if not isinstance(x, jax.Array):
+            return x
+        if _is_key(x) or not x.is_fully_addressable:
+            return x.copy()
+        return np.asarray(x)
+    return jax.tree_util.tree_map(copy, state)
+
+
+def _best_state(kept: tuple | None, best_step: int, *, ckpt_dir: str | None, keep: int, like: PyTree,
+                init: Any) -> PyTree:
+    """The state of the best evaluation, placed like ``like``: the kept copy, else (after a resume) ``init()``
+    for step 0 or its checkpoint, else ``like`` itself with a warning. Not jit-safe."""
+    if kept is None and best_step == 0:
+        return init()
+    if kept is not None and kept[0] == best_step:
+        return jax.tree_util.tree_map(
+            lambda h, x: jax.device_put(h, x.sharding) if isinstance(x, jax.Array) and isinstance(h, np.ndarray)
+            else h, kept[1], like)
+    if ckpt_dir is not None:
+        ckpt = _Checkpoints(ckpt_dir, keep, like)
+        try:
+            if best_step in ckpt.manager.all_steps():
+                return ckpt.restore(best_step)[0]
+        finally:
+            ckpt.close()
+    warnings.warn(f"[jaxsane] restore_best: the state of the best evaluation (step {best_step}) is neither in "
+                  "memory nor among the kept checkpoints; returning the last state. Raise keep=... so the "
+                  "best checkpoint survives a resume.", JaxsaneWarning, stacklevel=3)
+    return like
 
 
 # ----------------------------------------------------------------------------- metrics sinks
@@ -333,7 +373,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         dead_every: int | None = None,
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
-        thresholds: dict | None = None) -> FitResult:
+        thresholds: dict | None = None, restore_best: bool = False) -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
     Args:
@@ -363,6 +403,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       report: write a self-contained HTML report of the run there.
       dump_dir: where guard dumps the inputs of a failing step.
       thresholds: keyword overrides for :func:`jaxsane.check_training`.
+      restore_best: return the state of the best evaluation as ``FitResult.state`` (the last one stays
+        in ``last_state``), like Keras' ``restore_best_weights``. A copy is kept on the host at each
+        improvement and, with ``checkpoint_dir``, checkpointed at that step, so a resumed run finds it
+        too (unless ``keep`` pruned it: then the last state is returned, with a warning).
 
     Returns:
       A :class:`FitResult`.
@@ -440,6 +484,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         seen_failures = len(guarded.failures)
 
     saved = [start]
+    best: list = [None]           # (position, host copy of the state) at the best evaluation
 
     def checkpoint(position: int) -> None:
         nonlocal good
@@ -459,6 +504,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         value = monitor.history.eval_loss[-1]
         if loop["best"] is None or value < loop["best"] - min_delta:
             loop["best"], loop["best_step"], loop["bad_evals"] = value, position, 0
+            if restore_best:
+                best[0] = (position, _keep_copy(state))
+                if position > 0:
+                    checkpoint(position)
         else:
             loop["bad_evals"] += 1
         return patience is not None and loop["bad_evals"] >= patience
@@ -521,6 +570,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         log.sync(monitor.history)
         if ckpt is not None:
             ckpt.close()
+    last_state = state
+    if restore_best:
+        state = _best_state(best[0], loop["best_step"], ckpt_dir=checkpoint_dir, keep=keep, like=state,
+                            init=lambda: adapted.init(key)) if loop["best_step"] is not None else state
     diagnosis.add(check_training(monitor.history, **(thresholds or {})))
     if loop["rollbacks"]:
         diagnosis.artifacts["rollbacks"] = loop["rollbacks"]
@@ -528,7 +581,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     result = FitResult(state=state, history=monitor.history, diagnosis=diagnosis, step=position,
                        resumed_from=resumed_from, stopped_early=stopped_early, best_step=loop["best_step"],
                        best_eval_loss=loop["best"], rollbacks=loop["rollbacks"], checkpoint_dir=checkpoint_dir,
-                       metrics_path=metrics_path, adapted=adapted)
+                       metrics_path=metrics_path, adapted=adapted, last_state=last_state,
+                       restored_best=state is not last_state)
     if report is not None:
         from ._report import write_html
         write_html(report, [diagnosis])

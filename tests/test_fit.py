@@ -223,3 +223,26 @@ def test_bad_arguments_raise_clear_errors():
     no_eval = jaxsane.Experiment(init=init, step=step, train=Batches(), loss=loss)
     with pytest.raises(ExperimentError, match="patience"):
         jaxsane.fit(no_eval, steps=2, patience=2)
+
+
+def test_restore_best_returns_the_state_of_the_best_evaluation(tmp_path):
+    """Eval labels shuffled: learning the true mapping makes the eval loss worse, so early stopping fires
+    and restore_best hands back the state that evaluated best, not the last one."""
+    eval_batch = next(iter(Batches(n=1, size=64, seed=7)))
+    eval_batch["y"] = np.random.default_rng(3).permutation(eval_batch["y"])
+    exp = experiment(eval_=eval_batch, n=60)
+    ckpt = str(tmp_path / "ckpt")
+    result = jaxsane.fit(exp, steps=60, eval_every=2, patience=3, checkpoint_dir=ckpt, keep=10,
+                         restore_best=True, **FIT)
+    assert result.stopped_early and result.restored_best and result.state is not result.last_state
+    best = float(loss(result.state[0], eval_batch))
+    last = float(loss(result.last_state[0], eval_batch))
+    assert best == pytest.approx(result.best_eval_loss, rel=1e-5) and last > best
+    # resumed after the early stop: the best state comes back from its checkpoint (or init for step 0)
+    again = jaxsane.fit(exp, steps=60, eval_every=2, patience=3, checkpoint_dir=ckpt, keep=10,
+                        restore_best=True, **FIT)
+    assert again.resumed_from is not None and again.best_step == result.best_step
+    np.testing.assert_allclose(float(loss(again.state[0], eval_batch)), best, rtol=1e-5)
+    # without restore_best the last state is returned, as before
+    plain = jaxsane.fit(exp, steps=60, eval_every=2, patience=3, **FIT)
+    assert plain.state is plain.last_state and not plain.restored_best
