@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane
-from jaxsane import _locate
+from jaxsane import _locate, _replay
 from jaxsane._locate import bisect_compiled, locate, replay_dump
 
 HERE = os.path.abspath(__file__)
@@ -536,7 +536,7 @@ def test_bad_usage_raises_a_jaxsane_error():
 
 
 def test_xla_only_nan_inside_a_compiled_loop(monkeypatch):
-    real_bind = _locate._bind
+    real_bind = _replay._bind
 
     def fake_bind(eqn, values, mesh=None):   # the compiled scan returns NaN, its replayed body does not
         out = real_bind(eqn, values, mesh)
@@ -544,7 +544,7 @@ def test_xla_only_nan_inside_a_compiled_loop(monkeypatch):
 
     def f(xs):
         return jax.lax.scan(lambda c, x: (c + jnp.sin(x), c), 0.0, xs)[0]  # <xla_scan>
-    monkeypatch.setattr(_locate, "_bind", fake_bind)
+    monkeypatch.setattr(_replay, "_bind", fake_bind)
     report = locate(f, jnp.ones(3))
     assert report.xla_only and not report.origins
     assert f"scan at test_locate.py:{line_of('xla_scan')}" in report.prefix_at

@@ -1,0 +1,445 @@
+"""The replay engine behind :func:`jaxsane.locate`: a jaxpr run equation by equation on real values.
+
+:class:`_Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
+reductions, ``dot_general``, shape ops, ``select_n``) with numpy, the rest through ``bind``.
+Each equation becomes a :class:`_Node` whose outputs are :class:`_Val` values carrying their
+NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
+replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`_Replay.expand`
+opens their body. Not jit-safe: everything here runs on the host, off the hot path.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax._src import core as jcore
+
+from ._frames import _in_optax, user_frame
+from ._tree import is_inexact
+
+# ----------------------------------------------------------------------------- values and nodes
+
+def _flags(x: Any) -> tuple[bool, bool]:
+    """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
+    if not is_inexact(x):
+        return False, False
+    a = np.asarray(x)
+    if a.size == 0:
+        return False, False
+    if np.isfinite(a).all():
+        return False, False
+    return bool(np.isnan(a).any()), bool(np.isinf(a).any())
+
+
+class _Val:
+    """A runtime value of the replay, with its non-finite flags and the node that produced it."""
+    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
+
+    def __init__(self, value, producer=None, kind=None, name=None):
+        self.value = value
+        self.nan, self.inf = _flags(value)
+        self.producer = producer
+        self.kind = kind    # None (computed), "input", "literal", "const"
+        self.name = name
+
+    @property
+    def bad(self) -> bool:
+        return self.nan or self.inf
+
+
+@dataclasses.dataclass
+class _Ctx:
+    """Where a jaxpr is being replayed: enclosing name stack, fallback frame, phase, shard mode, tags."""
+    stack: str = ""
+    frame: tuple[str, int] | None = None
+    phase: str | None = None
+    mesh: Any = None             # (axis_names, axis_sizes) while inside a shard_map body
+    tags: tuple = ()
+    order: tuple = ()
+    in_optax: bool = False
+
+
+class _Node:
+    """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
+    __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
+                 "last_grad")
+
+    def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
+        self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
+        self.jaxpr, self.index, self.link = jaxpr, index, link
+        self.outs: list[_Val] = []
+        self.inner: list[list[_Val]] | None = None   # expanded: outer out i <- inner values
+        self.env = None
+        self.siblings: list = []
+        self.last_grad = -1
+
+    @property
+    def prim(self) -> str:
+        return "link" if self.link else self.eqn.primitive.name
+
+    @property
+    def stack(self) -> str:
+        own = str(self.eqn.source_info.name_stack) if self.eqn is not None else ""
+        return "/".join(s for s in (self.ctx.stack, own) if s)
+
+    @property
+    def frame(self) -> tuple[str, int] | None:
+        return (user_frame(self.eqn) if self.eqn is not None else None) or self.ctx.frame
+
+    @property
+    def phase(self) -> str:
+        stack = self.stack
+        if "transpose(" in stack:
+            return "backward"
+        if "jvp(" in stack:
+            return "forward"
+        if self.ctx.phase in ("update", "backward"):
+            return self.ctx.phase
+        if self.eqn is not None and (self.ctx.in_optax or _in_optax(self.eqn)):
+            return "update"
+        if self.jaxpr is not None and self.index > self.last_grad >= 0:
+            return "update"
+        return self.ctx.phase or "forward"
+
+
+def _last_grad_index(jaxpr) -> int:
+    """Index of the last equation of ``jaxpr`` that belongs to a backward pass (-1 if none)."""
+    last = -1
+    for i, eqn in enumerate(jaxpr.eqns):
+        if "transpose(" in str(eqn.source_info.name_stack):
+            last = i
+    return last
+
+
+# ----------------------------------------------------------------------------- the replay
+
+_INLINE = {"custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+           "remat2": "jaxpr", "checkpoint": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
+_EXPANDABLE = {"pjit", "jit", "scan", "while", "cond", "shard_map"} | set(_INLINE)
+
+
+def _closed(j) -> tuple[Any, list]:
+    """(open jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
+    if isinstance(j, jcore.ClosedJaxpr):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+def _bind(eqn, values: list, mesh=None) -> list:
+    bp = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = bp if isinstance(bp, tuple) else ((), bp)
+
+    def call(*xs):
+        out = eqn.primitive.bind(*subfuns, *xs, **params)
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+    if mesh is None:
+        return call(*values)
+    names, _ = mesh
+    stacked = [isinstance(v, _Stacked) for v in values]
+    if not any(stacked):
+        return call(*values)
+    fn = lambda *xs: call(*xs)  # noqa: E731
+    for name in reversed(names):
+        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name)
+    out = fn(*[v.value if s else v for v, s in zip(values, stacked)])
+    return [_Stacked(o) for o in out]
+
+
+# -- a host replay for the common primitives: no compilation, the values XLA's kernels give up to rounding
+
+def _np_dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    xs, ys = [None] * x.ndim, [None] * y.ndim
+    for i, j in zip(lb, rb):
+        xs[i] = ys[j] = next(letters)
+    for i, j in zip(lc, rc):
+        xs[i] = ys[j] = next(letters)
+    for i in range(x.ndim):
+        xs[i] = xs[i] or next(letters)
+    for j in range(y.ndim):
+        ys[j] = ys[j] or next(letters)
+    out = ([xs[i] for i in lb] + [xs[i] for i in range(x.ndim) if i not in lb and i not in lc]
+           + [ys[j] for j in range(y.ndim) if j not in rb and j not in rc])
+    dt = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(x, y)
+    if dt.kind == "f" and dt.itemsize < 4:  # XLA's CPU dots accumulate float16/bfloat16 in float32
+        x, y = x.astype(np.float32), y.astype(np.float32)
+    return np.einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y, optimize=True)
+
+
+def _np_broadcast(x, *, shape, broadcast_dimensions, **_):
+    expanded = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        expanded[d] = x.shape[i]
+    return np.broadcast_to(x.reshape(expanded), shape)
+
+
+def _np_select(pred, *cases):
+    if pred.dtype == np.bool_:
+        return np.where(pred, cases[1], cases[0]) if len(cases) == 2 else np.choose(pred.astype(int), cases)
+    return np.choose(pred.astype(int), np.broadcast_arrays(*cases))
+
+
+def _np_slice(x, *, start_indices, limit_indices, strides=None, **_):
+    strides = strides or (1,) * x.ndim
+    return x[tuple(slice(a, b, c) for a, b, c in zip(start_indices, limit_indices, strides))]
+
+
+def _reduce(fn):
+    return lambda x, *, axes, **_: fn(x, axis=tuple(axes))
+
+
+_NP = {
+    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
+    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "logistic": lambda x, **_: 1 / (1 + np.exp(-x)), "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "sqrt": np.sqrt,
+    "rsqrt": lambda x, **_: 1 / np.sqrt(x), "cbrt": np.cbrt, "abs": np.abs, "not": np.invert,
+    "square": np.square, "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
+    "div": lambda x, y, **_: (np.trunc(x / y).astype(x.dtype) if x.dtype.kind in "iu" else np.divide(x, y)),
+    "rem": np.fmod, "pow": np.power, "max": np.maximum, "min": np.minimum, "atan2": np.arctan2,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+    "integer_pow": lambda x, *, y, **_: x ** y if y >= 0 else 1 / (x ** -y),
+    "select_n": _np_select, "convert_element_type": lambda x, *, new_dtype, **_: x.astype(new_dtype),
+    "broadcast_in_dim": _np_broadcast, "reshape": lambda x, *, new_sizes, **_: x.reshape(new_sizes),
+    "squeeze": lambda x, *, dimensions, **_: np.squeeze(x, axis=tuple(dimensions)),
+    "expand_dims": lambda x, *, dimensions, **_: np.expand_dims(x, tuple(dimensions)),
+    "transpose": lambda x, *, permutation, **_: np.transpose(x, permutation),
+    "reduce_sum": _reduce(np.sum), "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min),
+    "reduce_prod": _reduce(np.prod), "reduce_and": _reduce(np.all), "reduce_or": _reduce(np.any),
+    "dot_general": _np_dot_general, "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, dimension),
+    "slice": _np_slice, "copy": lambda x, **_: x, "copy_p": lambda x, **_: x,
+    "clamp": lambda lo, x, hi, **_: np.minimum(np.maximum(x, lo), hi),
+    "stop_gradient": lambda x, **_: x,
+}
+_NP_PARAMS = {"neg", "sign", "floor", "ceil", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh", "sin",
+              "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "cbrt",
+              "abs", "not", "square", "add", "add_any", "sub", "mul", "rem", "pow", "max", "min", "atan2", "eq",
+              "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "select_n"}   # ufuncs: called without params
+
+
+def _evaluate(eqn, values: list, mesh=None) -> list:
+    """One equation on real values: on the host with numpy when it can, else ``bind`` (jax caches it)."""
+    name = eqn.primitive.name
+    fn = _NP.get(name)
+    if fn is None or mesh is not None or any(_is_extended(v) for v in values):
+        return _bind(eqn, values, mesh)
+    arrays = [np.asarray(v) for v in values]
+    try:
+        with np.errstate(all="ignore"):
+            out = fn(*arrays) if name in _NP_PARAMS else fn(*arrays, **eqn.params)
+    except Exception:  # anything numpy reads differently: let jax do it
+        return _bind(eqn, values, mesh)
+    aval = eqn.outvars[0].aval
+    out = np.asarray(out)
+    if out.shape != tuple(aval.shape):
+        return _bind(eqn, values, mesh)
+    with np.errstate(all="ignore"):
+        return [out.astype(aval.dtype, copy=False)]
+
+
+def _is_extended(v: Any) -> bool:
+    dtype = getattr(v, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    except TypeError:  # pragma: no cover
+        return True
+
+
+class _Stacked:
+    """A per-shard value inside a shard_map body: leading axes are the mesh axes."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    @property
+    def shape(self):
+        return self.value.shape
+
+
+def _raw(v: Any) -> Any:
+    return v.value if isinstance(v, _Stacked) else v
+
+
+class _Replay:
+    """Evaluates jaxprs on real values, recording every equation as a :class:`_Node`."""
+
+    def __init__(self):
+        self.count = 0
+        self.envs: dict[int, tuple] = {}   # id(inlined jaxpr) -> (jaxpr, its replayed values)
+
+    def run(self, jaxpr, consts: Sequence, ins: Sequence[_Val], ctx: _Ctx) -> tuple[list[_Val], dict]:
+        env: dict = {}
+        for v, c in zip(jaxpr.constvars, consts):
+            env[v] = c if isinstance(c, _Val) else _Val(c, kind="const")
+        for v, x in zip(jaxpr.invars, ins):
+            env[v] = x
+
+        def read(a):
+            if isinstance(a, jcore.Literal):
+                return _Val(np.asarray(a.val, dtype=a.aval.dtype), kind="literal")
+            return env[a]
+
+        last_grad = _last_grad_index(jaxpr)
+        nodes: list[_Node] = []
+        for i, eqn in enumerate(jaxpr.eqns):
+            invals = [read(a) for a in eqn.invars]
+            node = _Node(eqn, invals, ctx, ctx.order + (i,), jaxpr, i)
+            node.siblings = nodes
+            node.last_grad = last_grad
+            nodes.append(node)
+            self.count += 1
+            name = eqn.primitive.name
+            sub_key = "jaxpr" if name in ("pjit", "jit") else _INLINE.get(name)
+            if sub_key is not None and sub_key in eqn.params and ctx.mesh is None:
+                # calls are replayed inline, equation by equation
+                sub, sub_consts = _closed(eqn.params[sub_key])
+                outs, sub_env = self.run(sub, sub_consts, invals[len(invals) - len(sub.invars):],
+                                         self._child(node))
+                self.envs[id(sub)] = (sub, sub_env)
+            else:
+                raw = _evaluate(eqn, [x.value for x in invals], ctx.mesh)
+                outs = [_Val(o, producer=node) for o in raw]
+                node.outs = outs
+            for v, o in zip(eqn.outvars, outs):
+                if not isinstance(v, jcore.DropVar):
+                    env[v] = o
+        outs = [read(a) for a in jaxpr.outvars]
+        return outs, env
+
+    @staticmethod
+    def _child(node: _Node, tags: tuple = (), order_extra: tuple = ()) -> _Ctx:
+        phase = node.phase
+        ctx = node.ctx
+        return _Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
+                    mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
+                    in_optax=ctx.in_optax or (node.eqn is not None and _in_optax(node.eqn)))
+
+    # -- lazy descent into compiled calls
+    def expand(self, node: _Node) -> None:
+        """Replay the body of a jit/scan/while/cond/shard_map node; sets ``node.inner``."""
+        p, name = node.eqn.params, node.prim
+        ins = node.ins
+        if name in ("pjit", "jit"):
+            sub, consts = _closed(p["jaxpr"])
+            outs, env = self.run(sub, consts, ins, self._child(node))
+            node.env = env
+            node.inner = [[o] for o in outs]
+        elif name in _INLINE and _INLINE[name] in p:
+            sub, consts = _closed(p[_INLINE[name]])
+            outs, _ = self.run(sub, consts, ins[len(ins) - len(sub.invars):], self._child(node))
+            node.inner = [[o] for o in outs]
+        elif name == "cond":
+            index = int(np.asarray(_raw(ins[0].value)).reshape(-1)[0]) if node.ctx.mesh is None else None
+            if index is None:
+                node.inner = None
+                return
+            branches = p["branches"]
+            index = min(max(index, 0), len(branches) - 1)
+            sub, consts = _closed(branches[index])
+            outs, _ = self.run(sub, consts, ins[1:], self._child(node, (f"branch {index}",)))
+            node.inner = [[o] for o in outs]
+        elif name == "while":
+            if node.ctx.mesh is not None:
+                return
+            self._expand_while(node)
+        elif name == "scan":
+            if node.ctx.mesh is not None:
+                return
+            self._expand_scan(node)
+        elif name == "shard_map":
+            if node.ctx.mesh is not None:
+                return
+            self._expand_shard_map(node)
+
+    def _expand_scan(self, node: _Node) -> None:
+        p = node.eqn.params
+        sub, consts_extra = _closed(p["jaxpr"])
+        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        consts = node.ins[:n_consts]
+        carry = node.ins[n_consts:n_consts + n_carry]
+        xs = node.ins[n_consts + n_carry:]
+        ys_parts: list[list[_Val]] = [[] for _ in range(len(node.outs) - n_carry)]
+        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        for it in steps:
+            x_vals = []
+            for x in xs:
+                link = _Node(None, [x], node.ctx, node.order + (it, -1), link=True)
+                val = _Val(x.value[it], producer=link)
+                link.outs = [val]
+                x_vals.append(val)
+            ctx = self._child(node, (f"scan iteration {it}",), (it,))
+            outs, _ = self.run(sub, consts_extra, list(consts) + list(carry) + x_vals, ctx)
+            carry = outs[:n_carry]
+            for k, y in enumerate(outs[n_carry:]):
+                ys_parts[k].append(y)
+        node.inner = [[c] for c in carry] + ys_parts
+
+    def _expand_while(self, node: _Node) -> None:
+        p = node.eqn.params
+        cj, cconsts_extra = _closed(p["cond_jaxpr"])
+        bj, bconsts_extra = _closed(p["body_jaxpr"])
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        cconsts = [x.value for x in node.ins[:nc]]
+        bconsts = node.ins[nc:nc + nb]
+        carry = node.ins[nc + nb:]
+        it = 0
+        while True:
+            pred = jcore.eval_jaxpr(cj, cconsts_extra, *cconsts, *[c.value for c in carry])[0]
+            if not bool(np.asarray(pred)):
+                break
+            ctx = self._child(node, (f"while iteration {it}",), (it,))
+            carry, _ = self.run(bj, bconsts_extra, list(bconsts) + list(carry), ctx)
+            it += 1
+        node.inner = [[c] for c in carry]
+
+    def _expand_shard_map(self, node: _Node) -> None:
+        p = node.eqn.params
+        mesh = p["mesh"]
+        names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes")
+                                                       else mesh.devices.shape)
+        sub, consts = _closed(p["jaxpr"])
+        ins = []
+        for x, spec in zip(node.ins, p["in_specs"]):
+            link = _Node(None, [x], node.ctx, node.order + (-1,), link=True)
+            val = _Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
+            link.outs = [val]
+            ins.append(val)
+        ctx = self._child(node, ("shard_map",))
+        ctx.mesh = (names, sizes)
+        outs, _ = self.run(sub, consts, ins, ctx)
+        node.inner = [[o] for o in outs]
+
+
+def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:
+    """Global array -> per-device blocks stacked with the mesh axes leading."""
+    entries = tuple(spec) + (None,) * (a.ndim - len(tuple(spec)))
+    blocks = []
+    for coord in np.ndindex(*sizes):
+        index = []
+        for d, entry in enumerate(entries):
+            axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+            n, k = 1, 0
+            for ax in axes:
+                j = names.index(ax)
+                k = k * sizes[j] + coord[j]
+                n *= sizes[j]
+            size = a.shape[d] // n
+            index.append(slice(k * size, (k + 1) * size))
+        blocks.append(a[tuple(index)])
+    stacked = np.stack(blocks)
+    return stacked.reshape(*sizes, *blocks[0].shape)
+
