@@ -138,10 +138,10 @@ def test_guard_check_replicas_catches_missing_all_reduce_and_compiles_once():
     good = jaxsane.guard(shard_map_step(mesh, all_reduce=True), check_replicas=True, sync=True)
     p, _ = good(params, batch)
     p, _ = good(p, batch)   # the step's outputs carry P(None, None) where the inputs had P(): one retrace
-    compiled = good._compiled._cache_size()
+    compiled = good.compiles
     p, _ = good(p, batch)
     good.flush()
-    assert good.failures == [] and good._compiled._cache_size() == compiled
+    assert good.failures == [] and good.compiles == compiled
     bad = jaxsane.guard(shard_map_step(mesh, all_reduce=False), check_replicas=True, sync=True)
     with pytest.raises(jaxsane.ReplicaDivergenceError) as e:
         bad(params, batch)
@@ -229,14 +229,14 @@ def test_guard_replays_shards_to_find_the_rows_behind_a_nan_spread_by_all_reduce
     g = jaxsane.guard(step, sync=True, locate=False)
     params, _ = g(params, ok_batch)
     params, _ = g(params, ok_batch)
-    compiled = g._compiled._cache_size()
+    compiled = g.compiles
     with pytest.raises(jaxsane.NonFiniteError) as e:
         g(params, {"x": put(x, mesh, P("data"))})
     (shard,) = [f for f in g.failures if f.code == "dist.nonfinite_shard"]
     assert shard.extra["replayed"] and shard.extra["devices"] == [mesh.devices.flat[6].id]
     assert shard.extra["rows_held"] == [[12, 14]] and shard.extra["rows"] == [13]
     assert "rows 12:14" in str(e.value) and "row(s) 13 alone" in str(e.value)
-    assert g._compiled._cache_size() == compiled                     # the replays reuse the compiled step
+    assert g.compiles == compiled                     # the replays reuse the compiled step
 
 
 def test_no_attribution_on_unsharded_or_everywhere_nan():
@@ -251,11 +251,11 @@ def test_guard_skip_keeps_sharded_state_bitwise_and_compiles_once():
     g = jaxsane.guard(dp_step, on_nonfinite="skip", locate=False)
     state0, _ = g(state, make_batch(mesh))
     state1, _ = g(state0, make_batch(mesh))      # outputs carry P(None, None) for P(): one retrace, then stable
-    compiled = g._compiled._cache_size()
+    compiled = g.compiles
     state2, _ = g(state1, make_batch(mesh, nan_row=3))
     g(state2, make_batch(mesh, seed=1))
     g.flush()
-    assert g.skipped == 1 and g._compiled._cache_size() == compiled
+    assert g.skipped == 1 and g.compiles == compiled
     for a, b in zip(jax.tree.leaves(state1), jax.tree.leaves(state2)):
         assert np.array_equal(np.asarray(a), np.asarray(b)) and a.sharding == b.sharding
 

@@ -33,7 +33,7 @@ def test_healthy_steps_pass_and_compile_once(jit):
         expected, _ = jax.jit(optax_step)(expected, batch(seed=i))
     guarded.flush()
     assert guarded.failures == [] and guarded.step_count == 4
-    assert guarded._compiled._cache_size() == 1
+    assert guarded.compiles == 1
     np.testing.assert_allclose(np.asarray(state[0]["w"]), np.asarray(expected[0]["w"]), rtol=1e-6)
 
 
