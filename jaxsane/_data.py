@@ -16,249 +16,26 @@ Nothing here runs inside ``jit``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Iterator
+from collections.abc import Iterable
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from ._errors import DataError, JaxsaneError
+from ._data_read import _batches, _get, _host, _is_data, _leaves, _normalize, _num_rows, _slice, _take
+from ._errors import DataError
 from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
 from ._findings import Diagnosis, Finding
-from ._tree import explicit_sharding, path_str
+from ._row_hash import _U64, _combine, hash_rows
 
 PyTree = Any
 
-_U64 = np.uint64
-_C1, _C2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)   # splitmix64 multipliers
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
-_HASH_BLOCK_BYTES = 1 << 20    # rows hashed per numpy pass: ~1 MiB of words stays in cache
 _STATS_ROWS = 1024             # rows per chunk sampled for mean/std (scale check)
 _STATS_VALUES = 1 << 22        # after this many sampled values, sample every 16th row
 _MAX_CLASSES = 100_000         # integer labels above this (without num_classes) are not class ids
 
 
-# ----------------------------------------------------------------------------- hashing
-
-def _splitmix(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, in place on a uint64 array."""
-    z ^= z >> _U64(30)
-    z *= _C1
-    z ^= z >> _U64(27)
-    z *= _C2
-    z ^= z >> _U64(31)
-    return z
-
-
-_KEYS_CACHE: dict[int, np.ndarray] = {}
-
-
-def _position_keys(words: int) -> np.ndarray:
-    keys = _KEYS_CACHE.get(words)
-    if keys is None:
-        keys = _splitmix((np.arange(1, words + 1, dtype=_U64) * _GOLDEN))
-        _KEYS_CACHE[words] = keys
-    return keys
-
-
-def hash_rows(x: np.ndarray) -> np.ndarray:
-    """One uint64 content hash per row (leading axis) of ``x``, from its raw bytes. Not jit-safe.
-
-    Vectorized: no Python loop per example; memory beyond the output is about 1 MiB.
-    Equal rows (same dtype, shape and bytes) always get equal hashes.
-    """
-    n = x.shape[0]
-    rows = np.ascontiguousarray(x).reshape(n, -1).view(np.uint8)
-    nbytes = rows.shape[1]
-    out = np.empty(n, _U64)
-    if nbytes == 0 or n == 0:
-        out[:] = 0
-        return _splitmix(out)
-    width = -(-nbytes // 8) * 8
-    keys = _position_keys(width // 8)
-    block = max(1, _HASH_BLOCK_BYTES // width)
-    for s in range(0, n, block):
-        part = rows[s:s + block]
-        if width != nbytes:  # pad each row to whole 8-byte words
-            padded = np.zeros((len(part), width), np.uint8)
-            padded[:, :nbytes] = part
-            part = padded
-        z = part.view(_U64) ^ keys
-        z *= _C1
-        z ^= z >> _U64(32)
-        z *= _C2
-        z ^= z >> _U64(29)
-        out[s:s + block] = z.sum(axis=1, dtype=_U64)
-    out ^= _U64((nbytes * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
-    return _splitmix(out)
-
-
-def _combine(h: np.ndarray | None, g: np.ndarray) -> np.ndarray:
-    if h is None:
-        return g
-    h = h * _C1
-    h ^= g
-    return _splitmix(h)
-
-
-# ----------------------------------------------------------------------------- reading the data
-
-def _is_arraylike(x: Any) -> bool:
-    return isinstance(x, (np.ndarray, jax.Array, np.generic))
-
-
-def _normalize(tree: Any, where: str) -> PyTree:
-    """Arrays for every leaf (lists of numbers become arrays); clear errors for the rest."""
-    if isinstance(tree, Mapping):
-        return {k: _normalize(v, f"{where}[{k!r}]") for k, v in tree.items()}
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
-        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
-    if isinstance(tree, tuple):  # NamedTuple
-        return type(tree)(*(_normalize(v, f"{where}.{f}") for f, v in zip(tree._fields, tree)))
-    if isinstance(tree, list) and tree and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in tree):
-        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
-    if isinstance(tree, (str, bytes)):
-        raise DataError(f"{where} is a string ({tree[:30]!r}); tokenize/encode text to integer ids before "
-                        "it reaches the model.")
-    if isinstance(tree, jax.Array):
-        return tree
-    if isinstance(tree, (np.ndarray, np.generic, list, int, float, bool, complex)):
-        try:
-            arr = np.asarray(tree)
-        except ValueError as e:  # ragged nested lists
-            raise DataError(f"{where} is ragged (rows of different lengths): {e}. Pad every row to one "
-                            "length and pass a padding mask.") from None
-        if arr.dtype.kind in "OUSV":
-            kind = {"O": "object", "U": "string", "S": "bytes", "V": "void/structured"}[arr.dtype.kind]
-            raise DataError(f"{where} has dtype {arr.dtype} ({kind}); convert it to a numeric array "
-                            "(encode strings to ids, pad ragged rows to one length).")
-        return arr
-    if hasattr(tree, "__array__"):  # e.g. a torch tensor or pandas column
-        return _normalize(np.asarray(tree), where)
-    raise DataError(f"{where} is a {type(tree).__name__}, not an array: pass numpy/jax arrays, dicts or "
-                    "(x, y) tuples of them.")
-
-
-def _leaves(tree: PyTree, root: str) -> list[tuple[str, Any]]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return [(path_str(p, root), leaf) for p, leaf in flat]
-
-
-def _num_rows(tree: PyTree, where: str) -> int:
-    """The common leading size of every leaf with an axis; DataError when they disagree."""
-    first = None
-    for path, leaf in _leaves(tree, where):
-        if np.ndim(leaf) == 0:
-            continue
-        if first is None:
-            first = (path, leaf.shape[0])
-        elif leaf.shape[0] != first[1]:
-            raise DataError(f"ragged batch: {path} has {leaf.shape[0]} rows but {first[0]} has {first[1]}. "
-                            "Every array of a batch needs the same leading (example) axis.")
-    if first is None:
-        raise DataError(f"{where} has no array with a leading example axis.")
-    return int(first[1])
-
-
-def _indexable(a: Any) -> Any:
-    """``a``, or its host copy when it is sharded over Explicit mesh axes (whose row slices have no
-    unambiguous sharding on device)."""
-    if explicit_sharding(a) is not None and a.is_fully_addressable:
-        return np.asarray(a)
-    return a
-
-
-def _slice(tree: PyTree, s: int, e: int) -> PyTree:
-    return jax.tree_util.tree_map(lambda a: _indexable(a)[s:e] if np.ndim(a) else a, tree)
-
-
-def _take(tree: PyTree, idx: np.ndarray) -> PyTree:
-    return jax.tree_util.tree_map(lambda a: _indexable(a)[idx] if np.ndim(a) else a, tree)
-
-
-def _is_data(x: Any) -> bool:
-    """True for in-memory data (an array, a dict or a tuple of arrays), read as one whole split."""
-    if _is_arraylike(x) or isinstance(x, Mapping):
-        return True
-    return isinstance(x, tuple) and bool(x) and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in x)
-
-
-def _batches(data: Any, what: str, max_batches: int | None) -> tuple[bool, Iterator[tuple[int, PyTree]]]:
-    """(is_stream, iterator of (batch index, raw batch))."""
-    if data is not None and not _is_data(data) and callable(data):
-        data = data()
-    if _is_data(data):
-        return False, iter([(0, data)])
-    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
-        raise DataError(f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
-                        "(x, y) tuple of arrays, or an iterable of such batches.")
-
-    def gen():
-        it = iter(data)
-        b = 0
-        while max_batches is None or b < max_batches:
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            except JaxsaneError:
-                raise
-            except Exception as e:
-                raise DataError(f"reading {what} batch {b} raised {type(e).__name__}: {e} (in your data "
-                                "iterator; see the chained traceback)") from e
-            yield b, batch
-            b += 1
-    return True, gen()
-
-
-def _get(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,
-         required: bool) -> Any:
-    """Apply a handle (callable, dict key or default lookup) to a batch."""
-    if callable(spec):
-        try:
-            return spec(batch)
-        except JaxsaneError:
-            raise
-        except Exception as e:
-            raise DataError(f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
-                            "batch (or a slice of the data) and return an array.") from None
-    if isinstance(spec, str):
-        if isinstance(batch, Mapping):
-            if spec in batch:
-                return batch[spec]
-            raise DataError(f"{where} has no {what} key {spec!r}; its keys are {sorted(map(str, batch))}. "
-                            f"Pass {what}= one of them, or a function batch -> array.")
-        raise DataError(f"{what}={spec!r} names a dict key, but {where} is a {type(batch).__name__}; pass a "
-                        f"function batch -> array instead.")
-    if spec is not None:
-        raise DataError(f"{what} must be a function batch -> array, a dict key or None, got "
-                        f"{type(spec).__name__}.")
-    if isinstance(batch, Mapping):
-        for k in keys:
-            if k in batch:
-                return batch[k]
-        if required:
-            raise DataError(f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
-                            f"{list(keys)}. Pass {what}='your_key' or a function batch -> array.")
-        return None
-    if isinstance(batch, tuple):
-        if index is not None and len(batch) > index:
-            return batch[index]
-        if required:
-            raise DataError(f"{where} is a tuple of {len(batch)} arrays; the {what} should be element {index}. "
-                            f"Pass {what}= a function batch -> array.")
-        return None
-    if what == "inputs":  # a bare array is the inputs
-        return batch
-    if required:
-        raise DataError(f"{where} is a bare {type(batch).__name__} (inputs only) but {what} are needed (num_classes "
-                        f"was given): pass (x, y), a dict with a label key, or {what}= a function batch -> array.")
-    return None
-
-
-def _host(x: Any) -> np.ndarray:
-    return x if isinstance(x, np.ndarray) else np.asarray(x)
-
+# ----------------------------------------------------------------------------- per-split accumulators
 
 def _first(idx: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in idx[:k]]
