@@ -204,3 +204,32 @@ def test_groups_run_side_by_side_and_give_the_same_sweep():
 def test_bad_groups_is_a_clear_error():
     with pytest.raises(jaxsane.JaxsaneError, match=r"\[jaxsane\] overfit\(groups"):
         overfit(_tiny("healthy"), groups=0, steps=25)
+
+
+def test_states_with_prng_keys_and_python_scalars_stack_and_compile_once():
+    """The sweep compiles from abstract shapes while the states are built: a typed PRNG key leaf and a
+    Python int leaf (int64 on the host, int32 in jax) must match the compiled program exactly."""
+    tx = optax.adam(1e-2)
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        params = {"w": jax.random.normal(k1, (64, 10)) / 8.0, "b": jnp.zeros(10)}
+        return {"params": params, "opt": tx.init(params), "rng": k2, "count": 0}
+
+    def loss(params, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(batch["x"] @ params["w"] + params["b"],
+                                                               batch["y"]).mean()
+
+    @jax.jit
+    def step(state, batch):
+        rng, _ = jax.random.split(state["rng"])
+        value, grads = jax.value_and_grad(loss)(state["params"], batch)
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt, "rng": rng,
+                "count": state["count"] + 1}, {"loss": value}
+
+    exp = jaxsane.Experiment(init=init, step=step, train=_batch(), loss=loss, params=lambda s: s["params"],
+                             apply=lambda p, x: x @ p["w"] + p["b"])
+    result = overfit(exp, seeds=3, steps=300, groups=2)
+    assert result.compiles == 1 and result.groups == 2 and result.ok, result.table()
+    assert result.reached[result.real].all()
