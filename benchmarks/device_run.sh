@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The headline benchmarks in one prepared run, for a lent GPU machine (the `device` tool's `run`):
+#
+#     bash benchmarks/device_run.sh          # with timeout_s=560; results come back under $OUT
+#
+# It uses that machine's own python3, whose image already holds jax (CUDA), flax, optax, chex,
+# orbax, matplotlib, rich and scikit-learn (nothing can be installed there), and imports jaxsane
+# from this checkout through PYTHONPATH. Each benchmark has its own time limit, so one that hangs
+# cannot eat the others' time. QUICK=1 runs tiny settings (to check the script on a CPU box:
+# `PY=.venv/bin/python QUICK=1 bash benchmarks/device_run.sh`).
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PY:-python3}"
+OUT="${OUT:-/tmp/jaxsane-device-run}"
+mkdir -p "$OUT"
+
+run() {  # run NAME SECONDS SCRIPT ARGS...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$PY" -W ignore "$@" 2>&1 | tee "$OUT/$name.txt"
+    echo "== $name: exit ${PIPESTATUS[0]}"
+}
+
+"$PY" -c "import jax, jaxsane; print(jax.__version__, jax.default_backend(), jax.devices())" 2>&1 | tee "$OUT/devices.txt"
+if [ "${QUICK:-0}" = 1 ]; then
+    run overfit_sweep 120 benchmarks/overfit_sweep.py --reps 1 --steps 200
+    run guard_overhead 120 benchmarks/guard_overhead.py --steps 10
+    run monitor_overhead 120 benchmarks/monitor_overhead.py --only mlp --rounds 2 --steps 10
+    run nan_localization 180 benchmarks/nan_localization.py --skip-mlp --only log_of_zero_plain where_sqrt_trap_jit
+else
+    run overfit_sweep 200 benchmarks/overfit_sweep.py --reps 3
+    run guard_overhead 120 benchmarks/guard_overhead.py --steps 150
+    run monitor_overhead 90 benchmarks/monitor_overhead.py --only mlp --rounds 7 --steps 20
+    run nan_localization 120 benchmarks/nan_localization.py
+fi
