@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jcore
 
 from ._errors import DataError, ExperimentError, JaxsaneError
 from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
@@ -306,6 +307,57 @@ def _accuracy_fn(adapted: Adapted, params: PyTree, batch: PyTree) -> Callable | 
     return accuracy
 
 
+# ----------------------------------------------------------------------------- per-configuration setup
+
+@dataclasses.dataclass(frozen=True)
+class _HostPrepare:
+    """Init scales and learning rates applied on the host to stacked numpy states, so the compiled
+    sweep program does not carry that setup (less to compile). ``scaled``/``rates``: indices of the
+    state leaves to multiply by the init scale / to set to the learning rate."""
+
+    scaled: tuple[int, ...]
+    rates: tuple[int, ...]
+
+    def apply(self, states: PyTree, lrs: np.ndarray, scales: np.ndarray) -> PyTree:
+        """``states`` (leaves stacked ``[rows, ...]``) with row ``r`` scaled by ``scales[r]`` and its rate
+        set to ``lrs[r]`` (NaN: kept). Not jit-safe (numpy, as :func:`_scale_params` and
+        :func:`_set_learning_rate` compute it in a program)."""
+        leaves, treedef = jax.tree_util.tree_flatten(states)
+        for i in self.scaled:
+            x = np.asarray(leaves[i])
+            leaves[i] = (x * scales.reshape((-1,) + (1,) * (x.ndim - 1))).astype(x.dtype)
+        for i in self.rates:
+            x = np.asarray(leaves[i])
+            lr = lrs.reshape((-1,) + (1,) * (x.ndim - 1))
+            leaves[i] = np.where(np.isnan(lr), x, np.broadcast_to(lr, x.shape).astype(x.dtype))
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _host_prepare_plan(adapted: Adapted, example: PyTree, select: Callable[[str], bool],
+                       lr_paths: set) -> _HostPrepare | None:
+    """Which state leaves the init scales and learning rates touch, when the parameters are state leaves
+    passed through unchanged (``adapted.params`` forwards them: pure sub-trees, NNX ``Param`` states);
+    None otherwise (the sweep program then applies them itself). Not jit-safe."""
+    flat = jax.tree_util.tree_flatten_with_path(example)[0]
+    leaves = [leaf for _, leaf in flat]
+    try:
+        closed = jax.make_jaxpr(adapted.params)(example)
+        param_paths = [path_str(p, "params") for p, _ in
+                       jax.tree_util.tree_flatten_with_path(jax.eval_shape(adapted.params, example))[0]]
+    except Exception:  # noqa: BLE001 - any failure: leave the setup to the compiled program
+        return None
+    position = {v: i for i, v in enumerate(closed.jaxpr.invars)}
+    scaled = []
+    for var, path in zip(closed.jaxpr.outvars, param_paths):
+        if not isinstance(var, jcore.Var) or var not in position or len(closed.jaxpr.invars) != len(leaves):
+            return None
+        i = position[var]
+        if is_inexact(leaves[i]) and select(path) and isinstance(_host(leaves[i]), np.ndarray):
+            scaled.append(i)
+    rates = [i for i, (p, _) in enumerate(flat) if p in lr_paths]
+    return _HostPrepare(tuple(scaled), tuple(rates))
+
+
 # ----------------------------------------------------------------------------- the sweep
 
 def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
@@ -449,7 +501,9 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     accuracy = _accuracy_fn(adapted, adapted.params(example), batch)
     select = _selector(scale_leaves)
 
-    def prepare(state, lr, scale):
+    host_plan = _host_prepare_plan(adapted, example, select, lr_paths)
+
+    def prepare(state, lr, scale):  # in the compiled program, only when the host cannot do it
         state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
         return _set_learning_rate(state, lr_paths, lr) if lr_paths else state
 
@@ -461,7 +515,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
             loss = jnp.asarray(loss_fn(adapted.params(state), b), jnp.float32)
         return new_state, loss
 
-    spec = SweepSpec(one_step, prepare, None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
+    spec = SweepSpec(one_step, None if host_plan is not None else prepare, None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
                      chunk=chunk, n_chunks=max(1, math.ceil(steps / chunk)), target=target,
                      target_accuracy=target_accuracy)
     n_groups = default_groups(n_real) if groups is None else int(groups)
@@ -469,6 +523,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
     layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
     seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
+    lr_values = np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32)
+    scale_values = np.asarray([c.init_scale for c in configs], np.float32)
     treedef = jax.tree_util.tree_structure(example)
 
     per_seed: list[list[Any]] = []
@@ -482,16 +538,15 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         if any(len(leaves) != treedef.num_leaves for leaves in per_seed):
             raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
                                   "stacks one state per seed, so init must build the same pytree for every key.")
-        return stack_states(per_seed, treedef, seed_index[rows])
+        states = stack_states(per_seed, treedef, seed_index[rows])
+        return states if host_plan is None else host_plan.apply(states, lr_values[rows], scale_values[rows])
 
     traces = [0]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         out = run_sweep(
             spec, layout, build_states=build_states, example_state=example,
-            batch_for=lambda c: const_batch if configs[c].baseline else batch,
-            lrs=np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32),
-            scales=np.asarray([c.init_scale for c in configs], np.float32),
+            batch_for=lambda c: const_batch if configs[c].baseline else batch, lrs=lr_values, scales=scale_values,
             real=np.asarray([not c.baseline for c in configs]), early_exit=early_exit, traces=traces)
     losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
     acc_np = out.accuracy if accuracy is not None else None

@@ -97,10 +97,11 @@ def default_groups(n_real: int) -> int:
 class SweepSpec:
     """What one step of one configuration is and when it has fit. ``step`` is
     ``(state, batch) -> (state, loss)``; ``prepare`` is ``(state, lr, scale) -> state`` (lr NaN: keep the
-    state's rate); ``accuracy`` is ``(state, batch) -> accuracy`` or None. All jit-safe."""
+    state's rate), or None when the states come prepared; ``accuracy`` is ``(state, batch) -> accuracy``
+    or None. All jit-safe."""
 
     step: Callable[[PyTree, PyTree], tuple[PyTree, jax.Array]]
-    prepare: Callable[[PyTree, jax.Array, jax.Array], PyTree]
+    prepare: Callable[[PyTree, jax.Array, jax.Array], PyTree] | None
     accuracy: Callable[[PyTree, PyTree], jax.Array] | None
     chunk: int
     n_chunks: int
@@ -119,7 +120,8 @@ def sweep_program(spec: SweepSpec, traces: list[int]) -> Callable:
 
     def run(carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
         traces[0] += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
-        carry = carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
+        if spec.prepare is not None:
+            carry = carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
 
         def cond(c: Carry):
             done = jnp.all((c.reached_at >= 0) | ~real)

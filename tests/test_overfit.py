@@ -233,3 +233,21 @@ def test_states_with_prng_keys_and_python_scalars_stack_and_compile_once():
     result = overfit(exp, seeds=3, steps=300, groups=2)
     assert result.compiles == 1 and result.groups == 2 and result.ok, result.table()
     assert result.reached[result.real].all()
+
+
+def test_host_setup_and_in_program_setup_give_the_same_sweep(monkeypatch):
+    """Init scales and learning rates are applied to the stacked states on the host when the parameters
+    are forwarded state leaves; otherwise the compiled program applies them. Both give the same sweep."""
+    from jaxsane import _overfit
+
+    exp = _tiny("healthy", inject=True)
+    kwargs = dict(seeds=1, learning_rates=[0.0, 1e-2], init_scales=[0.0, 0.5, 1.0], steps=50, early_exit=False)
+    adapted = jaxsane._experiment.Adapted(exp)
+    plan = _overfit._host_prepare_plan(adapted, adapted.example_state, lambda path: True,
+                                       set(learning_rate_paths(adapted.example_state)))
+    assert plan is not None and len(plan.scaled) == 4 and len(plan.rates) == 1  # w1, b1, w2, b2; the rate
+    on_host = overfit(exp, **kwargs)
+    monkeypatch.setattr(_overfit, "_host_prepare_plan", lambda *a: None)
+    in_program = overfit(exp, **kwargs)
+    np.testing.assert_allclose(on_host.losses, in_program.losses, rtol=1e-6, atol=1e-7)
+    assert on_host.verdicts == in_program.verdicts and in_program.compiles == 1
