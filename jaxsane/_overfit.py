@@ -346,13 +346,15 @@ def _host_prepare_plan(adapted: Adapted, example: PyTree, select: Callable[[str]
                        jax.tree_util.tree_flatten_with_path(jax.eval_shape(adapted.params, example))[0]]
     except Exception:  # noqa: BLE001 - any failure: leave the setup to the compiled program
         return None
+    if len(closed.jaxpr.invars) != len(leaves):
+        return None
     position = {v: i for i, v in enumerate(closed.jaxpr.invars)}
     scaled = []
     for var, path in zip(closed.jaxpr.outvars, param_paths):
-        if not isinstance(var, jcore.Var) or var not in position or len(closed.jaxpr.invars) != len(leaves):
-            return None
+        if not isinstance(var, jcore.Var) or var not in position:
+            return None  # a parameter the state does not hold as is: the program scales it
         i = position[var]
-        if is_inexact(leaves[i]) and select(path) and isinstance(_host(leaves[i]), np.ndarray):
+        if is_inexact(leaves[i]) and select(path):
             scaled.append(i)
     rates = [i for i, (p, _) in enumerate(flat) if p in lr_paths]
     return _HostPrepare(tuple(scaled), tuple(rates))
