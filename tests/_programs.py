@@ -107,3 +107,19 @@ def nnx_step_tuple(state, b):
     value, grads = nnx.value_and_grad(nnx_loss)(model, b)
     optimizer.update(model, grads)
     return value
+
+
+def nnx_classifier_experiment(module, x, y, *, lr=1e-3, apply=lambda m, x: m(x), num_classes=None):
+    """An NNX ``module(rngs)`` classifier with Adam, a cross-entropy step returning the loss, one batch."""
+    def init(key):
+        model = module(nnx.Rngs(params=key))
+        return model, nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer, b):
+        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(b["x"]), b["y"]).mean()  # noqa: E731
+        value, grads = nnx.value_and_grad(loss)(model)
+        optimizer.update(model, grads)
+        return value
+
+    return jaxsane.Experiment(init=init, step=step, train={"x": x, "y": y}, apply=apply, num_classes=num_classes)

@@ -13,6 +13,8 @@ import jaxsane
 from jaxsane import check_batch_independence
 from jaxsane.testing import CheckFailed, assert_batch_independent
 
+from _programs import nnx_classifier_experiment
+
 X = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
 Y = (np.arange(8) % 3).astype(np.int32)
 W = jnp.asarray(np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32))
@@ -101,18 +103,7 @@ class _NNXBN(nnx.Module):
 
 
 def _nnx_experiment(apply):
-    def init(key):
-        model = _NNXBN(nnx.Rngs(params=key))
-        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, optimizer, batch):
-        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(batch["x"]), batch["y"]).mean()
-        value, grads = nnx.value_and_grad(loss)(model)
-        optimizer.update(model, grads)
-        return value
-
-    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=apply, num_classes=3)
+    return nnx_classifier_experiment(_NNXBN, X, Y, lr=1e-2, apply=apply, num_classes=3)
 
 
 def _eval_apply(model, x):

@@ -5,13 +5,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
 import jaxsane
 from jaxsane import activation_stats, check_init
 from jaxsane.testing import CheckFailed, assert_init_ok
+
+from _programs import nnx_classifier_experiment
 
 X = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)
 Y = (np.arange(32) % 4).astype(np.int32)
@@ -100,19 +101,7 @@ class _ZeroHidden(nnx.Module):
 
 
 def _nnx_experiment(module):
-    def init(key):
-        model = module(nnx.Rngs(params=key))
-        return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, optimizer, batch):
-        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(batch["x"]), batch["y"]).mean()
-        value, grads = nnx.value_and_grad(loss)(model)
-        optimizer.update(model, grads)
-        return value
-
-    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=lambda m, x: m(x),
-                              num_classes=4)
+    return nnx_classifier_experiment(module, X, Y, lr=1e-3, num_classes=4)
 
 
 def test_zero_init_nnx_layer_is_symmetric_in_doctor():
