@@ -27,7 +27,7 @@ from ._errors import DataError, ExperimentError, JaxsaneError
 from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
 from ._findings import Finding
 from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
-from ._tree import is_inexact, path_str
+from ._tree import host_leaf, is_inexact, path_str
 
 PyTree = Any
 
@@ -248,14 +248,6 @@ def _set_learning_rate(state: PyTree, paths: set, lr: jax.Array) -> PyTree:
 
 # ----------------------------------------------------------------------------- batches
 
-def _host(x: Any) -> Any:
-    """A numpy copy of an array leaf (PRNG keys and other extended dtypes stay jax arrays)."""
-    try:
-        return np.asarray(x)
-    except TypeError:
-        return x
-
-
 def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) -> PyTree:
     """``batch`` with every leaf of its inputs replaced by ``make(leaf)``."""
     inputs = get_inputs(exp, batch)
@@ -271,7 +263,7 @@ def constant_input_batch(exp: Experiment, batch: PyTree) -> PyTree:
     """``batch`` with constant inputs: float inputs become their mean over the batch axis, integer
     inputs (tokens) the first example's, repeated; labels unchanged. Not jit-safe."""
     def make(x):
-        x = _host(x)
+        x = host_leaf(x)
         if x.ndim == 0:
             return x
         row = np.mean(x, axis=0) if np.issubdtype(x.dtype, np.inexact) else x[0]
@@ -457,7 +449,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
     if batch is None:
         batch = slice_batch(first_batch(exp.train, "train"), batch_size)
-    batch = jax.tree_util.tree_map(_host, batch)  # host numpy: no per-leaf eager XLA compiles
+    batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
     from ._experiment import batch_size as _bs
     n_examples = _bs(batch)
     seed_list = _as_seeds(seeds)

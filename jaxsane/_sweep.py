@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._tree import host_leaf
+
 PyTree = Any
 
 
@@ -240,16 +242,9 @@ def stack_states(per_seed_leaves: Sequence[Sequence[Any]], treedef: Any, seed_of
     """Stack the per-seed states' leaves so row ``j`` is seed ``seed_of[j]``'s; host numpy with canonical
     dtypes where possible (PRNG keys and other extended dtypes stay jax arrays). Not jit-safe."""
     def stack(xs):
-        host = [_host(x) for x in xs]
+        host = [host_leaf(x) for x in xs]
         if all(isinstance(x, np.ndarray) for x in host):
             return _stack_host(host)[seed_of]
         return jnp.take(jnp.stack([jnp.asarray(x) for x in xs]), jnp.asarray(seed_of), axis=0)
     return jax.tree_util.tree_unflatten(treedef, [stack(xs) for xs in zip(*per_seed_leaves)])
 
-
-def _host(x: Any) -> Any:
-    """A numpy copy of an array leaf (PRNG keys and other extended dtypes stay jax arrays)."""
-    try:
-        return np.asarray(x)
-    except TypeError:
-        return x

@@ -84,6 +84,14 @@ def is_key(x: Any) -> bool:
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
+def host_leaf(x: Any) -> Any:
+    """A numpy copy of an array leaf (PRNG keys and other extended dtypes stay jax arrays). Not jit-safe."""
+    try:
+        return np.asarray(x)
+    except TypeError:
+        return x
+
+
 def to_host(tree: PyTree) -> PyTree:
     """Copy array leaves to host numpy (keeps dtypes, bfloat16 included; typed PRNG keys stay jax
     arrays since numpy cannot hold them). Not jit-safe."""
