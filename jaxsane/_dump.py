@@ -1,106 +1,423 @@
 """Safe dumps of a failing step's inputs: ``arrays.npz`` (no pickle) + ``tree.json``.
 
-A dump round-trips bitwise, bfloat16 and PRNG keys included. Plain containers (dict, list,
-tuple, None, NamedTuple) are rebuilt from the JSON description; other pytree nodes (a linen
-``TrainState``, an ``nnx.State``) are rebuilt by passing ``like=``, a pytree of the same
-structure (e.g. ``experiment.init(key)``). Nothing here is jit-safe.
+A dump round-trips bitwise, bfloat16, int4, float8 and typed PRNG keys included. Dumps are data,
+never code: the loader rebuilds containers from a closed set of kinds (dict with str/int keys, list,
+tuple, None, namedtuple and custom-node *shapes* recorded by field name) and never imports or calls
+a name found in the file. Custom pytree nodes (a linen ``TrainState``, an ``nnx.State``) come back
+as generic shapes unless ``like=`` (a pytree of the same structure, e.g. ``experiment.init(key)``)
+is passed. Every malformed file is a :class:`~jaxsane.DumpError`. Nothing here is jit-safe.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import importlib
 import json
+import keyword
 import os
+import re
+import stat
+import zipfile
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 
-from ._errors import JaxsaneError
-from ._tree import is_key as _is_key, path_str
+from ._errors import DumpError, DumpShapeError
+from ._tree import is_key as _is_key
 
-FORMAT = "jaxsane-dump-v1"
+FORMAT = "jaxsane-dump-v2"
+_READABLE = (FORMAT, "jaxsane-dump-v1")
+MAX_BYTES = 4 * 2**30   # total uncompressed array bytes a load accepts by default
+MAX_DEPTH = 100         # nesting depth of containers
+MAX_NODES = 1_000_000   # containers + leaves
+_MAX_JSON_BYTES = 256 * 2**20
+_INT64 = (-(2**63), 2**63 - 1)
+_NATIVE_KINDS = "biufcUSmM"   # stored as themselves by numpy's .npy format without pickle
+# ml_dtypes (bfloat16, float8_*, int4, ...) are stored as raw unsigned bytes of the same width and
+# re-viewed on load; only dtypes from this table are ever re-viewed.
+_RAW = {np.dtype(t).name: np.dtype(t) for t in vars(ml_dtypes).values()
+        if isinstance(t, type) and issubclass(t, np.generic)}
+_PYTHON = {"bool": bool, "int": int, "float": float, "complex": complex}
 
 
-def _encode_leaf(x: Any) -> tuple[np.ndarray, dict]:
-    """Leaf -> (storable numpy array, JSON meta)."""
+# ----------------------------------------------------------------------------- save
+
+def _key_desc(k: Any) -> dict:
+    """A child's key entry -> JSON (field name, dict key or position)."""
+    if isinstance(k, jax.tree_util.GetAttrKey):
+        return {"a": k.name}
+    if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, (str, int)) and not isinstance(k.key, bool):
+        return {"d": k.key}
+    if isinstance(k, (jax.tree_util.SequenceKey, jax.tree_util.FlattenedIndexKey)):
+        return {"i": k.idx if isinstance(k, jax.tree_util.SequenceKey) else k.key}
+    return {"r": repr(k)}
+
+
+def _children(x: Any) -> list | None:
+    """jax's one-level flatten of ``x`` as ``[(key entry, child)]``, or None when ``x`` is a leaf."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    if treedef.num_leaves == 1 and treedef.num_nodes == 1 and flat and flat[0][0] == ():
+        return None
+    return [(p[0], c) for p, c in flat]
+
+
+class _Encoder:
+    """Describes a pytree as JSON nodes; with ``leaves=None`` it records the structure only."""
+
+    def __init__(self, leaves: list | None, max_depth: int = MAX_DEPTH):
+        self.leaves, self.paths, self.count, self.max_depth = leaves, [], 0, max_depth
+
+    def node(self, x: Any, path: str, depth: int = 0) -> dict:
+        if depth > self.max_depth:
+            raise DumpError(f"cannot dump {path}: the tree is nested deeper than {self.max_depth} levels.")
+        if x is None:
+            return {"t": "none"}
+        if isinstance(x, dict):
+            bad = [k for k in x if not isinstance(k, (str, int)) or isinstance(k, bool)]
+            if bad or len({type(k) for k in x}) > 1:
+                what = f"a {type(bad[0]).__name__} key {bad[0]!r}" if bad else "both str and int keys"
+                raise DumpError(f"cannot dump {path}: the dict has {what}. Dumps keep dict keys that are all "
+                                "str or all int; convert the keys (e.g. str(k)) before the step.")
+        kids = _children(x)
+        if kids is None:
+            return self.leaf(x, path)
+        sub = [self.node(c, path + jax.tree_util.keystr((k,)), depth + 1) for k, c in kids]
+        if isinstance(x, tuple) and hasattr(type(x), "_fields"):
+            return {"t": "namedtuple", "name": type(x).__name__, "fields": list(type(x)._fields), "c": sub}
+        if type(x) in (tuple, list):
+            return {"t": type(x).__name__, "c": sub}
+        if type(x) is dict:
+            return {"t": "dict", "k": [k.key for k, _ in kids], "c": sub}
+        cls = type(x)
+        return {"t": "node", "type": f"{cls.__module__}:{cls.__qualname__}", "keys": [_key_desc(k) for k, _ in kids],
+                "dataclass": dataclasses.is_dataclass(x), "c": sub}
+
+    def leaf(self, x: Any, path: str) -> dict:
+        self.paths.append(path)
+        if self.leaves is not None:
+            self.leaves.append(x)
+        self.count += 1
+        return {"t": "leaf", "i": self.count - 1}
+
+
+def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
+    """Leaf -> (storable numpy array or None, JSON meta). Refuses what cannot come back exactly."""
     if _is_key(x):
         data = np.asarray(jax.random.key_data(x))
         return data, {"kind": "key", "impl": str(jax.random.key_impl(x)), "dtype": str(data.dtype)}
+    if isinstance(x, str):
+        return None, {"kind": "python", "type": "str", "value": x}
     if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
+        if isinstance(x, int) and not isinstance(x, bool) and not _INT64[0] <= x <= _INT64[1]:
+            return None, {"kind": "bigint", "value": str(x)}
         return np.asarray(x), {"kind": "python", "type": type(x).__name__}
     a = np.asarray(x)
-    meta = {"kind": "array", "dtype": str(a.dtype)}
-    if a.dtype.kind == "V" or a.dtype.name in ("bfloat16",) or a.dtype.kind not in "biufc":
-        # ml_dtypes (bfloat16, float8...) are stored as raw unsigned bytes of the same width.
+    meta = {"kind": "array", "dtype": str(a.dtype), "scalar": isinstance(x, np.generic)}
+    if a.dtype.name in _RAW and a.dtype == _RAW[a.dtype.name]:
         a = a.view(np.dtype(f"u{a.dtype.itemsize}"))
         meta["raw"] = True
+    elif a.dtype.kind not in _NATIVE_KINDS or a.dtype.hasobject:
+        what = f"a {type(x).__name__}" if a.dtype.kind == "O" else f"an array of dtype {a.dtype}"
+        raise DumpError(f"cannot dump {path}: it is {what}, which has no exact pickle-free form. Dumps hold "
+                        "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; pass the "
+                        "step numbers (or mark the argument static).")
     return a, meta
 
 
-def _decode_leaf(a: np.ndarray, meta: dict) -> Any:
-    if meta["kind"] == "key":
-        impl = meta["impl"]
+def _write_atomic(path: str, write) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict | None = None) -> str:
+    """Write ``args``/``kwargs`` (host or device arrays) under directory ``path``; returns it. Not jit-safe.
+
+    ``arrays.npz`` is written without pickle and ``tree.json`` last, each atomically, so a directory
+    with a ``tree.json`` holds a complete dump.
+
+    Raises:
+      DumpError: a leaf has no exact pickle-free form (an object array, an arbitrary Python object),
+        a dict has keys other than all-str or all-int, the tree is deeper than ``MAX_DEPTH``, or the
+        directory cannot be written (the message carries the OS error).
+    """
+    payload = (tuple(args), dict(kwargs or {}))
+    leaves: list = []
+    enc = _Encoder(leaves)
+    try:
+        tree = enc.node(payload, "")
+    except RecursionError:
+        raise DumpError(f"cannot dump to {path}: the tree is nested too deeply to describe.") from None
+    arrays, leaf_meta = {}, []
+    for i, (leaf, p) in enumerate(zip(leaves, enc.paths)):
+        name = ("args" + p[3:] if p.startswith("[0]") else "kwargs" + p[3:])
+        a, m = _encode_leaf(leaf, name)
+        if a is not None:
+            arrays[f"leaf_{i}"] = a
+            m["shape"] = list(a.shape)
+        m["path"] = name
+        leaf_meta.append(m)
+    description = {"format": FORMAT, "tree": tree, "leaves": leaf_meta, **(meta or {})}
+    text = json.dumps(description, indent=1, default=str)
+
+    def write_arrays(fh):
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, a in arrays.items():
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.ascontiguousarray(a) if a.ndim else a, allow_pickle=False)
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        _write_atomic(os.path.join(path, "arrays.npz"), write_arrays)
+        _write_atomic(os.path.join(path, "tree.json"), lambda fh: fh.write(text.encode()))
+    except OSError as e:
+        raise DumpError(f"cannot write the dump to {path}: {e.strerror or e}. Point dump_dir at a writable "
+                        "directory with free space.") from e
+    return path
+
+
+# ----------------------------------------------------------------------------- load
+
+def _open_regular(file: str, what: str):
+    """Open ``file`` for reading only if it is a regular file (no symlink, FIFO or device; never blocks)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        raise DumpError(f"{os.path.dirname(file)!r} is not a jaxsane dump: {what} is missing. A dump directory "
+                        "holds tree.json and arrays.npz; point at the directory a guarded step printed in its "
+                        "NonFiniteError.") from None
+    except OSError as e:
+        raise DumpError(f"cannot read {file}: {e.strerror or e}.") from e
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise DumpError(f"{file} is {kind}; a dump is read only from regular files. Copy the real file into "
+                        "the dump directory if you trust it.")
+    try:
+        fd = os.open(file, flags)
+    except OSError as e:
+        raise DumpError(f"cannot open {file}: {e.strerror or e} (a dump is read only from regular files).") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
+        os.close(fd)
+        raise DumpError(f"{file} is not a regular file; a dump is read only from regular files.")
+    return os.fdopen(fd, "rb")
+
+
+class _Reader:
+    """Validates tree.json and rebuilds it; every defect is a DumpError naming the file and JSON path."""
+
+    def __init__(self, file: str, leaf_meta: list, max_depth: int, max_nodes: int):
+        self.file, self.leaf_meta, self.max_depth, self.max_nodes = file, leaf_meta, max_depth, max_nodes
+        self.nodes, self.next_leaf, self.generic = 0, 0, {}
+
+    def fail(self, where: str, what: str) -> DumpError:
+        return DumpError(f"{self.file} is malformed at {where}: {what}.")
+
+    def check(self, node: Any, where: str, depth: int = 0) -> None:
+        """Validate one node (recursively), counting nodes and leaf references."""
+        if depth > self.max_depth:
+            raise self.fail(where, f"the tree is nested deeper than max_depth={self.max_depth}")
+        self.nodes += 1
+        if self.nodes > self.max_nodes:
+            raise self.fail(where, f"more than max_nodes={self.max_nodes} nodes")
+        if not isinstance(node, dict) or not isinstance(node.get("t"), str):
+            raise self.fail(where, f"expected a node object with a 't' kind, got {type(node).__name__}")
+        t = node["t"]
+        if t == "none":
+            return
+        if t == "leaf":
+            i = node.get("i")
+            if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
+                raise self.fail(where, f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves "
+                                f"(expected {self.next_leaf})")
+            self.next_leaf += 1
+            return
+        if t == "opaque":  # format v1: a run of leaves of a node that could not be described
+            r = node.get("range")
+            if (not isinstance(r, list) or len(r) != 2 or any(type(v) is not int for v in r)
+                    or r[0] != self.next_leaf or not r[0] <= r[1] <= len(self.leaf_meta)):
+                raise self.fail(where, f"bad leaf range {r!r}")
+            self.next_leaf = r[1]
+            return
+        if t not in ("tuple", "list", "dict", "namedtuple", "node"):
+            raise self.fail(where, f"unknown node kind {t!r} (a dump holds only none, leaf, tuple, list, dict, "
+                            "namedtuple and node)")
+        kids = node.get("c")
+        if not isinstance(kids, list):
+            raise self.fail(where, "a container without a 'c' list of children")
+        if t == "dict":
+            keys = node.get("k")
+            if (not isinstance(keys, list) or len(keys) != len(kids) or len({type(k) for k in keys}) > 1
+                    or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
+                    or len(set(keys)) != len(keys)):
+                raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
+        elif t == "namedtuple":
+            fields = node.get("fields")
+            if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
+                node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
+            if (not _identifier(node.get("name")) or not isinstance(fields, list) or len(fields) != len(kids)
+                    or not all(_identifier(f) and not f.startswith("_") for f in fields)
+                    or len(set(fields)) != len(fields)):
+                raise self.fail(where, "a namedtuple needs an identifier name and distinct identifier fields, "
+                                "one per child")
+        elif t == "node":
+            keys = node.get("keys")
+            if (not isinstance(node.get("type"), str) or not isinstance(keys, list) or len(keys) != len(kids)
+                    or not all(isinstance(k, dict) and len(k) == 1 and next(iter(k)) in "adir" for k in keys)):
+                raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
+        for j, c in enumerate(kids):
+            self.check(c, f"{where}.c[{j}]", depth + 1)
+
+    def build(self, node: dict, leaves: list, path: str) -> Any:
+        t = node["t"]
+        if t == "none":
+            return None
+        if t == "leaf":
+            return leaves[node["i"]]
+        if t == "opaque":
+            return list(leaves[node["range"][0]:node["range"][1]])
+        kids = node["c"]
+        if t == "dict":
+            return {k: self.build(c, leaves, f"{path}[{k!r}]") for k, c in zip(node["k"], kids)}
+        if t in ("tuple", "list"):
+            items = [self.build(c, leaves, f"{path}[{j}]") for j, c in enumerate(kids)]
+            return tuple(items) if t == "tuple" else items
+        if t == "namedtuple":
+            items = [self.build(c, leaves, f"{path}.{f}") for f, c in zip(node["fields"], kids)]
+            return _generic_type(node["name"], tuple(node["fields"]), node["name"])(*items)
+        # a custom node: a namedtuple shape when its children are named attributes, else a dict or tuple
+        keys = [next(iter(k.items())) for k in node["keys"]]
+        type_name = node["type"]
+        self.generic[path or "<root>"] = type_name
+        short = type_name.rpartition(":")[2].rpartition(".")[2]
+        names = [v for kind, v in keys if kind == "a"]
+        if len(names) == len(keys) and all(_identifier(v) and not v.startswith("_") for v in names) \
+                and len(set(names)) == len(names):
+            items = [self.build(c, leaves, f"{path}.{n}") for n, c in zip(names, kids)]
+            return _generic_type(short if _identifier(short) else "Node", tuple(names), type_name)(*items)
+        if all(kind == "d" for kind, _ in keys) and len({type(v) for _, v in keys}) <= 1 \
+                and len({v for _, v in keys}) == len(keys):
+            return {v: self.build(c, leaves, f"{path}[{v!r}]") for (_, v), c in zip(keys, kids)}
+        return tuple(self.build(c, leaves, f"{path}[{j}]") for j, c in enumerate(kids))
+
+
+def _identifier(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+_GENERIC_TYPES: dict = {}
+
+
+def _generic_type(name: str, fields: tuple, origin: str) -> type:
+    """A namedtuple made here from validated names; missing attributes explain how to get the real class."""
+    key = (name, fields, origin)
+    if key in _GENERIC_TYPES:
+        return _GENERIC_TYPES[key]
+    base = collections.namedtuple(name, fields, module=__name__)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise DumpShapeError(
+            f"{name} read from a dump is a generic shape with fields {list(fields)} (the dump recorded "
+            f"{origin}); it has no attribute {attr!r}. Dumps never import classes: pass like=<a pytree of "
+            "your own types> to jaxsane.load_dump, or `jaxsane replay DUMP --step module:experiment`.")
+
+    cls = type(name, (base,), {"__slots__": (), "__getattr__": __getattr__, "_jaxsane_origin": origin,
+                               "__module__": __name__})
+    if len(_GENERIC_TYPES) < 4096:
+        _GENERIC_TYPES[key] = cls
+    return cls
+
+
+def _check_npz(fh, file: str, needed: dict, max_bytes: int) -> None:
+    """Check the zip directory and every member's .npy header before anything is inflated."""
+    try:
+        zf = zipfile.ZipFile(fh)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise DumpError(f"{file} is not a readable .npz archive ({e}); the dump is truncated or damaged.") from None
+    with zf:
+        _check_members(zf, zf.infolist(), file, needed, max_bytes)
+
+
+def _check_members(zf: zipfile.ZipFile, infos: list, file: str, needed: dict, max_bytes: int) -> None:
+    total = sum(i.file_size for i in infos)
+    if total > max_bytes:
+        raise DumpError(f"{file} declares {total} bytes of arrays once inflated, over max_bytes={max_bytes}. "
+                        "If you trust this dump, pass a larger max_bytes= to load_dump.")
+    names = {i.filename: i for i in infos}
+    for name, meta in needed.items():
+        info = names.get(f"{name}.npy")
+        if info is None:
+            raise DumpError(f"{file} lacks the array {name}.npy for {meta.get('path') or name}; the dump is "
+                            "incomplete.")
+        try:
+            with zf.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+                if version not in read:
+                    raise ValueError(f"unsupported .npy version {version}")
+                shape, fortran, dtype = read[version](member)
+                header = member.tell()
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError) as e:
+            raise DumpError(f"{file}: member {name}.npy has a bad .npy header ({e}).") from None
+        if dtype.hasobject:
+            raise DumpError(f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
+                            "The file was not written by jaxsane.")
+        if header + int(np.prod(shape, dtype=object)) * dtype.itemsize != info.file_size:
+            raise DumpError(f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not match "
+                            "its size in the archive; the dump is truncated or damaged.")
+
+
+def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
+    kind = meta.get("kind")
+    if kind == "bigint":
+        value = meta.get("value")
+        if not isinstance(value, str) or not re.fullmatch(r"-?[0-9]{1,4300}", value):
+            raise DumpError(f"{where}: a big integer must be a decimal string, got {value!r}.")
+        return int(value)
+    if kind == "python" and meta.get("type") == "str":
+        if not isinstance(meta.get("value"), str):
+            raise DumpError(f"{where}: a str leaf without a string value.")
+        return meta["value"]
+    if kind == "key":
+        impl = meta.get("impl")
+        if not isinstance(impl, str) or a.dtype.kind != "u":
+            raise DumpError(f"{where}: a PRNG key needs an implementation name and unsigned key data.")
         try:
             return jax.random.wrap_key_data(a, impl=impl)
-        except Exception:  # older impl spellings
-            return jax.random.wrap_key_data(a)
-    if meta["kind"] == "python":
-        return {"bool": bool, "int": int, "float": float, "complex": complex}[meta["type"]](a.item())
+        except Exception as e:  # an unknown implementation or key data of the wrong shape
+            raise DumpError(f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} ({e}).") from None
+    if kind == "python":
+        typ = _PYTHON.get(meta.get("type"))
+        if typ is None or a.ndim != 0:
+            raise DumpError(f"{where}: bad Python scalar type {meta.get('type')!r} or shape {a.shape}.")
+        return typ(a.item())
+    if kind != "array":
+        raise DumpError(f"{where}: unknown leaf kind {kind!r} (array, key, python or bigint).")
+    dtype = meta.get("dtype")
     if meta.get("raw"):
-        import ml_dtypes  # noqa: F401  (registers bfloat16 & co with numpy)
-        return a.view(np.dtype(meta["dtype"]))
-    return a
-
-
-def _encode_tree(tree: Any, leaves: list) -> Any:
-    """JSON description of plain containers; anything else becomes an opaque node."""
-    if tree is None:
-        return {"t": "none"}
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        cls = type(tree)
-        return {"t": "namedtuple", "cls": f"{cls.__module__}:{cls.__qualname__}", "fields": list(tree._fields),
-                "c": [_encode_tree(v, leaves) for v in tree]}
-    if isinstance(tree, (tuple, list)):
-        return {"t": type(tree).__name__, "c": [_encode_tree(v, leaves) for v in tree]}
-    if isinstance(tree, dict):
-        keys = list(tree.keys())
-        if all(isinstance(k, str) for k in keys):
-            keys = sorted(keys)  # jax flattens dicts in sorted-key order; leaves stay in that order
-            return {"t": "dict", "k": keys, "c": [_encode_tree(tree[k], leaves) for k in keys]}
-    sub_leaves = jax.tree_util.tree_leaves(tree)
-    if len(sub_leaves) == 1 and sub_leaves[0] is tree:
-        leaves.append(tree)
-        return {"t": "leaf", "i": len(leaves) - 1}
-    start = len(leaves)
-    leaves.extend(sub_leaves)
-    return {"t": "opaque", "type": type(tree).__qualname__, "range": [start, len(leaves)]}
-
-
-def _decode_tree(node: dict, leaves: list) -> Any:
-    t = node["t"]
-    if t == "none":
-        return None
-    if t == "leaf":
-        return leaves[node["i"]]
-    if t in ("tuple", "list"):
-        items = [_decode_tree(c, leaves) for c in node["c"]]
-        return tuple(items) if t == "tuple" else items
-    if t == "dict":
-        return {k: _decode_tree(c, leaves) for k, c in zip(node["k"], node["c"])}
-    if t == "namedtuple":
-        items = [_decode_tree(c, leaves) for c in node["c"]]
-        module, _, qualname = node["cls"].partition(":")
-        try:
-            cls: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                cls = getattr(cls, part)
-            return cls(*items)
-        except Exception:
-            return dict(zip(node["fields"], items))
-    start, stop = node["range"]
-    return list(leaves[start:stop])
+        target = _RAW.get(dtype) if isinstance(dtype, str) else None
+        if target is None or a.dtype != np.dtype(f"u{target.itemsize}"):
+            raise DumpError(f"{where}: raw dtype {dtype!r} is not an ml_dtypes type stored as {a.dtype}.")
+        a = a.view(target)
+    elif str(a.dtype) != dtype:
+        raise DumpError(f"{where}: the array has dtype {a.dtype} but tree.json says {dtype!r}.")
+    if meta.get("shape") is not None and list(a.shape) != meta["shape"]:
+        raise DumpError(f"{where}: the array has shape {list(a.shape)} but tree.json says {meta['shape']}.")
+    return a[()] if meta.get("scalar") and a.ndim == 0 else a
 
 
 @dataclasses.dataclass
@@ -110,68 +427,162 @@ class Dump:
     Attributes:
       args, kwargs: the step's positional and keyword arguments.
       meta: the JSON description (step index, finding, paths, dtypes).
+      generic: ``{path: recorded type}`` of custom pytree nodes rebuilt as generic shapes (a
+        namedtuple with the same field names, or a dict); pass ``like=`` to get your own classes.
     """
 
     args: tuple
     kwargs: dict
     meta: dict
+    generic: dict = dataclasses.field(default_factory=dict)
 
     @property
     def step(self) -> int | None:
-        return self.meta.get("step")
+        step = self.meta.get("step")
+        return step if type(step) is int else None
 
     @property
     def finding(self) -> dict | None:
-        return self.meta.get("finding")
+        finding = self.meta.get("finding")
+        return finding if isinstance(finding, dict) else None
 
 
-def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict | None = None) -> str:
-    """Write ``args``/``kwargs`` (host or device arrays) under directory ``path``; returns it."""
-    os.makedirs(path, exist_ok=True)
-    payload = (tuple(args), dict(kwargs or {}))
-    leaves: list = []
-    tree = _encode_tree(payload, leaves)
-    arrays, leaf_meta = {}, []
-    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(payload)[0]]
-    for i, leaf in enumerate(leaves):
-        arrays[f"leaf_{i}"], m = _encode_leaf(leaf)
-        m["path"] = paths[i] if len(paths) == len(leaves) else None
-        m["shape"] = list(np.shape(arrays[f"leaf_{i}"]))
-        leaf_meta.append(m)
-    np.savez(os.path.join(path, "arrays.npz"), **arrays)
-    description = {"format": FORMAT, "tree": tree, "leaves": leaf_meta, **(meta or {})}
-    with open(os.path.join(path, "tree.json"), "w") as fh:
-        json.dump(description, fh, indent=1, default=str)
-    return path
+def _first_difference(want: dict, got: dict, path: str) -> str | None:
+    """The first path where two structure descriptions differ, with what differs; None when equal."""
+    def kind(n):
+        if n["t"] == "namedtuple":
+            return f"namedtuple {n['name']}{tuple(n['fields'])}"
+        if n["t"] == "node":
+            return f"{n['type'].rpartition(':')[2]} node"
+        return {"none": "None", "leaf": "a leaf"}.get(n["t"], n["t"])
+
+    tw, tg = want["t"], got["t"]
+    if tg == "opaque":  # v1 dumps described custom nodes only by their leaf count
+        return None
+    same = tw == tg
+    if same and tw == "namedtuple":
+        same = want["name"] == got["name"] and list(want["fields"]) == list(got["fields"])
+    if same and tw == "node":
+        same = (want["type"].rpartition(":")[2] == got["type"].rpartition(":")[2]
+                and want["keys"] == got["keys"])
+    if same and tw == "dict":
+        same = list(want["k"]) == list(got["k"])
+    if same and tw in ("tuple", "list", "namedtuple", "node", "dict"):
+        same = len(want["c"]) == len(got["c"])
+    if not same:
+        extra = ""
+        if tw == tg == "dict":
+            extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
+        elif tw == tg and "c" in want:
+            extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
+        return f"{path or '<root>'}: like= has {kind(want)}, the dump has {kind(got)}{extra}"
+    if tw in ("none", "leaf"):
+        return None
+    if tw == "dict":
+        steps = [f"[{k!r}]" for k in want["k"]]
+    elif tw == "namedtuple":
+        steps = [f".{f}" for f in want["fields"]]
+    elif tw == "node":
+        steps = [jax.tree_util.keystr((jax.tree_util.GetAttrKey(v),)) if k == "a" else f"[{v!r}]"
+                 for k, v in (next(iter(d.items())) for d in want["keys"])]
+    else:
+        steps = [f"[{j}]" for j in range(len(want["c"]))]
+    for s, a, b in zip(steps, want["c"], got["c"]):
+        diff = _first_difference(a, b, path + s)
+        if diff:
+            return diff
+    return None
 
 
-def load_dump(path: str, like: Any = None) -> Dump:
+def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH,
+              max_nodes: int = MAX_NODES) -> Dump:
     """Read a dump written by a guarded step (``guard(..., dump_dir=...)``). Not jit-safe.
+
+    Safe on a dump from a stranger: nothing named in the files is imported or called, arrays are
+    read without pickle, only regular files are opened (no symlinks, FIFOs or devices), and the
+    sizes are checked from the zip directory and ``.npy`` headers before anything is inflated.
 
     Args:
       path: the dump directory (holding ``arrays.npz`` and ``tree.json``).
       like: optional pytree with the structure of the step's positional args, used to rebuild
-        custom pytree nodes (TrainState, nnx.State); plain containers need nothing.
+        custom pytree nodes (TrainState, nnx.State) as your own classes; it must have the dump's
+        structure. Without it those nodes come back as generic shapes (see ``Dump.generic``).
+      max_bytes: refuse dumps whose arrays inflate to more bytes than this (default 4 GiB).
+      max_depth, max_nodes: refuse trees nested deeper, or with more containers and leaves.
 
     Returns:
       A :class:`Dump` whose ``args``/``kwargs`` are bitwise the failing step's inputs.
+
+    Raises:
+      DumpError: the directory is not a dump, a file is damaged, truncated, not a regular file,
+        over a limit, or ``like`` has another structure (the message names the first differing path).
     """
     tree_file, array_file = os.path.join(path, "tree.json"), os.path.join(path, "arrays.npz")
-    if not (os.path.isfile(tree_file) and os.path.isfile(array_file)):
-        raise JaxsaneError(f"{path!r} is not a jaxsane dump: it needs tree.json and arrays.npz. Point at the "
-                           "directory a guarded step printed in its NonFiniteError.")
-    with open(tree_file) as fh:
-        meta = json.load(fh)
-    if meta.get("format") != FORMAT:
-        raise JaxsaneError(f"{path!r} has format {meta.get('format')!r}; this jaxsane reads {FORMAT!r}.")
-    with np.load(array_file, allow_pickle=False) as data:
-        leaves = [_decode_leaf(data[f"leaf_{i}"], m) for i, m in enumerate(meta["leaves"])]
+    with _open_regular(tree_file, "tree.json") as fh:
+        if os.fstat(fh.fileno()).st_size > _MAX_JSON_BYTES:
+            raise DumpError(f"{tree_file} is larger than {_MAX_JSON_BYTES} bytes; not a jaxsane dump description.")
+        raw = fh.read(_MAX_JSON_BYTES + 1)
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise DumpError(f"{tree_file} is not valid JSON ({type(e).__name__}: {str(e)[:200]}); the dump is "
+                        "truncated or damaged.") from None
+    if not isinstance(meta, dict):
+        raise DumpError(f"{tree_file} holds a JSON {type(meta).__name__}, not the object a dump description is.")
+    if meta.get("format") not in _READABLE:
+        raise DumpError(f"{path!r} has format {meta.get('format')!r}; this jaxsane reads {FORMAT!r}.")
+    leaf_meta, tree = meta.get("leaves"), meta.get("tree")
+    if not isinstance(leaf_meta, list) or not all(isinstance(m, dict) for m in leaf_meta):
+        raise DumpError(f"{tree_file} is malformed at leaves: expected a list of leaf objects.")
+    if len(leaf_meta) > max_nodes:
+        raise DumpError(f"{tree_file} describes {len(leaf_meta)} leaves, over max_nodes={max_nodes}.")
+    reader = _Reader(tree_file, leaf_meta, max_depth, max_nodes)
+    reader.check(tree, "tree")
+    if (tree["t"] != "tuple" or len(tree["c"]) != 2 or tree["c"][0]["t"] not in ("tuple", "list")
+            or tree["c"][1]["t"] != "dict"):
+        raise reader.fail("tree", "the root must be (args tuple, kwargs dict)")
+    if reader.next_leaf != len(leaf_meta):
+        raise reader.fail("leaves", f"the tree uses {reader.next_leaf} of {len(leaf_meta)} leaves")
+    stored = {f"leaf_{i}": m for i, m in enumerate(leaf_meta) if m.get("kind") not in ("bigint",)
+              and not (m.get("kind") == "python" and m.get("type") == "str")}
+    leaves = []
+    with _open_regular(array_file, "arrays.npz") as fh:
+        _check_npz(fh, array_file, stored, max_bytes)
+        fh.seek(0)
+        try:
+            with np.load(fh, allow_pickle=False) as data:
+                for i, m in enumerate(leaf_meta):
+                    where = f"{path}: leaf {i} ({m.get('path') or '?'})"
+                    leaves.append(_decode_leaf(data[f"leaf_{i}"] if f"leaf_{i}" in stored else None, m, where))
+        except DumpError:
+            raise
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as e:
+            raise DumpError(f"{array_file} cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump is "
+                            "truncated or damaged.") from None
+    args_node, kw_node = tree["c"]
     if like is not None:
         like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
-        n_args = len(jax.tree_util.tree_leaves(like_args))
+        try:
+            want = _Encoder(None).node(like_args, "")
+        except (DumpError, RecursionError) as e:
+            raise DumpError(f"like= cannot be described as a dump structure: {e}") from None
+        diff = _first_difference(want, args_node, "args")
+        if diff:
+            raise DumpError(f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
+                            "with the structure of the dumped step's positional args, or no like= at all.")
+        n_args = sum(1 for _ in _leaf_indices(args_node))
         args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
-        kw_node = meta["tree"]["c"][1]
-        kwargs = _decode_tree(kw_node, leaves)
-        return Dump(tuple(args), kwargs, meta)
-    args, kwargs = _decode_tree(meta["tree"], leaves)
-    return Dump(tuple(args), kwargs, meta)
+    else:
+        args = reader.build(args_node, leaves, "args")
+    kwargs = reader.build(kw_node, leaves, "kwargs")
+    return Dump(tuple(args), kwargs, meta, reader.generic)
+
+
+def _leaf_indices(node: dict):
+    if node["t"] == "leaf":
+        yield node["i"]
+    elif node["t"] == "opaque":
+        yield from range(*node["range"])
+    else:
+        for c in node.get("c", ()):
+            yield from _leaf_indices(c)

@@ -22,13 +22,15 @@ class NonFiniteError(JaxsaneError, FloatingPointError):
       dump_path: directory of the dump of the failing step's inputs, or None.
       inputs: the failing step's exact inputs as host numpy pytrees ``(args, kwargs)``.
       located: the :func:`jaxsane.locate` report on those inputs, when one was made.
+      dump_error: why the dump could not be written (then ``dump_path`` is None), or None.
     """
 
     def __init__(self, message: str, finding: Any = None, *, dump_path: str | None = None,
-                 inputs: Any = None, located: Any = None):
+                 inputs: Any = None, located: Any = None, dump_error: str | None = None):
         super().__init__(message)
         self.finding = finding
         self.dump_path = dump_path
+        self.dump_error = dump_error
         self.inputs = inputs
         self.located = located
 
@@ -47,3 +49,11 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class DumpError(JaxsaneError, ValueError):
+    """A dump cannot be written exactly, or a file read as a dump is damaged, hostile or over a limit."""
+
+
+class DumpShapeError(JaxsaneError, AttributeError):
+    """An attribute was asked of a generic shape rebuilt from a dump; pass ``like=`` for your own classes."""
