@@ -66,8 +66,9 @@ def _children(x: Any) -> list | None:
 class _Encoder:
     """Describes a pytree as JSON nodes; with ``leaves=None`` it records the structure only."""
 
-    def __init__(self, leaves: list | None, max_depth: int = MAX_DEPTH):
+    def __init__(self, leaves: list | None, max_depth: int = MAX_DEPTH, root_names: tuple | None = None):
         self.leaves, self.paths, self.count, self.max_depth = leaves, [], 0, max_depth
+        self.root_names = root_names
 
     def node(self, x: Any, path: str, depth: int = 0) -> dict:
         if depth > self.max_depth:
@@ -83,7 +84,9 @@ class _Encoder:
         kids = _children(x)
         if kids is None:
             return self.leaf(x, path)
-        sub = [self.node(c, path + jax.tree_util.keystr((k,)), depth + 1) for k, c in kids]
+        # a dump's root is (args, kwargs): its children are named so, deeper ones by jax's key path
+        sub = [self.node(c, self.root_names[j] if depth == 0 and self.root_names else
+                         path + jax.tree_util.keystr((k,)), depth + 1) for j, (k, c) in enumerate(kids)]
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):
             return {"t": "namedtuple", "name": type(x).__name__, "fields": list(type(x)._fields), "c": sub}
         if type(x) in (tuple, list):
@@ -119,7 +122,8 @@ def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
         a = a.view(np.dtype(f"u{a.dtype.itemsize}"))
         meta["raw"] = True
     elif a.dtype.kind not in _NATIVE_KINDS or a.dtype.hasobject:
-        what = f"a {type(x).__name__}" if a.dtype.kind == "O" else f"an array of dtype {a.dtype}"
+        what = (f"a {type(x).__name__} object" if a.dtype.kind == "O" and not isinstance(x, np.ndarray)
+                else f"an array of dtype {a.dtype}")
         raise DumpError(f"cannot dump {path}: it is {what}, which has no exact pickle-free form. Dumps hold "
                         "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; pass the "
                         "step numbers (or mark the argument static).")
@@ -155,14 +159,13 @@ def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict 
     """
     payload = (tuple(args), dict(kwargs or {}))
     leaves: list = []
-    enc = _Encoder(leaves)
+    enc = _Encoder(leaves, root_names=("args", "kwargs"))
     try:
         tree = enc.node(payload, "")
     except RecursionError:
         raise DumpError(f"cannot dump to {path}: the tree is nested too deeply to describe.") from None
     arrays, leaf_meta = {}, []
-    for i, (leaf, p) in enumerate(zip(leaves, enc.paths)):
-        name = ("args" + p[3:] if p.startswith("[0]") else "kwargs" + p[3:])
+    for i, (leaf, name) in enumerate(zip(leaves, enc.paths)):
         a, m = _encode_leaf(leaf, name)
         if a is not None:
             arrays[f"leaf_{i}"] = a
@@ -563,7 +566,7 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
     if like is not None:
         like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
         try:
-            want = _Encoder(None).node(like_args, "")
+            want = _Encoder(None).node(like_args, "like")
         except (DumpError, RecursionError) as e:
             raise DumpError(f"like= cannot be described as a dump structure: {e}") from None
         diff = _first_difference(want, args_node, "args")

@@ -418,17 +418,23 @@ class Guarded:
             file, line = getattr(origin, "file", None), getattr(origin, "line", None)
             hint = getattr(origin, "fix", None) or hint
             message += f"; origin: {origin.summary()}"
-        dump_path = None
+        dump_path, dump_error = None, None
         if self.dump_dir and host_inputs is not None:
             from ._dump import save_dump
             dump_path = os.path.join(self.dump_dir, f"step_{rec.step:06d}")
-            if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
-                save_dump(dump_path, host_inputs[0], host_inputs[1],
-                          meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths}})
-            message += f" (inputs dumped to {dump_path})"
+            try:
+                if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
+                    save_dump(dump_path, host_inputs[0], host_inputs[1],
+                              meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths}})
+                message += f" (inputs dumped to {dump_path})"
+            except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
+                dump_error, dump_path = str(e), None
+                message += (f" (warning: the inputs could not be dumped: {dump_error}; they are still in "
+                            "NonFiniteError.inputs)")
         finding = Finding(code, message, hint, path=paths[0] if paths else None, step=rec.step, file=file,
                           line=line, extra={"paths": paths, "policy": self.on_nonfinite,
                                             **({"dump": dump_path} if dump_path else {}),
+                                            **({"dump_error": dump_error} if dump_error else {}),
                                             **({"nonfinite_shard": {"message": shard.message, **shard.extra}}
                                                if shard is not None else {})})
         self.failures.append(finding)
@@ -453,7 +459,8 @@ class Guarded:
             warnings.warn(text, JaxsaneWarning, stacklevel=3)
             return
         self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
-        raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located)
+        raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located,
+                             dump_error=dump_error)
 
 
 @dataclasses.dataclass

@@ -96,7 +96,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """``jaxsane replay DUMP_DIR --step MODULE:ATTR``: re-run :func:`jaxsane.locate` on a guard dump."""
     from ._dump import load_dump
-    from ._errors import JaxsaneError
+    from ._errors import DumpError, DumpShapeError, JaxsaneError
     from ._locate import replay_dump
 
     if not os.path.isdir(args.dump):
@@ -104,6 +104,9 @@ def _replay(args: argparse.Namespace) -> int:
     target = load_target(args.step, raw=True)
     try:
         report = replay_dump(args.dump, target, load=load_dump)
+    except (DumpError, DumpShapeError) as e:  # a damaged or hostile dump, or a class it cannot rebuild
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
     except JaxsaneError as e:
         raise UsageError(str(e)) from e
     if report is None:
