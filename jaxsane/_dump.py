@@ -476,6 +476,10 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
         extra = ""
         if tw == tg == "dict":
             extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
+        elif tw == tg == "node" and want["keys"] != got["keys"]:
+            def names(n):
+                return [next(iter(k.values())) for k in n["keys"]]
+            extra = f" (children {names(want)} vs {names(got)})"
         elif tw == tg and "c" in want:
             extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
         return f"{path or '<root>'}: like= has {kind(want)}, the dump has {kind(got)}{extra}"

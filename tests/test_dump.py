@@ -430,3 +430,30 @@ def test_replay_of_a_damaged_dump_exits_2_with_the_message(tmp_path, capsys):
     assert cli.main(["replay", d, "--step", f"{step_file}:step"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("[jaxsane] ") and "not valid JSON" in err and "Traceback" not in err
+
+
+def test_replay_of_custom_nodes_without_the_experiment_says_to_pass_it(tmp_path, capsys):
+    from jaxsane import cli
+    d = str(tmp_path / "d")
+    jaxsane.save_dump(d, (linen_init(jax.random.key(0)), batch()))
+    programs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_programs.py")
+    assert cli.main(["replay", d, "--step", f"{programs}:linen_step"]) == 2
+    err = capsys.readouterr().err
+    assert "generic shape" in err and "--step module:experiment" in err and "Traceback" not in err
+
+
+def test_nnx_state_dumps_round_trip_through_like(tmp_path):
+    from flax import nnx
+    from _programs import nnx_init
+    model, optimizer = nnx_init(jax.random.key(0))
+    states = (nnx.state(model), nnx.state(optimizer), batch())
+    d = str(tmp_path / "d")
+    jaxsane.save_dump(d, states)
+    plain = jaxsane.load_dump(d)
+    assert isinstance(plain.args[0], dict) and plain.generic["args[0]"].endswith("statelib:State")
+    liked = jaxsane.load_dump(d, like=states)
+    assert jax.tree.structure(liked.args) == jax.tree.structure(states)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(liked.args), jax.tree.leaves(states)))
+    with pytest.raises(DumpError, match=r"args\[1\]: like= has State node, the dump has State node "
+                                        r"\(children \['l1', 'l2'\] vs \['opt_state', 'step'\]\)"):
+        jaxsane.load_dump(d, like=(states[0], states[0], states[2]))
