@@ -347,6 +347,13 @@ def _generic_type(name: str, fields: tuple, origin: str) -> type:
 
 def _check_npz(fh, file: str, needed: dict, max_bytes: int) -> None:
     """Check the zip directory and every member's .npy header before anything is inflated."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > max_bytes + 1024 * (len(needed) + 1) + 2**20:  # a stored zip is its data plus small headers
+        raise DumpError(f"{file} is {size} bytes, more than max_bytes={max_bytes} of arrays can take. If you "
+                        "trust this dump, pass a larger max_bytes= to load_dump.")
+    if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would read other formats (.npy, pickle)
+        raise DumpError(f"{file} is not a zip archive (.npz); the dump is damaged or was not written by jaxsane.")
+    fh.seek(0)
     try:
         zf = zipfile.ZipFile(fh)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
@@ -374,7 +381,8 @@ def _check_members(zf: zipfile.ZipFile, infos: list, file: str, needed: dict, ma
                     raise ValueError(f"unsupported .npy version {version}")
                 shape, fortran, dtype = read[version](member)
                 header = member.tell()
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError) as e:
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError, RuntimeError,
+                NotImplementedError) as e:  # RuntimeError: encrypted; NotImplementedError: compression method
             raise DumpError(f"{file}: member {name}.npy has a bad .npy header ({e}).") from None
         if dtype.hasobject:
             raise DumpError(f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
@@ -402,11 +410,14 @@ def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
         try:
             return jax.random.wrap_key_data(a, impl=impl)
         except Exception as e:  # an unknown implementation or key data of the wrong shape
-            raise DumpError(f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} ({e}).") from None
+            raise DumpError(f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} "
+                            f"({e}).") from None
     if kind == "python":
         typ = _PYTHON.get(meta.get("type"))
-        if typ is None or a.ndim != 0:
-            raise DumpError(f"{where}: bad Python scalar type {meta.get('type')!r} or shape {a.shape}.")
+        if typ is None or a.ndim != 0 or a.dtype.kind != {"bool": "b", "int": "i", "float": "f", "complex": "c"}[
+                meta["type"]]:
+            raise DumpError(f"{where}: bad Python scalar type {meta.get('type')!r} for a {a.dtype} array of "
+                            f"shape {a.shape}.")
         return typ(a.item())
     if kind != "array":
         raise DumpError(f"{where}: unknown leaf kind {kind!r} (array, key, python or bigint).")
@@ -531,7 +542,7 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
         raw = fh.read(_MAX_JSON_BYTES + 1)
     try:
         meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, an int of too many digits
         raise DumpError(f"{tree_file} is not valid JSON ({type(e).__name__}: {str(e)[:200]}); the dump is "
                         "truncated or damaged.") from None
     if not isinstance(meta, dict):
@@ -544,7 +555,10 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
     if len(leaf_meta) > max_nodes:
         raise DumpError(f"{tree_file} describes {len(leaf_meta)} leaves, over max_nodes={max_nodes}.")
     reader = _Reader(tree_file, leaf_meta, max_depth, max_nodes)
-    reader.check(tree, "tree")
+    try:
+        reader.check(tree, "tree")
+    except RecursionError:
+        raise reader.fail("tree", f"nested too deeply for Python (max_depth={max_depth})") from None
     if (tree["t"] != "tuple" or len(tree["c"]) != 2 or tree["c"][0]["t"] not in ("tuple", "list")
             or tree["c"][1]["t"] != "dict"):
         raise reader.fail("tree", "the root must be (args tuple, kwargs dict)")
@@ -563,7 +577,8 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
                     leaves.append(_decode_leaf(data[f"leaf_{i}"] if f"leaf_{i}" in stored else None, m, where))
         except DumpError:
             raise
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as e:
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError, RuntimeError, NotImplementedError,
+                TypeError, AttributeError) as e:
             raise DumpError(f"{array_file} cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump is "
                             "truncated or damaged.") from None
     args_node, kw_node = tree["c"]
@@ -578,6 +593,9 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
             raise DumpError(f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
                             "with the structure of the dumped step's positional args, or no like= at all.")
         n_args = sum(1 for _ in _leaf_indices(args_node))
+        if jax.tree_util.tree_structure(like_args).num_leaves != n_args:
+            raise DumpError(f"load_dump(like=...) does not match the dump at {path}: like= has "
+                            f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}.")
         args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
     else:
         args = reader.build(args_node, leaves, "args")

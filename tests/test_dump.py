@@ -142,6 +142,19 @@ def _missing_member(d):
             np.lib.format.write_array(fh, np.arange(4, dtype=np.int32))
 
 
+def _npy_instead_of_npz(d):
+    with open(os.path.join(d, "arrays.npz"), "wb") as fh:
+        np.save(fh, np.arange(4, dtype=np.int32))
+
+
+def _encrypted_flag(d):
+    path = os.path.join(d, "arrays.npz")
+    data = bytearray(open(path, "rb").read())
+    at = data.find(b"PK\x01\x02")
+    data[at + 8] |= 1  # general purpose flag bit 0: encrypted
+    open(path, "wb").write(bytes(data))
+
+
 def _remove_leaf_ref(meta):
     meta["tree"]["c"][0]["c"][1]["c"][0] = {"t": "leaf", "i": 7}
 
@@ -169,6 +182,12 @@ MALFORMED = {
     "unused leaves": (_edit_tree(lambda m: m["leaves"].append({"kind": "array"})), "uses 2 of 3 leaves"),
     "bad key impl": (_edit_tree(lambda m: m["leaves"][0].update(kind="key", impl="os.system")), "PRNG key"),
     "bad big int": (_edit_tree(lambda m: m["leaves"][0].update(kind="bigint", value="1e9")), "decimal string"),
+    "a .npy instead of a zip": (_npy_instead_of_npz, "not a zip archive"),
+    "an encrypted member": (_encrypted_flag, "bad .npy header .*encrypted"),
+    "a str leaf without a value": (_edit_tree(lambda m: m["leaves"][0].update(kind="python", type="str")),
+                                    "str leaf without a string value"),
+    "an int of 5000 digits": (lambda d: open(os.path.join(d, "tree.json"), "w").write('{"a": ' + "9" * 5000 + "}"),
+                              "not valid JSON"),
     "dict key of a float": (_edit_tree(lambda m: m["tree"]["c"][0]["c"][1].update(k=[1.5])), "dict keys"),
 }
 
@@ -423,7 +442,8 @@ def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path):
 def test_replay_of_a_damaged_dump_exits_2_with_the_message(tmp_path, capsys):
     from jaxsane import cli
     step_file = tmp_path / "user_step.py"
-    step_file.write_text("import jax.numpy as jnp\ndef step(state, batch):\n    return state, {'loss': jnp.sum(batch)}\n")
+    step_file.write_text("import jax.numpy as jnp\n"
+                         "def step(state, batch):\n    return state, {'loss': jnp.sum(batch)}\n")
     d = str(tmp_path / "d")
     jaxsane.save_dump(d, ({"w": np.ones(2)}, np.ones(2)))
     open(os.path.join(d, "tree.json"), "w").write("[")
