@@ -14,9 +14,11 @@ import collections
 import dataclasses
 import json
 import keyword
+import math
 import os
 import re
 import stat
+import struct
 import zipfile
 from typing import Any
 
@@ -125,8 +127,8 @@ def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
         what = (f"a {type(x).__name__} object" if a.dtype.kind == "O" and not isinstance(x, np.ndarray)
                 else f"an array of dtype {a.dtype}")
         raise DumpError(f"cannot dump {path}: it is {what}, which has no exact pickle-free form. Dumps hold "
-                        "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; pass the "
-                        "step numbers (or mark the argument static).")
+                        "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; convert it to "
+                        "one of those before the step, or make the argument static.")
     return a, meta
 
 
@@ -172,8 +174,8 @@ def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict 
             m["shape"] = list(a.shape)
         m["path"] = name
         leaf_meta.append(m)
-    description = {"format": FORMAT, "tree": tree, "leaves": leaf_meta, **(meta or {})}
-    text = json.dumps(description, indent=1, default=str)
+    description = {**(meta or {}), "format": FORMAT, "tree": tree, "leaves": leaf_meta}
+    text = json.dumps(description, default=str)
 
     def write_arrays(fh):
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
@@ -345,51 +347,83 @@ def _generic_type(name: str, fields: tuple, origin: str) -> type:
     return cls
 
 
-def _check_npz(fh, file: str, needed: dict, max_bytes: int) -> None:
-    """Check the zip directory and every member's .npy header before anything is inflated."""
+_NPY_ERRORS = (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError, RuntimeError,
+               NotImplementedError)  # RuntimeError: an encrypted member; NotImplementedError: its compression
+# the header np.save writes for a plain dtype; anything else goes through numpy's own (literal-only) parser
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': (True|False), "
+                         r"'shape': \(((?:[0-9]+, ?)*[0-9]*)\), \}\s*")
+
+
+def _open_npz(fh, file: str, needed: dict, max_bytes: int) -> zipfile.ZipFile:
+    """Open the archive after checking its size, magic and zip directory, before anything is inflated."""
     size = os.fstat(fh.fileno()).st_size
     if size > max_bytes + 1024 * (len(needed) + 1) + 2**20:  # a stored zip is its data plus small headers
         raise DumpError(f"{file} is {size} bytes, more than max_bytes={max_bytes} of arrays can take. If you "
                         "trust this dump, pass a larger max_bytes= to load_dump.")
-    if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would read other formats (.npy, pickle)
+    if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):
         raise DumpError(f"{file} is not a zip archive (.npz); the dump is damaged or was not written by jaxsane.")
     fh.seek(0)
     try:
         zf = zipfile.ZipFile(fh)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+    except _NPY_ERRORS as e:
         raise DumpError(f"{file} is not a readable .npz archive ({e}); the dump is truncated or damaged.") from None
-    with zf:
-        _check_members(zf, zf.infolist(), file, needed, max_bytes)
-
-
-def _check_members(zf: zipfile.ZipFile, infos: list, file: str, needed: dict, max_bytes: int) -> None:
-    total = sum(i.file_size for i in infos)
+    infos = {i.filename: i for i in zf.infolist()}
+    total = sum(i.file_size for i in infos.values())
     if total > max_bytes:
+        zf.close()
         raise DumpError(f"{file} declares {total} bytes of arrays once inflated, over max_bytes={max_bytes}. "
                         "If you trust this dump, pass a larger max_bytes= to load_dump.")
-    names = {i.filename: i for i in infos}
     for name, meta in needed.items():
-        info = names.get(f"{name}.npy")
-        if info is None:
+        if f"{name}.npy" not in infos:
+            zf.close()
             raise DumpError(f"{file} lacks the array {name}.npy for {meta.get('path') or name}; the dump is "
                             "incomplete.")
-        try:
-            with zf.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-                if version not in read:
-                    raise ValueError(f"unsupported .npy version {version}")
-                shape, fortran, dtype = read[version](member)
-                header = member.tell()
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError, RuntimeError,
-                NotImplementedError) as e:  # RuntimeError: encrypted; NotImplementedError: compression method
-            raise DumpError(f"{file}: member {name}.npy has a bad .npy header ({e}).") from None
-        if dtype.hasobject:
-            raise DumpError(f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
-                            "The file was not written by jaxsane.")
-        if header + int(np.prod(shape, dtype=object)) * dtype.itemsize != info.file_size:
-            raise DumpError(f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not match "
-                            "its size in the archive; the dump is truncated or damaged.")
+    return zf
+
+
+def _read_npy(zf: zipfile.ZipFile, file: str, name: str) -> np.ndarray:
+    """Read one ``.npy`` member: header checked (no object dtypes, size matching the archive) before the
+    array is allocated, then exactly its bytes, CRC-checked. Nothing is ever unpickled."""
+    info = zf.getinfo(f"{name}.npy")
+    try:
+        with zf.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"unsupported .npy version {version}")
+            hlen = struct.unpack("<H" if version == (1, 0) else "<I", member.read(2 if version == (1, 0) else 4))[0]
+            if hlen > 10_000:
+                raise ValueError(f"a header of {hlen} bytes")
+            header = member.read(hlen).decode("latin1")
+            match = _NPY_HEADER.fullmatch(header)
+            if match:
+                dtype, fortran = np.dtype(match[1]), match[2] == "True"
+                shape = tuple(int(v) for v in match[3].replace(" ", "").split(",") if v)
+            else:  # numpy's parser reads Python literals only (ast.literal_eval)
+                member.seek(0)
+                np.lib.format.read_magic(member)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read(member)
+            if dtype.hasobject:
+                raise DumpError(f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
+                                "The file was not written by jaxsane.")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if member.tell() + nbytes != info.file_size:
+                raise DumpError(f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not "
+                                "match its size in the archive; the dump is truncated or damaged.")
+            buf = np.empty(nbytes, np.uint8)
+            if nbytes and member.readinto(memoryview(buf)) != nbytes:
+                raise ValueError("the member ends early")
+            if member.read(1):  # reading to the end also checks the CRC
+                raise ValueError("the member is longer than its header says")
+        if dtype.itemsize == 0:
+            return np.empty(shape, dtype)
+        return buf.view(dtype).reshape(shape, order="F" if fortran else "C")
+    except DumpError:
+        raise
+    except _NPY_ERRORS as e:
+        raise DumpError(f"{file}: member {name}.npy cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump "
+                        "is truncated or damaged.") from None
 
 
 def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
@@ -567,20 +601,10 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
     stored = {f"leaf_{i}": m for i, m in enumerate(leaf_meta) if m.get("kind") not in ("bigint",)
               and not (m.get("kind") == "python" and m.get("type") == "str")}
     leaves = []
-    with _open_regular(array_file, "arrays.npz") as fh:
-        _check_npz(fh, array_file, stored, max_bytes)
-        fh.seek(0)
-        try:
-            with np.load(fh, allow_pickle=False) as data:
-                for i, m in enumerate(leaf_meta):
-                    where = f"{path}: leaf {i} ({m.get('path') or '?'})"
-                    leaves.append(_decode_leaf(data[f"leaf_{i}"] if f"leaf_{i}" in stored else None, m, where))
-        except DumpError:
-            raise
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError, RuntimeError, NotImplementedError,
-                TypeError, AttributeError) as e:
-            raise DumpError(f"{array_file} cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump is "
-                            "truncated or damaged.") from None
+    with _open_regular(array_file, "arrays.npz") as fh, _open_npz(fh, array_file, stored, max_bytes) as zf:
+        for i, m in enumerate(leaf_meta):
+            a = _read_npy(zf, array_file, f"leaf_{i}") if f"leaf_{i}" in stored else None
+            leaves.append(_decode_leaf(a, m, f"{path}: leaf {i} ({m.get('path') or '?'})"))
     args_node, kw_node = tree["c"]
     if like is not None:
         like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)

@@ -183,7 +183,7 @@ MALFORMED = {
     "bad key impl": (_edit_tree(lambda m: m["leaves"][0].update(kind="key", impl="os.system")), "PRNG key"),
     "bad big int": (_edit_tree(lambda m: m["leaves"][0].update(kind="bigint", value="1e9")), "decimal string"),
     "a .npy instead of a zip": (_npy_instead_of_npz, "not a zip archive"),
-    "an encrypted member": (_encrypted_flag, "bad .npy header .*encrypted"),
+    "an encrypted member": (_encrypted_flag, "cannot be read .*encrypted"),
     "a str leaf without a value": (_edit_tree(lambda m: m["leaves"][0].update(kind="python", type="str")),
                                     "str leaf without a string value"),
     "an int of 5000 digits": (lambda d: open(os.path.join(d, "tree.json"), "w").write('{"a": ' + "9" * 5000 + "}"),
