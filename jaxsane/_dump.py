@@ -280,7 +280,8 @@ class _Reader:
         elif t == "node":
             keys = node.get("keys")
             if (not isinstance(node.get("type"), str) or not isinstance(keys, list) or len(keys) != len(kids)
-                    or not all(isinstance(k, dict) and len(k) == 1 and next(iter(k)) in "adir" for k in keys)):
+                    or not all(isinstance(k, dict) and len(k) == 1 and _KEY_KINDS.get(next(iter(k))) is not None
+                               and _KEY_KINDS[next(iter(k))](next(iter(k.values()))) for k in keys)):
                 raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
         for j, c in enumerate(kids):
             self.check(c, f"{where}.c[{j}]", depth + 1)
@@ -316,6 +317,12 @@ class _Reader:
                 and len({v for _, v in keys}) == len(keys):
             return {v: self.build(c, leaves, f"{path}[{v!r}]") for (_, v), c in zip(keys, kids)}
         return tuple(self.build(c, leaves, f"{path}[{j}]") for j, c in enumerate(kids))
+
+
+# the key objects of a custom node's children: attribute name, dict key, position, repr (information only)
+_KEY_KINDS = {"a": lambda v: isinstance(v, str), "r": lambda v: isinstance(v, str),
+              "d": lambda v: isinstance(v, (str, int)) and not isinstance(v, bool),
+              "i": lambda v: type(v) is int}
 
 
 def _identifier(name: Any) -> bool:

@@ -188,6 +188,10 @@ MALFORMED = {
                                     "str leaf without a string value"),
     "an int of 5000 digits": (lambda d: open(os.path.join(d, "tree.json"), "w").write('{"a": ' + "9" * 5000 + "}"),
                               "not valid JSON"),
+    "custom node with a list key": (_edit_tree(lambda m: m["tree"]["c"][0]["c"][1].update(
+        t="node", type="x:Y", keys=[{"d": [1]}])), "custom node needs"),
+    "custom node with a bad key kind": (_edit_tree(lambda m: m["tree"]["c"][0]["c"][1].update(
+        t="node", type="x:Y", keys=[{"ad": "x"}])), "custom node needs"),
     "dict key of a float": (_edit_tree(lambda m: m["tree"]["c"][0]["c"][1].update(k=[1.5])), "dict keys"),
 }
 
@@ -477,3 +481,20 @@ def test_nnx_state_dumps_round_trip_through_like(tmp_path):
     with pytest.raises(DumpError, match=r"args\[1\]: like= has State node, the dump has State node "
                                         r"\(children \['l1', 'l2'\] vs \['opt_state', 'step'\]\)"):
         jaxsane.load_dump(d, like=(states[0], states[0], states[2]))
+
+
+def test_a_full_disk_leaves_no_partial_dump_and_guard_still_raises_the_finding(tmp_path, monkeypatch):
+    import errno
+    import jaxsane._dump as dump_module
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dump_module.os, "fsync", full)
+    with pytest.raises(DumpError, match="cannot write the dump to .*No space left on device"):
+        jaxsane.save_dump(str(tmp_path / "d"), (np.ones(3),))
+    assert os.listdir(tmp_path / "d") == []              # no half-written arrays.npz or tree.json
+    guarded = jaxsane.guard(_log_step, sync=True, locate=False, dump_dir=str(tmp_path / "dumps"))
+    with pytest.raises(jaxsane.NonFiniteError, match="nonfinite.forward at step 0") as info:
+        guarded({"w": jnp.ones(3)}, {"x": jnp.array([1.0, 0.0, 2.0])})
+    assert info.value.dump_path is None and "No space left" in info.value.dump_error
