@@ -76,6 +76,9 @@ CODES: dict[str, tuple[str, str, str]] = {
     "dist.nonfinite_shard": (ERROR, "non-finite values confined to some devices/processes",
                              "one host's data shard, one device's overflow"),
     # info codes: context for the user, never a failure.
+    "overfit.unsettled": (WARNING, "no configuration fits the batch yet, but the loss is still falling or settled "
+                          "where it cannot be judged", "too few steps, a dominating regulariser, a too-small model"),
+    "overfit.floor": (INFO, "the overfit loss converged to a floor above 0", "-"),
     "overfit.best": (INFO, "the best configuration of the overfit sweep", "-"),
     "overfit.no_lr_sweep": (INFO, "learning rates were not swept (optimizer lacks inject_hyperparams)", "-"),
     "doctor.skipped": (INFO, "a doctor stage was skipped because a handle it needs is missing", "-"),

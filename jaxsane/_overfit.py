@@ -26,6 +26,8 @@ from jax.extend import core as jcore
 from ._errors import DataError, ExperimentError, JaxsaneError
 from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
 from ._findings import Finding
+from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
+                               targets_follow_inputs)
 from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
 from ._tree import host_leaf, is_inexact, path_str
 
@@ -57,8 +59,12 @@ class OverfitResult:
         when the Experiment has no ``apply`` or no integer labels.
       reached: bool ``[configs]``, whether the configuration reached the target.
       reached_at: int ``[configs]``, the first step that met the target (-1 when never).
-      verdicts: ``"fits"``, ``"fails"``, ``"diverged"`` or ``"baseline"`` per configuration.
-      findings: ``overfit.failed``, ``model.ignores_input``, ``overfit.best``, ``overfit.no_lr_sweep``.
+      verdicts: per configuration ``"fits"`` (reached the target), ``"floor"`` (converged to a floor above
+        0 after falling by at least half), ``"high_floor"``, ``"unsettled"`` (still falling), ``"fails"``
+        (hardly moved), ``"unbounded"`` (falls without bound below 0), ``"diverged"`` or ``"baseline"``
+        (see ``jaxsane._overfit_verdict``).
+      findings: ``overfit.failed``, ``overfit.unsettled``, ``overfit.floor``, ``model.ignores_input``,
+        ``overfit.best``, ``overfit.no_lr_sweep``.
       target: the loss target as a fraction of each configuration's initial loss.
       target_accuracy: the accuracy target, or None when accuracy is not measured.
       steps_run: steps actually run (early exit stops at a chunk boundary).
@@ -116,8 +122,9 @@ class OverfitResult:
 
     @property
     def best(self) -> int:
-        """Index of the best real configuration: earliest to reach the target, else lowest loss ratio."""
-        return _best_index(self)
+        """Index of the best real configuration: earliest to reach the target, else the best verdict with
+        the lowest loss ratio."""
+        return best_configuration(self, self.verdicts)
 
     @property
     def codes(self) -> list[str]:
@@ -189,21 +196,6 @@ class OverfitResult:
         return fig
 
 
-def _best_index(result: OverfitResult) -> int:
-    real = result.real
-    if len(real) == 0:
-        return 0
-    fits = [i for i in real if result.reached[i]]
-    if fits:
-        return int(min(fits, key=lambda i: (result.reached_at[i], _ratio(result.losses[i]))))
-    return int(min(real, key=lambda i: _ratio(result.losses[i])))
-
-
-def _ratio(losses: np.ndarray) -> float:
-    r = losses[-1] / losses[0] if losses[0] != 0 else float("nan")
-    return float(r) if np.isfinite(r) else float("inf")
-
-
 # ----------------------------------------------------------------------------- learning-rate leaves
 
 def _key_name(k: Any) -> Any:
@@ -257,6 +249,13 @@ def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) 
         raise DataError("cannot find the inputs among the batch's leaves, so the constant-input baseline cannot "
                         "be built: pass Experiment(inputs=lambda batch: batch[...]) returning a leaf of the batch.")
     return jax.tree_util.tree_unflatten(treedef, [make(x) if id(x) in ids else x for x in leaves])
+
+
+def _inputs_or_none(exp: Experiment, batch: PyTree) -> Any:
+    try:
+        return get_inputs(exp, batch)
+    except Exception:
+        return None
 
 
 def constant_input_batch(exp: Experiment, batch: PyTree) -> PyTree:
@@ -476,12 +475,16 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
 
     configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
     n_real = len(configs)
-    const_batch = None
+    const_batch, baseline_reason = None, None
     if baseline:
         try:
             const_batch = constant_input_batch(exp, batch)
         except DataError:
             const_batch = None
+        if const_batch is not None:
+            baseline_reason = targets_follow_inputs(exp, batch, const_batch)
+            if baseline_reason is not None:
+                const_batch = None
         if const_batch is not None:
             configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
 
@@ -493,6 +496,9 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         raise ExperimentError("overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
                               "loss. Return {'loss': value} from the step or pass Experiment(loss=...).")
     accuracy = _accuracy_fn(adapted, adapted.params(example), batch)
+    ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
+    if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
+        target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
     select = _selector(scale_leaves)
 
     host_plan = _host_prepare_plan(adapted, example, select, lr_paths)
@@ -545,69 +551,16 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
     acc_np = out.accuracy if accuracy is not None else None
     reached = reached_at >= 0
-    verdicts = []
-    for j, c in enumerate(configs):
-        if c.baseline:
-            verdicts.append("baseline")
-        elif reached[j]:
-            verdicts.append("fits")
-        elif not np.all(np.isfinite(losses[j])):
-            verdicts.append("diverged")
-        else:
-            verdicts.append("fails")
-    result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, tuple(verdicts), (), target,
+    result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, (), (), target,
                            target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
                            traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
-    findings = _judge(result, findings, ignores_input_ratio=ignores_input_ratio)
+    verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
+                             normalised=normalised_outputs(adapted.apply_fn, adapted.params(example),
+                                                           _inputs_or_none(exp, batch)),
+                             ignores_input_ratio=ignores_input_ratio)
+    findings = [*findings, *judged]
+    result = dataclasses.replace(result, verdicts=verdicts)
     return dataclasses.replace(result, findings=tuple(findings))
-
-
-def _judge(result: OverfitResult, findings: list[Finding], *, ignores_input_ratio: float) -> list[Finding]:
-    real = result.real
-    losses = result.losses
-    best = result.best
-    cfg = result.configs[best]
-    lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
-    acc_text = "" if result.accuracy is None else f", accuracy {result.accuracy[best]:.0%}"
-    target_text = f"loss <= {result.target:g} x initial" + (
-        "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}")
-    fits = int(np.sum(result.reached[real]))
-    out = list(findings)
-    if fits == 0:
-        out.append(Finding(
-            "overfit.failed",
-            f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
-            f"{result.steps_run} steps (target: {target_text}); best: {cfg.label()} went from loss "
-            f"{losses[best, 0]:.4g} to {losses[best, -1]:.4g}{acc_text}",
-            "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
-            "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), that "
-            "gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) or init "
-            "scales", extra={"best": best, "initial": float(losses[best, 0]), "final": float(losses[best, -1])}))
-    b = result.baseline
-    if b is not None and fits == 0 and len(real):
-        real_final = float(np.nanmin(np.where(np.isfinite(losses[real, -1]), losses[real, -1], np.nan))) \
-            if np.any(np.isfinite(losses[real, -1])) else float("inf")
-        base_final = float(losses[b, -1])
-        moved = np.nanmax(np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12))
-        if np.isfinite(base_final) and real_final > ignores_input_ratio * base_final and moved > 1e-3:
-            out.append(Finding(
-                "model.ignores_input",
-                f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
-                f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
-                f"{ignores_input_ratio:g} x constant)",
-                "the model's output does not depend on its input: check that the input is wired into the "
-                "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
-                "the labels belong to these inputs",
-                extra={"real_final": real_final, "constant_final": base_final}))
-    status = (f"fits at step {result.reached_at[best]}" if result.reached[best]
-              else f"does not fit (loss ratio {_ratio(losses[best]):.3g})")
-    out.append(Finding(
-        "overfit.best",
-        f"best configuration: learning rate {lr_text}, init scale {cfg.init_scale:g}, seed {cfg.seed}: {status}"
-        f"{acc_text}; {fits}/{len(real)} configurations fit",
-        "", extra={"learning_rate": cfg.learning_rate, "init_scale": cfg.init_scale, "seed": cfg.seed,
-                   "reached_at": int(result.reached_at[best]), "fits": fits}))
-    return out
 
 
 def overfit_stage(ctx) -> list[Finding]:

@@ -134,7 +134,8 @@ def sweep_program(spec: SweepSpec, traces: list[int]) -> Callable:
             states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=chunk)
             chunk_losses = chunk_losses.T  # [size, chunk]
             losses = lax.dynamic_update_slice(c.losses, chunk_losses, (0, i * chunk))
-            hit = chunk_losses <= (spec.target * losses[:, 0])[:, None]
+            # a ratio target needs a positive start: a loss at or below 0 never "fits" by ratio
+            hit = (chunk_losses <= (spec.target * losses[:, 0])[:, None]) & (losses[:, 0] > 0)[:, None]
             first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
             acc = c.accuracy
             if spec.accuracy is not None:
