@@ -47,3 +47,7 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class DoctorOptionError(JaxsaneError, TypeError, ValueError):
+    """An unknown or ill-typed ``doctor`` option (or ``-o NAME=VALUE`` on the command line)."""
