@@ -92,7 +92,7 @@ class OverfitOptions:
 
     stage: ClassVar[str] = "overfit"
     description: ClassVar[str] = "overfit one small batch (vmapped sweep)"
-    overfit_seeds: int | tuple[int, ...] = _opt(2, "number of seeds, or the seeds themselves", minimum=1)
+    overfit_seeds: int | tuple[int, ...] = _opt(2, "number of seeds, or the seeds themselves")
     overfit_steps: int = _opt(300, "steps per configuration", minimum=1)
     overfit_learning_rates: tuple[float, ...] | None = _opt(None, "learning rates swept (default: around the "
                                                             "optimizer's own)", minimum=0)
