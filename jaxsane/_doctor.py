@@ -312,22 +312,26 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
             continue
         start = time.perf_counter()
         show.start(stage.name, stage.description)
-        if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
-            blocked["step"] = _step_output_problem(adapted, batch, triage)
-        failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
-        status, reason = failed_need or (RAN, "")
-        if failed_need is None:
-            ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name], diagnosis.artifacts)
-            try:
-                found = list(stage.run(ctx))
-            except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
-                status, reason = triage.stage(stage.name, e, blocked.get("step"))
-            else:
-                diagnosis.add(found)
-                if found and all(f.code == "doctor.skipped" for f in found):
-                    status, reason = SKIPPED, "; ".join(f.message for f in found)
-        timings[stage.name] = time.perf_counter() - start
-        record = {"name": stage.name, "status": status, "reason": reason or "", "seconds": timings[stage.name]}
-        records.append(record)
-        show.end(record)
+        status, reason = FAILED, "interrupted"
+        try:
+            if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
+                blocked["step"] = _step_output_problem(adapted, batch, triage)
+            failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
+            status, reason = failed_need or (RAN, "")
+            if failed_need is None:
+                ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name],
+                                   diagnosis.artifacts)
+                try:
+                    found = list(stage.run(ctx))
+                except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
+                    status, reason = triage.stage(stage.name, e, blocked.get("step"))
+                else:
+                    diagnosis.add(found)
+                    if found and all(f.code == "doctor.skipped" for f in found):
+                        status, reason = SKIPPED, "; ".join(f.message for f in found)
+        finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
+            timings[stage.name] = time.perf_counter() - start
+            record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name]}
+            records.append(record)
+            show.end(record)
     return diagnosis

@@ -260,3 +260,16 @@ def test_importing_jaxsane_and_its_cli_does_not_import_jax():
 def test_unknown_attribute_of_the_package_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_name"):
         jaxsane.no_such_name  # noqa: B018
+
+
+def test_data_that_raises_is_an_error_and_nothing_runs():
+    def batches():
+        raise OSError("the shard is gone")  # BUG
+        yield TRAIN
+
+    exp = jaxsane.Experiment(init=lambda key: {"w": jnp.zeros((4,))}, step=_good_step, train=batches,
+                             params=lambda s: s, name="tiny")
+    d = jaxsane.doctor(exp, **FAST)
+    f = d.by_code("doctor.user_code_crashed")
+    assert len(f) == 1 and "OSError" in f[0].message and f[0].line == _line_of(batches, "BUG"), d
+    assert [s["status"] for s in d.stages] == ["crashed", "crashed", "crashed"] and not d.passed
