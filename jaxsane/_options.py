@@ -94,8 +94,8 @@ class OverfitOptions:
     description: ClassVar[str] = "overfit one small batch (vmapped sweep)"
     overfit_seeds: int | tuple[int, ...] = _opt(2, "number of seeds, or the seeds themselves")
     overfit_steps: int = _opt(300, "steps per configuration", minimum=1)
-    overfit_learning_rates: tuple[float, ...] | None = _opt(None, "learning rates swept (default: around the "
-                                                            "optimizer's own)", minimum=0)
+    overfit_learning_rates: tuple[float, ...] | None = _opt(None, "learning rates swept (default: 0.1, 1 and 10 x the "
+                                                            "optimizer's own rate)", minimum=0)
     overfit_init_scales: tuple[float, ...] | None = _opt(None, "init scale multipliers swept (default: 1)",
                                                          minimum=0)
     overfit_batch_size: int = _opt(16, "examples of the first batch to overfit", minimum=1)

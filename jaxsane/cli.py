@@ -220,14 +220,18 @@ def _replay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)")
+    from ._options import OPTIONS, STAGE_NAMES, type_name
+    epilog = "stages: " + ", ".join(STAGE_NAMES) + "\noptions (-o NAME=VALUE):\n" + "\n".join(
+        f"  {spec.name} ({type_name(spec.type)}, default {spec.default!r}): {spec.doc}" for spec in OPTIONS.values())
+    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)",
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", metavar="MODULE:ATTR", help="experiments to check")
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages")
     p.add_argument("--skip", nargs="+", metavar="STAGE", help="skip these stages")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a stage option, e.g. -o run_steps=50")
+                   help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
     p.set_defaults(func=_doctor)
     p = sub.add_parser("replay", help="re-run jaxsane.locate on the inputs a guarded step dumped")
