@@ -351,4 +351,8 @@ def select_stages(stages: Iterable[str] | str | None, skip: Iterable[str] | str 
     unknown = [s for s in [*chosen, *skipped] if s not in STAGE_NAMES]
     if unknown:
         raise DoctorOptionError(f"unknown doctor stage(s) {unknown}; the stages are {list(STAGE_NAMES)}.")
-    return [s for s in STAGE_NAMES if s in chosen and s not in skipped]
+    selected = [s for s in STAGE_NAMES if s in chosen and s not in skipped]
+    if not selected:
+        raise DoctorOptionError(f"no doctor stage left to run (stages={chosen}, skip={skipped}); a diagnosis that "
+                                f"checked nothing cannot pass. The stages are {list(STAGE_NAMES)}.")
+    return selected

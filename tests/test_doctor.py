@@ -163,6 +163,14 @@ def test_ill_typed_options_raise(options, needle):
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize("stages,skip,needle", [(["nope"], (), "unknown doctor stage"), (["run"], ["run"], "no doctor stage left"),
+                                                ([], (), "no doctor stage left")])
+def test_stage_selection_is_checked(stages, skip, needle):
+    with pytest.raises(DoctorOptionError, match=needle):
+        jaxsane.doctor(_experiment(), stages=stages, skip=skip)
+    assert _options.select_stages("run") == ["run"] and _options.select_stages(None, "data")[0] == "init"
+
+
 def test_options_are_coerced_to_their_declared_types():
     opts = _options.resolve({"overfit_learning_rates": [1e-3, 1e-2], "init_loss_rtol": 1, "overfit_seeds": [0, 1]})
     assert opts["overfit"].overfit_learning_rates == (0.001, 0.01)
