@@ -1,37 +1,56 @@
-"""jaxsane: catch the classic JAX/Flax training failures cheaply, and say where and why."""
+"""jaxsane: catch the classic JAX/Flax training failures cheaply, and say where and why.
+
+The public names below are imported from their private modules on first use (PEP 562), so
+``import jaxsane`` and the command line's argument checks do not import jax; ``from jaxsane
+import guard`` and ``jaxsane.guard`` work as usual.
+"""
 
 __version__ = "0.1.0"
 
-from ._dump import Dump as Dump, load_dump as load_dump, save_dump as save_dump
-from ._errors import (
-    DataError as DataError,
-    DumpError as DumpError,
-    ExperimentError as ExperimentError,
-    GradCheckError as GradCheckError,
-    JaxsaneError as JaxsaneError,
-    NonFiniteError as NonFiniteError,
-)
-from ._data import check_data as check_data
-from ._dist import ReplicaDivergenceError as ReplicaDivergenceError, check_replicas as check_replicas
-from ._doctor import doctor as doctor
-from ._experiment import Experiment as Experiment
-from ._findings import CODES as CODES, Diagnosis as Diagnosis, Finding as Finding
-from ._fit import FitResult as FitResult, fit as fit
-from ._guard import Guarded as Guarded, JaxsaneWarning as JaxsaneWarning, guard as guard
-from ._locate import LocateReport as LocateReport, Origin as Origin, locate as locate
-from ._monitor import History as History, Monitor as Monitor, check_training as check_training
-from ._init_sweep import InitScaleSweep as InitScaleSweep, init_scale_sweep as init_scale_sweep
-from ._overfit import OverfitConfig as OverfitConfig, OverfitResult as OverfitResult, overfit as overfit
-from ._report import write_html as write_html
-from ._grads import check_grads as check_grads
-from ._init import LayerStats as LayerStats, activation_stats as activation_stats, check_init as check_init
-from ._step_checks import check_step as check_step, count_compilations as count_compilations
-from ._batch import check_batch_independence as check_batch_independence
+import importlib as _importlib
+
+# private module -> the public names it defines, grouped by module
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "_dump": ("Dump", "load_dump", "save_dump"),
+    "_errors": ("DataError", "DoctorOptionError", "DumpError", "ExperimentError", "GradCheckError", "JaxsaneError",
+                "NonFiniteError"),
+    "_data": ("check_data",),
+    "_dist": ("ReplicaDivergenceError", "check_replicas"),
+    "_doctor": ("doctor",),
+    "_experiment": ("Experiment",),
+    "_findings": ("CODES", "Diagnosis", "Finding"),
+    "_fit": ("FitResult", "fit"),
+    "_guard": ("Guarded", "JaxsaneWarning", "guard"),
+    "_locate": ("LocateReport", "Origin", "locate"),
+    "_monitor": ("History", "Monitor", "check_training"),
+    "_init_sweep": ("InitScaleSweep", "init_scale_sweep"),
+    "_overfit": ("OverfitConfig", "OverfitResult", "overfit"),
+    "_report": ("write_html",),
+    "_grads": ("check_grads",),
+    "_init": ("LayerStats", "activation_stats", "check_init"),
+    "_step_checks": ("check_step", "count_compilations"),
+    "_batch": ("check_batch_independence",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxsane' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 __all__ = [
-    "CODES", "DataError", "Diagnosis", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding", "GradCheckError",
-    "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError", "check_data",
-    "check_replicas", "doctor", "guard", "load_dump", "save_dump",
+    "CODES", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "Experiment", "ExperimentError", "Finding",
+    "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError",
+    "check_data", "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",
     "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
     "LocateReport", "Origin", "locate",

@@ -159,17 +159,3 @@ def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[i
             row[i] = 0.0
         leaks[i] = row
     return leaks
-
-
-def batch_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (option
-    ``batch_probes``, default 2)."""
-    adapted = ctx.adapted
-    if adapted.apply_fn is None:
-        return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
-                        "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
-    state = adapted.init(ctx.key)
-    from ._init import traceable
-
-    return check_batch_independence(traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch),
-                                    probes=ctx.option("batch_probes", 2))

@@ -682,29 +682,3 @@ def _leakage(train: _Split, eval_: _Split, train_sorted, max_fraction: float, k:
                     "remove these examples from one split; deduplicate before splitting (split by a group id such "
                     "as the source document or user)", path="eval inputs",
                     extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()})]
-
-
-# ----------------------------------------------------------------------------- doctor stage
-
-def data_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: :func:`check_data` on the experiment's train (and eval) data.
-
-    Options: ``data_max_batches`` (batches read from an iterable split; default: all of a sized
-    iterable up to 1000, otherwise 20, so an endless stream stops before a second epoch repeats
-    examples as duplicates).
-    """
-    exp = ctx.experiment
-    limit = ctx.option("data_max_batches", None)
-    if limit is None:
-        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
-    apply_fn = params = None
-    if ctx.adapted.apply_fn is not None:
-        try:
-            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
-            apply_fn = ctx.adapted.apply_fn
-        except Exception:  # init problems are the init stage's to report
-            apply_fn = params = None
-    diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
-                           labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
-    ctx.diagnosis.artifacts["data"] = diagnosis.artifacts.get("data")
-    return list(diagnosis)

@@ -1,70 +1,266 @@
-"""doctor: the whole sanity checklist on one Experiment, in the order a careful engineer runs it.
+"""doctor: run the pipeline (:data:`jaxsane._pipeline.STAGES`) on one Experiment and say what it found.
 
-Each stage is a function ``stage(ctx) -> Iterable[Finding]`` living in the module of its concept;
-this module only orders them, shows progress and collects the :class:`Diagnosis`. A stage whose
-handles are missing is skipped with an info finding. Not jit-safe.
+This module checks the options before any work, runs each requested stage, shows progress and
+collects a :class:`DoctorDiagnosis`, which records for every requested stage whether it ran
+(and how long it took) or why not. doctor never passes what it could not check:
+
+* a crash in the user's own code (init, step, loss, apply) is a ``doctor.user_code_crashed``
+  error naming the exception and the user's ``file:line``;
+* a step whose output is not ``(new_state, metrics)`` or ``new_state`` (e.g. only metrics) is a
+  ``doctor.step_output`` error: such a step cannot train;
+* a stage that cannot judge the program (a missing handle) is ``doctor.skipped`` with the reason;
+  a crash inside jaxsane itself is a ``doctor.skipped`` warning that says "jaxsane bug".
+
+:attr:`DoctorDiagnosis.passed` (the CLI's exit code 0) holds only when every requested stage ran
+and no error was found. Not jit-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import jax
 
 from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
+from ._frames import _is_library_file, source_text
+from ._options import resolve, select_stages
+from ._pipeline import STAGES, StageContext, check_options
 
-# (name, "module:function", what it checks) — in checklist order. A stage module that is not
-# importable (an optional dependency missing) is skipped with an info finding.
-STAGES: list[tuple[str, str, str]] = [
-    ("data", "jaxsane._data:data_stage", "data: shapes, labels, leakage, duplicates, padding, scale"),
-    ("init", "jaxsane._init:init_stage", "init: loss at init against ln C, activation scale, symmetric units"),
-    ("grads", "jaxsane._grads:grads_stage", "gradients: autodiff vs finite differences, per leaf"),
-    ("step", "jaxsane._step_checks:step_stage", "the step: updates, optimizer state, randomness, compiles once"),
-    ("batch", "jaxsane._batch:batch_stage", "batch independence: VJP of one example's output"),
-    ("overfit", "jaxsane._overfit:overfit_stage", "overfit one small batch (vmapped sweep)"),
-    ("run", "jaxsane._run:run_stage", "a short guarded run"),
-]
+RAN, SKIPPED, CRASHED, FAILED = "ran", "skipped", "crashed", "failed"
 
 
-@dataclasses.dataclass
-class DoctorContext:
-    """What every stage can use. ``adapted`` gives the pure step; ``batch`` is the first train batch."""
+class DoctorDiagnosis(Diagnosis):
+    """A :class:`Diagnosis` that also records which requested stages ran, which did not and why.
 
-    experiment: Experiment
-    adapted: Adapted
-    key: jax.Array
-    batch: Any
-    eval_batch: Any
-    diagnosis: Diagnosis
-    options: dict[str, Any]
+    ``artifacts["stages"]`` is a list of ``{"name", "status", "reason", "seconds"}`` in checklist
+    order (status ``ran``, ``skipped``, ``crashed`` (the user's code) or ``failed`` (jaxsane));
+    ``artifacts["timings"]`` maps each stage to its seconds. Both are in the JSON and the terminal
+    summary. Not jit-safe.
+    """
 
-    def option(self, name: str, default: Any = None) -> Any:
-        return self.options.get(name, default)
+    @property
+    def stages(self) -> list[dict[str, Any]]:
+        return list(self.artifacts.get("stages", []))
+
+    @property
+    def complete(self) -> bool:
+        """True when every requested stage ran."""
+        return all(s["status"] == RAN for s in self.stages)
+
+    @property
+    def passed(self) -> bool:
+        """True when every requested stage ran and no error was found (the CLI's exit code 0)."""
+        return self.ok and self.complete
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["complete"] = self.complete
+        d["stages"] = [dict(s, seconds=round(s["seconds"], 4)) for s in self.stages]
+        d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
+        return d
+
+    def stage_lines(self) -> list[str]:
+        """The stage summary: what ran and how long it took, what did not run and why."""
+        ran = [s for s in self.stages if s["status"] == RAN]
+        lines = []
+        if ran:
+            total = sum(s["seconds"] for s in self.stages)
+            lines.append("stages run: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in ran)
+                         + f" (total {total:.1f} s)")
+        for s in self.stages:
+            if s["status"] != RAN:
+                lines.append(f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: "
+                             f"{s['reason']}")
+        if not self.complete:
+            missing = sum(s["status"] != RAN for s in self.stages)
+            lines.append(f"incomplete: {missing} of {len(self.stages)} requested stages did not run, so doctor "
+                         "cannot pass this program (give what a skipped stage needs, or leave it out with skip=)")
+        return lines
+
+    def __str__(self) -> str:
+        return "\n".join([super().__str__(), *self.stage_lines()])
+
+    def render(self, console: Any = None) -> None:
+        """Print the findings, then the stage summary, to the terminal."""
+        try:
+            from rich.console import Console
+            from rich.markup import escape
+        except ImportError:  # pragma: no cover - rich is a dependency
+            print(self)
+            return
+        console = console or Console()
+        super().render(console)
+        for line in self.stage_lines():
+            style = "dim" if line.startswith("stages run") else "yellow"
+            console.print(f"[{style}]{escape(line)}[/]")
 
 
-def _load_stage(target: str) -> Callable[[DoctorContext], Iterable[Finding]]:
-    module, _, fn = target.partition(":")
-    return getattr(importlib.import_module(module), fn)
+# ----------------------------------------------------------------------------- crash triage
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, outermost first (explicit ``from`` causes, else unsuppressed context)."""
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return out
+
+
+def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
+    """``(exception, file, line)`` when ``exc`` was raised in (or through) the user's own code.
+
+    Walks the exception and its causes from the innermost outwards and returns the first one whose
+    traceback passes through a frame outside jax/flax/optax/jaxsane/the stdlib, with the innermost
+    such frame. None for a crash entirely inside libraries (a jaxsane bug or a bad argument).
+    """
+    for e in reversed(_chain(exc)):
+        if type(e).__name__ == "UnfilteredStackTrace":  # jax's copy of the traceback, not an error
+            continue
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            if not _is_library_file(frame.filename):
+                return e, frame.filename, frame.lineno
+    return None
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    text = text.removeprefix("[jaxsane] ")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _crash_finding(crash: tuple[BaseException, str, int], during: str) -> Finding:
+    exc, file, line = crash
+    src = source_text(file, line)
+    return Finding(
+        "doctor.user_code_crashed",
+        f"your code raised {type(exc).__name__}: {_first_line(exc)} (during {during})"
+        + (f"   {src}" if src else ""),
+        f"fix the exception at {file}:{line}; doctor cannot check a program that crashes (call that function "
+        "yourself on the first batch to see the whole traceback)",
+        file=file, line=line, extra={"exception": type(exc).__name__, "during": [during]})
+
+
+class _Triage:
+    """Turns exceptions into findings, reporting each distinct crash of the user's code once."""
+
+    def __init__(self, diagnosis: Diagnosis):
+        self.diagnosis = diagnosis
+        self.seen: dict[tuple, Finding] = {}
+
+    def user(self, crash: tuple[BaseException, str, int], during: str) -> str:
+        exc, file, line = crash
+        ident = (type(exc).__name__, str(exc), file, line)
+        if ident in self.seen:
+            self.seen[ident].extra["during"].append(during)
+            return f"your code raised {type(exc).__name__} at {file}:{line} (the crash reported above)"
+        self.seen[ident] = finding = _crash_finding(crash, during)
+        self.diagnosis.add(finding)
+        return f"your code raised {type(exc).__name__}: {_first_line(exc, 120)} at {file}:{line}"
+
+    def stage(self, name: str, exc: Exception, blocked: tuple[str, str] | None) -> tuple[str, str]:
+        """(status, reason) for stage ``name`` that raised ``exc``; adds the finding."""
+        crash = user_crash(exc)
+        if crash is not None:
+            return CRASHED, self.user(crash, f"stage {name!r}")
+        if blocked:  # the stage fell back on a step already found unusable
+            return blocked
+        if isinstance(exc, JaxsaneError):
+            reason = f"could not run: {_first_line(exc)}"
+            self.diagnosis.add(Finding("doctor.skipped", f"stage {name!r} {reason}",
+                                       "fix the Experiment as the message says, then run doctor again",
+                                       severity="warning"))
+            return SKIPPED, reason
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        reason = f"crashed inside jaxsane (a jaxsane bug): {type(exc).__name__}: {_first_line(exc)}{where}"
+        self.diagnosis.add(Finding("doctor.skipped", f"stage {name!r} {reason}",
+                                   f"please report this jaxsane bug with the message; meanwhile skip={name!r} "
+                                   "(CLI: --skip) runs the other stages", severity="warning"))
+        return FAILED, reason
+
+
+def _step_output_problem(adapted: Adapted, batch: Any, triage: _Triage) -> tuple[str, str] | None:
+    """Trace the step once (no FLOPs): ``(status, reason)`` when the step is unusable (its finding added)."""
+    if adapted.nnx:  # NNX steps update objects in place: any output (or none) is fine
+        return None
+    try:
+        adapted.detect_style(adapted.example_state, batch)
+    except Exception as e:
+        crash = user_crash(e)
+        if crash is not None:
+            return CRASHED, triage.user(crash, "the first trace of the step")
+        if isinstance(e, JaxsaneError) and e.__cause__ is None:
+            triage.diagnosis.add(Finding(
+                "doctor.step_output",
+                f"the step cannot train: {_first_line(e, 1000)}",
+                "return the updated state from the step: `return new_state, metrics` (or `return new_state`)",
+                extra={"structure": str(e)}))
+            return SKIPPED, "the step returns no usable new state (see doctor.step_output)"
+        return None  # not the user's code, not the output: let the stages run and report it
+    return None
+
+
+# ----------------------------------------------------------------------------- progress
+
+class _Progress:
+    """A rich spinner on a terminal; plain ``[jaxsane] name: stage ... 1.2 s`` lines otherwise; or nothing."""
+
+    def __init__(self, enabled: bool, name: str):
+        self.enabled, self.name = enabled, name
+        self.tty = enabled and sys.stderr.isatty()
+        self._status = None
+
+    def start(self, stage: str, description: str) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            from rich.console import Console
+            self._status = Console(stderr=True).status(f"[jaxsane] {self.name}: {description}")
+            self._status.__enter__()
+        else:
+            sys.stderr.write(f"[jaxsane] {self.name}: {stage} ...")
+            sys.stderr.flush()
+
+    def end(self, record: dict[str, Any]) -> None:
+        if self._status is not None:
+            self._status.__exit__(None, None, None)
+            self._status = None
+        if self.enabled and not self.tty:
+            tail = f"{record['seconds']:.1f} s" if record["status"] == RAN else f"{record['status']} ({record['reason']})"
+            sys.stderr.write(f" {tail}\n")
+            sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- doctor
 
 def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip: Iterable[str] = (),
            key: jax.Array | None = None, progress: bool = True, **options: Any) -> Diagnosis:
-    """Run the sanity checklist on ``experiment`` and return a :class:`Diagnosis`.
+    """Run the sanity checklist on ``experiment`` and return a :class:`DoctorDiagnosis`.
 
     Args:
       experiment: the :class:`Experiment` to check.
-      stages: names of the stages to run (default: all, see ``jaxsane._doctor.STAGES``).
+      stages: names of the stages to run (default: all, see ``jaxsane._pipeline.STAGES``).
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
-      progress: show a spinner per stage on stderr.
-      **options: per-stage settings (e.g. ``run_steps=20``), documented by each stage.
+      progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
+      **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
+        dataclasses in ``jaxsane._options`` (each field: name, type, default, meaning).
+
+    Returns:
+      The findings, with ``.stages`` (what ran, what did not and why), ``.complete`` and
+      ``.passed`` (every requested stage ran and no error was found).
+
+    Raises:
+      DoctorOptionError: an unknown stage or option name, or an ill-typed or out-of-range value
+        (checked before any work).
+      JaxsaneError: an Experiment that cannot be used at all (not an Experiment, unreadable data).
 
     Not jit-safe.
 
@@ -75,63 +271,67 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     if not isinstance(experiment, Experiment):
         raise JaxsaneError(f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
                            "jaxsane.Experiment(init=..., step=..., train=...).")
-    known = [name for name, _, _ in STAGES]
-    chosen = list(stages) if stages is not None else known
-    unknown = [s for s in [*chosen, *skip] if s not in known]
-    if unknown:
-        raise JaxsaneError(f"unknown doctor stage(s) {unknown}; the stages are {known}.")
+    chosen = select_stages(stages, skip)
+    opts = resolve(options)
+    check_options(opts)
+    if not isinstance(progress, bool):
+        raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
     experiment = dataclasses.replace(experiment, train=replayable(experiment.train),
                                      eval=replayable(experiment.eval))
-    diagnosis = Diagnosis(name=experiment.name)
-    adapted = Adapted(experiment, key=key)
-    eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
-    ctx = DoctorContext(experiment, adapted, key, first_batch(experiment.train, "train"), eval_batch,
-                        diagnosis, options)
-    timings = {}
-    for name, target, description in STAGES:
-        if name not in chosen or name in skip:
+    diagnosis = DoctorDiagnosis(name=experiment.name)
+    records: list[dict[str, Any]] = []
+    diagnosis.artifacts["stages"] = records
+    timings: dict[str, float] = {}
+    diagnosis.artifacts["timings"] = timings
+    triage = _Triage(diagnosis)
+    blocked: dict[str, tuple[str, str]] = {}  # need ("data", "state", "step") -> (status, why it failed)
+
+    batch = eval_batch = adapted = None
+    try:
+        batch = first_batch(experiment.train, "train")
+        eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
+    except Exception as e:
+        crash = user_crash(e)
+        if crash is None:
+            raise  # a clear DataError: the data cannot be read as batches
+        blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
+    if "data" not in blocked:
+        try:
+            adapted = Adapted(experiment, key=key)
+        except Exception as e:
+            crash = user_crash(e)
+            if crash is None:
+                raise  # a clear ExperimentError: init's signature or output cannot be used
+            blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+
+    show = _Progress(progress, experiment.name)
+    for stage in STAGES:
+        if stage.name not in chosen:
             continue
         start = time.perf_counter()
-        with _spinner(progress, f"[jaxsane] {experiment.name}: {description}"):
-            try:
-                stage = _load_stage(target)
-            except (ImportError, AttributeError) as e:
-                diagnosis.add(Finding("doctor.skipped", f"stage {name!r} unavailable: {e}", ""))
-                continue
-            try:
-                diagnosis.add(stage(ctx))
-            except JaxsaneError as e:
-                diagnosis.add(Finding("doctor.skipped", f"stage {name!r} could not run: {e}",
-                                      "fix the Experiment as the message says, then run doctor again",
-                                      severity="warning"))
-            except Exception as e:  # a stage bug or a user-code crash: report, keep the other stages
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                diagnosis.add(Finding("doctor.skipped", f"stage {name!r} crashed: {type(e).__name__}: {e} "
-                                      f"({where.filename}:{where.lineno})",
-                                      "if the crash is in your code, fix it; otherwise report a jaxsane bug",
-                                      severity="warning"))
-        timings[name] = time.perf_counter() - start
-    diagnosis.artifacts["timings"] = timings
+        show.start(stage.name, stage.description)
+        status, reason = FAILED, "interrupted"
+        try:
+            if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
+                blocked["step"] = _step_output_problem(adapted, batch, triage)
+            failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
+            status, reason = failed_need or (RAN, "")
+            if failed_need is None:
+                ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name],
+                                   diagnosis.artifacts)
+                try:
+                    found = list(stage.run(ctx))
+                except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
+                    status, reason = triage.stage(stage.name, e, blocked.get("step"))
+                else:
+                    diagnosis.add(found)
+                    if found and all(f.code == "doctor.skipped" for f in found):
+                        status, reason = SKIPPED, "; ".join(f.message for f in found)
+        finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
+            timings[stage.name] = time.perf_counter() - start
+            record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name]}
+            records.append(record)
+            show.end(record)
     return diagnosis
-
-
-class _spinner:
-    """A rich status spinner on stderr when ``enabled`` and stderr is a terminal; else nothing."""
-
-    def __init__(self, enabled: bool, text: str):
-        self._status = None
-        if enabled and sys.stderr.isatty():
-            from rich.console import Console
-            self._status = Console(stderr=True).status(text)
-
-    def __enter__(self):
-        if self._status is not None:
-            self._status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._status is not None:
-            self._status.__exit__(*exc)
-        return False

@@ -57,3 +57,6 @@ class DumpError(JaxsaneError, ValueError):
 
 class DumpShapeError(JaxsaneError, AttributeError):
     """An attribute was asked of a generic shape rebuilt from a dump; pass ``like=`` for your own classes."""
+
+class DoctorOptionError(JaxsaneError, TypeError, ValueError):
+    """An unknown or ill-typed ``doctor`` option (or ``-o NAME=VALUE`` on the command line)."""

@@ -75,6 +75,10 @@ CODES: dict[str, tuple[str, str, str]] = {
                                 "per-host seeds, missing gradient all-reduce"),
     "dist.nonfinite_shard": (ERROR, "non-finite values confined to some devices/processes",
                              "one host's data shard, one device's overflow"),
+    "doctor.user_code_crashed": (ERROR, "the user's own code (init, step, loss, apply, data) raised, so doctor "
+                                 "could not check it", "a bug in the raising function, shown with its file:line"),
+    "doctor.step_output": (ERROR, "the step returns no usable new state (e.g. only metrics), so it cannot train",
+                           "returning only the loss or metrics, returning a differently structured state"),
     # info codes: context for the user, never a failure.
     "overfit.unsettled": (WARNING, "no configuration fits the batch yet, but the loss is still falling or settled "
                           "where it cannot be judged", "too few steps, a dominating regulariser, a too-small model"),

@@ -357,23 +357,3 @@ def _missing(path: str, fd: float, depends: bool, leaf: Any) -> Finding:
         hint = ("the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
                 "pass) or all its units are dead on this batch; wire it in or delete it")
     return Finding("grad.missing", message, hint, path=path, extra={"finite_diff": fd, "depends": depends})
-
-
-def grads_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first batch.
-
-    Options: ``grads_order`` (1), ``grads_modes`` (("fwd", "rev")), ``grads_batch_size`` (32,
-    the first examples of the batch).
-    """
-    adapted = ctx.adapted
-    if adapted.loss_fn is None:
-        return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
-                        "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
-    from ._experiment import slice_batch
-
-    state = adapted.init(ctx.key)
-    batch = slice_batch(ctx.batch, int(ctx.option("grads_batch_size", 32)))
-    from ._init import traceable
-
-    return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=int(ctx.option("grads_order", 1)),
-                       modes=tuple(ctx.option("grads_modes", ("fwd", "rev"))))

@@ -549,33 +549,3 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
         return user(nnx.merge(adapted._model_def, params, rest), arg)
 
     return call
-
-
-def init_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply``.
-
-    Options: ``init_loss_rtol`` (0.5), ``init_scale_ratio`` (10), ``init_per_layer_factor`` (2),
-    ``init_max_saturated`` (0.5), ``init_symmetric_tol`` (1e-6).
-    """
-    state = ctx.adapted.init(ctx.key)
-    num_classes = infer_num_classes(ctx.adapted, state, ctx.batch)
-    loss, source = initial_loss(ctx.adapted, state, ctx.batch)
-    ctx.diagnosis.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
-    findings: list[Finding] = []
-    if loss is None or num_classes is None:
-        findings.append(Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a "
-                                "loss (Experiment.loss, apply + labels, or a step reporting 'loss')", ""))
-    else:
-        findings += check_init_loss(loss, num_classes, rtol=ctx.option("init_loss_rtol", 0.5))
-    if ctx.adapted.apply_fn is None:
-        findings.append(Finding("doctor.skipped", "activation statistics at init not checked: they need "
-                                "Experiment.apply ((params, inputs) -> outputs)", "pass Experiment(apply=...)"))
-        return findings
-    layers = activation_stats(traceable(ctx.adapted, "apply"), ctx.adapted.params(state),
-                              get_inputs(ctx.experiment, ctx.batch))
-    ctx.diagnosis.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
-    findings += check_activations(layers, scale_ratio=ctx.option("init_scale_ratio", 10.0),
-                                  per_layer_factor=ctx.option("init_per_layer_factor", 2.0),
-                                  max_saturated=ctx.option("init_max_saturated", 0.5),
-                                  symmetric_tol=ctx.option("init_symmetric_tol", 1e-6))
-    return findings

@@ -563,21 +563,3 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     return dataclasses.replace(result, findings=tuple(findings))
 
 
-def overfit_stage(ctx) -> list[Finding]:
-    """doctor stage: the overfit sweep with small defaults (options ``overfit_seeds`` (2),
-    ``overfit_steps`` (300), ``overfit_learning_rates``, ``overfit_init_scales``, ``overfit_batch_size`` (16),
-    ``init_scales`` for the init-scale sweep (``(0.5, 1, 2)``)). Stores ``artifacts["overfit"]`` (an
-    :class:`OverfitResult`) and ``artifacts["init_scales"]`` (an ``InitScaleSweep``)."""
-    result = overfit(ctx.adapted, slice_batch(ctx.batch, int(ctx.option("overfit_batch_size", 16))),
-                     seeds=ctx.option("overfit_seeds", 2), steps=int(ctx.option("overfit_steps", 300)),
-                     learning_rates=ctx.option("overfit_learning_rates"),
-                     init_scales=ctx.option("overfit_init_scales"))
-    ctx.diagnosis.artifacts["overfit"] = result
-    try:
-        from ._init_sweep import init_scale_sweep
-        ctx.diagnosis.artifacts["init_scales"] = init_scale_sweep(
-            ctx.adapted, slice_batch(ctx.batch, int(ctx.option("overfit_batch_size", 16))),
-            scales=ctx.option("init_scales", (0.5, 1.0, 2.0)), key=ctx.key)
-    except JaxsaneError:
-        pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
-    return list(result.findings)

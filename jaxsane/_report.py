@@ -195,6 +195,17 @@ def _findings_table(d: Diagnosis) -> str:
             "<th>finding and fix</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
+def _stages_table(d: Diagnosis) -> str:
+    """doctor's stages (``artifacts["stages"]``): status, seconds, and why a stage did not run."""
+    rows = "".join(
+        f'<tr class="stage" data-stage="{html.escape(s["name"])}"><td>{html.escape(s["name"])}</td>'
+        f'<td class="{"ok" if s["status"] == "ran" else "warning"}">{html.escape(s["status"])}</td>'
+        f'<td>{s["seconds"]:.1f} s</td><td>{html.escape(s.get("reason") or "")}</td></tr>'
+        for s in d.artifacts.get("stages") or [])
+    return ('<section class="stages"><h3>Stages</h3><table><thead><tr><th>stage</th><th>status</th><th>time</th>'
+            f"<th>why it did not run</th></tr></thead><tbody>{rows}</tbody></table></section>") if rows else ""
+
+
 def _section(d: Diagnosis, index: int) -> str:
     name = d.name or f"diagnosis {index + 1}"
     counts = d.to_dict()["counts"]
@@ -202,7 +213,7 @@ def _section(d: Diagnosis, index: int) -> str:
     parts = [f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
              f'<p class="summary">{html.escape(summary)}'
              + (' — <span class="ok">no errors</span>' if d.ok else "") + "</p>",
-             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>"]
+             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>", _stages_table(d)]
     plots = []
     h = as_history(d.artifacts.get("run"))
     if h is not None:

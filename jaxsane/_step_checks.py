@@ -351,8 +351,3 @@ def _line(where: str | None) -> int | None:
         return None
     tail = where.rsplit(":", 1)[1]
     return int(tail) if tail.isdigit() else None
-
-
-def step_stage(ctx) -> Iterable[Finding]:
-    """doctor stage: :func:`check_step` on the first train batch (option ``step_calls``, default 3)."""
-    return check_step(ctx.adapted, ctx.batch, key=ctx.key, calls=int(ctx.option("step_calls", 3)))

@@ -3,9 +3,13 @@
   jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...]
   jaxsane replay DUMP_DIR --step MODULE:ATTR     (exit 1: a NaN origin was found, 0: finite)
 
-Exit codes: 0 no error findings, 1 error findings, 2 usage errors (so it works as a CI gate).
-ATTR names an :class:`Experiment` or a zero-argument callable returning one. With no target,
-the bundled examples run.
+Exit codes (a CI gate): 0 every requested stage ran and found no error; 1 error findings, or a
+requested stage that could not run (skipped, or crashed in the user's code); 2 usage errors (bad
+arguments or options, a target that does not import, an output directory that does not exist),
+reported in one ``[jaxsane]`` line, the argument checks before jax is imported. ATTR names an
+:class:`Experiment` or a zero-argument callable returning one. With no target, the bundled
+examples run. ``-o NAME=VALUE`` values are read per the option's declared type (numbers,
+``true``/``false``, comma lists such as ``overfit_learning_rates=1e-3,1e-2``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -25,42 +30,142 @@ class UsageError(Exception):
     pass
 
 
-def load_target(target: str, raw: bool = False) -> Any:
-    """``pkg.module:attr`` or ``path/to/file.py:attr`` -> an Experiment (calling attr if needed).
-
-    With ``raw=True`` the attribute itself is returned (e.g. a step function)."""
-    from ._experiment import Experiment
+def _split_target(target: str) -> tuple[str, str]:
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"target {target!r} must look like MODULE:ATTR or path/to/file.py:ATTR")
+    return module_name, attr
+
+
+def _is_file_target(module_name: str) -> bool:
+    return module_name.endswith(".py") or os.sep in module_name
+
+
+def check_target(target: str) -> None:
+    """Check a target's form and that its file or top-level package exists, without importing it."""
+    module_name, _ = _split_target(target)
+    if _is_file_target(module_name):
+        if not os.path.isfile(module_name):
+            raise UsageError(f"no such file: {module_name}")
+        return
+    top = module_name.split(".")[0]
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            if not os.path.isfile(module_name):
-                raise UsageError(f"no such file: {module_name}")
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"cannot import {module_name!r}: no module named {top!r} (run from the directory that "
+                         "holds it, or install it)")
+
+
+def _user_error(exc: BaseException, what: str) -> UsageError:
+    """A one-line usage error naming the user's exception and their file:line."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" at {exc.filename}:{exc.lineno}"
+    else:
+        from ._doctor import user_crash
+        crash = user_crash(exc)
+        if crash is not None:
+            exc, file, line = crash
+            where = f" at {file}:{line}"
+    text = " ".join(str(exc).split()) if not isinstance(exc, SyntaxError) else (exc.msg or "")
+    return UsageError(f"{what}: {type(exc).__name__}: {text}{where}")
+
+
+def load_target(target: str, raw: bool = False) -> Any:
+    """``pkg.module:attr`` or ``path/to/file.py:attr`` -> an Experiment (calling attr if needed).
+
+    With ``raw=True`` the attribute itself is returned (e.g. a step function). A module that does
+    not import (syntax error, exception at import) or a factory that needs arguments or raises is a
+    :class:`UsageError` naming the user's exception and file:line."""
+    from ._experiment import Experiment
+    check_target(target)
+    module_name, attr = _split_target(target)
+    try:
+        if _is_file_target(module_name):
             spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(module_name))[0],
                                                           module_name)
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
             spec.loader.exec_module(module)
         else:
-            sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         raise UsageError(f"cannot import {module_name!r}: {e}") from e
+    except Exception as e:  # the user's module: a syntax error, or an exception while importing it
+        raise _user_error(e, f"cannot import {module_name!r}") from e
     if not hasattr(module, attr):
         raise UsageError(f"{module_name!r} has no attribute {attr!r}")
     value = getattr(module, attr)
     if raw:
         return value
     if not isinstance(value, Experiment) and callable(value):
-        value = value()
+        try:
+            required = [p.name for p in inspect.signature(value).parameters.values()
+                        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                               p.KEYWORD_ONLY)]
+        except (TypeError, ValueError):
+            required = []
+        if required:
+            raise UsageError(f"{target} needs arguments {required}; point the CLI at an Experiment or a "
+                             "callable that takes no arguments and returns one")
+        try:
+            value = value()
+        except Exception as e:
+            raise _user_error(e, f"{target}() raised") from e
     if not isinstance(value, Experiment):
         raise UsageError(f"{target} is a {type(value).__name__}, not a jaxsane.Experiment (or a callable "
                          "returning one)")
     return value
 
 
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``-o NAME=VALUE`` pairs, each value read per the option's declared type. No jax import."""
+    from ._errors import DoctorOptionError
+    from ._options import parse_text
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"option {pair!r} must look like NAME=VALUE (e.g. -o run_steps=50)")
+        try:
+            options[name.strip()] = parse_text(name.strip(), text)
+        except DoctorOptionError as e:
+            raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
+    return options
+
+
+def _check_output(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: the directory {parent} is not writable")
+
+
 def _doctor(args: argparse.Namespace) -> int:
+    # everything about the arguments is checked before jax is imported
+    from ._errors import DoctorOptionError
+    from ._options import select_stages
+
+    options = _parse_options(args.option)
+    try:
+        select_stages(args.stages, args.skip or ())
+    except DoctorOptionError as e:
+        raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
+    _check_output(args.json, "--json")
+    _check_output(args.html, "--html")
+    for target in args.targets:
+        check_target(target)
+
     from ._doctor import doctor
     from ._errors import JaxsaneError
     from ._findings import Diagnosis
@@ -71,14 +176,12 @@ def _doctor(args: argparse.Namespace) -> int:
         from .examples import EXAMPLES, load
         print(f"[jaxsane] no target given: running the bundled examples {', '.join(EXAMPLES)}", file=sys.stderr)
         experiments = [load(name) for name in EXAMPLES]
-    stage_options = dict(kv.split("=", 1) for kv in args.option)
     results: list[Diagnosis] = []
     for exp in experiments:
         try:
-            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet,
-                               **{k: _parse_value(v) for k, v in stage_options.items()})
+            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet, **options)
         except JaxsaneError as e:
-            raise UsageError(str(e)) from e
+            raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
         results.append(diagnosis)
         if not args.quiet:
             diagnosis.render()
@@ -90,7 +193,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.html:
         from ._report import write_html
         write_html(args.html, results)
-    return EXIT_OK if all(d.ok for d in results) else EXIT_ERRORS
+    return EXIT_OK if all(getattr(d, "passed", d.ok) for d in results) else EXIT_ERRORS
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -117,24 +220,21 @@ def _replay(args: argparse.Namespace) -> int:
     return EXIT_ERRORS
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)")
+    from ._options import OPTIONS, STAGE_NAMES, type_name
+    epilog = "stages: " + ", ".join(STAGE_NAMES) + "\noptions (-o NAME=VALUE):\n" + "\n".join(
+        f"  {spec.name} ({type_name(spec.type)}, default {spec.default!r}): {spec.doc}" for spec in OPTIONS.values())
+    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)",
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", metavar="MODULE:ATTR", help="experiments to check")
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages")
     p.add_argument("--skip", nargs="+", metavar="STAGE", help="skip these stages")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a stage option, e.g. -o run_steps=50")
+                   help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
     p.set_defaults(func=_doctor)
     p = sub.add_parser("replay", help="re-run jaxsane.locate on the inputs a guarded step dumped")
@@ -154,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as e:
-        print(f"[jaxsane] usage error: {e}", file=sys.stderr)
+        print("[jaxsane] usage error: " + " ".join(str(e).split()), file=sys.stderr)
         return EXIT_USAGE
 
 

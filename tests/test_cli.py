@@ -40,9 +40,11 @@ def test_file_target(tmp_path):
         import jax, jax.numpy as jnp, numpy as np, jaxsane
         def step(state, batch):
             return state - 0.1 * jnp.mean(batch["x"]), {"loss": jnp.mean((state - batch["x"]) ** 2)}
-        EXP = jaxsane.Experiment(init=lambda key: jnp.zeros(()), step=step,
+        EXP = jaxsane.Experiment(init=lambda key: jnp.zeros(()), step=step, params=lambda state: state,
                                  train={"x": np.ones((4,), np.float32), "y": np.zeros(4, np.int32)})
     """))
+    # params= lets the run stage find the parameters; without it the run stage cannot run, and a stage that
+    # did not run no longer passes the gate (issue 20) -- see test_skipped_stage_does_not_pass_the_gate
     proc = run_cli("doctor", f"{script}:EXP", "--stages", "data", "run", "-o", "run_steps=3", "-q")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == ""
@@ -59,3 +61,102 @@ def test_usage_errors_exit_2(args, needle):
     proc = run_cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert needle in proc.stderr
+
+
+# ----------------------------------------------------------------------------- arguments, options, targets
+
+BAD_BEFORE_JAX = [
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "-o", "badformat"], "must look like NAME=VALUE"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "-o", "run_stepz=5"], "did you mean 'run_steps'"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "-o", "run_steps=abc"], "run_steps must be int"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "-o", "overfit_learning_rates=1e-3,x"],
+     "overfit_learning_rates must be tuple[float, ...] | None"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "--stages", "nope"], "unknown doctor stage"),
+    (["doctor", "no_such_module_xyz:exp"], "cannot import"),
+    (["doctor", "missing/file.py:exp"], "no such file"),
+    (["doctor", "missing_colon"], "MODULE:ATTR"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "--json", "/no/such/dir/d.json"], "does not exist"),
+    (["doctor", "jaxsane.examples.digits_linen:experiment", "--html", "/no/such/dir/r.html"], "does not exist"),
+]
+
+
+def test_argument_errors_are_reported_before_jax_is_imported():
+    # one interpreter for all cases: each must exit 2 with one [jaxsane] line, and jax must stay unimported
+    code = textwrap.dedent(f"""
+        import contextlib, io, sys
+        import jaxsane.cli as cli
+        for argv, needle in {BAD_BEFORE_JAX!r}:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = cli.main(argv)
+            lines = err.getvalue().splitlines()
+            assert rc == 2, (argv, rc, err.getvalue())
+            assert len(lines) == 1 and lines[0].startswith("[jaxsane]") and needle in lines[0], (argv, lines)
+            assert "jax" not in sys.modules, ("jax imported", argv)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_option_values_are_parsed_per_type():
+    from jaxsane.cli import UsageError, _parse_options
+    opts = _parse_options(["overfit_learning_rates=1e-3,1e-2", "run_steps=7", "data_max_batches=none"])
+    assert opts == {"overfit_learning_rates": (0.001, 0.01), "run_steps": 7, "data_max_batches": None}
+    with pytest.raises(UsageError, match="NAME=VALUE"):
+        _parse_options(["=3"])
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.mark.parametrize("source,attr,needles", [
+    ("x = 1\ndef broken(:\n    pass\n", "EXP", ["SyntaxError", "bad_syntax.py:2"]),
+    ("import os\nraise RuntimeError('no data here')\n", "EXP", ["RuntimeError: no data here", "bad_syntax.py:2"]),
+    ("def make(n_layers):\n    return None\n", "make", ["needs arguments ['n_layers']"]),
+    ("def make():\n    return {}['missing']\n", "make", ["KeyError", "bad_syntax.py:2"]),
+])
+def test_broken_targets_exit_2_with_the_users_error_and_line(tmp_path, capsys, source, attr, needles):
+    from jaxsane.cli import main
+    path = _write(tmp_path, "bad_syntax.py", source)
+    assert main(["doctor", f"{path}:{attr}", "-q"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[jaxsane] usage error:"), captured.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_crashing_step_exits_1_with_the_crash_named(tmp_path):
+    path = _write(tmp_path, "crashing.py", """
+        import jax.numpy as jnp, numpy as np, jaxsane
+        def step(state, batch):
+            raise ValueError("the step is broken")
+        EXP = jaxsane.Experiment(init=lambda key: jnp.zeros(()), step=step,
+                                 train={"x": np.ones((4,), np.float32), "y": np.zeros(4, np.int32)})
+    """)
+    out = tmp_path / "d.json"
+    from jaxsane.cli import main
+    assert main(["doctor", f"{path}:EXP", "--stages", "data", "run", "-q", "--json", str(out)]) == 1
+    payload = json.loads(out.read_text())
+    crash = [f for f in payload["findings"] if f["code"] == "doctor.user_code_crashed"]
+    assert len(crash) == 1 and "the step is broken" in crash[0]["message"] and crash[0]["line"] == 4
+    assert payload["complete"] is False and [s["status"] for s in payload["stages"]] == ["ran", "crashed"]
+    assert set(payload["timings"]) == {"data", "run"}
+
+
+def test_skipped_stage_does_not_pass_the_gate(tmp_path):
+    path = _write(tmp_path, "no_loss.py", """
+        import jax.numpy as jnp, numpy as np, jaxsane
+        def step(state, batch):
+            return state - 0.1 * jnp.mean(batch["x"]), {"loss": jnp.mean((state - batch["x"]) ** 2)}
+        EXP = jaxsane.Experiment(init=lambda key: jnp.zeros(()), step=step,
+                                 train={"x": np.ones((4,), np.float32), "y": np.zeros(4, np.int32)})
+    """)
+    from jaxsane.cli import main
+    assert main(["doctor", f"{path}:EXP", "--stages", "data", "grads", "-q"]) == 1  # grads needs Experiment.loss
+    assert main(["doctor", f"{path}:EXP", "--stages", "data", "-q"]) == 0

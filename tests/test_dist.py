@@ -327,6 +327,7 @@ def test_every_doctor_stage_runs_on_an_explicit_mesh_experiment():
     diagnosis = jaxsane.doctor(exp, progress=False, run_steps=3, overfit_steps=50, overfit_seeds=1)
     crashed = [f for f in diagnosis if f.code == "doctor.skipped" and "crashed" in f.message]
     assert not crashed, "\n".join(map(str, crashed))
+    assert diagnosis.complete, diagnosis.stages  # every stage ran (a crash in any code would show here too)
     assert "overfit.best" in diagnosis.codes and len(diagnosis.artifacts["run"]["loss"]) == 3
 
 

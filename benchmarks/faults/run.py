@@ -97,8 +97,8 @@ class Row:
 
 
 def _stages_for(module, full: bool) -> tuple[list[str] | None, list[str]]:
-    from jaxsane._doctor import STAGES
-    known = [name for name, _, _ in STAGES]
+    from jaxsane._pipeline import STAGES
+    known = [stage.name for stage in STAGES]
     wanted = known if full else list(getattr(module, "STAGES", known))
     return [s for s in wanted if s in known], [s for s in wanted if s not in known]
 

@@ -1,0 +1,230 @@
+"""The doctor pipeline: each stage in checklist order, as plain functions of a typed context.
+
+A stage is ``fn(ctx: StageContext) -> Iterable[Finding]``: it calls the public ``check_*`` of its
+concept with the options of its frozen options dataclass (:mod:`jaxsane._options`) and may store
+results for the report in ``ctx.artifacts``. A stage that cannot judge the program (a handle it
+needs is missing) returns only ``doctor.skipped`` findings that say why. :data:`STAGES` is the
+list :func:`jaxsane.doctor` runs; :mod:`jaxsane._doctor` runs it and turns crashes into findings.
+Nothing here is jit-safe: stages run on the host and compile what they need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Iterable
+
+import jax
+
+from ._batch import check_batch_independence
+from ._data import check_data
+from ._data_read import _is_data
+from ._errors import DoctorOptionError, JaxsaneError, NonFiniteError
+from ._experiment import Adapted, Experiment, get_inputs, iter_batches, slice_batch
+from ._findings import Finding
+from ._grads import check_grads
+from ._guard import guard
+from ._init import activation_stats, check_activations, check_init_loss, infer_num_classes, initial_loss, traceable
+from ._init_sweep import init_scale_sweep
+from ._monitor import Monitor, check_training
+from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
+                       RunOptions, StepOptions)
+from ._overfit import overfit
+from ._step_checks import check_step
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """What a stage gets: the experiment, its pure view, the key, the first batches and its options.
+
+    Attributes:
+      experiment: the user's :class:`~jaxsane.Experiment` (train/eval replayable from the start).
+      adapted: the pure view of it (:class:`Adapted`); None only when ``Experiment.init`` crashed,
+        in which case only stages that need no state run.
+      key: the PRNG key for init and the checks.
+      batch: the first train batch.
+      eval_batch: the first eval batch, or None.
+      options: this stage's options dataclass (e.g. :class:`~jaxsane._options.RunOptions`).
+      artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
+    """
+
+    experiment: Experiment
+    adapted: Adapted | None
+    key: jax.Array
+    batch: Any
+    eval_batch: Any
+    options: Any
+    artifacts: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: its name, function, options dataclass and what it needs to run.
+
+    ``needs`` lists ``"state"`` (a working ``Experiment.init``) and ``"step"`` (a step whose
+    output is usable as ``(new_state, metrics)``); the runner skips a stage whose needs failed.
+    """
+
+    name: str
+    run: Callable[[StageContext], Iterable[Finding]]
+    options: type
+    needs: tuple[str, ...]
+
+    @property
+    def description(self) -> str:
+        return self.options.description
+
+
+# ----------------------------------------------------------------------------- the stages
+
+def data_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
+    exp = ctx.experiment
+    limit = ctx.options.data_max_batches
+    if limit is None:
+        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
+    apply_fn = params = None
+    if ctx.adapted is not None and ctx.adapted.apply_fn is not None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+            apply_fn = ctx.adapted.apply_fn
+        except Exception:  # init problems are the init stage's to report
+            apply_fn = params = None
+    diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
+                           labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    ctx.artifacts["data"] = diagnosis.artifacts.get("data")
+    return list(diagnosis)
+
+
+def init_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
+    opts: InitOptions = ctx.options
+    state = ctx.adapted.init(ctx.key)
+    num_classes = infer_num_classes(ctx.adapted, state, ctx.batch)
+    loss, source = initial_loss(ctx.adapted, state, ctx.batch)
+    ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
+    findings: list[Finding] = []
+    if loss is None or num_classes is None:
+        findings.append(Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a "
+                                "loss (Experiment.loss, apply + labels, or a step reporting 'loss')", ""))
+    else:
+        findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
+    if ctx.adapted.apply_fn is None:
+        findings.append(Finding("doctor.skipped", "activation statistics at init not checked: they need "
+                                "Experiment.apply ((params, inputs) -> outputs)", "pass Experiment(apply=...)"))
+        return findings
+    layers = activation_stats(traceable(ctx.adapted, "apply"), ctx.adapted.params(state),
+                              get_inputs(ctx.experiment, ctx.batch))
+    ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
+    findings += check_activations(layers, scale_ratio=opts.init_scale_ratio,
+                                  per_layer_factor=opts.init_per_layer_factor,
+                                  max_saturated=opts.init_max_saturated, symmetric_tol=opts.init_symmetric_tol)
+    return findings
+
+
+def grads_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`)."""
+    opts: GradsOptions = ctx.options
+    adapted = ctx.adapted
+    if adapted.loss_fn is None:
+        return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
+                        "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
+    state = adapted.init(ctx.key)
+    batch = slice_batch(ctx.batch, opts.grads_batch_size)
+    return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
+                       modes=opts.grads_modes)
+
+
+def step_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
+    return check_step(ctx.adapted, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+
+
+def batch_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (:class:`BatchOptions`)."""
+    adapted = ctx.adapted
+    if adapted.apply_fn is None:
+        return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
+                        "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+    state = adapted.init(ctx.key)
+    return check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
+                                    get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
+
+
+def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: the overfit sweep with small defaults, then the init-scale sweep (:class:`OverfitOptions`).
+
+    Stores ``artifacts["overfit"]`` (an :class:`OverfitResult`) and ``artifacts["init_scales"]``
+    (an ``InitScaleSweep``).
+    """
+    opts: OverfitOptions = ctx.options
+    batch = slice_batch(ctx.batch, opts.overfit_batch_size)
+    result = overfit(ctx.adapted, batch, seeds=opts.overfit_seeds, steps=opts.overfit_steps,
+                     learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales)
+    ctx.artifacts["overfit"] = result
+    try:
+        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key)
+    except JaxsaneError:
+        pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
+    return list(result.findings)
+
+
+def run_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: a short monitored, guarded run on the train data (:class:`RunOptions`).
+
+    NaNs are caught (and located); the dynamics are judged by :func:`check_training` on the
+    recorded history, stored in ``artifacts["run"]`` (``History.to_dict()``) for the report.
+    Evaluations use the first eval batch, when the Experiment has ``eval`` and ``loss``.
+    """
+    opts: RunOptions = ctx.options
+    adapted = ctx.adapted
+    state = adapted.init(ctx.key)
+    monitor = Monitor(adapted, every=1, dead_every=opts.run_dead_every, log_every=max(1, opts.run_steps))
+    guarded = guard(monitor.compiled_step, on_nonfinite="raise")
+    eval_loss = None
+    if ctx.eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
+        eval_loss = jax.jit(adapted.loss_fn)
+    findings: list[Finding] = []
+    failed = False
+    try:
+        if eval_loss is not None:
+            monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+        for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
+            state, metrics = guarded(state, batch, monitor.mode_for(i))
+            monitor.record(i, metrics, state, batch)
+            if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
+                guarded.flush()
+                monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+        guarded.flush()
+    except NonFiniteError as e:
+        findings.append(e.finding)
+        failed = True
+    history = monitor.pull()
+    ctx.artifacts["run"] = history.to_dict()
+    if not failed:  # after a NaN the dynamics are moot: the NaN is the story
+        findings.extend(check_training(history, **opts.run_thresholds))
+    return findings
+
+
+# ----------------------------------------------------------------------------- the list
+
+STAGES: tuple[Stage, ...] = (
+    Stage("data", data_stage, DataOptions, needs=()),
+    Stage("init", init_stage, InitOptions, needs=("state",)),
+    Stage("grads", grads_stage, GradsOptions, needs=("state",)),
+    Stage("step", step_stage, StepOptions, needs=("state", "step")),
+    Stage("batch", batch_stage, BatchOptions, needs=("state",)),
+    Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
+    Stage("run", run_stage, RunOptions, needs=("state", "step")),
+)
+assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Checks that need the stages' own signatures (``run_thresholds`` keys). Raises DoctorOptionError."""
+    run: RunOptions = options["run"]
+    known = [p for p, v in inspect.signature(check_training).parameters.items() if v.kind is v.KEYWORD_ONLY]
+    unknown = [k for k in run.run_thresholds if k not in known]
+    if unknown:
+        raise DoctorOptionError(f"doctor option run_thresholds has unknown key(s) {unknown}; the thresholds of "
+                                f"jaxsane.check_training are {known}.")
