@@ -33,13 +33,17 @@ from ._options import resolve, select_stages
 from ._pipeline import STAGES, StageContext, check_options
 
 RAN, SKIPPED, CRASHED, FAILED = "ran", "skipped", "crashed", "failed"
+# a stage that needs a handle the Experiment does not give (apply, loss, ...): listed, with the reason; it
+# stops doctor from passing only when the stage was asked for by name (stages=[...] / --stages)
+NOT_APPLICABLE = "not applicable"
 
 
 class DoctorDiagnosis(Diagnosis):
     """A :class:`Diagnosis` that also records which requested stages ran, which did not and why.
 
     ``artifacts["stages"]`` is a list of ``{"name", "status", "reason", "seconds"}`` in checklist
-    order (status ``ran``, ``skipped``, ``crashed`` (the user's code) or ``failed`` (jaxsane));
+    order (status ``ran``, ``not applicable`` (a handle it needs is missing), ``skipped``, ``crashed`` (the
+    user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``);
     ``artifacts["timings"]`` maps each stage to its seconds. Both are in the JSON and the terminal
     summary. Not jit-safe.
     """
@@ -50,8 +54,10 @@ class DoctorDiagnosis(Diagnosis):
 
     @property
     def complete(self) -> bool:
-        """True when every requested stage ran."""
-        return all(s["status"] == RAN for s in self.stages)
+        """True when every requested stage ran. With the default stage list, a stage that is not
+        applicable (a handle it needs is missing) is listed but does not count against it."""
+        return all(s["status"] == RAN or (s["status"] == NOT_APPLICABLE and not s.get("requested"))
+                   for s in self.stages)
 
     @property
     def passed(self) -> bool:
@@ -78,7 +84,8 @@ class DoctorDiagnosis(Diagnosis):
                 lines.append(f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: "
                              f"{s['reason']}")
         if not self.complete:
-            missing = sum(s["status"] != RAN for s in self.stages)
+            missing = sum(s["status"] != RAN and (s["status"] != NOT_APPLICABLE or s.get("requested"))
+                          for s in self.stages)
             lines.append(f"incomplete: {missing} of {len(self.stages)} requested stages did not run, so doctor "
                          "cannot pass this program (give what a skipped stage needs, or leave it out with skip=)")
         return lines
@@ -328,10 +335,12 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
                 else:
                     diagnosis.add(found)
                     if found and all(f.code == "doctor.skipped" for f in found):
-                        status, reason = SKIPPED, "; ".join(f.message for f in found)
+                        status = NOT_APPLICABLE if all(f.severity == "info" for f in found) else SKIPPED
+                        reason = "; ".join(f.message for f in found)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             timings[stage.name] = time.perf_counter() - start
-            record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name]}
+            record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name],
+                      "requested": stages is not None}
             records.append(record)
             show.end(record)
     return diagnosis

@@ -111,9 +111,16 @@ def test_crash_inside_jaxsane_is_a_warning_that_says_jaxsane_bug(monkeypatch):
 def test_missing_handle_is_skipped_with_its_reason_and_does_not_pass():
     d = jaxsane.doctor(_experiment(), stages=["grads"], progress=False)
     assert d.codes == ["doctor.skipped"] and d[0].severity == "info"
-    assert d.stages == [dict(d.stages[0], status="skipped")] and "Experiment.loss" in d.stages[0]["reason"]
-    assert d.ok and not d.complete and not d.passed
-    assert "stage grads skipped" in str(d) and "incomplete" in str(d)
+    assert d.stages == [dict(d.stages[0], status="not applicable")] and "Experiment.loss" in d.stages[0]["reason"]
+    assert d.ok and not d.complete and not d.passed  # asked for by name: not running it cannot pass
+    assert "stage grads not applicable" in str(d) and "incomplete" in str(d)
+
+
+def test_missing_handle_under_the_default_stages_is_listed_but_passes():
+    d = jaxsane.doctor(_experiment(), skip=["overfit", "run", "init", "batch", "step"], progress=False)
+    assert [(s["name"], s["status"]) for s in d.stages] == [("data", "ran"), ("grads", "not applicable")]
+    assert d.ok and d.complete and d.passed, d
+    assert "stage grads not applicable" in str(d) and "incomplete" not in str(d)
 
 
 def test_user_crash_finds_the_user_frame_through_a_jaxsane_wrapper():
@@ -234,10 +241,10 @@ def test_stages_and_timings_in_json_and_terminal_summary():
     d = jaxsane.doctor(_experiment(), stages=["data", "grads"], progress=False)
     payload = json.loads(d.to_json())
     assert payload["complete"] is False
-    assert [(s["name"], s["status"]) for s in payload["stages"]] == [("data", "ran"), ("grads", "skipped")]
+    assert [(s["name"], s["status"]) for s in payload["stages"]] == [("data", "ran"), ("grads", "not applicable")]
     assert set(payload["timings"]) == {"data", "grads"} and all(t >= 0 for t in payload["timings"].values())
     text = str(d)
-    assert "stages run: data" in text and " s (total " in text and "stage grads skipped" in text
+    assert "stages run: data" in text and " s (total " in text and "stage grads not applicable" in text
 
 
 def test_html_report_lists_the_stages(tmp_path):
@@ -250,7 +257,7 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(capsys):
     jaxsane.doctor(_experiment(), stages=["data", "grads"], progress=True)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("[jaxsane] tiny: data ...") and err[0].endswith(" s")
-    assert err[1].startswith("[jaxsane] tiny: grads ... skipped (")
+    assert err[1].startswith("[jaxsane] tiny: grads ... not applicable (")
     jaxsane.doctor(_experiment(), stages=["data"], progress=False)
     assert capsys.readouterr().err == ""
 
