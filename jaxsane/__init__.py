@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from ._dump import Dump as Dump, load_dump as load_dump, save_dump as save_dump
 from ._errors import (
+    ArgumentError as ArgumentError,
     DataError as DataError,
     ExperimentError as ExperimentError,
     GradCheckError as GradCheckError,
@@ -28,7 +29,7 @@ from ._step_checks import check_step as check_step, count_compilations as count_
 from ._batch import check_batch_independence as check_batch_independence
 
 __all__ = [
-    "CODES", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "Finding", "GradCheckError",
+    "ArgumentError", "CODES", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "Finding", "GradCheckError",
     "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError", "check_data",
     "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",

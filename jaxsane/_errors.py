@@ -47,3 +47,8 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class ArgumentError(JaxsaneError, TypeError, ValueError):
+    """A public function got an argument of the wrong type or out of range. It is also a TypeError
+    and a ValueError, so code that caught those before keeps working."""
