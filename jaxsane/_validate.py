@@ -20,21 +20,26 @@ from typing import Any
 from ._errors import ArgumentError
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
 
 
+def message(fn: str, name: str, expected: str, value: Any, *, cause: str | None = None,
+            fix: str | None = None) -> str:
+    """The four-part text for a bad ``fn(name=value)``: what, where, likely cause, fix."""
+    msg = f"{fn}({name}=...): expected {expected}, got {show(value)}."
+    if cause:
+        msg += f" Likely cause: {cause}."
+    return msg + f" Fix: {fix or f'pass {name}= ' + expected}."
+
+
 def fail(fn: str, name: str, expected: str, value: Any, *, cause: str | None = None,
          fix: str | None = None) -> ArgumentError:
     """The :class:`ArgumentError` for ``fn(name=value)`` (returned, so the caller writes ``raise``)."""
-    msg = f"{fn}({name}=...): expected {expected}, got {_show(value)}."
-    if cause:
-        msg += f" Likely cause: {cause}."
-    msg += f" Fix: {fix or f'pass {name}= ' + expected}."
-    return ArgumentError(msg)
+    return ArgumentError(message(fn, name, expected, value, cause=cause, fix=fix))
 
 
 def _is_int(value: Any) -> bool:
