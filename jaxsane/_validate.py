@@ -43,7 +43,24 @@ def fail(fn: str, name: str, expected: str, value: Any, *, cause: str | None = N
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if isinstance(value, numbers.Integral):
+        return not isinstance(value, bool)
+    return _scalar_kind(value) in ("i", "u")
+
+
+def _is_real(value: Any) -> bool:
+    if isinstance(value, numbers.Real):
+        return not isinstance(value, bool)
+    return _scalar_kind(value) in ("i", "u", "f")
+
+
+def _scalar_kind(value: Any) -> str:
+    """The dtype kind of a concrete 0-d array (numpy or jax), else ''. Tracers are refused: these checks
+    run on the host."""
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or shape != () or type(value).__name__.endswith("Tracer"):
+        return ""
+    return getattr(dtype, "kind", "")
 
 
 def require_int(fn: str, name: str, value: Any, *, min: int | None = None, max: int | None = None,
@@ -73,7 +90,7 @@ def require_float(fn: str, name: str, value: Any, *, min: float | None = None, m
         return None
     bounds = " > 0" if positive else _bounds(min, max)
     expected = f"a finite number{bounds}" + (" or None" if optional else "")
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    if not _is_real(value):
         cause = ("a number read from a config file or the command line was not converted"
                  if isinstance(value, str) else None)
         raise fail(fn, name, expected, value, cause=cause, fix=fix)
@@ -156,8 +173,7 @@ def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_
         elif of == "int":
             ok = _is_int(item) and (not positive or item > 0)
         else:
-            ok = (isinstance(item, numbers.Real) and not isinstance(item, bool) and math.isfinite(float(item))
-                  and (not positive or item > 0))
+            ok = _is_real(item) and math.isfinite(float(item)) and (not positive or item > 0)
         if not ok:
             raise fail(fn, f"{name}[{i}]", f"a {of}" + (" > 0" if positive else ""), item,
                        fix=f"make every item of {name} a {of}" + (" > 0" if positive else ""))
