@@ -21,7 +21,7 @@ from ._errors import ExperimentError, JaxsaneError
 from ._experiment import batch_size, get_inputs
 from ._findings import Finding
 from ._tree import like_sharding, put_like
-from ._validate import require_callable, require_float, require_int, require_sequence
+from ._validate import require_callable, require_count_or_list, require_float, require_int
 
 PyTree = Any
 
@@ -66,10 +66,7 @@ def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, pr
     """
     fn = "check_batch_independence"
     require_callable(fn, "apply", apply, signature="(params, inputs) -> outputs")
-    if not isinstance(probes, int) or isinstance(probes, bool):
-        require_sequence(fn, "probes", probes, of="int")
-    else:
-        require_int(fn, "probes", probes, min=1)
+    require_count_or_list(fn, "probes", probes)
     require_float(fn, "rtol", rtol, min=0.0)
     require_int(fn, "seed", seed)
     require_int(fn, "max_pairs", max_pairs, min=1)

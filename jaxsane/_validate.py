@@ -180,6 +180,17 @@ def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_
     return items
 
 
+def require_count_or_list(fn: str, name: str, value: Any, *, of: str = "int") -> int | list:
+    """``value`` as an int >= 1 (a count) or a non-empty list of ``of`` (e.g. ``seeds=4`` or
+    ``seeds=[0, 7]``). Not jit-safe."""
+    if _is_int(value):
+        return require_int(fn, name, value, min=1)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise fail(fn, name, f"an int >= 1 or a list of {of}s", value,
+                   fix=f"pass {name}=N (a count) or {name}=[...] (a list of {of}s)")
+    return require_sequence(fn, name, value, of=of)
+
+
 def require_same_rows(fn: str, name_a: str, a: Any, name_b: str, b: Any) -> None:
     """Both ``a`` and ``b`` have the same leading (example) size. Not jit-safe."""
     na, nb = _rows(a), _rows(b)
