@@ -182,8 +182,11 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
       (rows, batches, class counts, input mean/std).
 
     Raises:
-      DataError: the data cannot be read: ragged batches or rows, a named key that is missing,
-        string/object arrays, unsupported types, a handle that raises.
+      DataError: the data cannot be read: ragged batches or rows (labels of another length than
+        the inputs), a named key that is missing, string/object arrays, unsupported types, a
+        handle that raises, an iterable that yields no batch at all.
+      ArgumentError: an argument of the wrong type or out of range (``num_classes="10"``,
+        ``max_batches=0``, a fraction outside [0, 1]).
 
     Not jit-safe (host numpy).
 

@@ -514,7 +514,8 @@ def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None,
     require_float("check_init", "loss", loss, optional=True)
     for _name, _v, _lo, _hi in (("loss_rtol", loss_rtol, 0.0, None), ("scale_ratio", scale_ratio, 1.0, None),
                                 ("per_layer_factor", per_layer_factor, 1.0, None),
-                                ("max_saturated", max_saturated, 0.0, 1.0), ("symmetric_tol", symmetric_tol, 0.0, None)):
+                                ("max_saturated", max_saturated, 0.0, 1.0),
+                                ("symmetric_tol", symmetric_tol, 0.0, None)):
         require_float("check_init", _name, _v, min=_lo, max=_hi)
     findings: list[Finding] = []
     if loss is None and labels is not None:

@@ -296,8 +296,10 @@ class Monitor:
                  log_every: int = 100, lag: int = 2):
         require_experiment("Monitor", adapted, "adapted")
         adapted = adapted if isinstance(adapted, Adapted) else Adapted(adapted)  # an Experiment is adapted here
-        every, log_every = require_int("Monitor", "every", every, min=1), require_int("Monitor", "log_every", log_every, min=1)
-        dead_every, lag = require_int("Monitor", "dead_every", dead_every, min=0), require_int("Monitor", "lag", lag, min=0)
+        every = require_int("Monitor", "every", every, min=1)
+        log_every = require_int("Monitor", "log_every", log_every, min=1)
+        dead_every = require_int("Monitor", "dead_every", dead_every, min=0)
+        lag = require_int("Monitor", "lag", lag, min=0)
         require_bool("Monitor", "grads", grads)
         if every < 1 or log_every < 1 or dead_every < 0 or lag < 0:
             raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1, dead_every >= 0 and lag >= 0.")
@@ -531,8 +533,9 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
                    fix="record each step's index and loss together (Monitor.record)")
     require_int("check_training", "min_steps", min_steps, min=1)
     require_int("check_training", "min_evals", min_evals, min=1)
-    for _name, _v in (("diverge_factor", diverge_factor), ("plateau_rel", plateau_rel), ("oscillation_rel", oscillation_rel),
-                      ("oscillation_trend", oscillation_trend), ("update_ratio_low", update_ratio_low),
+    for _name, _v in (("diverge_factor", diverge_factor), ("plateau_rel", plateau_rel),
+                      ("oscillation_rel", oscillation_rel), ("oscillation_trend", oscillation_trend),
+                      ("update_ratio_low", update_ratio_low),
                       ("update_ratio_high", update_ratio_high), ("vanishing_ratio", vanishing_ratio),
                       ("vanishing_first", vanishing_first), ("exploding_ratio", exploding_ratio),
                       ("grad_growth", grad_growth), ("dead_fraction", dead_fraction), ("overfit_rise", overfit_rise)):

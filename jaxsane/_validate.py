@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._errors import ArgumentError
@@ -159,7 +159,8 @@ def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_
     items; a str is refused (it would be iterated character by character). Not jit-safe."""
     if value is None and optional:
         return None
-    expected = f"a sequence of at least {min_len} {of}{'s' if min_len != 1 else ''}" + (" > 0" if positive else "")
+    expected = (f"a non-empty sequence of {of}s" if min_len == 1 else f"a sequence of at least {min_len} {of}s")
+    expected += " > 0" if positive else ""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         cause = ("a str is iterated character by character; a comma-separated list was not split"
                  if isinstance(value, str) else None)
