@@ -139,7 +139,7 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     Train and eval are compared: inputs (or labels) whose per-example shape or dtype kind differs
     between the splits are a ``data.shape`` error naming both (only the sequence length differs and
     there is a padding mask: a warning, as dynamic padding recompiles; float32 against float64:
-    a warning).
+    a warning with ``jax_enable_x64`` on, nothing otherwise, as jax computes both in 32 bits).
 
     Args:
       train: the training data: a numpy/jax array (inputs only), a dict or ``(x, y)`` tuple of
@@ -356,6 +356,8 @@ def _compare_splits(train: _Split, eval_: _Split) -> list[Finding]:
             kind_change = da.kind != db.kind or len(sa) != len(sb)
             padded_length = sa != sb and not kind_change and (train.padded or eval_.padded)
             width_only = sa == sb and not kind_change  # float32 against float64, int32 against int64
+            if width_only and not jax.config.jax_enable_x64:
+                continue  # jax canonicalises both to 32 bits: the same program runs on both splits
             severity = "warning" if (padded_length or width_only) else "error"
             why = ("each new length recompiles the jitted eval step" if padded_length else
                    "the eval runs at another precision and recompiles" if width_only else

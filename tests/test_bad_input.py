@@ -218,7 +218,10 @@ def test_train_and_eval_with_different_dtypes():
     pixels = rng.integers(0, 256, (32, 4)).astype(np.uint8)
     kind = _codes(check_data(x, pixels), "data.shape")
     assert len(kind) == 1 and kind[0].severity == "error" and "uint8" in kind[0].message
-    width = _codes(check_data(x, rng.normal(size=(32, 4))), "data.shape")  # float32 vs float64
+    x64 = rng.normal(size=(32, 4))
+    assert _codes(check_data(x, x64), "data.shape") == []  # jax runs both in float32
+    with jax.enable_x64(True):
+        width = _codes(check_data(x, x64), "data.shape")  # now the eval runs in float64
     assert len(width) == 1 and width[0].severity == "warning"
 
 
