@@ -185,7 +185,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
       >>> fig = sweep.plot()  # doctest: +SKIP
     """
     require_experiment("init_scale_sweep", experiment)
-    require_sequence("init_scale_sweep", "scales", scales, positive=True)
+    require_sequence("init_scale_sweep", "scales", scales, min=0.0)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment

@@ -446,8 +446,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     fn = "overfit"
     require_experiment(fn, experiment)
     require_count_or_list(fn, "seeds", seeds)
-    require_sequence(fn, "learning_rates", learning_rates, positive=True, optional=True)
-    require_sequence(fn, "init_scales", init_scales, positive=True, optional=True)
+    require_sequence(fn, "learning_rates", learning_rates, min=0.0, optional=True)
+    require_sequence(fn, "init_scales", init_scales, min=0.0, optional=True)
     require_int(fn, "steps", steps, min=1)
     require_int(fn, "chunk", chunk, min=1)
     require_int(fn, "batch_size", batch_size, min=1)

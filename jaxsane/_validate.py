@@ -154,13 +154,15 @@ def require_callable(fn: str, name: str, value: Any, *, signature: str = "", opt
 
 
 def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_len: int = 1,
-                     positive: bool = False, optional: bool = False) -> list | None:
+                     min: float | None = None, optional: bool = False) -> list | None:
     """``value`` as a list of ``of`` (``"number"``, ``"int"`` or ``"str"``) with at least ``min_len``
-    items; a str is refused (it would be iterated character by character). Not jit-safe."""
+    items, each ``>= min`` when given; a str is refused (it would be iterated character by
+    character). Not jit-safe."""
     if value is None and optional:
         return None
+    each = f" >= {min}" if min is not None else ""
     expected = (f"a non-empty sequence of {of}s" if min_len == 1 else f"a sequence of at least {min_len} {of}s")
-    expected += " > 0" if positive else ""
+    expected += each
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         cause = ("a str is iterated character by character; a comma-separated list was not split"
                  if isinstance(value, str) else None)
@@ -171,13 +173,11 @@ def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_
     for i, item in enumerate(items):
         if of == "str":
             ok = isinstance(item, str)
-        elif of == "int":
-            ok = _is_int(item) and (not positive or item > 0)
         else:
-            ok = _is_real(item) and math.isfinite(float(item)) and (not positive or item > 0)
+            ok = (_is_int(item) if of == "int" else _is_real(item) and math.isfinite(float(item)))
+            ok = ok and (min is None or item >= min)
         if not ok:
-            raise fail(fn, f"{name}[{i}]", f"a {of}" + (" > 0" if positive else ""), item,
-                       fix=f"make every item of {name} a {of}" + (" > 0" if positive else ""))
+            raise fail(fn, f"{name}[{i}]", f"a {of}{each}", item, fix=f"make every item of {name} a {of}{each}")
     return items
 
 

@@ -131,8 +131,10 @@ CASES = [
     # ---- init_scale_sweep
     ("sweep-none", lambda: jaxsane.init_scale_sweep(None), ExperimentError, "init_scale_sweep(experiment=...)"),
     ("sweep-scales-empty", lambda: jaxsane.init_scale_sweep(optax_experiment(), scales=[]), ArgumentError, "empty"),
-    ("sweep-scales-zero", lambda: jaxsane.init_scale_sweep(optax_experiment(), scales=[1, 0]), ArgumentError,
+    ("sweep-scales-neg", lambda: jaxsane.init_scale_sweep(optax_experiment(), scales=[1, -2]), ArgumentError,
      "scales[1]"),
+    ("sweep-scales-nan", lambda: jaxsane.init_scale_sweep(optax_experiment(), scales=[float("nan")]), ArgumentError,
+     "scales[0]"),
     # ---- locate, check_replicas
     ("locate-int", lambda: jaxsane.locate(5, X), JaxsaneError, "locate needs a callable"),
     ("replicas-root-int", lambda: jaxsane.check_replicas(PARAMS, root=3), ArgumentError, "root"),
