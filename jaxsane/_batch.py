@@ -21,6 +21,7 @@ from ._errors import ExperimentError, JaxsaneError
 from ._experiment import batch_size, get_inputs
 from ._findings import Finding
 from ._tree import like_sharding, put_like
+from ._validate import require_callable, require_count_or_list, require_float, require_int
 
 PyTree = Any
 
@@ -63,6 +64,12 @@ def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, pr
 
     Not jit-safe (one compiled VJP per probe set).
     """
+    fn = "check_batch_independence"
+    require_callable(fn, "apply", apply, signature="(params, inputs) -> outputs")
+    require_count_or_list(fn, "probes", probes)
+    require_float(fn, "rtol", rtol, min=0.0)
+    require_int(fn, "seed", seed)
+    require_int(fn, "max_pairs", max_pairs, min=1)
     try:
         n = batch_size(inputs)
     except Exception as e:

@@ -22,17 +22,19 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._data_read import _batches, _get, _host, _is_data, _leaves, _normalize, _num_rows, _slice, _take
+from ._data_read import Stream, _get, _host, _is_data, _leaves, _normalize, _num_rows, _slice, _take
 from ._errors import DataError
 from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
 from ._findings import Diagnosis, Finding
 from ._row_hash import _U64, _combine, hash_rows
+from ._validate import require_bool, require_callable, require_float, require_int
 
 PyTree = Any
 
 _STATS_ROWS = 1024             # rows per chunk sampled for mean/std (scale check)
 _STATS_VALUES = 1 << 22        # after this many sampled values, sample every 16th row
 _MAX_CLASSES = 100_000         # integer labels above this (without num_classes) are not class ids
+DEFAULT_MAX_BATCHES = 1000     # batches read from an iterable split when max_batches is None
 
 
 # ----------------------------------------------------------------------------- per-split accumulators
@@ -81,6 +83,11 @@ class _Split:
         self.hashes: list[np.ndarray] = []
         self.hash_index: list[np.ndarray] = []
         self.signature: list | None = None
+        self.input_signature: list | None = None   # (path, per-example shape, dtype) of the inputs
+        self.label_signature: list | None = None
+        self.padded = False
+        self.empty_batches = _Flags(k)
+        self.partial = False                       # stopped at the default batch limit, more was left
         self.shape_errors = _Flags(k)
         self.shape_warnings = _Flags(k)
         self.shape_detail = ""
@@ -125,7 +132,14 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     match), ``data.duplicates`` (repeated inputs within a split), ``data.imbalance``,
     ``data.all_padding`` (sequences whose mask is all zero; batches entirely padding),
     ``data.unnormalized``, ``data.constant`` (the whole input, or a whole batch, is one value),
-    ``nonfinite.input`` (NaN/Inf in inputs or float labels).
+    ``nonfinite.input`` (NaN/Inf in inputs or float labels), ``data.empty`` (a split with zero
+    examples is an error, empty batches inside a stream a warning), ``data.partial`` (info: only
+    the first ``max_batches`` batches of a longer stream were read).
+
+    Train and eval are compared: inputs (or labels) whose per-example shape or dtype kind differs
+    between the splits are a ``data.shape`` error naming both (only the sequence length differs and
+    there is a padding mask: a warning, as dynamic padding recompiles; float32 against float64:
+    a warning with ``jax_enable_x64`` on, nothing otherwise, as jax computes both in 32 bits).
 
     Args:
       train: the training data: a numpy/jax array (inputs only), a dict or ``(x, y)`` tuple of
@@ -141,8 +155,9 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
         None), evaluated (abstractly, via ``jax.eval_shape``) on ``apply_examples`` train examples
         to compare prediction and label shapes.
       params: the parameters passed to ``apply``.
-      max_batches: read at most this many batches of an iterable split (None: all of it; an
-        infinite stream needs a limit).
+      max_batches: read at most this many batches of an iterable split. None (default): at most
+        ``DEFAULT_MAX_BATCHES`` (1000), so an endless generator never hangs the check; when the
+        stream had more, an info finding ``data.partial`` says that only a prefix was checked.
       max_imbalance_ratio: flag when the most frequent class has more than this many times the
         examples of the least frequent one (or a class in ``range(num_classes)`` never occurs).
         Default 10: Google's ML Crash Course ("Imbalanced datasets") calls a minority class of
@@ -167,8 +182,11 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
       (rows, batches, class counts, input mean/std).
 
     Raises:
-      DataError: the data cannot be read: ragged batches or rows, a named key that is missing,
-        string/object arrays, unsupported types, a handle that raises.
+      DataError: the data cannot be read: ragged batches or rows (labels of another length than
+        the inputs), a named key that is missing, string/object arrays, unsupported types, a
+        handle that raises, an iterable that yields no batch at all.
+      ArgumentError: an argument of the wrong type or out of range (``num_classes="10"``,
+        ``max_batches=0``, a fraction outside [0, 1]).
 
     Not jit-safe (host numpy).
 
@@ -179,10 +197,28 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
       >>> check_data((x, y), num_classes=2).codes
       ['data.label_range']
     """
-    if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or num_classes < 1):
-        raise DataError(f"num_classes must be a positive int, got {num_classes!r}.")
-    if max_batches is not None and max_batches < 1:
-        raise DataError(f"max_batches must be >= 1 or None, got {max_batches!r}.")
+    fn = "check_data"
+    num_classes = require_int(fn, "num_classes", num_classes, min=1, optional=True)
+    max_batches = require_int(fn, "max_batches", max_batches, min=1, optional=True)
+    for name, handle in (("inputs", inputs), ("labels", labels), ("mask", mask)):
+        if not (handle is None or isinstance(handle, str) or callable(handle)):
+            raise DataError(f"check_data({name}=...): expected a function batch -> array, a dict key (str) or "
+                            f"None, got {type(handle).__name__} {handle!r:.60}. Fix: pass {name}='key' or "
+                            f"{name}=lambda batch: ....")
+    require_callable(fn, "apply", apply, signature="(params, inputs) -> predictions", optional=True)
+    require_float(fn, "max_imbalance_ratio", max_imbalance_ratio, min=1.0)
+    require_float(fn, "max_duplicate_fraction", max_duplicate_fraction, min=0.0, max=1.0)
+    require_float(fn, "max_leakage_fraction", max_leakage_fraction, min=0.0, max=1.0)
+    if (isinstance(scale_range, (str, bytes)) or not hasattr(scale_range, "__len__") or len(scale_range) != 2
+            or not all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+                       for v in scale_range) or not 0 <= scale_range[0] < scale_range[1]):
+        raise DataError(f"check_data(scale_range=...): expected (low, high) with 0 <= low < high, got "
+                        f"{scale_range!r:.60}. Fix: pass e.g. scale_range=(1e-2, 10.0).")
+    if integer_features is not None:
+        require_bool(fn, "integer_features", integer_features)
+    max_indices = require_int(fn, "max_indices", max_indices, min=0)
+    apply_examples = require_int(fn, "apply_examples", apply_examples, min=1)
+    chunk_bytes = require_int(fn, "chunk_bytes", chunk_bytes, min=1)
     opts = dict(num_classes=None if num_classes is None else int(num_classes), inputs=inputs, labels=labels,
                 mask=mask, integer_features=integer_features, chunk_bytes=chunk_bytes,
                 apply=apply, params=params, apply_examples=apply_examples)
@@ -199,6 +235,7 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
         if split is train_split:
             train_sorted = sorted_
     if eval_split is not None:
+        findings += _compare_splits(train_split, eval_split)
         findings += _leakage(train_split, eval_split, train_sorted, max_leakage_fraction, max_indices, inputs)
     diagnosis.add(findings)
     diagnosis.artifacts["data"] = {s.what: _summary(s) for s in splits}
@@ -220,8 +257,9 @@ def _summary(split: _Split) -> dict[str, Any]:
 
 def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> _Split:
     split = _Split(what, k)
-    stream, batches = _batches(data, what, max_batches)
-    split.stream = stream
+    batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches,
+                     peek=max_batches is None)
+    split.stream = stream = batches.is_stream
     offset = 0
     for b, raw in batches:
         where = f"{what} batch {b}" if stream else what
@@ -230,7 +268,10 @@ def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, fin
             split.memory = batch
         n = _num_rows(batch, where)
         padded = _get(batch, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
+        split.padded |= padded is not None
         _signature(split, batch, b, where, padded is not None)
+        if n == 0:
+            split.empty_batches.add_index(b)
         row_bytes = max(1, sum(int(np.prod(np.shape(a)[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize
                                for _, a in _leaves(batch, "") if np.ndim(a)))
         step = max(1, int(opts["chunk_bytes"]) // row_bytes)
@@ -254,8 +295,11 @@ def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, fin
         offset += n
         split.batches += 1
     if split.batches == 0:
-        raise DataError(f"the {what} data is empty: its iterator yielded no batch.")
+        raise DataError(f"the {what} data is empty: its iterator yielded no batch. Likely cause: an exhausted "
+                        "generator (already read once) or a filter that dropped everything. Fix: pass a fresh "
+                        "iterable, or a zero-argument function returning one.")
     split.rows = offset
+    split.partial = batches.more
     return split
 
 
@@ -288,6 +332,45 @@ def _signature(split: _Split, batch: PyTree, b: int, where: str, padded: bool) -
         split.shape_warnings.add_index(b)
 
 
+def _leaf_signature(leaves: list[tuple[str, Any]]) -> list[tuple[str, tuple, np.dtype]]:
+    return [(p, tuple(np.shape(a)[1:]), np.dtype(getattr(a, "dtype", np.asarray(a).dtype))) for p, a in leaves]
+
+
+def _compare_splits(train: _Split, eval_: _Split) -> list[Finding]:
+    """``data.shape`` when train and eval inputs (or labels) differ in structure, per-example shape or
+    dtype: a model fitted to one cannot be evaluated on the other."""
+    out: list[Finding] = []
+    for what, a, b in (("inputs", train.input_signature, eval_.input_signature),
+                       ("labels", train.label_signature, eval_.label_signature)):
+        if a is None or b is None or a == b:
+            continue
+        if [p for p, _, _ in a] != [p for p, _, _ in b]:
+            out.append(Finding("data.shape", f"the eval {what} have leaves {[p for p, _, _ in b]} but the train "
+                               f"{what} have {[p for p, _, _ in a]}",
+                               f"give both splits the same {what} structure (same keys, same order)",
+                               path=f"eval {what}"))
+            continue
+        for (p, sa, da), (_, sb, db) in zip(a, b):
+            if (sa, da) == (sb, db):
+                continue
+            kind_change = da.kind != db.kind or len(sa) != len(sb)
+            padded_length = sa != sb and not kind_change and (train.padded or eval_.padded)
+            width_only = sa == sb and not kind_change  # float32 against float64, int32 against int64
+            if width_only and not jax.config.jax_enable_x64:
+                continue  # jax canonicalises both to 32 bits: the same program runs on both splits
+            severity = "warning" if (padded_length or width_only) else "error"
+            why = ("each new length recompiles the jitted eval step" if padded_length else
+                   "the eval runs at another precision and recompiles" if width_only else
+                   "a model fitted to the train shape cannot run, or silently broadcasts, on the eval shape")
+            out.append(Finding("data.shape", f"eval {what} {p} has per-example shape {sb} dtype {db} but train "
+                               f"{what} {p} has shape {sa} dtype {da}: {why}",
+                               "load both splits with the same preprocessing (same feature columns, resize, "
+                               "padding length and dtype cast)", path=f"eval {p}", severity=severity,
+                               extra={"train": [list(sa), str(da)], "eval": [list(sb), str(db)]}))
+            break  # one finding per kind of leaf is enough to point at the preprocessing
+    return out
+
+
 def _is_feature(dtype: np.dtype, integer_features: bool | None) -> bool:
     if dtype.kind in "fc":
         return True
@@ -306,6 +389,10 @@ def _scan_chunk(split: _Split, chunk: PyTree, offset: int, where: str, opts: dic
     m = _get(chunk, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
     rows = None
     leaves = [(p, _host(a)) for p, a in _leaves(x, "inputs")]
+    if split.input_signature is None:
+        split.input_signature = _leaf_signature(leaves)
+        if y is not None:
+            split.label_signature = _leaf_signature(_leaves(y, "labels"))
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
     h = None
@@ -495,6 +582,21 @@ def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tu
     out: list[Finding] = []
     w, C = split.what, opts["num_classes"]
     n = split.rows
+    if split.partial:
+        out.append(Finding("data.partial", f"the {w} stream has more than {split.batches} batches; only these "
+                           f"first {split.batches} batches ({n} examples) were checked",
+                           "pass check_data(max_batches=N) to read more (or fewer) batches",
+                           severity="info", path=w, extra={"batches": split.batches, "rows": n}))
+    if n == 0:
+        out.append(Finding("data.empty", f"the {w} split has 0 examples ({split.batches} batch(es), every one with "
+                           "a leading axis of size 0)", "check the filter, split or shard that produced it; an "
+                           "empty split makes every mean a 0/0 NaN", path=w))
+        return out
+    if split.empty_batches.count:
+        out.append(Finding("data.empty", f"{split.empty_batches.count} {w} batches have 0 examples (batches "
+                           f"{split.empty_batches.first}): a mean over them is 0/0 = NaN",
+                           "drop empty batches (or the filter/shard that empties them) before the step",
+                           severity="warning", path=w, extra={"batches": split.empty_batches.first}))
     if split.shape_errors.count:
         out.append(Finding("data.shape", f"{split.shape_errors.count} {w} batches change per-example shape/dtype: "
                            f"{split.shape_detail} (batches {split.shape_errors.first})",

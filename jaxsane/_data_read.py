@@ -70,7 +70,8 @@ def _num_rows(tree: PyTree, where: str) -> int:
             first = (path, leaf.shape[0])
         elif leaf.shape[0] != first[1]:
             raise DataError(f"ragged batch: {path} has {leaf.shape[0]} rows but {first[0]} has {first[1]}. "
-                            "Every array of a batch needs the same leading (example) axis.")
+                            "Likely cause: the arrays (inputs and labels) were sliced or filtered separately. "
+                           "Fix: every array of a batch needs the same leading (example) axis.")
     if first is None:
         raise DataError(f"{where} has no array with a leading example axis.")
     return int(first[1])
@@ -99,32 +100,57 @@ def _is_data(x: Any) -> bool:
     return isinstance(x, tuple) and bool(x) and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in x)
 
 
-def _batches(data: Any, what: str, max_batches: int | None) -> tuple[bool, Iterator[tuple[int, PyTree]]]:
-    """(is_stream, iterator of (batch index, raw batch))."""
-    if data is not None and not _is_data(data) and callable(data):
-        data = data()
-    if _is_data(data):
-        return False, iter([(0, data)])
-    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
-        raise DataError(f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
-                        "(x, y) tuple of arrays, or an iterable of such batches.")
+class Stream:
+    """Batches of one split: ``(batch index, raw batch)`` pairs, read at most ``limit`` at a time.
 
-    def gen():
-        it = iter(data)
+    ``is_stream`` is False for in-memory data (one batch, the whole split). With ``peek``, once the
+    limit is reached one more batch is read to learn whether the stream went on (``more``), so a
+    check can say that it looked at a prefix.
+    """
+
+    def __init__(self, data: Any, what: str, limit: int | None, *, peek: bool = False):
+        if data is not None and not _is_data(data) and callable(data):
+            data = data()
+        self.more = False
+        if _is_data(data):
+            self.is_stream, self._data = False, data
+            return
+        if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+            raise DataError(f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
+                            "(x, y) tuple of arrays, or an iterable of such batches.")
+        self.is_stream, self._data = True, data
+        self.what, self.limit, self.peek = what, limit, peek
+
+    def __iter__(self) -> Iterator[tuple[int, PyTree]]:
+        if not self.is_stream:
+            yield 0, self._data
+            return
+        it = iter(self._data)
         b = 0
-        while max_batches is None or b < max_batches:
-            try:
-                batch = next(it)
-            except StopIteration:
+        while True:
+            if self.limit is not None and b >= self.limit:
+                if self.peek:
+                    self.more = self._next(it, b) is not _END
                 return
-            except JaxsaneError:
-                raise
-            except Exception as e:
-                raise DataError(f"reading {what} batch {b} raised {type(e).__name__}: {e} (in your data "
-                                "iterator; see the chained traceback)") from e
+            batch = self._next(it, b)
+            if batch is _END:
+                return
             yield b, batch
             b += 1
-    return True, gen()
+
+    def _next(self, it: Iterator, b: int) -> Any:
+        try:
+            return next(it)
+        except StopIteration:
+            return _END
+        except JaxsaneError:
+            raise
+        except Exception as e:
+            raise DataError(f"reading {self.what} batch {b} raised {type(e).__name__}: {e} (in your data "
+                            "iterator; see the chained traceback)") from e
+
+
+_END = object()
 
 
 def _get(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,

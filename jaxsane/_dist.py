@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ._errors import JaxsaneError
 from ._findings import Finding
 from ._tree import is_inexact, leaves_with_paths
+from ._validate import require_int, require_str
 
 PyTree = Any
 
@@ -315,6 +316,8 @@ def check_replicas(tree: PyTree, *, root: str = "", step: int | None = None) -> 
       >>> check_replicas({"w": jnp.ones(3)})
       []
     """
+    require_str("check_replicas", "root", root)
+    require_int("check_replicas", "step", step, min=0, optional=True)
     named = [(p, x) for p, x in leaves_with_paths(tree, root) if x is not None]
     spread = [i for i, (_, x) in enumerate(named)
               if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and len(x.sharding.device_set) > 1]

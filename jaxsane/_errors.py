@@ -58,5 +58,11 @@ class DumpError(JaxsaneError, ValueError):
 class DumpShapeError(JaxsaneError, AttributeError):
     """An attribute was asked of a generic shape rebuilt from a dump; pass ``like=`` for your own classes."""
 
-class DoctorOptionError(JaxsaneError, TypeError, ValueError):
+
+class ArgumentError(JaxsaneError, TypeError, ValueError):
+    """A public function got an argument of the wrong type or out of range. It is also a TypeError
+    and a ValueError, so code that caught those before keeps working."""
+
+
+class DoctorOptionError(ArgumentError):
     """An unknown or ill-typed ``doctor`` option (or ``-o NAME=VALUE`` on the command line)."""

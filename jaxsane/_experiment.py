@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from ._errors import DataError, ExperimentError
 from ._tree import explicit_sharding, is_array, is_inexact, same_structure
+from ._validate import show
 
 PyTree = Any
 
@@ -69,18 +71,42 @@ class Experiment:
             value = getattr(self, field)
             if not callable(value):
                 raise ExperimentError(
-                    f"Experiment.{field} must be callable, got {type(value).__name__}. "
-                    + ("Pass init=lambda key: state (a fresh train state from a PRNG key)."
-                       if field == "init" else "Pass step=train_step, a function (state, batch) -> (state, metrics)."))
+                    f"Experiment.{field} must be callable, got {show(value)}. Likely cause: "
+                    + ("the state itself (init(key)) was passed instead of the function. Fix: pass "
+                       "init=lambda key: state (a fresh train state from a PRNG key)."
+                       if field == "init" else "the step's result was passed instead of the function. Fix: pass "
+                       "step=train_step, a function (state, batch) -> (state, metrics)."))
         for field in ("loss", "apply", "params", "inputs", "labels", "mask"):
             value = getattr(self, field)
             if value is not None and not callable(value):
-                raise ExperimentError(f"Experiment.{field} must be a callable or None, got {type(value).__name__}.")
-        if self.train is None:
-            raise ExperimentError("Experiment.train is required: one batch, an iterable of batches, "
-                                  "or a callable returning a batch.")
-        if self.num_classes is not None and (not isinstance(self.num_classes, int) or self.num_classes < 2):
-            raise ExperimentError(f"Experiment.num_classes must be an int >= 2, got {self.num_classes!r}.")
+                hint = (f" (for a dict key use {field}=lambda batch: batch[{value!r}])"
+                        if isinstance(value, str) and field in ("inputs", "labels", "mask") else "")
+                raise ExperimentError(
+                    f"Experiment.{field} must be a callable or None, got {show(value)}. Likely cause: a value "
+                    f"was passed where the function that computes it is needed. Fix: pass {field}=<a function>"
+                    f"{hint}, or leave it out.")
+        for field in ("train", "eval"):
+            value = getattr(self, field)
+            if value is None and field == "train":
+                raise ExperimentError("Experiment.train is required: one batch, an iterable of batches, "
+                                      "or a callable returning a batch.")
+            if isinstance(value, (str, bytes, bool, int, float, complex)):
+                raise ExperimentError(
+                    f"Experiment.{field} must be data (a batch, an iterable of batches or a callable returning "
+                    f"one), got {show(value)}. Likely cause: a path or a size was passed instead of the data. "
+                    f"Fix: load the data first and pass {field}=the batches.")
+        nc = self.num_classes
+        if nc is not None and (not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 2):
+            raise ExperimentError(
+                f"Experiment.num_classes must be an int >= 2 or None, got {show(nc)}. Likely cause: "
+                + ("a string from a config file was not converted" if isinstance(nc, str) else
+                   "a float or a count of outputs other than classes" if not isinstance(nc, numbers.Integral) else
+                   "a regression or binary-logit model (one output) given num_classes")
+                + ". Fix: pass num_classes=C (the number of class ids, labels in [0, C)), or None to skip the "
+                "label-range and init-loss checks.")
+        if not isinstance(self.name, str):
+            raise ExperimentError(f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
+                                  f"name=str(...) (it is shown in reports).")
 
 
 # ----------------------------------------------------------------------------- data access
@@ -490,6 +516,17 @@ class Adapted:
             raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
                                   "returning a sub-tree of the state.")
         return jax.tree_util.tree_unflatten(state_def, replaced)
+
+
+def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
+    """Raise ExperimentError unless ``value`` is an :class:`Experiment` (or its :class:`Adapted`
+    view). Not jit-safe."""
+    if not isinstance(value, (Experiment, Adapted)):
+        cause = ("a step function was passed where its Experiment is needed" if callable(value)
+                 else "the arguments are in the wrong order, or a train state was passed")
+        raise ExperimentError(
+            f"{fn}({name}=...): expected a jaxsane.Experiment, got {show(value)}. Likely cause: {cause}. "
+            f"Fix: pass jaxsane.Experiment(init=..., step=..., train=...).")
 
 
 def float_leaves(tree: PyTree) -> list:

@@ -59,6 +59,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "data.unnormalized": (WARNING, "input scale far from unit", "raw 0..255 pixels, unscaled features"),
     "data.constant": (WARNING, "an input feature or the whole input is constant",
                       "a preprocessing step that zeroes the input, a broken loader"),
+    "data.empty": (ERROR, "a split (or a batch of it) has zero examples", "a filter that drops every row, an empty shard"),
+    "data.partial": (INFO, "only a prefix of an endless or very long stream was checked", "-"),
     "train.diverging": (ERROR, "loss rising without bound", "learning rate too high, gradient ascent"),
     "train.exploding_grads": (WARNING, "gradient norm grows by orders of magnitude",
                               "bad init, no clipping, lr too high"),

@@ -24,6 +24,7 @@ from ._errors import JaxsaneError
 from ._findings import Finding
 from ._init import sub_jaxpr
 from ._tree import leaves_with_paths
+from ._validate import require_bool, require_callable, require_float, require_int
 
 PyTree = Any
 
@@ -135,6 +136,12 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
       >>> check_grads(lambda p, x: jnp.sum(jnp.tanh(x @ p["w"])), {"w": jnp.ones((3, 2))}, jnp.ones((4, 3)))
       []
     """
+    require_callable("check_grads", "f", f, signature="(*args) -> output")
+    require_int("check_grads", "order", order)
+    for _name, _tol in (("eps", eps), ("atol", atol), ("rtol", rtol)):
+        require_float("check_grads", _name, _tol, positive=True, optional=True)
+    require_bool("check_grads", "has_aux", has_aux)
+    require_int("check_grads", "seed", seed)
     if int(order) < 1:
         raise JaxsaneError(f"check_grads: order must be >= 1, got {order}.")
     modes = tuple(modes)

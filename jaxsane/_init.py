@@ -21,6 +21,7 @@ from ._errors import ExperimentError
 from ._experiment import Adapted, get_inputs, get_labels
 from ._findings import Finding
 from ._tree import leaves_with_paths
+from ._validate import require_callable, require_float, require_int, require_same_rows
 
 PyTree = Any
 
@@ -309,6 +310,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Scanned layers
     (``nn.scan``/``lax.scan`` bodies) are not entered. Not jit-safe.
     """
+    require_callable("activation_stats", "apply", apply, signature="(params, inputs) -> outputs")
     try:
         closed = jax.make_jaxpr(apply)(params, inputs)
     except Exception as e:
@@ -505,6 +507,16 @@ def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None,
 
     Not jit-safe.
     """
+    require_callable("check_init", "apply", apply, signature="(params, inputs) -> logits")
+    if labels is not None:
+        require_same_rows("check_init", "inputs", inputs, "labels", labels)
+    require_int("check_init", "num_classes", num_classes, min=2, optional=True)
+    require_float("check_init", "loss", loss, optional=True)
+    for _name, _v, _lo, _hi in (("loss_rtol", loss_rtol, 0.0, None), ("scale_ratio", scale_ratio, 1.0, None),
+                                ("per_layer_factor", per_layer_factor, 1.0, None),
+                                ("max_saturated", max_saturated, 0.0, 1.0),
+                                ("symmetric_tol", symmetric_tol, 0.0, None)):
+        require_float("check_init", _name, _v, min=_lo, max=_hi)
     findings: list[Finding] = []
     if loss is None and labels is not None:
         logits = jax.jit(apply)(params, inputs)

@@ -21,9 +21,10 @@ import numpy as np
 from jax.extend import core as jcore
 
 from ._errors import ExperimentError, JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels
+from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels, require_experiment
 from ._overfit import _scale_params, _selector
 from ._tree import put_like
+from ._validate import require_sequence
 
 PyTree = Any
 
@@ -183,6 +184,9 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
       >>> sweep = init_scale_sweep(load("digits_optax"), scales=(0.5, 1, 2))  # doctest: +SKIP
       >>> fig = sweep.plot()  # doctest: +SKIP
     """
+    require_experiment("init_scale_sweep", experiment)
+    require_sequence("init_scale_sweep", "scales", scales, min=0.0)
+    _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
     if adapted.loss_fn is None and adapted.apply_fn is None:

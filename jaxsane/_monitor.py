@@ -25,15 +25,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._experiment import Adapted, get_inputs
+from ._experiment import Adapted, get_inputs, require_experiment
 from ._findings import Finding
 from ._tree import is_inexact, leaves_with_paths
+from ._validate import fail, require_bool, require_float, require_int
 
 PyTree = Any
 
@@ -292,6 +294,13 @@ class Monitor:
 
     def __init__(self, adapted: Adapted, *, every: int = 50, dead_every: int = 250, grads: bool = True,
                  log_every: int = 100, lag: int = 2):
+        require_experiment("Monitor", adapted, "adapted")
+        adapted = adapted if isinstance(adapted, Adapted) else Adapted(adapted)  # an Experiment is adapted here
+        every = require_int("Monitor", "every", every, min=1)
+        log_every = require_int("Monitor", "log_every", log_every, min=1)
+        dead_every = require_int("Monitor", "dead_every", dead_every, min=0)
+        lag = require_int("Monitor", "lag", lag, min=0)
+        require_bool("Monitor", "grads", grads)
         if every < 1 or log_every < 1 or dead_every < 0 or lag < 0:
             raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1, dead_every >= 0 and lag >= 0.")
         self.lag = int(lag)
@@ -513,6 +522,24 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
     Returns:
       A list of :class:`Finding` (empty for a healthy run). Not jit-safe (host numpy).
     """
+    if isinstance(history, Mapping):
+        history = History.from_dict(history)  # e.g. History.to_dict() read back from JSON
+    if not isinstance(history, History):
+        raise fail("check_training", "history", "a jaxsane.History (or a dict from History.to_dict())", history,
+                   fix="pass FitResult.history from jaxsane.fit, or Monitor.pull()")
+    if len(history.steps) != len(history.loss):
+        raise fail("check_training", "history", "a History with one loss per step", history,
+                   cause=f"history.steps has {len(history.steps)} entries but history.loss {len(history.loss)}",
+                   fix="record each step's index and loss together (Monitor.record)")
+    require_int("check_training", "min_steps", min_steps, min=1)
+    require_int("check_training", "min_evals", min_evals, min=1)
+    for _name, _v in (("diverge_factor", diverge_factor), ("plateau_rel", plateau_rel),
+                      ("oscillation_rel", oscillation_rel), ("oscillation_trend", oscillation_trend),
+                      ("update_ratio_low", update_ratio_low),
+                      ("update_ratio_high", update_ratio_high), ("vanishing_ratio", vanishing_ratio),
+                      ("vanishing_first", vanishing_first), ("exploding_ratio", exploding_ratio),
+                      ("grad_growth", grad_growth), ("dead_fraction", dead_fraction), ("overfit_rise", overfit_rise)):
+        require_float("check_training", _name, _v, min=0.0)
     out: list[Finding] = []
     loss = np.asarray(history.loss, dtype=np.float64)
     steps = list(history.steps)

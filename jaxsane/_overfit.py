@@ -24,12 +24,14 @@ import numpy as np
 from jax.extend import core as jcore
 
 from ._errors import DataError, ExperimentError, JaxsaneError
-from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, slice_batch)
+from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, require_experiment,
+                          slice_batch)
 from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
 from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
 from ._tree import host_leaf, is_inexact, path_str
+from ._validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
 
 PyTree = Any
 
@@ -440,6 +442,21 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       >>> result.ok  # doctest: +SKIP
       True
     """
+    fn = "overfit"
+    require_experiment(fn, experiment)
+    require_count_or_list(fn, "seeds", seeds)
+    require_sequence(fn, "learning_rates", learning_rates, min=0.0, optional=True)
+    require_sequence(fn, "init_scales", init_scales, min=0.0, optional=True)
+    require_int(fn, "steps", steps, min=1)
+    require_int(fn, "chunk", chunk, min=1)
+    require_int(fn, "batch_size", batch_size, min=1)
+    require_int(fn, "groups", groups, optional=True)
+    require_float(fn, "target", target)
+    require_float(fn, "target_accuracy", target_accuracy, min=0.0, max=1.0)
+    require_float(fn, "ignores_input_ratio", ignores_input_ratio, positive=True)
+    require_bool(fn, "baseline", baseline)
+    require_bool(fn, "early_exit", early_exit)
+    _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
     if not 0 < target < 1:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._findings import Diagnosis
 from ._monitor import History
+from ._validate import fail, require_str, require_writable_file
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -289,6 +290,12 @@ def write_html(path: str, diagnoses: Diagnosis | Sequence[Diagnosis], title: str
       >>> d = jaxsane.Diagnosis([jaxsane.Finding("train.plateau", "flat loss", "raise the lr")], name="demo")
       >>> path = write_html(os.path.join(tempfile.mkdtemp(), "r.html"), [d])
     """
+    path = require_writable_file("write_html", "path", path)
+    require_str("write_html", "title", title)
+    if not isinstance(diagnoses, Diagnosis) and (isinstance(diagnoses, (str, bytes)) or not isinstance(diagnoses, Sequence)
+                                                 or not all(isinstance(d, Diagnosis) for d in diagnoses)):
+        raise fail("write_html", "diagnoses", "a jaxsane.Diagnosis or a list of them", diagnoses,
+                   fix="pass the Diagnosis returned by jaxsane.doctor/check_data (or a list of them)")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(render_html(diagnoses, title))
     return path

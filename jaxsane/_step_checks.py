@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch
+from ._experiment import Adapted, Experiment, first_batch, require_experiment
 from ._findings import Finding
 from ._init import bind_eqn, interpret, jaxpr_primitives, location_of
 from ._tree import leaves_with_paths
+from ._validate import require_bool, require_int
 
 PyTree = Any
 
@@ -144,6 +145,9 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
 
     Not jit-safe: it calls the step on the host.
     """
+    require_experiment("check_step", experiment)
+    require_int("check_step", "calls", calls)
+    require_bool("check_step", "check_rng", check_rng)
     if int(calls) < 2:
         raise JaxsaneError(f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}.")
     key = jax.random.key(0) if key is None else key
