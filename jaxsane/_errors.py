@@ -47,3 +47,20 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class CheckpointError(JaxsaneError, RuntimeError):
+    """fit cannot read or write its checkpoints: none intact on resume, or a write failed (disk full,
+    read-only, no permission).
+
+    Attributes:
+      skipped: ``(step, reason)`` for each damaged checkpoint that was found (empty for write failures).
+    """
+
+    def __init__(self, message: str, skipped: Any = None):
+        super().__init__(message)
+        self.skipped = list(skipped or [])
+
+
+class FitArgumentError(ExperimentError, ValueError):
+    """An argument of :func:`jaxsane.fit` has the wrong type or value (checked before any work)."""
