@@ -153,6 +153,10 @@ class Checkpoints:
 
     def write_error(self, error: BaseException, what: str) -> BaseException:
         """A CheckpointError for a failed write (when ``error`` comes from an OSError), else ``error``."""
+        try:  # saves still in flight may complete: count them
+            self.manager.wait_until_finished()
+        except Exception:
+            pass
         return disk_error(error, what, self.directory, self._complete_steps())
 
     def _complete_steps(self) -> list[int]:
