@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checkpoint as _ckpt
-from ._errors import CheckpointError, ExperimentError, FitArgumentError, NonFiniteError
+from ._errors import CheckpointError, DataError, ExperimentError, FitArgumentError, NonFiniteError
 from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
 from ._findings import Diagnosis
 from ._guard import JaxsaneWarning, guard
@@ -275,14 +275,18 @@ def _train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any
     """``(data index, batch)`` pairs after the first ``skip`` (a deterministic iterator resumes exactly).
     With ``repeat`` the data is read again from its start each time it runs out (needs re-iterable data:
     a one-shot iterator ends the stream when its second pass yields nothing)."""
-    index = 0
+    index, passes = 0, 0
     while True:
-        count = 0
-        for batch in iter_batches(data, None):
-            count += 1
-            if index >= skip:
-                yield index, batch
-            index += 1
+        count, passes = 0, passes + 1
+        try:
+            for batch in iter_batches(data, None):
+                count += 1
+                if index >= skip:
+                    yield index, batch
+                index += 1
+        except DataError:
+            if passes == 1 or count:   # empty on a second pass: a one-shot iterator, ends the stream
+                raise
         if not repeat or count == 0:
             return
 
