@@ -4,8 +4,10 @@ __version__ = "0.1.0"
 
 from ._dump import Dump as Dump, load_dump as load_dump, save_dump as save_dump
 from ._errors import (
+    CheckpointError as CheckpointError,
     DataError as DataError,
     ExperimentError as ExperimentError,
+    FitArgumentError as FitArgumentError,
     GradCheckError as GradCheckError,
     JaxsaneError as JaxsaneError,
     NonFiniteError as NonFiniteError,
@@ -28,7 +30,7 @@ from ._step_checks import check_step as check_step, count_compilations as count_
 from ._batch import check_batch_independence as check_batch_independence
 
 __all__ = [
-    "CODES", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "Finding", "GradCheckError",
+    "CODES", "CheckpointError", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "FitArgumentError", "Finding", "GradCheckError",
     "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError", "check_data",
     "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",

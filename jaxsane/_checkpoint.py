@@ -18,6 +18,7 @@ import errno
 import json
 import math
 import os
+import re
 import zlib
 from typing import Any
 
@@ -88,7 +89,8 @@ class Checkpoints:
         try:
             self.manager.save(step, args=args, force=True)
         except Exception as e:
-            raise self.write_error(e, f"checkpoint of step {step}") from e
+            raise self.write_error(e, f"checkpoint of step {step} (or of the one before it, still being "
+                                      "written in the background)") from e
 
     def restore(self, step: int) -> tuple[PyTree, dict]:
         """Restore ``step`` as saved (no verification; see :meth:`restore_verified`)."""
@@ -177,12 +179,21 @@ class Checkpoints:
             self.manager.close()
 
 
+_TS_OS_ERROR = re.compile(r"os_error_code='?(\d+)")
+
+
 def _find_oserror(error: BaseException | None) -> OSError | None:
+    """The OSError behind ``error`` (its cause chain), also when tensorstore reported it as a ValueError
+    (``RESOURCE_EXHAUSTED: ... [os_error_code='28']``)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, OSError) and not isinstance(error, CheckpointError):
             return error
+        match = _TS_OS_ERROR.search(str(error))
+        if match:
+            code = int(match.group(1))
+            return OSError(code, f"{os.strerror(code)}: {str(error).splitlines()[0][:200]}")
         error = error.__cause__ or error.__context__
     return None
 

@@ -431,17 +431,21 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                               JaxsaneWarning, stacklevel=2)
             start = int(meta.get("position", resumed_from))
             loop.update({k: meta[k] for k in loop if k in meta})
+            stored = _ckpt.history_from_meta(meta, start)
+            if stored is None and metrics_path and os.path.exists(metrics_path):  # a checkpoint from before
+                stored = read_history(metrics_path, before=start)                  # histories were saved
+            monitor.history = stored if stored is not None else History()
             if metrics_path:
-                stored = _ckpt.history_from_meta(meta, start)
-                if stored is None and os.path.exists(metrics_path):  # a checkpoint from before histories were saved
-                    stored = read_history(metrics_path, before=start)
-                monitor.history = stored if stored is not None else History()
                 _rewrite(metrics_path, monitor.history)
         elif metrics_path:
             _ckpt.replace_lines(metrics_path, [])
-    except BaseException:
+    except BaseException as e:
+        complete = ckpt._complete_steps() if ckpt is not None else None
         if ckpt is not None:
             ckpt.manager.close()
+        if isinstance(e, OSError):
+            raise _ckpt.disk_error(e, "metrics file or checkpoint directory at start", checkpoint_dir,
+                                   complete) from e
         raise
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
                       ckpt._complete_steps if ckpt is not None else None)

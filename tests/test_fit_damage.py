@@ -14,7 +14,7 @@ import pytest
 
 import jaxsane
 from jaxsane import _checkpoint
-from jaxsane._errors import CheckpointError, FitArgumentError
+from jaxsane import CheckpointError, FitArgumentError
 from jaxsane._experiment import Adapted
 
 import test_fit as T
