@@ -30,11 +30,11 @@ from ._step_checks import check_step as check_step, count_compilations as count_
 from ._batch import check_batch_independence as check_batch_independence
 
 __all__ = [
-    "CODES", "CheckpointError", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "FitArgumentError", "Finding", "GradCheckError",
+    "CODES", "DataError", "Diagnosis", "Dump", "Experiment", "ExperimentError", "Finding", "GradCheckError",
     "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError", "check_data",
     "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",
-    "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
+    "CheckpointError", "FitArgumentError", "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
     "LocateReport", "Origin", "locate",
     "LayerStats", "activation_stats", "check_batch_independence", "check_grads", "check_init", "check_step",
     "count_compilations",
