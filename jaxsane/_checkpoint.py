@@ -159,9 +159,10 @@ class Checkpoints:
             self.manager.wait_until_finished()
         except Exception:
             pass
-        return disk_error(error, what, self.directory, self._complete_steps())
+        return disk_error(error, what, self.directory, self.complete_steps())
 
-    def _complete_steps(self) -> list[int]:
+    def complete_steps(self) -> list[int]:
+        """Step directories orbax finished writing (they hold ``_CHECKPOINT_METADATA``), oldest first."""
         try:
             return sorted(int(d) for d in os.listdir(self.directory)
                           if d.isdigit() and os.path.exists(os.path.join(self.directory, d, "_CHECKPOINT_METADATA")))

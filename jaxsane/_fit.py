@@ -227,7 +227,14 @@ def _dir_arg(name: str, path: Any, *, create: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is an existing file, not a directory. "
                                "fix: pass a directory path (it is created when missing).")
-    if create:
+    if not create:   # created later, when needed: its nearest existing ancestor must be a directory
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) cannot be created: {parent} is a file. "
+                                   "fix: pass a path in a writable directory.")
+    else:
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:
@@ -242,7 +249,17 @@ def _file_arg(name: str, path: Any, *, create_parent: bool) -> None:
         raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is a directory. fix: pass a file path.")
     parent = os.path.dirname(os.path.abspath(path))
     if create_parent:
-        _dir_arg(f"{name} (its parent)", parent, create=True)
+        ancestor = parent
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created: {ancestor} "
+                                   "is a file. fix: pass a path in a writable directory.")
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created "
+                                   f"({type(e).__name__}: {e}). fix: pass a path in a writable directory.") from e
     elif not os.path.isdir(parent):
         raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): the directory {parent} does not exist. "
                                "fix: create it first or pass a path in an existing directory.")
@@ -440,7 +457,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         elif metrics_path:
             _ckpt.replace_lines(metrics_path, [])
     except BaseException as e:
-        complete = ckpt._complete_steps() if ckpt is not None else None
+        complete = ckpt.complete_steps() if ckpt is not None else None
         if ckpt is not None:
             ckpt.manager.close()
         if isinstance(e, OSError):
@@ -448,7 +465,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                                    complete) from e
         raise
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
-                      ckpt._complete_steps if ckpt is not None else None)
+                      ckpt.complete_steps if ckpt is not None else None)
 
     guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
     positions: list[int] = []     # guard call index -> data position

@@ -259,6 +259,8 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path):
         (dict(steps=2, checkpoint_dir=str(a_file / "ckpt")), r"cannot be created"),
         (dict(steps=2, report=str(tmp_path / "missing" / "r.html")), r"does not exist"),
         (dict(steps=2, metrics_path=str(a_file / "m.jsonl")), r"cannot be created"),
+        (dict(steps=2, dump_dir=str(a_file / "dumps")), r"cannot be created: .*file\.txt is a file"),
+        (dict(steps=2, checkpoint_dir=123), r"must be a path"),
         (dict(steps=2, on_nonfinite="ignore"), r"'rollback', 'skip', 'raise'"),
         (dict(steps=2, eval_every=-1), r"eval_every"),
         (dict(steps=2, eval_every=2.5), r"eval_every"),
