@@ -336,3 +336,51 @@ def test_a_failing_fit_still_writes_its_report_and_names_it(tmp_path):
             jaxsane.fit(T.experiment(n=12, poison_at=(3, 5)), steps=12, max_rollbacks=1, report=path, **FIT)
     assert os.path.exists(path) and "nonfinite" in open(path).read()
     assert info.value.finding is not None and info.value.finding.code.startswith("nonfinite")
+
+
+def test_an_interrupted_fit_still_writes_its_report_and_metrics(tmp_path):
+    class Interrupted(T.Batches):
+        def __iter__(self):
+            for i, batch in enumerate(super().__iter__()):
+                if i == 3:
+                    raise KeyboardInterrupt
+                yield batch
+
+    path, metrics = str(tmp_path / "fit.html"), str(tmp_path / "m.jsonl")
+    with pytest.raises(KeyboardInterrupt) as info:
+        jaxsane.fit(T.experiment(train=Interrupted(n=10)), steps=10, report=path, metrics_path=metrics, **FIT)
+    assert os.path.exists(path) and any(path in note for note in info.value.__notes__)
+    assert _train_steps(metrics) == [0, 1, 2]
+
+
+def test_nnx_rollback_restores_the_kept_state():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.a, self.b = nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.b(nnx.relu(self.a(x)))
+
+    def nnx_init(key):
+        model = Net(nnx.Rngs(params=key))
+        return model, nnx.Optimizer(model, T.optax.adam(1e-2), wrt=nnx.Param)
+
+    def nnx_loss(model, batch):
+        value = T.optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+        return value + jnp.where(batch["poison"] > 0, jnp.nan, 0.0)     # a poisoned batch: NaN grads
+
+    @nnx.jit
+    def nnx_step(model, optimizer, batch):
+        value, grads = nnx.value_and_grad(nnx_loss)(model, batch)
+        optimizer.update(model, grads)
+        return value
+
+    with pytest.warns(jaxsane.JaxsaneWarning, match="rolled back"):
+        result = jaxsane.fit(jaxsane.Experiment(init=nnx_init, step=nnx_step, train=T.Batches(n=12, poison_at=(6,)),
+                                                loss=nnx_loss, name="nnx"), steps=12, rollback_every=4, **FIT)
+    assert result.rollbacks == 1 and result.skipped_batches == [6] and result.step == 12
+    model, _ = result.user_state
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert np.isfinite(result.losses).all() and len(result.losses) == 11
