@@ -7,10 +7,15 @@ orbax-checkpoint (asynchronously, keeping the last ``keep``) after the first ste
 with ``patience``/``min_delta``), writes every metric to ``metrics.jsonl`` (and TensorBoard when a
 writer is installed), and ends with the ``train.*`` findings of the run.
 
-Resume: called again with the same ``checkpoint_dir``, ``fit`` restores the latest checkpoint and
-skips the batches already consumed, so a deterministic data iterator yields the same data order and
-the same losses as an uninterrupted run. The step counter *is* the data position: after a NaN
-rollback the failing batches are skipped, never replayed.
+Resume: called again with the same ``checkpoint_dir``, ``fit`` restores the newest *intact* checkpoint
+(see :mod:`jaxsane._checkpoint`) and skips the batches already consumed, so a deterministic data iterator
+yields the same data order and the same losses as an uninterrupted run. The step counter *is* the data
+position.
+
+Rollback: every ``rollback_every`` steps (and at each checkpoint and evaluation) the guard's flags are
+read and a host copy of the state is kept. A non-finite step restores that copy, replays the batches
+consumed since then (kept in memory) and skips only the failing batch, so the run equals one on the same
+data minus that batch.
 """
 
 from __future__ import annotations
