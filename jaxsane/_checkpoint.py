@@ -114,7 +114,8 @@ class Checkpoints:
         sums = meta.get("checksums")
         if sums is not None:
             if not isinstance(sums, list) or len(sums) != len(encoded):
-                return f"its checksum list has {len(sums) if isinstance(sums, list) else 'no'} entries for {len(encoded)} leaves"
+                count = len(sums) if isinstance(sums, list) else "no"
+                return f"its checksum list has {count} entries for {len(encoded)} leaves"
             for path, x, want in zip(self.paths, encoded, sums):
                 got = leaf_checksum(x) if want is not None else None
                 if got != want:
