@@ -12,8 +12,8 @@ import importlib as _importlib
 # private module -> the public names it defines, grouped by module
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "_dump": ("Dump", "load_dump", "save_dump"),
-    "_errors": ("ArgumentError", "DataError", "DoctorOptionError", "DumpError", "ExperimentError", "GradCheckError", "JaxsaneError",
-                "NonFiniteError"),
+    "_errors": ("ArgumentError", "CheckpointError", "DataError", "DoctorOptionError", "DumpError", "ExperimentError",
+                "FitArgumentError", "GradCheckError", "JaxsaneError", "NonFiniteError"),
     "_data": ("check_data",),
     "_dist": ("ReplicaDivergenceError", "check_replicas"),
     "_doctor": ("doctor",),
@@ -48,7 +48,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "CODES", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
+    "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
     "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError",
     "check_data", "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",

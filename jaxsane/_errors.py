@@ -66,3 +66,20 @@ class ArgumentError(JaxsaneError, TypeError, ValueError):
 
 class DoctorOptionError(ArgumentError):
     """An unknown or ill-typed ``doctor`` option (or ``-o NAME=VALUE`` on the command line)."""
+
+
+class CheckpointError(JaxsaneError, RuntimeError):
+    """fit cannot read or write its checkpoints: none intact on resume, or a write failed (disk full,
+    read-only, no permission).
+
+    Attributes:
+      skipped: ``(step, reason)`` for each damaged checkpoint that was found (empty for write failures).
+    """
+
+    def __init__(self, message: str, skipped: Any = None):
+        super().__init__(message)
+        self.skipped = list(skipped or [])
+
+
+class FitArgumentError(ArgumentError, ExperimentError):
+    """An argument of :func:`jaxsane.fit` has the wrong type or value (checked before any work)."""

@@ -7,17 +7,21 @@ orbax-checkpoint (asynchronously, keeping the last ``keep``) after the first ste
 with ``patience``/``min_delta``), writes every metric to ``metrics.jsonl`` (and TensorBoard when a
 writer is installed), and ends with the ``train.*`` findings of the run.
 
-Resume: called again with the same ``checkpoint_dir``, ``fit`` restores the latest checkpoint and
-skips the batches already consumed, so a deterministic data iterator yields the same data order and
-the same losses as an uninterrupted run. The step counter *is* the data position: after a NaN
-rollback the failing batches are skipped, never replayed.
+Resume: called again with the same ``checkpoint_dir``, ``fit`` restores the newest *intact* checkpoint
+(see :mod:`jaxsane._checkpoint`) and skips the batches already consumed, so a deterministic data iterator
+yields the same data order and the same losses as an uninterrupted run. The step counter *is* the data
+position.
+
+Rollback: every ``rollback_every`` steps (and at each checkpoint and evaluation) the guard's flags are
+read and a host copy of the state is kept. A non-finite step restores that copy, replays the batches
+consumed since then (kept in memory) and skips only the failing batch, so the run equals one on the same
+data minus that batch.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import json
-import math
 import os
 import sys
 import warnings
@@ -27,11 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._errors import ExperimentError, NonFiniteError
+from . import _checkpoint as _ckpt
+from ._errors import CheckpointError, DataError, ExperimentError, FitArgumentError, NonFiniteError
 from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
 from ._findings import Diagnosis
+from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
+from ._tree import leaves_with_paths
 
 PyTree = Any
 POLICIES = ("rollback", "skip", "raise")
@@ -52,8 +59,11 @@ class FitResult:
       last_state: the state after the last step (the same object as ``state`` unless ``restore_best``
         put the best evaluation's state in ``state``).
       restored_best: True when ``state`` is the state of the best evaluation (``restore_best=True``).
-      rollbacks: how many times a NaN rolled the state back to the last good checkpoint.
+      rollbacks: how many times a NaN rolled the state back to the last verified state.
       checkpoint_dir, metrics_path: where the checkpoints and the JSONL metrics went (or None).
+      skipped_batches: data indices of the batches a rollback skipped (over the whole run, resumes included).
+      skipped_checkpoints: ``(step, reason)`` of the damaged checkpoints passed over on resume.
+      data_exhausted_at: the step at which the train data ran out before ``steps`` (None when it did not).
     """
 
     state: PyTree
@@ -70,6 +80,9 @@ class FitResult:
     adapted: Adapted = dataclasses.field(repr=False, default=None)
     last_state: PyTree = dataclasses.field(repr=False, default=None)
     restored_best: bool = False
+    skipped_batches: list = dataclasses.field(default_factory=list)
+    skipped_checkpoints: list = dataclasses.field(default_factory=list)
+    data_exhausted_at: int | None = None
 
     @property
     def user_state(self) -> Any:
@@ -83,47 +96,7 @@ class FitResult:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-class _Checkpoints:
-    """orbax ``CheckpointManager`` over the flattened pure state plus a JSON of loop metadata."""
-
-    def __init__(self, directory: str, keep: int, like: PyTree):
-        import orbax.checkpoint as ocp
-        self.ocp = ocp
-        self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1,
-                                               enable_async_checkpointing=True, cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
-        leaves, self.treedef = jax.tree_util.tree_flatten(like)
-        self.key_impls = [jax.random.key_impl(x) if _is_key(x) else None for x in leaves]
-        self.abstract = [ocp.utils.to_shape_dtype_struct(jnp.asarray(x)) for x in self._encode(leaves)]
-
-    def _encode(self, leaves: list) -> list:
-        return [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, self.key_impls)]
-
-    def latest(self) -> int | None:
-        return self.manager.latest_step()
-
-    def save(self, step: int, state: PyTree, meta: dict) -> None:
-        leaves = jax.tree_util.tree_leaves(state)
-        args = self.ocp.args.Composite(state=self.ocp.args.StandardSave(self._encode(leaves)),
-                                       meta=self.ocp.args.JsonSave(meta))
-        self.manager.save(step, args=args, force=True)
-
-    def restore(self, step: int) -> tuple[PyTree, dict]:
-        args = self.ocp.args.Composite(state=self.ocp.args.StandardRestore(self.abstract),
-                                       meta=self.ocp.args.JsonRestore())
-        out = self.manager.restore(step, args=args)
-        leaves = [jax.random.wrap_key_data(x, impl=impl) if impl is not None else x
-                  for x, impl in zip(out.state, self.key_impls)]
-        return jax.tree_util.tree_unflatten(self.treedef, leaves), dict(out.meta)
-
-    def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+_is_key = _ckpt._is_key
 
 
 def _keep_copy(state: PyTree) -> PyTree:
@@ -149,10 +122,12 @@ def _best_state(kept: tuple | None, best_step: int, *, ckpt_dir: str | None, kee
             lambda h, x: jax.device_put(h, x.sharding) if isinstance(x, jax.Array) and isinstance(h, np.ndarray)
             else h, kept[1], like)
     if ckpt_dir is not None:
-        ckpt = _Checkpoints(ckpt_dir, keep, like)
+        ckpt = _ckpt.Checkpoints(ckpt_dir, keep, like)
         try:
-            if best_step in ckpt.manager.all_steps():
-                return ckpt.restore(best_step)[0]
+            if best_step in ckpt.steps():
+                out = ckpt.verify(best_step)
+                if not isinstance(out, str):
+                    return out[0]
         finally:
             ckpt.close()
     warnings.warn(f"[jaxsane] restore_best: the state of the best evaluation (step {best_step}) is neither in "
@@ -161,152 +136,26 @@ def _best_state(kept: tuple | None, best_step: int, *, ckpt_dir: str | None, kee
     return like
 
 
-# ----------------------------------------------------------------------------- metrics sinks
-
-class _MetricsLog:
-    """Appends the History's new entries to a JSONL file (and TensorBoard), one record per line.
-
-    Records: ``{"kind": "train", "step", "loss", ...}``, ``{"kind": "telemetry", "step", "param_norm",
-    "update_norm"}``, ``{"kind": "grad", ...}``, ``{"kind": "dead", ...}``, ``{"kind": "eval", "step",
-    "loss", ...}``. :func:`read_history` rebuilds a History from them.
-    """
-
-    _SERIES = (("steps", "train"), ("tele_steps", "telemetry"), ("grad_steps", "grad"),
-               ("dead_steps", "dead"), ("eval_steps", "eval"))
-
-    def __init__(self, path: str | None, tensorboard_dir: str | None, history: History):
-        self.path = path
-        self.written = {name: len(getattr(history, name)) for name, _ in self._SERIES}
-        self.tb = _tensorboard_writer(tensorboard_dir) if tensorboard_dir else None
-
-    def sync(self, h: History) -> None:
-        records = []
-        for i in range(self.written["steps"], len(h.steps)):
-            rec = {"kind": "train", "step": h.steps[i], "loss": h.loss[i]}
-            rec.update({k: v[i] for k, v in h.train_metrics.items() if i < len(v)})
-            records.append(rec)
-        for i in range(self.written["tele_steps"], len(h.tele_steps)):
-            records.append({"kind": "telemetry", "step": h.tele_steps[i], "param_norm": h.param_norm[i],
-                            "update_norm": h.update_norm[i]})
-        for i in range(self.written["grad_steps"], len(h.grad_steps)):
-            records.append({"kind": "grad", "step": h.grad_steps[i], "grad_norm": h.grad_norm[i]})
-        for i in range(self.written["dead_steps"], len(h.dead_steps)):
-            records.append({"kind": "dead", "step": h.dead_steps[i], "dead_fraction": h.dead_fraction[i]})
-        for i in range(self.written["eval_steps"], len(h.eval_steps)):
-            rec = {"kind": "eval", "step": h.eval_steps[i], "loss": h.eval_loss[i]}
-            rec.update({k: v[i] for k, v in h.eval_metrics.items() if i < len(v)})
-            records.append(rec)
-        self.written = {name: len(getattr(h, name)) for name, _ in self._SERIES}
-        if self.path and records:
-            with open(self.path, "a") as fh:
-                for rec in records:
-                    fh.write(json.dumps(_finite_or_none(rec)) + "\n")
-        if self.tb is not None:
-            for rec in records:
-                if rec["kind"] in ("train", "eval"):
-                    for k, v in rec.items():
-                        if k not in ("kind", "step") and isinstance(v, (int, float)):
-                            self.tb(f"{rec['kind']}/{k}", v, rec["step"])
-                elif rec["kind"] == "grad":
-                    for j, v in enumerate(rec["grad_norm"]):
-                        path = h.leaf_paths[j] if j < len(h.leaf_paths) else str(j)
-                        self.tb(f"grad_norm/{path}", v, rec["step"])
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_none(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _tensorboard_writer(logdir: str):
-    """``(tag, value, step) -> None`` through tensorboardX / torch / tf when installed; else None and a warning."""
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # type: ignore
-        except ImportError:
-            SummaryWriter = None
-    if SummaryWriter is not None:
-        writer = SummaryWriter(logdir)
-        return lambda tag, value, step: writer.add_scalar(tag, value, step)
-    try:
-        import tensorflow as tf  # type: ignore
-    except ImportError:
-        warnings.warn("[jaxsane] fit(tensorboard_dir=...) needs tensorboardX, torch or tensorflow installed; "
-                      "writing JSONL metrics only.", JaxsaneWarning, stacklevel=4)
-        return None
-    writer = tf.summary.create_file_writer(logdir)
-
-    def write(tag, value, step):
-        with writer.as_default():
-            tf.summary.scalar(tag, value, step=step)
-    return write
-
-
-def read_history(path: str, before: int | None = None) -> History:
-    """Rebuild a :class:`History` from a ``metrics.jsonl`` written by :func:`fit`; keep steps ``< before``."""
-    h = History()
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a crash
-                continue
-            kind, step = rec.pop("kind", None), rec.pop("step", None)
-            if step is None or (before is not None and (step > before if kind == "eval" else step >= before)):
-                continue
-            nan = lambda v: float("nan") if v is None else v
-            if kind == "train":
-                h.steps.append(step)
-                h.loss.append(nan(rec.pop("loss", None)))
-                for k, v in rec.items():
-                    h.train_metrics.setdefault(k, []).append(nan(v))
-            elif kind == "telemetry":
-                h.tele_steps.append(step)
-                h.param_norm.append([nan(v) for v in rec["param_norm"]])
-                h.update_norm.append([nan(v) for v in rec["update_norm"]])
-            elif kind == "grad":
-                h.grad_steps.append(step)
-                h.grad_norm.append([nan(v) for v in rec["grad_norm"]])
-            elif kind == "dead":
-                h.dead_steps.append(step)
-                h.dead_fraction.append([nan(v) for v in rec["dead_fraction"]])
-            elif kind == "eval":
-                h.eval_steps.append(step)
-                h.eval_loss.append(nan(rec.pop("loss", None)))
-                for k, v in rec.items():
-                    h.eval_metrics.setdefault(k, []).append(nan(v))
-    return h
-
-
-def _rewrite(path: str, h: History) -> None:
-    """Rewrite ``path`` to hold exactly ``h`` (drops what a crashed run logged past its checkpoint)."""
-    open(path, "w").close()
-    _MetricsLog(path, None, History()).sync(h)
-
-
 # ----------------------------------------------------------------------------- data and eval
 
-def _train_stream(data: Any, skip: int) -> Iterator:
-    """The train batches, with the first ``skip`` consumed (a deterministic iterator resumes exactly)."""
-    if is_batch(data):
-        return iter_batches(data, None)
-    it = iter_batches(data, None)
-    for _ in range(skip):
+def _train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]]:
+    """``(data index, batch)`` pairs after the first ``skip`` (a deterministic iterator resumes exactly).
+    With ``repeat`` the data is read again from its start each time it runs out (needs re-iterable data:
+    a one-shot iterator ends the stream when its second pass yields nothing)."""
+    index, passes = 0, 0
+    while True:
+        count, passes = 0, passes + 1
         try:
-            next(it)
-        except StopIteration:
-            break
-    return it
+            for batch in iter_batches(data, None):
+                count += 1
+                if index >= skip:
+                    yield index, batch
+                index += 1
+        except DataError:
+            if passes == 1 or count:   # empty on a second pass: a one-shot iterator, ends the stream
+                raise
+        if not repeat or count == 0:
+            return
 
 
 class _Evaluator:
@@ -364,6 +213,121 @@ class _Progress:
             self.bar.stop()
 
 
+# ----------------------------------------------------------------------------- arguments
+
+def _int_arg(name: str, value: Any, *, low: int, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise FitArgumentError(f"fit({name}=...) must be an int >= {low}{' or None' if none_ok else ''}, got "
+                               f"{type(value).__name__} {value!r}. fix: pass e.g. {name}={max(low, 1) * 10}.")
+    if value < low:
+        raise FitArgumentError(f"fit({name}=...) must be >= {low}, got {value}.")
+
+
+def _dir_arg(name: str, path: Any, *, create: bool) -> None:
+    """``path`` (a directory fit writes into) must be a directory or creatable (``create``: create it now)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise FitArgumentError(f"fit({name}=...) must be a path (str or os.PathLike), got {type(path).__name__}.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is an existing file, not a directory. "
+                               "fix: pass a directory path (it is created when missing).")
+    if not create:   # created later, when needed: its nearest existing ancestor must be a directory
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) cannot be created: {parent} is a file. "
+                                   "fix: pass a path in a writable directory.")
+    else:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): the directory cannot be created "
+                                   f"({type(e).__name__}: {e}). fix: pass a path in a writable directory.") from e
+
+
+def _file_arg(name: str, path: Any, *, create_parent: bool) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise FitArgumentError(f"fit({name}=...) must be a file path (str or os.PathLike), got {type(path).__name__}.")
+    if os.path.isdir(path):
+        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is a directory. fix: pass a file path.")
+    parent = os.path.dirname(os.path.abspath(path))
+    if create_parent:
+        ancestor = parent
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created: {ancestor} "
+                                   "is a file. fix: pass a path in a writable directory.")
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created "
+                                   f"({type(e).__name__}: {e}). fix: pass a path in a writable directory.") from e
+    elif not os.path.isdir(parent):
+        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): the directory {parent} does not exist. "
+                               "fix: create it first or pass a path in an existing directory.")
+
+
+def _validate(*, steps, eval_every, checkpoint_every, keep, on_nonfinite, max_rollbacks, patience, min_delta,
+              eval_batches, telemetry_every, dead_every, log_every, rollback_every, thresholds) -> None:
+    """Types and ranges of fit's arguments, checked before any work. Not jit-safe."""
+    if on_nonfinite not in POLICIES:
+        raise FitArgumentError(f"fit(on_nonfinite=...) must be one of {', '.join(map(repr, POLICIES))}, got "
+                               f"{on_nonfinite!r}.")
+    _int_arg("steps", steps, low=1)
+    _int_arg("checkpoint_every", checkpoint_every, low=1)
+    _int_arg("keep", keep, low=1)
+    _int_arg("max_rollbacks", max_rollbacks, low=0)
+    _int_arg("eval_every", eval_every, low=0, none_ok=True)
+    _int_arg("patience", patience, low=1, none_ok=True)
+    _int_arg("eval_batches", eval_batches, low=1)
+    _int_arg("telemetry_every", telemetry_every, low=1, none_ok=True)
+    _int_arg("dead_every", dead_every, low=0, none_ok=True)
+    _int_arg("log_every", log_every, low=1)
+    _int_arg("rollback_every", rollback_every, low=1, none_ok=True)
+    if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float, np.number)) or not min_delta >= 0:
+        raise FitArgumentError(f"fit(min_delta=...) must be a number >= 0, got {min_delta!r}.")
+    if thresholds is not None and not isinstance(thresholds, dict):
+        raise FitArgumentError(f"fit(thresholds=...) must be a dict of check_training keyword arguments, got "
+                               f"{type(thresholds).__name__}.")
+
+
+# ----------------------------------------------------------------------------- rollback
+
+class _Snapshot:
+    """A host copy of a state known to be finite, and how to put it back on its devices. Not jit-safe."""
+
+    def __init__(self, position: int, state: PyTree):
+        self.position = position
+        leaves, self.treedef = jax.tree_util.tree_flatten(_keep_copy(state))
+        self.leaves = leaves
+        self.shardings = [x.sharding if isinstance(x, jax.Array) else None
+                          for x in jax.tree_util.tree_leaves(state)]
+
+    def restore(self) -> PyTree:
+        """A fresh device copy each time (the step may donate what it is given)."""
+        def put(x, sharding):
+            if isinstance(x, np.ndarray) and sharding is not None:
+                return jax.device_put(x, sharding)
+            return x.copy() if isinstance(x, jax.Array) else x
+        return jax.tree_util.tree_unflatten(self.treedef, [put(x, s) for x, s in zip(self.leaves, self.shardings)])
+
+
+def _dtype_changes(adapted: Adapted, before: PyTree, after: PyTree) -> list[str]:
+    """``"path: float32 -> float16"`` for each parameter whose dtype the step changed. Not jit-safe."""
+    try:
+        old = leaves_with_paths(adapted.params(before), "params")
+        new = leaves_with_paths(adapted.params(after), "params")
+    except Exception:
+        return []
+    if len(old) != len(new):
+        return []
+    return [f"{p}: {getattr(a, 'dtype', None)} -> {getattr(b, 'dtype', None)}" for (p, a), (_, b) in zip(old, new)
+            if getattr(a, "dtype", None) is not None and getattr(a, "dtype", None) != getattr(b, "dtype", None)]
+
+
 # ----------------------------------------------------------------------------- fit
 
 def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, checkpoint_dir: str | None = None,
@@ -373,7 +337,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         dead_every: int | None = None,
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
-        thresholds: dict | None = None, restore_best: bool = False) -> FitResult:
+        thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
+        rollback_every: int | None = None) -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
     Args:
@@ -384,12 +349,16 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       checkpoint_dir: where orbax checkpoints go (None: no checkpoints, no resume).
       checkpoint_every: save after the first step and every this many steps (and at the end).
       keep: how many checkpoints to keep (orbax ``max_to_keep``).
-      resume: continue from the latest checkpoint in ``checkpoint_dir`` when there is one.
+      resume: continue from the newest intact checkpoint in ``checkpoint_dir`` when there is one. Each
+        checkpoint is verified (readable, every item present, per-leaf crc32 equal to the one saved, every
+        float finite); damaged newer ones are skipped with a warning and renamed ``<step>.jaxsane-damaged``
+        (never deleted); :class:`CheckpointError` when none is intact (no file touched).
       key: PRNG key for ``init`` (default ``jax.random.key(0)``).
       on_nonfinite: on a NaN/Inf step (always caught, and located when ``jaxsane.locate`` exists):
-        ``"rollback"`` restores the last good checkpoint and skips the offending batches (at most
-        ``max_rollbacks`` times); ``"skip"`` keeps the previous state in-graph (guard's skip policy);
-        ``"raise"`` stops with :class:`NonFiniteError`.
+        ``"rollback"`` restores the last verified state kept on the host (see ``rollback_every``), replays
+        the good batches since then and skips only the offending batch (at most ``max_rollbacks`` times);
+        ``"skip"`` keeps the previous state in-graph (guard's skip policy); ``"raise"`` stops with
+        :class:`NonFiniteError`.
       patience, min_delta: stop when the eval loss has not improved by more than ``min_delta`` for
         ``patience`` evaluations in a row (None: no early stopping).
       eval_batches: at most this many batches of an eval iterable are used (a single batch is used as is).
@@ -398,23 +367,34 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         least 40 samples for the detectors, at most one telemetry step in 50 on long runs) and
         5x that for dead ReLUs.
       metrics_path: the JSONL metrics file (default ``checkpoint_dir/metrics.jsonl``; None without a dir).
+        Append-only with fsync; on resume it is replaced atomically by the history saved in the checkpoint.
       tensorboard_dir: also write scalars there through tensorboardX/torch/tensorflow if installed.
       progress: a progress bar on stderr (only when stderr is a terminal).
-      report: write a self-contained HTML report of the run there.
+      report: write a self-contained HTML report of the run there (its directory must exist); written
+        also when fit fails or is interrupted, and the error names it.
       dump_dir: where guard dumps the inputs of a failing step.
       thresholds: keyword overrides for :func:`jaxsane.check_training`.
       restore_best: return the state of the best evaluation as ``FitResult.state`` (the last one stays
         in ``last_state``), like Keras' ``restore_best_weights``. A copy is kept on the host at each
         improvement and, with ``checkpoint_dir``, checkpointed at that step, so a resumed run finds it
         too (unless ``keep`` pruned it: then the last state is returned, with a warning).
+      repeat: read the train data again from its start when it runs out (needs re-iterable data). Without
+        it, data that runs out before ``steps`` ends the run with a warning, recorded in
+        ``FitResult.data_exhausted_at``.
+      rollback_every: with ``on_nonfinite="rollback"``, wait for the guard's flags and keep a host copy of
+        the state every this many steps (and at every checkpoint and evaluation). Default
+        ``min(checkpoint_every, 20)``: one pipeline sync and one device-to-host copy of the state per 20 steps,
+        and at most ~20 batches kept in memory for the replay.
 
     Returns:
       A :class:`FitResult`.
 
     Raises:
       NonFiniteError: with ``on_nonfinite="raise"``, after ``max_rollbacks`` rollbacks, or when
-        ``"skip"`` skipped too many steps in a row.
-      ExperimentError: bad arguments.
+        ``"skip"`` skipped too many steps in a row (the message names the report when one was asked).
+      CheckpointError: no intact checkpoint to resume from, or a checkpoint/metrics write failed (disk
+        full, read-only, no permission); the checkpoints written before are untouched.
+      FitArgumentError: bad arguments (an :class:`ExperimentError`), before any work.
 
     Not jit-safe.
 
@@ -426,10 +406,21 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     """
     if not isinstance(experiment, Experiment):
         raise ExperimentError(f"fit needs a jaxsane.Experiment, got {type(experiment).__name__}.")
-    if on_nonfinite not in POLICIES:
-        raise ExperimentError(f"fit(on_nonfinite=...) must be one of {POLICIES}, got {on_nonfinite!r}.")
-    if steps < 1 or checkpoint_every < 1 or keep < 1:
-        raise ExperimentError("fit needs steps >= 1, checkpoint_every >= 1 and keep >= 1.")
+    _validate(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
+              on_nonfinite=on_nonfinite, max_rollbacks=max_rollbacks, patience=patience, min_delta=min_delta,
+              eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
+              log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
+    steps = int(steps)
+    if report is not None:
+        _file_arg("report", report, create_parent=False)
+    if dump_dir is not None:
+        _dir_arg("dump_dir", dump_dir, create=False)
+    if checkpoint_dir is not None:
+        _dir_arg("checkpoint_dir", checkpoint_dir, create=True)
+    if checkpoint_dir is not None and metrics_path is None:
+        metrics_path = os.path.join(checkpoint_dir, "metrics.jsonl")
+    if metrics_path is not None:
+        _file_arg("metrics_path", metrics_path, create_parent=True)
     key = jax.random.key(0) if key is None else key
     adapted = Adapted(experiment, key=key)
     state = adapted.init(key)
@@ -437,44 +428,64 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     if eval_every is None:
         eval_every = max(1, steps // 20) if can_eval else 0
     if eval_every and not can_eval:
-        raise ExperimentError("fit(eval_every=...) needs Experiment(eval=..., loss=...).")
+        raise FitArgumentError("fit(eval_every=...) needs Experiment(eval=..., loss=...).")
     if patience is not None and not eval_every:
-        raise ExperimentError("early stopping (patience=...) needs evaluation: pass eval data, a loss and eval_every.")
-    if checkpoint_dir is not None and metrics_path is None:
-        metrics_path = os.path.join(checkpoint_dir, "metrics.jsonl")
-    if checkpoint_dir is not None:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-    if metrics_path and os.path.dirname(metrics_path):
-        os.makedirs(os.path.dirname(metrics_path), exist_ok=True)
+        raise FitArgumentError("early stopping (patience=...) needs evaluation: pass eval data, a loss and eval_every.")
 
     if telemetry_every is None:
         telemetry_every = max(1, min(50, steps // 40))
     if dead_every is None:
         dead_every = 5 * telemetry_every
+    if rollback_every is None:
+        rollback_every = min(checkpoint_every, 20)
     monitor = Monitor(adapted, every=telemetry_every, dead_every=dead_every, log_every=log_every)
-    ckpt = _Checkpoints(checkpoint_dir, keep, state) if checkpoint_dir else None
-    loop = {"best": None, "best_step": None, "bad_evals": 0, "rollbacks": 0}
-    start, resumed_from = 0, None
-    if ckpt is not None and resume and ckpt.latest() is not None:
-        resumed_from = ckpt.latest()
-        state, meta = ckpt.restore(resumed_from)
-        start = int(meta.get("position", resumed_from))
-        loop.update({k: meta[k] for k in loop if k in meta})
-        if metrics_path and os.path.exists(metrics_path):
-            monitor.history = read_history(metrics_path, before=start)
-            _rewrite(metrics_path, monitor.history)
-    elif metrics_path:
-        open(metrics_path, "w").close()
-    log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history)
+    ckpt = _ckpt.Checkpoints(checkpoint_dir, keep, state) if checkpoint_dir else None
+    loop = {"best": None, "best_step": None, "bad_evals": 0, "rollbacks": 0, "skipped_batches": []}
+    start, resumed_from, skipped_ckpts = 0, None, []
+    try:
+        if ckpt is not None and resume and ckpt.steps():
+            resumed_from, state, meta, skipped_ckpts = ckpt.restore_verified()
+            if skipped_ckpts:
+                names = "; ".join(f"step {s}: {why}" for s, why in skipped_ckpts)
+                warnings.warn(f"[jaxsane] resuming from checkpoint step {resumed_from}, the newest intact one; "
+                              f"skipped damaged checkpoints ({names}). They were renamed to "
+                              f"<step>{_ckpt.DAMAGED_SUFFIX} in {ckpt.directory}, not deleted.",
+                              JaxsaneWarning, stacklevel=2)
+            start = int(meta.get("position", resumed_from))
+            loop.update({k: meta[k] for k in loop if k in meta})
+            stored = _ckpt.history_from_meta(meta, start)
+            if stored is None and metrics_path and os.path.exists(metrics_path):  # a checkpoint from before
+                stored = read_history(metrics_path, before=start)                  # histories were saved
+            monitor.history = stored if stored is not None else History()
+            if metrics_path:
+                _rewrite(metrics_path, monitor.history)
+        elif metrics_path:
+            _ckpt.replace_lines(metrics_path, [])
+    except BaseException as e:
+        complete = ckpt.complete_steps() if ckpt is not None else None
+        if ckpt is not None:
+            ckpt.manager.close()
+        if isinstance(e, OSError):
+            raise _ckpt.disk_error(e, "metrics file or checkpoint directory at start", checkpoint_dir,
+                                   complete) from e
+        raise
+    log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
+                      ckpt.complete_steps if ckpt is not None else None)
 
     guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = _Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
-    good = (start, state)         # last state known finite (flushed), for rollback
+    rollback = on_nonfinite == "rollback"
+    snap = [_Snapshot(start, state) if rollback else None]   # the last state known finite, on the host
     bar = _Progress(progress, steps, start, experiment.name)
     stopped_early = False
     seen_failures = 0
+    exhausted_at = None
+    skip_set = set(loop["skipped_batches"])
+    replay: collections.deque = collections.deque()   # (index, batch) to run again after a rollback
+    consumed: list = []           # (index, batch) consumed since the last snapshot
+    dtype_checked = False
 
     def note_failures() -> None:
         nonlocal seen_failures
@@ -486,19 +497,27 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     saved = [start]
     best: list = [None]           # (position, host copy of the state) at the best evaluation
 
-    def checkpoint(position: int) -> None:
-        nonlocal good
+    def verified(position: int) -> None:
+        """Wait for every step's flags (may raise NonFiniteError); the state is then known finite."""
+        nonlocal consumed
         guarded.flush()
         note_failures()
-        good = (position, state)
+        if rollback and snap[0].position != position:
+            snap[0] = _Snapshot(position, state)
+        consumed = []
+
+    def checkpoint(position: int) -> None:
+        verified(position)
         monitor.pull()
         log.sync(monitor.history)
         if ckpt is not None and saved[0] != position:
-            ckpt.save(position, state, {"position": position, **loop})
+            ckpt.save(position, state, {"position": position, **loop,
+                                        "history": _ckpt.history_json(monitor.history)})
         saved[0] = position
 
     def evaluate(position: int) -> bool:
         """Evaluate; True when early stopping says stop."""
+        verified(position)
         result = evaluator(adapted.params(state))
         monitor.record_eval(position, result.pop("loss"), **result)
         value = monitor.history.eval_loss[-1]
@@ -512,81 +531,156 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
             loop["bad_evals"] += 1
         return patience is not None and loop["bad_evals"] >= patience
 
-    def handle(error: NonFiniteError) -> None:
-        """A non-finite step: record it, then roll back to the last good state or re-raise, by policy."""
-        nonlocal state
+    def handle(error: NonFiniteError) -> int:
+        """A non-finite step: roll back to the last verified state and skip the failing batch (returns the
+        new data position), or re-raise, by policy."""
+        nonlocal state, consumed
         note_failures()
-        if on_nonfinite != "rollback" or loop["rollbacks"] >= max_rollbacks:
+        if not rollback or loop["rollbacks"] >= max_rollbacks:
             raise error
         loop["rollbacks"] += 1
-        back, state = good
-        warnings.warn(f"[jaxsane] non-finite step: rolled back to the state after step {back} "
-                      f"({loop['rollbacks']}/{max_rollbacks} rollbacks); batches {back}..{position - 1} "
-                      f"are skipped.\n{error}", JaxsaneWarning, stacklevel=3)
+        finding = error.finding
+        call = getattr(finding, "step", None)
+        bad = positions[call] if isinstance(call, int) and call < len(positions) else None
+        back = snap[0].position
+        state = snap[0].restore()
+        monitor.pull()
+        _ckpt.truncate_history(monitor.history, back)
+        log.written = {name: min(n, len(getattr(monitor.history, name))) for name, n in log.written.items()}
+        if bad is None or bad < back:   # cannot tell which batch: skip everything consumed since the snapshot
+            bad_batches = [i for i, _ in consumed]
+        else:
+            bad_batches = [bad]
+        skip_set.update(bad_batches)
+        loop["skipped_batches"] = sorted(skip_set)
+        replay.extendleft(reversed(consumed))
+        consumed = []
+        what = f"batch {bad_batches[0]}" if len(bad_batches) == 1 else f"batches {bad_batches}"
+        where = f"{getattr(finding, 'code', 'nonfinite')} at {getattr(finding, 'path', None) or 'step'}"
+        line = (f"[jaxsane] non-finite step ({where}): rolled back to the state after step {back} "
+                f"({loop['rollbacks']}/{max_rollbacks} rollbacks); {what} is skipped, the good batches since "
+                f"step {back} are replayed.")
+        warnings.warn(line + (f"\n{error}" if loop["rollbacks"] == 1 else ""), JaxsaneWarning, stacklevel=3)
+        return back
+
+    def next_batch():
+        return replay.popleft() if replay else next(batches, None)
 
     if patience is not None and loop["bad_evals"] >= patience:
         stopped_early = True      # resumed after early stopping: nothing left to do
         steps = start
-    batches = _train_stream(experiment.train, start)
+    batches = _train_stream(experiment.train, start, repeat)
     position = start              # batches consumed so far: the data position and the step count
+    failure: BaseException | None = None
     try:
         if eval_every and start == 0:
             evaluate(0)
-        while position < steps:
+        while True:
             try:
-                batch = next(batches)
-            except StopIteration:
-                break
-            i, position = position, position + 1
-            try:
-                new_state, metrics = guarded(state, batch, monitor.mode_for(i))
-                positions.append(i)
-                state = new_state
-                monitor.record(i, metrics, state, batch)
-                stop = False
-                if eval_every and position % eval_every == 0:
-                    guarded.flush()
-                    stop = stopped_early = evaluate(position)
-                if stop or position == 1 or position % checkpoint_every == 0 or position == steps:
-                    checkpoint(position)
-                if position % log_every == 0:
-                    bar.update(position, _bar_info(monitor.history))
-                if stop:
-                    break
-            except NonFiniteError as e:
-                handle(e)
-        while True:               # the last steps' flags, and the final checkpoint
-            try:
-                guarded.flush()
-                note_failures()
+                while position < steps:
+                    item = next_batch()
+                    if item is None:
+                        exhausted_at = position
+                        break
+                    i, batch = item
+                    consumed.append(item)
+                    position = i + 1
+                    if i not in skip_set:
+                        new_state, metrics = guarded(state, batch, monitor.mode_for(i))
+                        positions.append(i)
+                        if not dtype_checked:
+                            dtype_checked = True
+                            _warn_dtype(i, _dtype_changes(adapted, state, new_state))
+                        state = new_state
+                        monitor.record(i, metrics, state, batch)
+                    stop = False
+                    if eval_every and position % eval_every == 0:
+                        stop = stopped_early = evaluate(position)
+                    if stop or position == 1 or position % checkpoint_every == 0 or position == steps:
+                        checkpoint(position)
+                    elif rollback and position % rollback_every == 0:
+                        verified(position)
+                    if position % log_every == 0:
+                        bar.update(position, _bar_info(monitor.history))
+                    if stop:
+                        break
+                verified(position)    # the last steps' flags, and the final checkpoint
                 if saved[0] != position:
                     checkpoint(position)
                 break
             except NonFiniteError as e:
-                handle(e)
+                position = handle(e)
+                exhausted_at, stopped_early = None, False
+    except BaseException as e:    # KeyboardInterrupt too: the report and the metrics are still written
+        failure = e
     finally:
         bar.close()
-        monitor.pull()
-        log.sync(monitor.history)
-        if ckpt is not None:
-            ckpt.close()
+    for wrap_up in (monitor.pull, lambda: log.sync(monitor.history), ckpt.close if ckpt is not None else None):
+        if wrap_up is None:
+            continue
+        try:
+            wrap_up()
+        except Exception as e:
+            if failure is None:
+                failure = e
+    note_failures()
+    diagnosis.artifacts["run"] = monitor.history
+    if loop["rollbacks"]:
+        diagnosis.artifacts["rollbacks"] = loop["rollbacks"]
+        diagnosis.artifacts["skipped_batches"] = sorted(skip_set)
+    if failure is not None:
+        raised = _failed(failure, diagnosis, report)
+        if raised is failure:
+            raise failure
+        raise raised from failure
+    if exhausted_at is not None and exhausted_at < steps:
+        warnings.warn(f"[jaxsane] the training data ran out after {exhausted_at} batches, before steps={steps}: "
+                      f"fit stopped at step {exhausted_at}. fix: pass more data, steps={exhausted_at}, or "
+                      "repeat=True to read the data again from its start.", JaxsaneWarning, stacklevel=2)
     last_state = state
     if restore_best:
         state = _best_state(best[0], loop["best_step"], ckpt_dir=checkpoint_dir, keep=keep, like=state,
                             init=lambda: adapted.init(key)) if loop["best_step"] is not None else state
     diagnosis.add(check_training(monitor.history, **(thresholds or {})))
-    if loop["rollbacks"]:
-        diagnosis.artifacts["rollbacks"] = loop["rollbacks"]
-    diagnosis.artifacts["run"] = monitor.history
     result = FitResult(state=state, history=monitor.history, diagnosis=diagnosis, step=position,
                        resumed_from=resumed_from, stopped_early=stopped_early, best_step=loop["best_step"],
                        best_eval_loss=loop["best"], rollbacks=loop["rollbacks"], checkpoint_dir=checkpoint_dir,
                        metrics_path=metrics_path, adapted=adapted, last_state=last_state,
-                       restored_best=state is not last_state)
+                       restored_best=state is not last_state, skipped_batches=sorted(skip_set),
+                       skipped_checkpoints=skipped_ckpts, data_exhausted_at=exhausted_at)
     if report is not None:
         from ._report import write_html
         write_html(report, [diagnosis])
     return result
+
+
+def _warn_dtype(step: int, changed: list[str]) -> None:
+    if changed:
+        warnings.warn(f"[jaxsane] step {step} changed the dtype of {len(changed)} parameter(s): "
+                      f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. Later steps then run in "
+                      "the new dtype (and the step compiles again). fix: cast updates back to the parameter's "
+                      "dtype (e.g. (p + u).astype(p.dtype)).", JaxsaneWarning, stacklevel=3)
+
+
+def _failed(error: BaseException, diagnosis: Diagnosis, report: str | None) -> BaseException:
+    """Write the report of a failed run (when one was asked) and return the error to raise, naming it."""
+    if report is None:
+        return error
+    try:
+        from ._report import write_html
+        write_html(report, [diagnosis])
+    except Exception as e:  # the report must never hide the failure
+        where = f"  report: could not be written to {report} ({type(e).__name__}: {e})"
+    else:
+        where = f"  report: {os.path.abspath(report)}"
+    if isinstance(error, NonFiniteError):
+        return NonFiniteError(f"{error}\n{where}", error.finding, dump_path=error.dump_path, inputs=error.inputs,
+                              located=error.located)
+    if isinstance(error, CheckpointError):
+        return CheckpointError(f"{error}\n{where}", skipped=error.skipped)
+    if hasattr(error, "add_note"):
+        error.add_note(f"[jaxsane] {where.strip()}")
+    return error
 
 
 def _bar_info(h: History) -> str:
