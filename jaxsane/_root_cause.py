@@ -12,7 +12,8 @@ Rules (``root -> consequence``), each applied only when the consequence does not
 * **bad data -> non-finite values.** ``data.label_range`` (an out-of-range label gathers a NaN
   log-probability), ``data.all_padding`` (a masked mean over a row with no real token is 0/0) and
   ``nonfinite.input`` make every non-finite fact a consequence; the non-finite finding's fix then
-  starts with the data problem ("check the labels first: ...").
+  starts with the data problem ("check the labels first: ..."). ``data.label_range`` also makes
+  ``data.imbalance`` a consequence (labels shifted by one leave class 0 empty).
   ``data.unnormalized``/``data.outliers`` are deliberately not roots: large inputs *may* overflow, but
   folding a located ``log(0)`` under them would hide the real bug.
 * **non-finite facts, in the order the step computes them.** The non-finite facts are
@@ -133,6 +134,8 @@ def _frozen_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
 
 def _data_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
     if is_nonfinite_fact(cons):
+        return True
+    if cons.code == "data.imbalance" and root.code == "data.label_range":  # shifted labels empty a class
         return True
     if cons.code in ("grad.mismatch", "grad.missing"):  # a NaN loss at the check point
         return _at_init(root) and _grad_values_nonfinite(cons)
