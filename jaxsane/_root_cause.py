@@ -30,6 +30,10 @@ Rules (``root -> consequence``), each applied only when the consequence does not
 * **no learning -> no fit.** ``step.no_update`` and ``step.opt_state_frozen`` make ``overfit.failed``,
   ``model.ignores_input``, ``train.plateau`` and a too-small ``train.update_ratio`` consequences.
 * **an input-blind model cannot fit.** ``model.ignores_input`` makes ``overfit.failed`` a consequence.
+* **a leaf without gradient never moves.** ``grad.missing`` makes ``train.vanishing_grads`` and a too-small
+  ``train.update_ratio`` on the same leaf consequences, and the other leaves of the same layer
+  (``params['enc']['bias']`` beside ``params['enc']['kernel']``, the same ``depends`` verdict: one
+  stop_gradient, one unused layer) consequences of the first.
 
 When several roots could claim a finding, the first rule above wins (bad data over a NaN, a NaN over a
 frozen step), then the earliest finding. A ``caused_by`` that is already set (by a stage that knows)
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Callable, Sequence
 
 from ._findings import Finding, RootCause
@@ -142,12 +147,35 @@ def _data_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
     return False
 
 
+_LAST_KEY = re.compile(r"(\[[^\[\]]*\]|\.[A-Za-z_]\w*)$")
+
+
+def _parent(path: str | None) -> str | None:
+    """``params['encoder']['kernel']`` -> ``params['encoder']``; None when there is no module above the leaf."""
+    if not path:
+        return None
+    parent = _LAST_KEY.sub("", path)
+    return parent if parent != path and _LAST_KEY.search(parent) else None
+
+
+def _missing_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
+    if cons.code in ("train.vanishing_grads", "train.update_ratio"):
+        # a leaf with no gradient never moves: its tiny update ratio and vanished gradient are the same fact
+        return cons.path == root.path and cons.extra.get("direction", "low") == "low"
+    if cons.code == "grad.missing" and i < j:  # the layer's other leaves: one stop_gradient, one unused layer
+        parent = _parent(root.path)
+        return (parent is not None and parent == _parent(cons.path)
+                and root.extra.get("depends") == cons.extra.get("depends"))
+    return False
+
+
 RULES: list[_Rule] = [
     (0, lambda f: f.code in DATA_ROOTS, _data_consequence),
     (1, is_nonfinite_fact, _nonfinite_consequence),
     (2, lambda f: f.code == "model.ignores_input",
      lambda r, c, i, j: c.code == "overfit.failed"),
     (3, lambda f: f.code in FROZEN_ROOTS, _frozen_consequence),
+    (4, lambda f: f.code == "grad.missing", _missing_consequence),
 ]
 
 

@@ -291,3 +291,25 @@ def test_doctor_on_off_by_one_labels_leads_with_the_label_range_and_folds_the_re
     # the same program with labels 0..C-1: nothing to fold, no error from the same stages
     clean = jaxsane.doctor(_off_by_one_classifier(0), stages=["data", "init", "grads"], progress=False)
     assert clean.ok and not clean.consequences, str(clean)
+
+
+def test_a_layer_without_gradient_is_one_root():
+    def missing(path, depends=True):
+        return Finding("grad.missing", f"{path} gets zero gradient", path=path, extra={"depends": depends})
+
+    d = Diagnosis([missing("params['enc']['kernel']"), missing("params['enc']['bias']"),
+                   missing("params['head']['bias']", depends=False),
+                   Finding("train.update_ratio", "too small", path="params['enc']['kernel']", step=29,
+                           extra={"direction": "low"}),
+                   Finding("train.vanishing_grads", "vanish", path="params['enc']['kernel']", step=29),
+                   Finding("train.vanishing_grads", "vanish", path="params['head']['kernel']", step=29),
+                   Finding("train.update_ratio", "too large", path="params['enc']['kernel']", step=29,
+                           extra={"direction": "high"})])
+    roots = {(f.code, f.path) for f in d.root_causes}
+    assert roots == {("grad.missing", "params['enc']['kernel']"), ("grad.missing", "params['head']['bias']"),
+                     ("train.vanishing_grads", "params['head']['kernel']"),
+                     ("train.update_ratio", "params['enc']['kernel']")}
+    assert [f.path for f in d.consequences_of(d.root_causes[0])] == ["params['enc']['bias']"] * 1 + [
+        "params['enc']['kernel']"] * 2
+    # flat top-level leaves have no layer in common: two unused parameters are two findings
+    assert len(Diagnosis([missing("params['w']"), missing("params['b']")]).root_causes) == 2
