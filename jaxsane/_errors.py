@@ -47,3 +47,7 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class FindingError(JaxsaneError, ValueError, TypeError):
+    """A :class:`~jaxsane.Finding` or :class:`~jaxsane.Diagnosis` was built or queried with a bad value."""

@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
+from ._errors import FindingError
+
 ERROR, WARNING, INFO = "error", "warning", "info"
 _SEVERITY_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
 
@@ -137,10 +139,10 @@ class Finding:
         if isinstance(self.caused_by, dict):  # read back from JSON
             object.__setattr__(self, "caused_by", RootCause(**self.caused_by))
         if self.caused_by is not None and not isinstance(self.caused_by, RootCause):
-            raise TypeError(f"[jaxsane] Finding.caused_by must be a RootCause(code, where) or None, got "
-                            f"{type(self.caused_by).__name__}")
+            raise FindingError(f"Finding.caused_by must be a RootCause(code, where) or None, got "
+                               f"{type(self.caused_by).__name__}; build it as RootCause(root.code, root.where)")
         if int(self.count) < 1:
-            raise ValueError(f"[jaxsane] Finding.count must be >= 1, got {self.count}")
+            raise FindingError(f"Finding.count must be >= 1, got {self.count}: it counts identical findings")
 
     @property
     def first_step(self) -> int | None:
@@ -269,8 +271,8 @@ class Diagnosis(Sequence[Finding]):
         for f in findings:
             for one in ([f] if isinstance(f, Finding) else f):
                 if not isinstance(one, Finding):
-                    raise TypeError(f"[jaxsane] Diagnosis.add takes Finding objects (or iterables of them), got "
-                                    f"{type(one).__name__}")
+                    raise FindingError(f"Diagnosis.add takes Finding objects (or iterables of them), got "
+                                       f"{type(one).__name__}; wrap results as jaxsane.Finding(code, message, hint)")
                 key = _dedupe_key(one)
                 at = self._keys.get(key)
                 if at is None:
@@ -316,8 +318,8 @@ class Diagnosis(Sequence[Finding]):
         for i, f in enumerate(findings):
             if f == finding:
                 return i
-        raise ValueError(f"[jaxsane] {finding.code} is not a finding of this diagnosis; pass one of "
-                         "diagnosis.root_causes")
+        raise FindingError(f"{finding.code} is not a finding of this diagnosis; pass one of "
+                           "diagnosis.root_causes")
 
     def _group_severity(self) -> list[str]:
         findings, roots = self._link()

@@ -313,3 +313,15 @@ def test_a_layer_without_gradient_is_one_root():
         "params['enc']['kernel']"] * 2
     # flat top-level leaves have no layer in common: two unused parameters are two findings
     assert len(Diagnosis([missing("params['w']"), missing("params['b']")]).root_causes) == 2
+
+
+def test_bad_values_get_jaxsane_errors():
+    from jaxsane._errors import FindingError
+    with pytest.raises(FindingError, match=r"^\[jaxsane\] Finding.count must be >= 1"):
+        Finding("grad.mismatch", "x", count=0)
+    with pytest.raises(FindingError, match=r"Diagnosis.add takes Finding objects"):
+        Diagnosis().add(["not a finding"])
+    d = Diagnosis([Finding("grad.mismatch", "x")])
+    with pytest.raises(FindingError, match="not a finding of this diagnosis"):
+        d.consequences_of(Finding("data.leakage", "y"))
+    assert d.consequences_of(d.root_causes[0]) == []
