@@ -23,7 +23,9 @@ Rules (``root -> consequence``), each applied only when the consequence does not
   another stage (same code, no location of its own, or the same file:line) is a consequence of the
   first, located one.
 * **non-finite loss/gradients -> everything judged from them.** A non-finite fact makes
-  ``overfit.failed``, ``model.ignores_input`` and every ``train.*`` consequences. ``init.loss``,
+  ``overfit.failed`` and ``model.ignores_input`` consequences, and every ``train.*`` finding when the
+  fact was met during a run (it has a step; a check at init that the run never met leaves the run's
+  dynamics alone) or the train finding is itself about a loss that went non-finite. ``init.loss``,
   ``grad.mismatch`` and ``grad.missing`` (judged at init) are consequences of a forward-side fact at init
   (step 0 or no step: a forward NaN, a NaN loss at init), or of any non-finite fact when the grad
   finding's own derivatives are non-finite.
@@ -124,7 +126,9 @@ def _nonfinite_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool
         if cons.code == "init.loss":  # only a forward NaN makes the loss at init NaN
             return root.code == "nonfinite.forward" and _at_init(root)
         return a < b
-    if cons.code.startswith("train.") or cons.code in JUDGED:
+    if cons.code.startswith("train."):  # only a NaN met during a run shapes that run's history
+        return root.step is not None or "nonfinite_from" in cons.extra
+    if cons.code in JUDGED:
         return True
     if cons.code in ("grad.mismatch", "grad.missing", "init.loss"):
         return (_forward_side(root) and _at_init(root)) or _grad_values_nonfinite(cons)
@@ -179,7 +183,7 @@ RULES: list[_Rule] = [
 ]
 
 
-def parents(findings: Sequence[Finding]) -> list[int | None]:
+def root_indices(findings: Sequence[Finding]) -> list[int | None]:
     """For each finding, the index of its ROOT cause in ``findings`` (None for a root). Not jit-safe."""
     n = len(findings)
     direct: list[int | None] = [None] * n
@@ -218,7 +222,7 @@ def parents(findings: Sequence[Finding]) -> list[int | None]:
 
 def link(findings: Sequence[Finding]) -> tuple[list[Finding], list[int | None]]:
     """:func:`link_consequences` and the index of each finding's root (None for roots). Not jit-safe."""
-    roots = parents(findings)
+    roots = root_indices(findings)
     out: list[Finding] = []
     for f, r in zip(findings, roots):
         if r is None:

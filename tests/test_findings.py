@@ -325,3 +325,19 @@ def test_bad_values_get_jaxsane_errors():
     with pytest.raises(FindingError, match="not a finding of this diagnosis"):
         d.consequences_of(Finding("data.leakage", "y"))
     assert d.consequences_of(d.root_causes[0]) == []
+
+
+def test_train_findings_follow_a_nan_only_when_the_run_met_it():
+    def root_of(*findings):
+        return {f.code: (f.caused_by.code if f.caused_by else None) for f in Diagnosis(findings)}
+
+    # a NaN gradient found by the float64 check at init, and a finite run that plateaued: two facts
+    assert root_of(Finding("nonfinite.backward", "grads nan at init"),
+                   Finding("train.plateau", "flat", step=29))["train.plateau"] is None
+    # a NaN met at step 5 of the run, skipped, and the loss then flat: one bug
+    assert root_of(Finding("nonfinite.update", "step 5: nan", step=5),
+                   Finding("train.plateau", "flat", step=29))["train.plateau"] == "nonfinite.update"
+    # the detector's own "went non-finite" verdict follows any non-finite fact
+    assert root_of(Finding("nonfinite.forward", "nan", file="m.py", line=3),
+                   Finding("train.diverging", "went non-finite", step=20, extra={"nonfinite_from": 20})
+                   )["train.diverging"] == "nonfinite.forward"
