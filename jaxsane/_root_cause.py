@@ -154,8 +154,14 @@ def _data_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
 _LAST_KEY = re.compile(r"(\[[^\[\]]*\]|\.[A-Za-z_]\w*)$")
 
 
+def _leaf(path: str | None) -> str | None:
+    """A leaf's path without NNX's ``.value`` (the grads stage shows ``w``, the monitor ``w.value``)."""
+    return path[:-len(".value")] if path and path.endswith(".value") else path
+
+
 def _parent(path: str | None) -> str | None:
     """``params['encoder']['kernel']`` -> ``params['encoder']``; None when there is no module above the leaf."""
+    path = _leaf(path)
     if not path:
         return None
     parent = _LAST_KEY.sub("", path)
@@ -165,7 +171,7 @@ def _parent(path: str | None) -> str | None:
 def _missing_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
     if cons.code in ("train.vanishing_grads", "train.update_ratio"):
         # a leaf with no gradient never moves: its tiny update ratio and vanished gradient are the same fact
-        return cons.path == root.path and cons.extra.get("direction", "low") == "low"
+        return _leaf(cons.path) == _leaf(root.path) and cons.extra.get("direction", "low") == "low"
     if cons.code == "grad.missing" and i < j:  # the layer's other leaves: one stop_gradient, one unused layer
         parent = _parent(root.path)
         return (parent is not None and parent == _parent(cons.path)

@@ -311,6 +311,11 @@ def test_a_layer_without_gradient_is_one_root():
                      ("train.update_ratio", "params['enc']['kernel']")}
     assert [f.path for f in d.consequences_of(d.root_causes[0])] == ["params['enc']['bias']"] * 1 + [
         "params['enc']['kernel']"] * 2
+    # NNX paths: the monitor names the leaf with its .value, the gradient check without
+    d = Diagnosis([missing("model['hidden']['kernel']"),
+                   Finding("train.update_ratio", "too small", path="model['hidden']['kernel'].value", step=29,
+                           extra={"direction": "low"})])
+    assert len(d.root_causes) == 1 and d[1].caused_by.code == "grad.missing"
     # flat top-level leaves have no layer in common: two unused parameters are two findings
     assert len(Diagnosis([missing("params['w']"), missing("params['b']")]).root_causes) == 2
 
