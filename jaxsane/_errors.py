@@ -83,3 +83,7 @@ class CheckpointError(JaxsaneError, RuntimeError):
 
 class FitArgumentError(ArgumentError, ExperimentError):
     """An argument of :func:`jaxsane.fit` has the wrong type or value (checked before any work)."""
+
+
+class FindingError(JaxsaneError, ValueError, TypeError):
+    """A :class:`~jaxsane.Finding` or :class:`~jaxsane.Diagnosis` was built or queried with a bad value."""

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Iterable, Iterator, Sequence
+
+from ._errors import FindingError
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _SEVERITY_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -101,10 +104,27 @@ def severity_of(code: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class RootCause:
+    """The root-cause finding a consequence points to: its ``code`` and its ``where`` string.
+
+    Set by :func:`jaxsane._root_cause.link_consequences` (a :class:`Diagnosis` links lazily). Not jit-safe.
+    """
+
+    code: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.where})" if self.where else self.code
+
+
+@dataclasses.dataclass(frozen=True)
 class Finding:
     """One diagnosis: a stable ``code``, a severity, a message, where, and a hint (the fix).
 
-    Not jit-safe: built on the host from concrete values.
+    ``caused_by`` names the root-cause finding when this one is a consequence of it (a NaN loss makes
+    the gradient check fail). ``count`` is how many identical findings (same code, location and message
+    but for the step number) were folded into this one; ``step`` is then the first of their steps and
+    ``last_step`` the last. Not jit-safe: built on the host from concrete values.
     """
 
     code: str
@@ -116,19 +136,35 @@ class Finding:
     file: str | None = None
     line: int | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    caused_by: RootCause | None = None
+    count: int = 1
+    last_step: int | None = None
 
     def __post_init__(self):
         if not self.severity:
             object.__setattr__(self, "severity", severity_of(self.code))
         if self.severity not in _SEVERITY_RANK:
             raise ValueError(f"[jaxsane] severity must be one of {list(_SEVERITY_RANK)}, got {self.severity!r}")
+        if isinstance(self.caused_by, dict):  # read back from JSON
+            object.__setattr__(self, "caused_by", RootCause(**self.caused_by))
+        if self.caused_by is not None and not isinstance(self.caused_by, RootCause):
+            raise FindingError(f"Finding.caused_by must be a RootCause(code, where) or None, got "
+                               f"{type(self.caused_by).__name__}; build it as RootCause(root.code, root.where)")
+        if int(self.count) < 1:
+            raise FindingError(f"Finding.count must be >= 1, got {self.count}: it counts identical findings")
+
+    @property
+    def first_step(self) -> int | None:
+        """The first step this finding was seen at (``step``; with ``count`` > 1, the earliest of them)."""
+        return self.step
 
     @property
     def where(self) -> str:
         """Location as one string: step, pytree path, file:line (whichever are known)."""
         parts = []
         if self.step is not None:
-            parts.append(f"step {self.step}")
+            last = self.last_step if self.last_step is not None and self.last_step != self.step else None
+            parts.append(f"steps {self.step}..{last}" if last is not None else f"step {self.step}")
         if self.path:
             parts.append(self.path)
         if self.file:
@@ -140,9 +176,14 @@ class Finding:
         d["extra"] = _jsonable(self.extra)
         return d
 
-    def __str__(self) -> str:
+    def headline(self) -> str:
+        """``code (where) xN: message`` on one line, without the severity and the fix."""
         where = f" ({self.where})" if self.where else ""
-        text = f"[{self.severity}] {self.code}{where}: {self.message}"
+        times = f" x{self.count}" if self.count > 1 else ""
+        return f"{self.code}{where}{times}: {self.message}"
+
+    def __str__(self) -> str:
+        text = f"[{self.severity}] {self.headline()}"
         if self.hint:
             text += f"\n    fix: {self.hint}"
         return text
@@ -161,52 +202,159 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+_STEP_WORD = re.compile(r"\b(step) \d+\b")
+
+
+def _dedupe_key(f: Finding) -> tuple:
+    """Same code, severity, location and message modulo the step number."""
+    message = _STEP_WORD.sub(lambda m: m.group(1) + " #", f.message)
+    if f.step is not None:
+        message = re.sub(rf"(?<![\w.]){int(f.step)}(?![\w.])", "#", message)
+    return (f.code, f.severity, f.path, f.file, f.line, message, f.hint)
+
+
+def _merge(a: Finding, b: Finding) -> Finding:
+    """One finding for two identical ones at different steps: the earliest's text, the total count."""
+    steps = [s for s in (a.step, a.last_step, b.step, b.last_step) if s is not None]
+    first = a if b.step is None or (a.step is not None and a.step <= b.step) else b
+    return dataclasses.replace(first, count=a.count + b.count, step=min(steps) if steps else None,
+                               last_step=max(steps) if len(set(steps)) > 1 else None)
+
+
 class Diagnosis(Sequence[Finding]):
-    """An ordered list of :class:`Finding` with filters and renderers.
+    """An ordered list of :class:`Finding` with filters and renderers, root causes first.
+
+    ``add`` folds identical findings at many steps into one (``count``, first ``step``, ``last_step``).
+    Reading the diagnosis (iterating, ``ok``, ``to_dict``, rendering) links consequences to their root
+    cause (:func:`jaxsane._root_cause.link_consequences`): iteration yields every finding, in order, with
+    ``caused_by`` set; renderings lead with the root causes and fold the consequences beneath them.
+
+    ``ok`` and so the CLI's exit code are decided by root causes: a diagnosis is not ok when some root
+    cause is an error, or has an error among its consequences (a warning root whose consequences are
+    errors, e.g. a NaN ``init.loss`` that makes the overfit fail, still fails the gate, once). Counts in
+    ``to_dict``/``str`` are of root causes, by that severity; ``to_dict()["consequences"]`` says how many
+    findings were folded.
 
     ``artifacts`` holds results that reports can draw (overfit sweep, init-scale sweep,
-    training history), keyed by stage name.
+    training history), keyed by stage name. Not jit-safe.
     """
 
     def __init__(self, findings: Iterable[Finding] = (), *, name: str = "",
                  artifacts: dict[str, Any] | None = None):
-        self._findings: list[Finding] = list(findings)
+        self._findings: list[Finding] = []
+        self._keys: dict[tuple, int] = {}
+        self._linked: tuple[list[Finding], list[int | None]] | None = None
         self.name = name
         self.artifacts: dict[str, Any] = dict(artifacts or {})
+        self.add(findings)
+
+    def _link(self) -> tuple[list[Finding], list[int | None]]:
+        if self._linked is None:
+            from ._root_cause import link
+            self._linked = link(self._findings)
+        return self._linked
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding in order of addition, consequences with ``caused_by`` set."""
+        return self._link()[0]
 
     def __getitem__(self, i):  # type: ignore[override]
-        return self._findings[i]
+        return self.findings[i]
 
     def __len__(self) -> int:
         return len(self._findings)
 
     def __iter__(self) -> Iterator[Finding]:
-        return iter(self._findings)
+        return iter(self.findings)
 
     def __repr__(self) -> str:
-        return f"Diagnosis(name={self.name!r}, findings={self._findings!r})"
+        return f"Diagnosis(name={self.name!r}, findings={self.findings!r})"
 
     def add(self, *findings: Finding | Iterable[Finding]) -> "Diagnosis":
-        """Append findings (single ones or iterables of them); returns self."""
+        """Append findings (single ones or iterables of them); returns self.
+
+        A finding identical to one already here but for its step (same code, severity, location, hint
+        and message modulo the step number) is folded into it: ``count`` grows, ``step`` stays the first.
+        """
         for f in findings:
-            if isinstance(f, Finding):
-                self._findings.append(f)
-            else:
-                self._findings.extend(f)
+            for one in ([f] if isinstance(f, Finding) else f):
+                if not isinstance(one, Finding):
+                    raise FindingError(f"Diagnosis.add takes Finding objects (or iterables of them), got "
+                                       f"{type(one).__name__}; wrap results as jaxsane.Finding(code, message, hint)")
+                key = _dedupe_key(one)
+                at = self._keys.get(key)
+                if at is None:
+                    self._keys[key] = len(self._findings)
+                    self._findings.append(one)
+                else:
+                    self._findings[at] = _merge(self._findings[at], one)
+        self._linked = None
         return self
+
+    # ------------------------------------------------------------------ root causes
+
+    @property
+    def root_causes(self) -> list[Finding]:
+        """Findings that are no other finding's consequence, most severe first (by :meth:`severity_of`)."""
+        findings, roots = self._link()
+        order = [i for i, r in enumerate(roots) if r is None]
+        sev = self._group_severity()
+        order.sort(key=lambda i: _SEVERITY_RANK[sev[i]])
+        return [findings[i] for i in order]
+
+    def consequences_of(self, root: Finding) -> list[Finding]:
+        """The findings folded under ``root`` (a member of :attr:`root_causes`), in order of addition."""
+        findings, roots = self._link()
+        idx = self._index_of(root)
+        return [f for f, r in zip(findings, roots) if r is not None and r == idx]
+
+    @property
+    def consequences(self) -> list[Finding]:
+        """Every finding that is a consequence of another (``caused_by`` set)."""
+        findings, roots = self._link()
+        return [f for f, r in zip(findings, roots) if r is not None]
+
+    def severity_of(self, root: Finding) -> str:
+        """A root cause's severity with its consequences: the most severe of the root and what it caused."""
+        return self._group_severity()[self._index_of(root)]
+
+    def _index_of(self, finding: Finding) -> int:
+        findings = self._link()[0]
+        for i, f in enumerate(findings):
+            if f is finding:
+                return i
+        for i, f in enumerate(findings):
+            if f == finding:
+                return i
+        raise FindingError(f"{finding.code} is not a finding of this diagnosis; pass one of "
+                           "diagnosis.root_causes")
+
+    def _group_severity(self) -> list[str]:
+        findings, roots = self._link()
+        sev = [f.severity for f in findings]
+        for f, r in zip(findings, roots):
+            if r is not None and _SEVERITY_RANK[f.severity] < _SEVERITY_RANK[sev[r]]:
+                sev[r] = f.severity
+        return sev
+
+    # ------------------------------------------------------------------ filters
 
     @property
     def ok(self) -> bool:
-        """True when there is no error finding."""
-        return not self.errors
+        """True when no root cause is an error, counting each root's consequences with it."""
+        findings, roots = self._link()
+        sev = self._group_severity()
+        return not any(r is None and sev[i] == ERROR for i, r in enumerate(roots))
 
     @property
     def errors(self) -> list[Finding]:
-        return [f for f in self._findings if f.severity == ERROR]
+        """Every error finding, root causes and consequences alike."""
+        return [f for f in self.findings if f.severity == ERROR]
 
     @property
     def warnings(self) -> list[Finding]:
-        return [f for f in self._findings if f.severity == WARNING]
+        return [f for f in self.findings if f.severity == WARNING]
 
     @property
     def codes(self) -> list[str]:
@@ -215,12 +363,23 @@ class Diagnosis(Sequence[Finding]):
 
     def by_code(self, code: str) -> list[Finding]:
         """Findings whose code equals ``code`` or starts with ``code + '.'`` (``'data'`` matches all data.*)."""
-        return [f for f in self._findings if f.code == code or f.code.startswith(code + ".")]
+        return [f for f in self.findings if f.code == code or f.code.startswith(code + ".")]
+
+    # ------------------------------------------------------------------ renderings
+
+    def counts(self) -> dict[str, int]:
+        """Root causes by severity (each counted with its consequences' worst severity)."""
+        sev = self._group_severity()
+        roots = self._link()[1]
+        return {s: sum(r is None and sev[i] == s for i, r in enumerate(roots)) for s in _SEVERITY_RANK}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok,
-                "counts": {s: sum(f.severity == s for f in self._findings) for s in _SEVERITY_RANK},
-                "findings": [f.to_dict() for f in self._findings]}
+        """JSON-able form: ``root_causes`` (each with its ``consequences`` nested) and the flat ``findings``."""
+        return {"name": self.name, "ok": self.ok, "counts": self.counts(), "consequences": len(self.consequences),
+                "root_causes": [{**r.to_dict(), "severity_with_consequences": self.severity_of(r),
+                                 "consequences": [c.to_dict() for c in self.consequences_of(r)]}
+                                for r in self.root_causes],
+                "findings": [f.to_dict() for f in self.findings]}
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
         """The JSON form; also written to ``path`` when given."""
@@ -231,16 +390,29 @@ class Diagnosis(Sequence[Finding]):
         return text
 
     def sorted(self) -> list[Finding]:
-        return sorted(self._findings, key=lambda f: _SEVERITY_RANK[f.severity])
+        """Root causes most severe first, each followed by its consequences."""
+        return [g for r in self.root_causes for g in (r, *self.consequences_of(r))]
+
+    def headline(self) -> str:
+        head = f"jaxsane diagnosis{' of ' + self.name if self.name else ''}: "
+        head += ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in self.counts().items())
+        folded = len(self.consequences)
+        if folded:
+            head += f" (root causes; {folded} consequence{'s' if folded != 1 else ''} folded beneath them)"
+        return head
 
     def __str__(self) -> str:
-        head = f"jaxsane diagnosis{' of ' + self.name if self.name else ''}: "
-        counts = self.to_dict()["counts"]
-        head += ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
-        return "\n".join([head, *(str(f) for f in self.sorted())])
+        lines = [self.headline()]
+        for r in self.root_causes:
+            lines.append(str(r))
+            cons = self.consequences_of(r)
+            if cons:
+                lines.append(f"    consequences ({len(cons)}), fixed by fixing the cause above:")
+                lines.extend(f"      - [{c.severity}] {c.headline()}" for c in cons)
+        return "\n".join(lines)
 
     def render(self, console: Any = None) -> None:
-        """Print to the terminal, with colour when ``rich`` is installed."""
+        """Print to the terminal, root causes first with their consequences folded beneath, in colour."""
         try:
             from rich.console import Console
             from rich.markup import escape
@@ -249,12 +421,18 @@ class Diagnosis(Sequence[Finding]):
             return
         console = console or Console()
         colour = {ERROR: "bold red", WARNING: "yellow", INFO: "cyan"}
-        console.print(f"[bold]{escape(str(self).splitlines()[0])}[/bold]")
-        for f in self.sorted():
-            where = f" ({escape(f.where)})" if f.where else ""
-            console.print(f"[{colour[f.severity]}]{f.severity:7}[/] [bold]{f.code}[/bold]{where}: "
-                          f"{escape(f.message)}")
-            if f.hint:
-                console.print(f"         [green]fix:[/green] {escape(f.hint)}")
+        console.print(f"[bold]{escape(self.headline())}[/bold]")
+        for r in self.root_causes:
+            sev = self.severity_of(r)
+            where = f" ({escape(r.where)})" if r.where else ""
+            times = f" x{r.count}" if r.count > 1 else ""
+            console.print(f"[{colour[sev]}]{sev:7}[/] [bold]{r.code}[/bold]{where}{times}: {escape(r.message)}")
+            if r.hint:
+                console.print(f"         [green]fix:[/green] {escape(r.hint)}")
+            cons = self.consequences_of(r)
+            if cons:
+                console.print(f"         [dim]consequences ({len(cons)}), fixed by fixing the cause above:[/dim]")
+                for c in cons:
+                    console.print(f"         [dim]- {c.severity} {escape(c.headline())}[/dim]")
         if self.ok:
             console.print("[bold green]no errors[/bold green]")

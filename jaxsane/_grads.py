@@ -124,7 +124,11 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
 
     Returns:
       Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
-      leaf whose gradient is identically zero on these arguments). Empty when all agree.
+      leaf whose gradient is identically zero on these arguments). Empty when all agree. A non-finite
+      value is never a ``grad.mismatch``: a non-finite output at the point skips the comparison and
+      gives one ``nonfinite.forward``; non-finite autodiff gradients give one ``nonfinite.backward``
+      naming the leaves; an output that goes non-finite within a finite-difference step gives one
+      ``nonfinite.forward`` naming the leaves.
 
     Raises:
       JaxsaneError: ``order`` < 1, unknown modes, or arguments ``f`` cannot be called with.
@@ -262,8 +266,17 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     findings: list[Finding] = []
     t0 = np.asarray(0.0, tdtype)
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
+    if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
+        return [_nonfinite_loss(v0, n)]
+    backward: list[tuple[str, float]] = []   # autodiff non-finite, loss finite
+    nearby: list[tuple[str, float]] = []     # the loss itself goes non-finite within a step of the point
     for j, (a, k) in enumerate(checked):
         path = _display(paths[a][k])
+        ad = directional[j]
+        if not (np.all(np.isfinite(grads[j])) and np.isfinite(ad)
+                and (jvps is None or np.isfinite(jvps[j]))):
+            backward.append((path, ad))
+            continue
 
         memo: dict[float, np.ndarray] = {0.0: v0}
 
@@ -277,9 +290,11 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
 
         if not np.any(grads[j]):
             fd = _directional(g, t0, eps)
+            if not np.isfinite(fd):
+                nearby.append((path, fd))
+                continue
             findings.append(_missing(path, fd, fd != 0.0, values[j]))
             continue
-        ad = directional[j]
 
         def g_jvp(primals, tangents, j=j):  # jvp is linear in the tangent: scale the compiled one
             return v0, np.asarray(jvps[j] * np.asarray(tangents[0]), v0.dtype)
@@ -300,19 +315,13 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             errors.append(abs(fds[-1] - ad) / max(abs(ad), abs(fds[-1]), 1e-30))
         if failure is None:
             continue
+        if not np.all(np.isfinite(fds)):  # not a wrong rule: the loss is NaN/Inf a step away from the point
+            nearby.append((path, next(v for v in fds if not np.isfinite(v))))
+            continue
         if min(abs(f - ad) for f in fds) <= atol + rtol * abs(ad) or (len(errors) > 1 and
                                                                       errors[-1] < errors[0] / 10):
             continue  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
         fd = min(fds, key=lambda v: abs(v - ad))
-        if not np.isfinite(ad) and np.isfinite(fd):  # not a wrong rule: the gradient itself is NaN/Inf
-            findings.append(Finding(
-                "nonfinite.backward",
-                f"{path}: the autodiff gradient is {ad} while the function is finite around the point "
-                f"(finite differences {fd:.6g})",
-                "a NaN/Inf is born in the backward pass: run jaxsane.locate on the step (or a guarded run) to get "
-                "the line; the usual cause is jnp.where over sqrt/log/arccos (use the double-where fix)",
-                path=path, extra={"autodiff": ad, "finite_diff": fd}))
-            continue
         rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
         fwd_note = ""
         if jvps is not None:
@@ -328,7 +337,50 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             path=path,
             extra={"autodiff": ad, "finite_diff": fd, "relative_error": rel, "atol": atol, "rtol": rtol,
                    "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000]}))
+    if backward:
+        findings.append(_nonfinite_gradient(backward, float(v0.sum())))
+    if nearby:
+        findings.append(_nonfinite_nearby(nearby, float(v0.sum()), eps))
     return findings
+
+
+def _leaf_list(items: list[tuple[str, float]], limit: int = 4) -> str:
+    names = ", ".join(f"{p} ({v})" for p, v in items[:limit])
+    return names + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _nonfinite_loss(v0: np.ndarray, n: int) -> Finding:
+    value = float(v0.ravel()[~np.isfinite(v0.ravel())][0])
+    return Finding(
+        "nonfinite.forward",
+        f"the function is already {value} at the gradient check point, so none of the {n} leaves' gradients "
+        "could be compared with finite differences (the gradient check was skipped)",
+        "a NaN/Inf is born in the forward pass: run jaxsane.locate on the loss (or a guarded step) to get the "
+        "line; check the labels and the data first (out-of-range labels, NaN inputs, an all-padding mask), "
+        "then log(0), exp overflow and divisions by zero; the gradient check runs once the loss is finite",
+        extra={"loss": value, "leaves": n, "stage": "grads"})
+
+
+def _nonfinite_gradient(items: list[tuple[str, float]], loss: float) -> Finding:
+    return Finding(
+        "nonfinite.backward",
+        f"the autodiff gradient is non-finite for {len(items)} leaf(s) while the function is finite at the point "
+        f"({loss:.6g}): {_leaf_list(items)} (directional derivatives); a NaN gradient is not a wrong "
+        "derivative rule, so these leaves were not compared with finite differences",
+        "a NaN/Inf is born in the backward pass: run jaxsane.locate on the step (or a guarded run) to get the "
+        "line; the usual cause is jnp.where over sqrt/log/arccos (use the double-where fix), or norm/std at 0",
+        path=items[0][0], extra={"autodiff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
+
+
+def _nonfinite_nearby(items: list[tuple[str, float]], loss: float, eps: float) -> Finding:
+    return Finding(
+        "nonfinite.forward",
+        f"the function is finite at the point ({loss:.6g}) but goes non-finite within a finite-difference step "
+        f"(eps={eps:g}) along {len(items)} leaf(s): {_leaf_list(items)}; the parameters sit at the edge of a "
+        "domain (sqrt/log of ~0, a division by ~0), so these leaves were not compared",
+        "run jaxsane.locate on the loss to get the line; keep the argument of sqrt/log/division away from 0 "
+        "(add an epsilon, clip, or use the double-where fix)",
+        path=items[0][0], extra={"finite_diff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
 
 
 def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:

@@ -498,7 +498,10 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
 
     Args:
       history: what :class:`Monitor` recorded.
-      min_steps: loss rules need at least this many recorded steps.
+      min_steps: loss rules need at least this many recorded steps. A step that returns no loss records
+        NaN: loss rules judge only finite values and never fire on a history with no finite loss
+        (state-only steps); a loss that was finite and is non-finite over the whole last window is
+        ``train.diverging`` ("went non-finite").
       diverge_factor: ``train.diverging`` when the median loss of the last window exceeds this many
         times the median of the first window (or the loss went non-finite).
       plateau_rel: ``train.plateau`` when the loss fell by less than this fraction of its start.
@@ -544,17 +547,33 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
     loss = np.asarray(history.loss, dtype=np.float64)
     steps = list(history.steps)
     n = loss.size
+    finite = np.isfinite(loss)
+    values = loss[finite]  # a step that reports no loss records NaN: loss rules judge finite values only
     diverging = False
-    if n >= min_steps:
+    if n >= min_steps and values.size:
         k = _window(n)
-        finite = np.isfinite(loss)
-        start, end = _median(loss[:k]), _median(loss[-k:])
-        if not finite[-k:].any() or end > diverge_factor * max(start, 1e-12) and end > start:
+        kf = _window(values.size)
+        start, end = _median(values[:kf]), _median(values[-kf:])
+        went_nonfinite = not finite[-k:].any()  # finite earlier, nothing finite in the last window
+        if went_nonfinite:
+            first_bad = int(np.flatnonzero(finite)[-1]) + 1
             diverging = True
             out.append(Finding(
                 "train.diverging",
-                f"the train loss rose from {start:.4g} (median of the first {k} steps) to "
-                f"{end:.4g} (median of the last {k}) over {n} steps",
+                f"the train loss went non-finite: finite from {start:.4g} (median of the first {kf} finite steps) "
+                f"to {values[-1]:.4g}, then {loss[first_bad]:.4g} from step {steps[first_bad]} to the end of the "
+                f"{n} steps",
+                "run the step under jaxsane.guard to catch the first non-finite value and its line; lower the "
+                "learning rate (try 10x smaller); add gradient clipping (optax.clip_by_global_norm)",
+                step=steps[first_bad], extra={"start": start, "end": float(loss[-1]), "nonfinite_from": steps[first_bad]}))
+        elif values.size < min_steps:
+            pass  # too few finite losses to judge a trend
+        elif end > diverge_factor * max(start, 1e-12) and end > start:
+            diverging = True
+            out.append(Finding(
+                "train.diverging",
+                f"the train loss rose from {start:.4g} (median of the first {kf} steps) to "
+                f"{end:.4g} (median of the last {kf}) over {n} steps",
                 "lower the learning rate (try 10x smaller); check the update's sign (params - lr * grad, "
                 "optax.apply_updates with the optimizer's updates, not + grads); add gradient clipping "
                 "(optax.clip_by_global_norm)", step=steps[-1],
@@ -567,7 +586,7 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
                 "check that the learning rate is not 0 or far too small, that the parameters are not frozen "
                 "(stop_gradient, an optax.set_to_zero/masked transform) and that the update is applied to "
                 "the state the step returns", step=steps[-1], extra={"start": start, "end": end}))
-        if not diverging and n >= 2 * min_steps:
+        if not diverging and values.size >= min_steps and n >= 2 * min_steps:
             half = loss[n // 2:]
             half = half[np.isfinite(half)]
             if half.size >= min_steps:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._findings import Diagnosis
+from ._findings import Diagnosis, Finding
 from ._monitor import History
 from ._validate import fail, require_str, require_writable_file
 
@@ -35,6 +35,8 @@ text-align:left;vertical-align:top;font-size:.92em}th{background:#f4f4f4}
 .error{color:#b00020;font-weight:bold}.warning{color:#a86500;font-weight:bold}.info{color:#0063a8}
 .hint{color:#206020}.ok{color:#206020;font-weight:bold}figure{margin:1em 0}img{max-width:100%;
 border:1px solid #eee}figcaption{color:#555;font-size:.9em}code{background:#f6f6f6;padding:0 .2em}
+tr.consequence td{color:#666;font-size:.85em;background:#fafafa}tr.consequence td:nth-child(2){padding-left:1.5em}
+.folded{color:#555;font-size:.85em;margin-top:.3em}.count{color:#555}
 """
 
 
@@ -183,15 +185,30 @@ def _artifact_plot(obj: Any):
     return fig if hasattr(fig, "savefig") else None
 
 
+def _finding_cells(f: Finding, severity: str, consequence: bool, note: str = "") -> str:
+    hint = f'<div class="hint">fix: {html.escape(f.hint)}</div>' if f.hint and not consequence else ""
+    times = f' <span class="count">x{f.count}</span>' if f.count > 1 else ""
+    code = f"<code>{html.escape(f.code)}</code>"
+    if consequence:
+        code = f'<span class="arrow">&#8627;</span> {code}'
+    return (f'<td class="{severity}">{severity}</td><td>{code}{times}</td><td>{html.escape(f.where)}</td>'
+            f"<td>{html.escape(f.message)}{hint}{note}</td>")
+
+
 def _findings_table(d: Diagnosis) -> str:
+    """Root causes first (by their severity with their consequences), each followed by its consequences."""
     if not len(d):
         return '<p class="ok">no findings</p>'
     rows = []
-    for f in d.sorted():
-        hint = f'<div class="hint">fix: {html.escape(f.hint)}</div>' if f.hint else ""
-        rows.append(f'<tr class="finding" data-code="{html.escape(f.code)}"><td class="{f.severity}">'
-                    f"{f.severity}</td><td><code>{html.escape(f.code)}</code></td><td>{html.escape(f.where)}</td>"
-                    f"<td>{html.escape(f.message)}{hint}</td></tr>")
+    for r in d.root_causes:
+        cons = d.consequences_of(r)
+        note = (f'<div class="folded">{len(cons)} consequence{"s" if len(cons) != 1 else ""} below: fixing this '
+                "cause fixes them</div>" if cons else "")
+        rows.append(f'<tr class="finding root" data-code="{html.escape(r.code)}">'
+                    f"{_finding_cells(r, d.severity_of(r), False, note)}</tr>")
+        for c in cons:
+            rows.append(f'<tr class="finding consequence" data-code="{html.escape(c.code)}" '
+                        f'data-caused-by="{html.escape(r.code)}">{_finding_cells(c, c.severity, True)}</tr>')
     return ("<table class=\"findings\"><thead><tr><th>severity</th><th>code</th><th>where</th>"
             "<th>finding and fix</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
@@ -209,8 +226,11 @@ def _stages_table(d: Diagnosis) -> str:
 
 def _section(d: Diagnosis, index: int) -> str:
     name = d.name or f"diagnosis {index + 1}"
-    counts = d.to_dict()["counts"]
+    counts = d.counts()
     summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items())
+    folded = len(d.consequences)
+    if folded:
+        summary += f" (root causes; {folded} consequence{'s' if folded != 1 else ''} folded beneath them)"
     parts = [f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
              f'<p class="summary">{html.escape(summary)}'
              + (' — <span class="ok">no errors</span>' if d.ok else "") + "</p>",
@@ -259,11 +279,11 @@ def render_html(diagnoses: Diagnosis | Sequence[Diagnosis], title: str = "jaxsan
     """The report page as a string (see :func:`write_html`). Not jit-safe."""
     items = _as_list(diagnoses)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    total = {s: sum(d.to_dict()["counts"][s] for d in items) for s in ("error", "warning", "info")}
+    total = {s: sum(d.counts()[s] for d in items) for s in ("error", "warning", "info")}
     overview = "".join(
         f'<tr><td><a href="#diagnosis-{i}">{html.escape(d.name or f"diagnosis {i + 1}")}</a></td>'
         f'<td class="{"ok" if d.ok else "error"}">{"ok" if d.ok else "errors"}</td>'
-        + "".join(f"<td>{d.to_dict()['counts'][s]}</td>" for s in ("error", "warning", "info")) + "</tr>"
+        + "".join(f"<td>{d.counts()[s]}</td>" for s in ("error", "warning", "info")) + "</tr>"
         for i, d in enumerate(items))
     payload = to_json(items).replace("</", "<\\/")
     body = "\n".join(_section(d, i) for i, d in enumerate(items))

@@ -267,3 +267,35 @@ def test_nan_gradient_is_reported_as_backward_nonfinite_not_a_wrong_rule():
     codes = {f.code for f in findings}
     assert "nonfinite.backward" in codes and "grad.mismatch" not in codes
     assert [f.path for f in findings if f.code == "nonfinite.backward"] == ["params['g']"]
+
+
+def test_nan_loss_skips_the_comparison_with_one_nonfinite_finding():
+    """Labels off by one make the loss NaN: one nonfinite.forward, no grad.mismatch flood, no grad.missing."""
+    params = _mlp_params()
+    bad = {"x": X, "y": Y + 1}  # labels 1..3 for 3 classes: 3 is out of range
+    assert int(bad["y"].max()) == 3
+    findings = check_grads(_loss_with(jnp.tanh), params, bad)
+    assert [f.code for f in findings] == ["nonfinite.forward"], findings
+    assert "nan" in findings[0].message and "skipped" in findings[0].message and "locate" in findings[0].hint
+    # the same model on valid labels is checked leaf by leaf and is clean
+    assert check_grads(_loss_with(jnp.tanh), params, {"x": X, "y": Y}) == []
+
+
+def test_nonfinite_derivatives_are_never_a_mismatch_and_are_reported_once():
+    # a finite loss whose autodiff gradient is NaN on two leaves: one nonfinite.backward naming both
+    def loss(params, x):
+        e = jnp.sum(x * x * params["g"]) + jnp.sum(x * x * params["h"])
+        return jnp.where(e > 0, jnp.sqrt(e), 0.0) + jnp.sum(params["w"] * (x + 1))
+
+    params = {"g": jnp.ones(3), "h": jnp.ones(3), "w": jnp.ones(3)}
+    findings = check_grads(loss, params, np.zeros(3, np.float32))
+    assert [f.code for f in findings] == ["nonfinite.backward"], findings
+    assert findings[0].extra["leaves"] == ["params['g']", "params['h']"]
+    # the loss goes NaN a finite-difference step away (log of a parameter at ~0): a forward fact, not a mismatch
+    edge = {"p": jnp.full(4, 1e-9), "w": jnp.ones(4)}
+    findings = check_grads(lambda p, x: jnp.sum(jnp.log(p["p"])) + jnp.sum(p["w"] * x), edge, np.ones(4, np.float32))
+    assert [f.code for f in findings] == ["nonfinite.forward"], findings
+    assert findings[0].path == "params['p']" and "finite-difference step" in findings[0].message
+    # away from the edge the same function checks clean
+    away = {"p": jnp.full(4, 0.5), "w": jnp.ones(4)}
+    assert check_grads(lambda p, x: jnp.sum(jnp.log(p["p"])) + jnp.sum(p["w"] * x), away, np.ones(4, np.float32)) == []

@@ -238,3 +238,32 @@ def test_history_round_trips_through_json():
     back = History.from_dict(json.loads(json.dumps(h.to_dict())))
     assert back.steps == h.steps and np.isnan(back.loss[1]) and back.eval_loss == [2.0]
     assert np.isnan(back.arrays("update_norm")[0, 0])          # the -1 sentinel reads as "not finite"
+
+
+def test_no_loss_rule_fires_without_finite_losses():
+    """State-only steps record NaN losses: no train.diverging "from nan to nan", no plateau, no oscillation."""
+    nan = float("nan")
+    for n in (12, 40):
+        assert _codes(_history([nan] * n)) == []
+    # other rules still judge what was recorded (gradient norms do not need a loss)
+    base = dict(grad_steps=list(range(12)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
+                depth=[0, 1, 2])
+    assert _codes(_history([nan] * 12, grad_norm=[[1e-6, 1e-2, 1.0]] * 12, **base)) == ["train.vanishing_grads"]
+    # a loss that went non-finite after finite steps is still reported, with finite numbers and the step
+    (f,) = check_training(_history([2.3] * 20 + [nan] * 10))
+    assert f.code == "train.diverging" and "went non-finite" in f.message and f.step == 20
+    assert "from nan" not in f.message and np.isfinite(f.extra["start"])
+    # a few missing losses among finite ones are ignored, and a rising finite loss is still diverging
+    rising = list(2.3 * np.exp(np.arange(60) / 15))
+    rising[5] = rising[40] = nan
+    assert _codes(_history(rising)) == ["train.diverging"]
+    assert "nan" not in check_training(_history(rising))[0].message
+
+
+def test_state_only_step_gets_no_loss_finding_from_the_run_stage():
+    from tests._programs import batch, optax_init, optax_step_state_only
+
+    exp = jaxsane.Experiment(init=optax_init, step=jax.jit(optax_step_state_only), train=batch(), num_classes=3)
+    d = doctor(exp, stages=["run"], progress=False, run_steps=12)
+    assert not [f for f in d if f.code in ("train.diverging", "train.plateau", "train.oscillating")], str(d)
+    assert all(np.isnan(v) for v in d.artifacts["run"]["loss"] if v is not None)
