@@ -429,17 +429,28 @@ def test_guard_raises_the_finding_with_a_warning_when_the_dump_cannot_be_written
     assert info.value.dump_error is None and jaxsane.load_dump(info.value.dump_path).step == 0
 
 
-def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path):
+def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path, monkeypatch):
+    import errno
+
     import test_fit as T
+    from jaxsane import _dump
     (tmp_path / "afile").write_text("x")
+    with pytest.raises(jaxsane.FitArgumentError, match="dump_dir"):  # unusable from the start: refused up front
+        jaxsane.fit(T.experiment(n=12), steps=12, dump_dir=str(tmp_path / "afile" / "dumps"), **T.FIT)
+
+    def disk_full(fh):  # the dump directory was fine at the start; the disk fills up during the run
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_dump, "_write_atomic", lambda path, write: disk_full(None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = jaxsane.fit(T.experiment(n=12, poison_at=(5,)), steps=12, checkpoint_every=4, eval_every=0,
-                             dump_dir=str(tmp_path / "afile" / "dumps"), **T.FIT)
+                             dump_dir=str(tmp_path / "dumps"), **T.FIT)
     assert result.rollbacks == 1 and result.step == 12
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.state))
     (failure,) = result.diagnosis.by_code("nonfinite")
     assert failure.step == 5 and "cannot write the dump" in failure.extra["dump_error"]
+    assert "No space left" in failure.extra["dump_error"]
     assert any("rolled back" in str(w.message) for w in caught)
 
 
