@@ -38,9 +38,10 @@ import numpy as np
 from jax._src import core as jcore
 
 from ._causes import Cause, explain
-from ._frames import _frames, _is_library_file, source_text, user_frame
+from ._frames import frames_of, is_library_file, source_text, user_frame
 from ._locate_report import LocateReport, Origin
-from ._replay import _EXPANDABLE, _Ctx, _Node, _Replay, _Val, _closed, _flags, _raw
+from ._interpret import all_eqns, closed as open_closed
+from ._replay import _EXPANDABLE, _Ctx, _Node, _Replay, _Val, _flags, _raw
 from ._tree import is_inexact, leaves_with_paths
 
 # ----------------------------------------------------------------------------- custom_vjp backward rules
@@ -53,7 +54,7 @@ def _recording_custom_vjp(records: list):
 
     def call(self, *args, **kwargs):
         f = sys._getframe(1)
-        while f is not None and _is_library_file(f.f_code.co_filename):
+        while f is not None and is_library_file(f.f_code.co_filename):
             f = f.f_back
         try:
             specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), (args, kwargs))
@@ -69,18 +70,9 @@ def _recording_custom_vjp(records: list):
         cls.__call__ = original
 
 
-def _all_eqns(jaxpr):
-    for e in jaxpr.eqns:
-        yield e
-        for v in e.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                if isinstance(sub, (jcore.Jaxpr, jcore.ClosedJaxpr)):
-                    yield from _all_eqns(_closed(sub)[0])
-
-
 def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
     """The line inside a custom_vjp's backward rule that made ``node`` (jax keeps only the call site)."""
-    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in _frames(node.eqn)):
+    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in frames_of(node.eqn)):
         return None
     shapes = [tuple(np.shape(_raw(x.value))) for x in node.ins]
     for site, obj, specs in records:
@@ -92,7 +84,7 @@ def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
         except Exception:  # noqa: BLE001 - a rule we cannot re-trace: keep the call site
             continue
         best = None
-        for e in _all_eqns(bwd.jaxpr):
+        for e in all_eqns(bwd.jaxpr):
             frame = user_frame(e)
             if e.primitive.name != node.prim or frame is None:
                 continue
@@ -419,7 +411,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     out_paths = out_paths_of(out_shape)
     replay = _Replay()
     ins = [_Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
-    outs, env = replay.run(closed.jaxpr, closed.consts, ins, _Ctx())
+    outs, env = replay.replay(closed.jaxpr, closed.consts, ins, _Ctx())
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
         out_paths = [f"out[{i}]" for i in range(len(outs))]
     if not any(v.bad for v in outs):
@@ -441,7 +433,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     origins = _origins(analysis)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
-        sub, consts = _closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
+        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
         pre = None
         if sub is not None and node.prim in ("pjit", "jit"):
             pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
