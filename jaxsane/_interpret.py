@@ -168,11 +168,12 @@ class Interpreter:
         return jnp.stack(parts) if parts else jnp.zeros(aval.shape, aval.dtype)
 
     # ------------------------------------------------------------------ records
-    def emit(self, eqn, value: Any, kind: str = "") -> None:
-        """Record ``value`` at the site of ``eqn`` (see the module docstring). Jit-safe."""
+    def emit(self, eqn, value: Any, kind: str = "") -> tuple:
+        """Record ``value`` at the site of ``eqn`` (see the module docstring); returns the site. Jit-safe."""
         site = (tuple(id(e) for e in self.path), id(eqn), kind)
         self.records[site] = value
         self.sites.setdefault(site, (eqn, tuple(self.path)))
+        return site
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[dict]:
