@@ -168,9 +168,13 @@ class Interpreter:
         return jnp.stack(parts) if parts else jnp.zeros(aval.shape, aval.dtype)
 
     # ------------------------------------------------------------------ records
+    def site_of(self, eqn, kind: str = "") -> tuple:
+        """The key :meth:`emit` gives a value recorded at ``eqn`` now (same across loop iterations)."""
+        return (tuple(id(e) for e in self.path), id(eqn), kind)
+
     def emit(self, eqn, value: Any, kind: str = "") -> tuple:
         """Record ``value`` at the site of ``eqn`` (see the module docstring); returns the site. Jit-safe."""
-        site = (tuple(id(e) for e in self.path), id(eqn), kind)
+        site = self.site_of(eqn, kind)
         self.records[site] = value
         self.sites.setdefault(site, (eqn, tuple(self.path)))
         return site

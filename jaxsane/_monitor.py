@@ -8,7 +8,9 @@
   ``‖θ_{t+1} − θ_t‖`` and, when the Experiment has ``loss``, per-leaf gradient norms
   (one extra gradient, which XLA partly shares with the step's own);
 * ``2`` — plus the fraction of dead ReLU units per ReLU site, when the Experiment has ``apply``
-  (the ``max(x, 0)`` outputs are captured by evaluating ``apply``'s jaxpr on the batch's inputs).
+  (the ``max(x, 0)`` outputs are captured by evaluating ``apply``'s jaxpr on the batch's inputs
+  with a hook on jaxsane's one interpreter, :mod:`jaxsane._interpret`; inside ``lax.scan``
+  bodies over all time steps together).
 
 Telemetry stays on the device; :meth:`Monitor.record` queues it and :meth:`Monitor.pull` moves a
 whole batch of steps to the host at once (every ``log_every`` steps), so healthy steps add no
@@ -33,28 +35,14 @@ import numpy as np
 
 from ._experiment import Adapted, get_inputs
 from ._findings import Finding
+from ._interpret import Interpreter, bodies
 from ._tree import is_inexact, leaves_with_paths
 
 PyTree = Any
 
 MODE_BARE, MODE_NORMS, MODE_FULL = 0, 1, 2
 
-_CALL_PARAM_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-
-
 # ----------------------------------------------------------------------------- jaxpr helpers
-
-def _sub_jaxpr(eqn) -> tuple[Any, Sequence[Any]] | None:
-    """(jaxpr, consts) of a call-like equation whose body takes exactly the equation's inputs."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-    for key in _CALL_PARAM_KEYS:
-        sub = eqn.params.get(key)
-        if isinstance(sub, ClosedJaxpr) and len(sub.jaxpr.invars) == len(eqn.invars):
-            return sub.jaxpr, sub.consts
-        if isinstance(sub, Jaxpr) and len(sub.invars) == len(eqn.invars) and not sub.constvars:
-            return sub, ()
-    return None
-
 
 def _is_relu(eqn) -> bool:
     """``max(x, 0)`` with a literal zero operand (what ``jax.nn.relu`` and ``jnp.maximum(x, 0)`` lower to)."""
@@ -71,43 +59,25 @@ def _is_relu(eqn) -> bool:
     return False
 
 
-def _eval_capturing_relus(jaxpr, consts, args, captured: list) -> list:
-    """Evaluate ``jaxpr`` like ``jax.core.eval_jaxpr``, appending every ReLU output to ``captured``.
+class _Relus(Interpreter):
+    """Records every ReLU output (a hook on the one interpreter). Jit-safe.
 
-    Recurses into jit / custom_jvp / custom_vjp / remat bodies (ReLUs inside scan or while bodies
-    are not captured). Jit-safe (it only binds primitives).
+    A ReLU inside a ``scan`` body (an RNN cell) is recorded once per time step, stacked
+    ``[time, ...]``; ReLUs inside a traced ``while_loop`` body or ``cond`` branch are not recorded.
     """
-    from jax.extend.core import Literal
-    env: dict = {}
 
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        sub = _sub_jaxpr(eqn)
-        if sub is not None:
-            outs = _eval_capturing_relus(sub[0], sub[1], invals, captured)
-        else:
-            bound = eqn.primitive.get_bind_params(eqn.params)
-            subfuns, bind_params = bound if isinstance(bound, tuple) else ((), bound)  # older jax: a pair
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*subfuns, *invals, **bind_params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-            if _is_relu(eqn):
-                captured.append(outs[0])
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
-    return [read(v) for v in jaxpr.outvars]
+    def after(self, eqn, invals, outs, tags, out_tags, ectx):
+        if _is_relu(eqn):
+            self.emit(eqn, outs[0])
+        return outs, out_tags
 
 
 def relu_outputs(apply_fn: Callable, params: PyTree, inputs: Any) -> list[jax.Array]:
-    """Every ``max(x, 0)`` output computed by ``apply_fn(params, inputs)``, in program order. Jit-safe."""
+    """Every ``max(x, 0)`` output computed by ``apply_fn(params, inputs)``, in program order. Jit-safe.
+
+    A ReLU site inside a ``scan`` body gives one array stacked over the time steps (so its dead
+    fraction counts a unit dead when it is zero for every example at every step).
+    """
     flat, treedef = jax.tree_util.tree_flatten((params, inputs))
 
     def flat_apply(*leaves):
@@ -115,9 +85,10 @@ def relu_outputs(apply_fn: Callable, params: PyTree, inputs: Any) -> list[jax.Ar
         return apply_fn(p, x)
 
     closed = jax.make_jaxpr(flat_apply)(*[jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in flat])
-    captured: list = []
-    _eval_capturing_relus(closed.jaxpr, closed.consts, flat, captured)
-    return captured
+    relus = _Relus()
+    with relus.collecting() as records:
+        relus.run(closed.jaxpr, closed.consts, flat)
+    return list(records.values())
 
 
 def dead_fractions(relus: Sequence[jax.Array]) -> jax.Array:
@@ -151,10 +122,11 @@ def depth_order(fn: Callable, params: PyTree, *rest: Any) -> list[int]:
     def walk(jaxpr, tags: dict):
         for eqn in jaxpr.eqns:
             counter[0] += 1
-            sub = _sub_jaxpr(eqn)
-            if sub is not None:
-                walk(sub[0], {iv: tags[ov] for ov, iv in zip(eqn.invars, sub[0].invars)
-                              if not hasattr(ov, "val") and ov in tags})
+            subs = bodies(eqn)
+            for sub, index in subs:   # calls, loop bodies, branches: first use inside them
+                walk(sub, {iv: tags[eqn.invars[i]] for iv, i in zip(sub.invars, index)
+                           if not hasattr(eqn.invars[i], "val") and eqn.invars[i] in tags})
+            if subs:
                 continue
             for v in eqn.invars:
                 if not hasattr(v, "val") and v in tags:
