@@ -121,8 +121,8 @@ def test_library_frame_predicate():
 
 def _rnn_params(key, bias=0.0, const_wx=False):
     k1, k2, k3 = jax.random.split(key, 3)
-    wx = jnp.full((F, H), 0.3) if const_wx else jax.random.normal(k1, (F, H)) / np.sqrt(F)
-    return {"wx": wx, "wh": jax.random.normal(k2, (H, H)) / np.sqrt(H), "b": jnp.full((H,), bias),
+    wx = jnp.full((F, H), 0.3, jnp.float32) if const_wx else jax.random.normal(k1, (F, H)) / np.sqrt(F)
+    return {"wx": wx, "wh": jax.random.normal(k2, (H, H)) / np.sqrt(H), "b": jnp.full((H,), bias, jnp.float32),
             "out": jax.random.normal(k3, (H, C)) / np.sqrt(H)}
 
 
@@ -173,7 +173,7 @@ def _telemetry(exp):
 @pytest.mark.parametrize("bias", [0.0, -50.0])
 def test_monitor_telemetry_on_a_scan_rnn(bias):
     tel = _telemetry(_pure_experiment(lambda k: _rnn_params(k, bias=bias), rnn_apply))
-    assert np.all(np.isfinite(tel["grad_norm"])) and np.all(tel["param_norm"] > 0)
+    assert np.all(np.isfinite(tel["grad_norm"])) and np.all(np.isfinite(tel["param_norm"]))
     assert tel["dead_fraction"].shape == (1,)              # the ReLU inside the scan body, one site
     if bias == 0.0:
         assert 0.0 <= tel["dead_fraction"][0] < 0.5
@@ -187,7 +187,8 @@ def test_activation_stats_and_check_init_see_layers_inside_a_scan_body():
     names = [l.name for l in layers]
     assert names == ["params['wx']", "params['wh']", "params['out']"]
     assert all(np.isfinite([l.pre_rms, l.act_std]).all() for l in layers)
-    assert layers[0].activation == "tanh" and layers[0].shape == (B, H)
+    assert [l.shape for l in layers] == [(B, H), (B, H), (B, C)] and layers[-1].is_output
+    assert layers[0].act_frac_zero == 0.0 and 0.0 < layers[1].pre_rms < 10.0
     assert layers[0].location and layers[0].location.endswith(f"test_interpret.py:{_line_of('x_t @ p[')}")
     healthy = check_init(rnn_apply, params, BATCH["x"], BATCH["y"])
     assert "init.symmetric" not in [f.code for f in healthy]
@@ -224,7 +225,7 @@ def test_locate_finds_a_nan_born_inside_a_scan_body_at_its_line_and_iteration():
     assert o.primitive == "sqrt" and o.file.endswith("test_interpret.py")
     assert o.line == _line_of("jnp.sqrt(x_t[:, :1])")
     assert "scan iteration 3" in o.where
-    assert jaxsane.locate(rnn_with_sqrt, _rnn_params(jax.random.key(0)), BATCH["x"]).origins == []
+    assert jaxsane.locate(rnn_with_sqrt, _rnn_params(jax.random.key(0)), BATCH["x"]) is None
 
 
 def _dropout_rnn_experiment(split_key):
@@ -314,7 +315,7 @@ def test_lstm_cells_through_monitor_and_activation_stats(make):
     adapted = Adapted(exp)
     state = adapted.init(jax.random.key(0))
     layers = activation_stats(adapted.apply_fn, adapted.params(state), BATCH["x"])
-    recurrent = [l for l in layers if l.shape == (B, H) and l.activation in ("sigmoid", "tanh")]
-    assert recurrent, [(l.name, l.shape, l.activation) for l in layers]   # the LSTM gates, inside the scan
+    recurrent = [l for l in layers if l.shape == (B, H) and l.name.endswith("['hi']")]
+    assert len(recurrent) == 1, [(l.name, l.shape) for l in layers]   # an LSTM gate, inside the scan body
     assert all(np.isfinite([l.pre_rms, l.act_std, l.symmetry]).all() for l in layers)
     assert "init.symmetric" not in [f.code for f in check_init(adapted.apply_fn, adapted.params(state), BATCH["x"])]
