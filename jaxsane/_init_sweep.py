@@ -102,12 +102,16 @@ class _Layers(Interpreter):
     """Passes every matrix product's output through ``fn(site, out)`` and records it. Jit-safe.
 
     A product inside a ``scan`` body is one layer recorded over all time steps ``[time, ...]``;
-    products inside a traced ``while`` body or ``cond`` branch are not recorded.
+    products inside a traced ``while`` body or ``cond`` branch are not recorded. Custom-derivative
+    calls are bound whole, so that their own rules hold when the sweep differentiates.
     """
 
     def __init__(self, fn: Callable):
         super().__init__()
         self.fn = fn
+
+    def enters(self, eqn, ectx) -> bool:
+        return not eqn.primitive.name.startswith("custom_")
 
     def after(self, eqn, invals, outs, tags, out_tags, ectx):
         if eqn.primitive.name in _RECORDED:
