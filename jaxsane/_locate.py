@@ -1,7 +1,8 @@
 """locate: find where the first non-finite value that reaches a function's outputs is born.
 
 ``jaxsane.locate(fn, *args, **kwargs)`` traces ``fn`` to a jaxpr and replays it on the real
-inputs, equation by equation, with its own interpreter. ``jit``, ``custom_jvp``/``custom_vjp``
+inputs, equation by equation (the replay is a set of hooks on jaxsane's one interpreter,
+:mod:`jaxsane._interpret`). ``jit``, ``custom_jvp``/``custom_vjp``
 and ``remat`` calls are replayed inline. The common primitives (elementwise math, reductions,
 ``dot_general``, shape ops, ``select_n``) run on the host with numpy, so the replay compiles
 nothing; the rest run through ``bind`` (compiled once per primitive, shape and parameters, and

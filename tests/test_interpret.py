@@ -103,6 +103,24 @@ def test_values_recorded_in_a_scan_body_are_stacked_per_time_step(mode):
     np.testing.assert_allclose(np.asarray(rec) * 2.0, np.asarray(ys), rtol=1e-6)
 
 
+def test_while_records_stack_per_iteration_when_concrete_and_are_dropped_when_traced():
+    c, xs = jnp.float32(0.5), jnp.arange(12.0).reshape(4, 3) / 10
+    closed = jax.make_jaxpr(lambda c, xs: jax.lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1] * c + xs[0])), (0, jnp.ones(3))))(c, xs)
+
+    def run(c, xs):
+        it = _Tanhs()
+        with it.collecting() as records:
+            outs, _ = it.run(closed.jaxpr, closed.consts, [c, xs])
+        return outs, list(records.values())
+
+    outs, recs = run(c, xs)
+    assert [r.shape for r in recs] == [(3, 3)]                    # three iterations ran
+    np.testing.assert_allclose(np.asarray(recs[0][-1]), np.asarray(outs[1]), rtol=1e-6)
+    outs_jit, recs_jit = jax.jit(run)(c, xs)
+    assert recs_jit == [] and np.allclose(outs_jit[1], outs[1])
+
+
 # ----------------------------------------------------------------------------- the frame predicate
 
 def test_library_frame_predicate():
