@@ -99,9 +99,7 @@ def all_eqns(jaxpr) -> Iterator[Any]:
 def bind_eqn(eqn, invals: Sequence[Any]) -> list[Any]:
     """Apply one equation to values (concrete or traced); always a list of outputs. Jit-safe."""
     bp = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, params = bp if isinstance(bp, tuple) else ((), bp)  # older jax: a pair
-    params = dict(params)
-    subfuns = params.pop("subfuns", subfuns)
+    subfuns, params = bp if isinstance(bp, tuple) else ((), bp)  # older jax: a pair; newer: "subfuns" in params
     with eqn.ctx.manager:
         out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]

@@ -199,6 +199,15 @@ def test_monitor_telemetry_on_a_scan_rnn(bias):
         assert tel["dead_fraction"][0] == 1.0
 
 
+def test_doctor_run_stage_on_a_scan_rnn_does_not_crash():
+    from jaxsane._doctor import doctor
+    diagnosis = doctor(_pure_experiment(_rnn_params, rnn_apply), stages=["run"], progress=False, run_steps=6,
+                       run_dead_every=2)
+    assert [f.message for f in diagnosis if f.code == "doctor.skipped"] == []
+    dead = np.asarray(diagnosis.artifacts["run"]["dead_fraction"], dtype=float)
+    assert dead.shape[0] >= 1 and dead.shape[1] == 1 and np.all((dead >= 0) & (dead < 0.5))   # the ReLU in the scan
+
+
 def test_activation_stats_and_check_init_see_layers_inside_a_scan_body():
     params = _rnn_params(jax.random.key(0))
     layers = activation_stats(rnn_apply, params, BATCH["x"])
