@@ -191,13 +191,16 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
 
     finder = _Layers(lambda site, out: out)
 
+    sites: list[tuple] = []   # in the order the program runs them (a dict output would be key-sorted)
+
     def find(args):
         with finder.collecting() as records:
             finder.run(closed.jaxpr, closed.consts, args)
-        return dict(records)
+        sites[:] = list(records)
+        return list(records.values())
 
-    found = jax.eval_shape(find, flat_args)
-    sites = list(found)
+    shapes_found = jax.eval_shape(find, flat_args)
+    found = dict(zip(sites, shapes_found))
     if not sites:
         raise ExperimentError("init_scale_sweep found no matrix product (dot_general/conv) in the loss; layers "
                               "inside while_loop bodies and cond branches are not measured.")
