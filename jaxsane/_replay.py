@@ -1,11 +1,14 @@
 """The replay engine behind :func:`jaxsane.locate`: a jaxpr run equation by equation on real values.
 
-:class:`_Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
+:class:`Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
 reductions, ``dot_general``, shape ops, ``select_n``) with numpy, the rest through ``bind``.
-Each equation becomes a :class:`_Node` whose outputs are :class:`_Val` values carrying their
+Each equation becomes a :class:`Node` whose outputs are :class:`Val` values carrying their
 NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
-replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`_Replay.expand`
-opens their body. Not jit-safe: everything here runs on the host, off the hot path.
+replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`Replay.expand`
+opens their body. :class:`Replay` is a set of hooks on jaxsane's one interpreter
+(:mod:`jaxsane._interpret`), whose rules it uses to open loops and branches; only the per-device
+``shard_map`` expansion is its own. The names here are shared with :mod:`jaxsane._locate` only.
+Not jit-safe: everything here runs on the host, off the hot path.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ._tree import is_inexact
 
 # ----------------------------------------------------------------------------- values and nodes
 
-def _flags(x: Any) -> tuple[bool, bool]:
+def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
     if not is_inexact(x):
         return False, False
@@ -33,13 +36,13 @@ def _flags(x: Any) -> tuple[bool, bool]:
     return bool(np.isnan(a).any()), bool(np.isinf(a).any())
 
 
-class _Val:
+class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
     __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
 
     def __init__(self, value, producer=None, kind=None, name=None):
         self.value = value
-        self.nan, self.inf = _flags(value)
+        self.nan, self.inf = flags(value)
         self.producer = producer
         self.kind = kind    # None (computed), "input", "literal", "const"
         self.name = name
@@ -50,7 +53,7 @@ class _Val:
 
 
 @dataclasses.dataclass
-class _Ctx:
+class Ctx:
     """Where a jaxpr is being replayed: enclosing name stack, fallback frame, phase, shard mode, tags."""
     stack: str = ""
     frame: tuple[str, int] | None = None
@@ -61,7 +64,7 @@ class _Ctx:
     in_optax: bool = False
 
 
-class _Node:
+class Node:
     """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
     __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
                  "last_grad")
@@ -69,8 +72,8 @@ class _Node:
     def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
         self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
         self.jaxpr, self.index, self.link = jaxpr, index, link
-        self.outs: list[_Val] = []
-        self.inner: list[list[_Val]] | None = None   # expanded: outer out i <- inner values
+        self.outs: list[Val] = []
+        self.inner: list[list[Val]] | None = None   # expanded: outer out i <- inner values
         self.env = None
         self.siblings: list = []
         self.last_grad = -1
@@ -115,7 +118,7 @@ def _last_grad_index(jaxpr) -> int:
 
 # ----------------------------------------------------------------------------- the replay
 
-_EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
+EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
 
 
 def _bind(eqn, values: list, mesh=None) -> list:
@@ -261,12 +264,12 @@ class _Stacked:
         return self.value.shape
 
 
-def _raw(v: Any) -> Any:
+def raw(v: Any) -> Any:
     return v.value if isinstance(v, _Stacked) else v
 
 
-class _Replay(Interpreter):
-    """Evaluates jaxprs on real values, recording every equation as a :class:`_Node`.
+class Replay(Interpreter):
+    """Evaluates jaxprs on real values, recording every equation as a :class:`Node`.
 
     A set of hooks on :class:`jaxsane._interpret.Interpreter`: calls are replayed inline; loops and
     ``cond`` are evaluated whole (``bind``) and only opened, with the interpreter's shared rules, by
@@ -280,8 +283,8 @@ class _Replay(Interpreter):
         self._runs: list[tuple[int, list]] = []   # per jaxpr being replayed: (last backward index, its nodes)
         self._last_env: dict = {}
 
-    def replay(self, jaxpr, consts: Sequence, ins: Sequence[_Val], ctx: _Ctx) -> tuple[list[_Val], dict]:
-        """Replay ``jaxpr`` on ``ins``: ``(outputs, the environment var -> _Val)``."""
+    def replay(self, jaxpr, consts: Sequence, ins: Sequence[Val], ctx: Ctx) -> tuple[list[Val], dict]:
+        """Replay ``jaxpr`` on ``ins``: ``(outputs, the environment var -> Val)``."""
         outs, _ = self.run(jaxpr, consts, ins, ctx)
         return outs, self._last_env
 
@@ -297,38 +300,38 @@ class _Replay(Interpreter):
         self._last_env = env
         self.envs[id(jaxpr)] = (jaxpr, env)
 
-    def at(self, eqn, invals, ctx, index, jaxpr) -> _Node:
+    def at(self, eqn, invals, ctx, index, jaxpr) -> Node:
         last_grad, nodes = self._runs[-1]
-        node = _Node(eqn, invals, ctx, ctx.order + (index,), jaxpr, index)
+        node = Node(eqn, invals, ctx, ctx.order + (index,), jaxpr, index)
         node.siblings = nodes
         node.last_grad = last_grad
         nodes.append(node)
         self.count += 1
         return node
 
-    def enters(self, eqn, node: _Node) -> bool:
+    def enters(self, eqn, node: Node) -> bool:
         return eqn.primitive.name in CALLS and node.ctx.mesh is None   # loops wait for expand()
 
-    def bind(self, eqn, invals, node: _Node) -> list:
-        outs = [_Val(o, producer=node) for o in _evaluate(eqn, [x.value for x in invals], node.ctx.mesh)]
+    def bind(self, eqn, invals, node: Node) -> list:
+        outs = [Val(o, producer=node) for o in _evaluate(eqn, [x.value for x in invals], node.ctx.mesh)]
         node.outs = outs
         return outs
 
-    def literal(self, lit) -> _Val:
-        return _Val(np.asarray(lit.val, dtype=lit.aval.dtype), kind="literal")
+    def literal(self, lit) -> Val:
+        return Val(np.asarray(lit.val, dtype=lit.aval.dtype), kind="literal")
 
-    def const(self, c) -> _Val:
-        return c if isinstance(c, _Val) else _Val(c, kind="const")
+    def const(self, c) -> Val:
+        return c if isinstance(c, Val) else Val(c, kind="const")
 
     def value(self, v):
-        return v.value if isinstance(v, _Val) else v
+        return v.value if isinstance(v, Val) else v
 
-    def child(self, eqn, node: _Node, label=None, order=()) -> _Ctx:
+    def child(self, eqn, node: Node, label=None, order=()) -> Ctx:
         return self._child(node, (label,) if label else (), order)
 
-    def index(self, x: _Val, t: int, eqn, node: _Node) -> _Val:
-        link = _Node(None, [x], node.ctx, node.order + (t, -1), link=True)
-        val = _Val(x.value[t], producer=link)
+    def index(self, x: Val, t: int, eqn, node: Node) -> Val:
+        link = Node(None, [x], node.ctx, node.order + (t, -1), link=True)
+        val = Val(x.value[t], producer=link)
         link.outs = [val]
         return val
 
@@ -336,15 +339,15 @@ class _Replay(Interpreter):
         return list(parts[::-1]) if eqn.params.get("reverse") else list(parts)   # in the order they ran
 
     @staticmethod
-    def _child(node: _Node, tags: tuple = (), order_extra: tuple = ()) -> _Ctx:
+    def _child(node: Node, tags: tuple = (), order_extra: tuple = ()) -> Ctx:
         phase = node.phase
         ctx = node.ctx
-        return _Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
+        return Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
                     mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
                     in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)))
 
     # -- lazy descent into compiled calls
-    def expand(self, node: _Node) -> None:
+    def expand(self, node: Node) -> None:
         """Replay the body of a jit/scan/while/cond/shard_map node; sets ``node.inner``."""
         name = node.prim
         if name == "shard_map":
@@ -372,7 +375,7 @@ class _Replay(Interpreter):
             node.env = self._last_env
         node.inner = [[o] for o in outs]
 
-    def _expand_shard_map(self, node: _Node) -> None:
+    def _expand_shard_map(self, node: Node) -> None:
         p = node.eqn.params
         mesh = p["mesh"]
         names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes")
@@ -380,8 +383,8 @@ class _Replay(Interpreter):
         sub, consts = closed(p["jaxpr"])
         ins = []
         for x, spec in zip(node.ins, p["in_specs"]):
-            link = _Node(None, [x], node.ctx, node.order + (-1,), link=True)
-            val = _Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
+            link = Node(None, [x], node.ctx, node.order + (-1,), link=True)
+            val = Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
             link.outs = [val]
             ins.append(val)
         ctx = self._child(node, ("shard_map",))
