@@ -10,7 +10,8 @@ primitive:
 * calls (``pjit``/``jit``, ``closed_call``, ``core_call``, ``custom_jvp_call``,
   ``custom_vjp_call``/``custom_vjp_call_jaxpr``, ``remat``/``checkpoint``): the body, inline;
 * ``scan``: the body once per time step, slicing ``xs``, threading carries and stacking ``ys``
-  (``reverse``, ``length``, ``num_consts``, ``num_carry`` as ``lax.scan``);
+  (``reverse``, ``length``, ``num_consts``, ``num_carry``, ``unroll`` as ``lax.scan``; a
+  ``fori_loop`` with static bounds is a ``scan`` too);
 * ``while``: the body while the condition holds; ``cond``: the branch its index selects;
 * anything else (``shard_map`` included): :meth:`~Interpreter.bind`, i.e.
   ``eqn.primitive.bind(*invals, **eqn.params)``.
