@@ -1,49 +1,96 @@
-"""Frames: the user's own ``file:line`` behind a jaxpr equation, and its source text.
+"""Frames: the one "is this library code" predicate, the user's ``file:line`` behind a jaxpr
+equation, and its source text.
 
-Tracebacks are walked from the innermost frame outwards, skipping jax, jaxlib, flax, optax,
-chex, numpy, jaxsane itself (not its examples) and the stdlib. Host-side only, not jit-safe.
+Library code is jax, jaxlib, flax, optax, chex, equinox, orbax, numpy, jaxsane itself (not its
+examples) and the Python stdlib. Everything else is the user's, including a user's own package
+installed in site-packages. Tracebacks are walked from the innermost frame outwards, skipping
+library frames. Host-side only, not jit-safe.
 """
 from __future__ import annotations
 
 import inspect
 import linecache
 import os
+from typing import Any, Sequence
 
-_SKIP_PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "jaxsane", "numpy")
+LIBRARY_PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "equinox", "orbax", "numpy", "jaxsane")
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_EXAMPLES_DIR = os.path.join(_PKG_DIR, "examples")
 _STDLIB = os.path.dirname(os.path.abspath(inspect.__file__))
+_LIBRARY_ROOTS: tuple[str, ...] = ()
 
 
-def _is_library_file(path: str) -> bool:
-    """True for frames inside jax, flax, optax, chex, jaxsane itself (not its examples) or the stdlib."""
+def _library_roots() -> tuple[str, ...]:
+    """The directories of the library packages that are importable here (found once)."""
+    global _LIBRARY_ROOTS
+    if not _LIBRARY_ROOTS:
+        import importlib.util
+        roots = []
+        for name in LIBRARY_PACKAGES:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+                roots.append(os.path.abspath(loc))
+        _LIBRARY_ROOTS = tuple(roots) or ("\0",)
+    return _LIBRARY_ROOTS
+
+
+def is_library_file(path: str) -> bool:
+    """True for a file of jax, jaxlib, flax, optax, chex, equinox, orbax, numpy, jaxsane (not its
+    examples) or the stdlib; False for the user's code, wherever it is installed.
+
+    Example:
+      >>> import jax, os
+      >>> is_library_file(jax.__file__), is_library_file(os.path.join(os.getcwd(), "train.py"))
+      (True, False)
+    """
+    if not path:
+        return False
+    if path.startswith("<frozen"):
+        return True
+    if path.startswith("<"):   # <stdin>, <string>, notebooks: the user's
+        return False
     p = os.path.abspath(path)
     if p.startswith(_PKG_DIR + os.sep):
-        return not p.startswith(os.path.join(_PKG_DIR, "examples") + os.sep)
-    if p.startswith(_STDLIB + os.sep) and "site-packages" not in p:
-        return True
+        return not p.startswith(_EXAMPLES_DIR + os.sep)
     parts = p.replace("\\", "/").split("/")
     if "site-packages" in parts or "dist-packages" in parts:
         i = max(i for i, x in enumerate(parts) if x in ("site-packages", "dist-packages"))
-        return i + 1 < len(parts) and parts[i + 1].split(".")[0] in _SKIP_PACKAGES
-    return path.startswith("<frozen")
+        return i + 1 < len(parts) and parts[i + 1].split(".")[0] in LIBRARY_PACKAGES
+    if p.startswith(_STDLIB + os.sep):
+        return True
+    return any(p.startswith(root + os.sep) for root in _library_roots())
 
 
-def _frames(eqn) -> list:
+def frames_of(eqn) -> list:
     tb = getattr(eqn.source_info, "traceback", None)
     return list(tb.frames) if tb is not None else []
 
 
 def user_frame(eqn) -> tuple[str, int] | None:
-    """The innermost ``(file, line)`` of ``eqn``'s traceback outside jax/flax/optax/chex/jaxsane."""
-    for fr in _frames(eqn):
-        if not _is_library_file(fr.file_name):
+    """The innermost ``(file, line)`` of ``eqn``'s traceback outside library code (see :func:`is_library_file`)."""
+    for fr in frames_of(eqn):
+        if not is_library_file(fr.file_name):
             return fr.file_name, fr.line_num
     return None
 
 
-def _in_optax(eqn) -> bool:
-    for fr in _frames(eqn):
-        if not _is_library_file(fr.file_name):
+def user_location(eqn, enclosing: Sequence[Any] = ()) -> str | None:
+    """``file:line`` of ``eqn`` in the user's code, else of the innermost enclosing equation that has
+    one (the traceback of an equation inside a nested ``jit`` may stop at its boundary)."""
+    for candidate in (eqn, *reversed(tuple(enclosing))):
+        frame = user_frame(candidate)
+        if frame is not None:
+            return f"{frame[0]}:{frame[1]}"
+    return None
+
+
+def in_optax(eqn) -> bool:
+    """Whether ``eqn`` was made by optax code called directly from user code (the update phase)."""
+    for fr in frames_of(eqn):
+        if not is_library_file(fr.file_name):
             return False
         if f"{os.sep}optax{os.sep}" in fr.file_name:
             return True

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._errors import JaxsaneError
 from ._findings import Finding
-from ._init import sub_jaxpr
+from ._interpret import bodies
 from ._tree import leaves_with_paths
 from ._validate import require_bool, require_callable, require_float, require_int
 
@@ -60,9 +60,8 @@ def _tainted_float_dtypes(jaxpr, mask: Sequence[bool]) -> set:
         flags = [not isinstance(v, Literal) and v in tainted for v in eqn.invars]
         if not any(flags):
             continue
-        sub = sub_jaxpr(eqn)
-        if sub is not None:
-            found |= _tainted_float_dtypes(sub[0], flags)
+        for sub, index in bodies(eqn):
+            found |= _tainted_float_dtypes(sub, [flags[i] for i in index])
         for out in eqn.outvars:
             dtype = getattr(out.aval, "dtype", None)
             if dtype is not None and _is_real_float(out.aval):

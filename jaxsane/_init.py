@@ -1,17 +1,16 @@
 """Init checks: the loss at init against chance level (ln C for C classes), per-layer activation
 statistics captured from the jaxpr of ``apply`` (scale through depth, saturation, symmetric units).
 
-Also home of jaxsane's small jaxpr interpreter (:func:`interpret`), which evaluates a function's
-jaxpr equation by equation so that checks can record intermediate values with no cooperation
-from the user's model.
+The layers are found by evaluating ``apply``'s jaxpr with hooks on jaxsane's one interpreter
+(:mod:`jaxsane._interpret`), so checks record intermediate values with no cooperation from the
+user's model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,8 @@ import numpy as np
 from ._errors import ExperimentError
 from ._experiment import Adapted, get_inputs, get_labels
 from ._findings import Finding
+from ._frames import user_location
+from ._interpret import Interpreter
 from ._tree import leaves_with_paths
 from ._validate import require_callable, require_float, require_int, require_same_rows
 
@@ -81,135 +82,6 @@ def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list
             "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)")
     return [Finding("init.loss", f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} "
                     f"(tolerance ±{rtol:.0%})", hint, extra={"loss": loss, "chance": chance, "rtol": rtol})]
-
-
-# ----------------------------------------------------------------------------- a small jaxpr interpreter
-
-_CALLS = ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
-
-
-def sub_jaxpr(eqn) -> tuple[Any, Sequence[Any]] | None:
-    """``(jaxpr, consts)`` of a call-like equation whose invars map 1:1 to ``eqn.invars``, else None."""
-    if eqn.primitive.name not in _CALLS:
-        return None
-    sub = eqn.params.get("jaxpr", None)
-    if sub is None:
-        sub = eqn.params.get("call_jaxpr", None)
-    if sub is None:
-        return None
-    if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
-        jaxpr, consts = sub.jaxpr, sub.consts
-    else:
-        jaxpr, consts = sub, ()
-    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
-        return None
-    return jaxpr, consts
-
-
-def jaxpr_primitives(jaxpr) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and of the jaxprs nested in it (calls, control flow), depth first."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for item in (value if isinstance(value, (tuple, list)) else (value,)):
-                inner = getattr(item, "jaxpr", item)
-                if hasattr(inner, "eqns"):
-                    yield from jaxpr_primitives(inner)
-
-
-def bind_eqn(eqn, invals: Sequence[Any]) -> list[Any]:
-    """Apply one equation to values (concrete or traced); always returns a list of outputs."""
-    params = dict(eqn.primitive.get_bind_params(eqn.params))
-    subfuns = params.pop("subfuns", ())
-    with eqn.ctx.manager:
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-Hook = Callable[[Any, list, list], "tuple[list, list] | None"]
-
-
-def interpret(jaxpr, consts: Sequence[Any], args: Sequence[Any], hook: Hook | None = None,
-              annotations: Sequence[Any] | None = None) -> tuple[list[Any], list[Any]]:
-    """Evaluate ``jaxpr`` equation by equation, inlining calls (jit, custom_jvp/vjp, remat).
-
-    ``hook(eqn, invals, in_annotations)`` may return ``(outvals, out_annotations)`` to take over
-    an equation, or None for the default (recurse into calls, else bind). Annotations are
-    arbitrary per-value tags that flow through inlined calls. Jit-safe (works on tracers), so a
-    recording interpreter can be compiled with ``jax.jit``. Control flow bodies are not entered.
-    Returns ``(outputs, output annotations)``.
-    """
-    from jax.extend.core import Literal
-
-    env: dict[Any, Any] = {}
-    tags: dict[Any, Any] = {}
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c
-    annotations = list(annotations) if annotations is not None else [None] * len(args)
-    for v, a, t in zip(jaxpr.invars, args, annotations):
-        env[v] = a
-        tags[v] = t
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        in_tags = [None if isinstance(v, Literal) else tags.get(v) for v in eqn.invars]
-        result = hook(eqn, invals, in_tags) if hook is not None else None
-        if result is None:
-            sub = sub_jaxpr(eqn)
-            if sub is not None:
-                _ENCLOSING.append(eqn)
-                try:
-                    result = interpret(sub[0], sub[1], invals, hook, in_tags)
-                finally:
-                    _ENCLOSING.pop()
-            else:
-                outs = bind_eqn(eqn, invals)
-                result = (outs, [None] * len(outs))
-        outs, out_tags = result
-        for v, o, t in zip(eqn.outvars, outs, out_tags):
-            env[v] = o
-            tags[v] = t
-    return ([read(v) for v in jaxpr.outvars],
-            [None if isinstance(v, Literal) else tags.get(v) for v in jaxpr.outvars])
-
-
-_LIBRARY_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("jax", "jaxlib", "flax", "optax", "chex", "equinox"))
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-_ENCLOSING: list[Any] = []  # the call equations :func:`interpret` is inside of, outermost first
-
-
-def location_of(eqn) -> str | None:
-    """``file:line`` in the user's code of an equation met by :func:`interpret`: its own traceback
-    stops at the jit boundary of a nested call, so the enclosing calls are tried outwards."""
-    for candidate in (eqn, *reversed(_ENCLOSING)):
-        where = user_location(candidate.source_info)
-        if where:
-            return where
-    return None
-
-
-def user_location(source_info) -> str | None:
-    """``file:line`` of the first frame of the user's code (not jax/flax/optax/jaxsane) that made an equation."""
-    from jax._src import source_info_util
-
-    try:
-        frames = list(source_info_util.user_frames(source_info.traceback))
-    except Exception:  # pragma: no cover - private API moved
-        return None
-    for frame in frames:
-        name = frame.file_name
-        if name.startswith(_OWN_DIR) and f"{os.sep}examples{os.sep}" not in name:
-            continue
-        if "site-packages" in name and any(d in name for d in _LIBRARY_DIRS):
-            continue
-        return f"{name}:{frame.start_line}"
-    return None
 
 
 # ----------------------------------------------------------------------------- activation statistics
@@ -300,15 +172,87 @@ def _symmetry(x, axes: tuple[int, ...]):
     return jnp.max(jnp.abs(a - a[:, :1])) / (jnp.max(jnp.abs(a)) + 1e-30)
 
 
+class _Capture(Interpreter):
+    """Hooks that find the layers of ``apply`` and record their outputs and activations. Jit-safe.
+
+    Tags: ``("param", path)`` | ``("layer", site)`` = a layer's output (+ bias, reshapes...) |
+    ``("act", site, name)`` = a layer's output after a nonlinearity. Sites are the interpreter's.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.meta: dict[tuple, dict] = {}        # layer site -> what the layer is, in first-seen order
+        self.act_of: dict[tuple, tuple] = {}     # layer site -> (activation name, site recording its activation)
+
+    def _ordinal(self, tag) -> int:
+        return list(self.meta).index(tag[1])
+
+    def before(self, eqn, invals, in_tags, ectx):
+        name = eqn.primitive.name
+        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        if name in ("dot_general", "conv_general_dilated"):
+            outs = self.bind(eqn, invals, ectx)
+            sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
+            if not sides:
+                return outs, [None]
+            side = 1 if 1 in sides else sides[0]
+            feeding = in_tags[1 - side]
+            if feeding is not None and feeding[0] in ("layer", "act") and feeding[1] not in self.act_of:
+                # what enters this layer is the previous layer's activation
+                where = self.emit(eqn, invals[1 - side], "input")
+                self.act_of[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, where)
+            site = self.emit(eqn, outs[0], "pre")
+            self.meta.setdefault(site, {"name": _layer_name(_display(in_tags[side][1])),
+                                        "kind": "conv" if name.startswith("conv") else "dense",
+                                        "location": user_location(eqn, self.path),
+                                        "shape": tuple(eqn.outvars[0].aval.shape),
+                                        "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
+            return outs, [("layer", site)]
+        if not derived:
+            if name in _PASS_PARAM:
+                params_in = [t for t in in_tags if t is not None and t[0] == "param"]
+                if len(params_in) == 1:
+                    outs = self.bind(eqn, invals, ectx)
+                    return outs, [params_in[0]] * len(outs)
+            return None
+        top = max(derived, key=self._ordinal)
+        acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
+        if name in _ACTIVATION_PRIMS:
+            if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval") for v in eqn.invars):
+                return None
+            outs = self.bind(eqn, invals, ectx)
+            return outs, [("act", top[1], acts[0][2] if acts else _ACTIVATION_PRIMS[name])] * len(outs)
+        if name in _PASS_LAYER:
+            outs = self.bind(eqn, invals, ectx)
+            if acts and name == "mul" and any(t[0] == "layer" and t[1] == top[1] for t in derived):
+                tag = ("act", top[1], "gated")  # x * f(x): inlined gelu, swish, mish — unbounded
+            elif acts:
+                tag = acts[0]
+            else:
+                tag = ("layer", top[1])
+            return outs, [tag] * len(outs)
+        return None
+
+    def after(self, eqn, invals, outs, in_tags, out_tags, ectx):
+        # a jitted activation (jax.nn.relu, gelu...) applied to a layer's output
+        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        if derived and eqn.primitive.name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
+            top = max(derived, key=self._ordinal)
+            acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
+            return outs, [("act", top[1], acts[0][2] if acts else eqn.params["name"])] * len(outs)
+        return outs, out_tags
+
+
 def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[LayerStats]:
     """Per-layer activation statistics of ``apply(params, inputs)``, with no help from the model.
 
-    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (compiled once): every
-    ``dot_general``/``conv_general_dilated`` with an operand computed from a parameter leaf is a
-    layer, named by that leaf's path; the first nonlinearity applied to its output (``relu``,
-    ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is its activation.
-    Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Scanned layers
-    (``nn.scan``/``lax.scan`` bodies) are not entered. Not jit-safe.
+    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (:mod:`jaxsane._interpret`,
+    compiled once): every ``dot_general``/``conv_general_dilated`` with an operand computed from a
+    parameter leaf is a layer, named by that leaf's path; the first nonlinearity applied to its
+    output (``relu``, ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is
+    its activation. Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Layers
+    inside ``scan`` bodies (RNN cells, ``nn.scan``) are measured over all their time steps together;
+    layers inside a ``while_loop`` body or a ``cond`` branch are not reported. Not jit-safe.
     """
     require_callable("activation_stats", "apply", apply, signature="(params, inputs) -> outputs")
     try:
@@ -318,83 +262,37 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     param_paths = [p for p, _ in leaves_with_paths(params, "params")]
     n_in = len(closed.jaxpr.invars)
     tags0 = [("param", p) for p in param_paths] + [None] * (n_in - len(param_paths))
-    meta: list[dict[str, Any]] = []
+    cap = _Capture()
+    kept: list[tuple] = []
 
     def run(flat):
-        pre: list[Any] = []
-        act: dict[int, tuple[str, Any]] = {}
-        meta.clear()
-
-        def hook(eqn, invals, in_tags):
-            # tags: ("param", path) | ("layer", k) = layer k's output (+ bias, reshapes...) |
-            # ("act", k, name) = layer k's output after a nonlinearity
-            name = eqn.primitive.name
-            derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
-            if name in ("dot_general", "conv_general_dilated"):
-                outs = bind_eqn(eqn, invals)
-                sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
-                if not sides:
-                    return outs, [None]
-                side = 1 if 1 in sides else sides[0]
-                feeding = in_tags[1 - side]
-                if feeding is not None and feeding[0] in ("layer", "act") and feeding[1] not in act:
-                    # what enters this layer is the previous layer's activation
-                    act[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, invals[1 - side])
-                k = len(pre)
-                pre.append(outs[0])
-                meta.append({"name": _layer_name(_display(in_tags[side][1])),
-                             "kind": "conv" if name.startswith("conv") else "dense",
-                             "location": location_of(eqn),
-                             "shape": tuple(eqn.outvars[0].aval.shape),
-                             "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
-                return outs, [("layer", k)]
-            if not derived:
-                if name in _PASS_PARAM:
-                    params_in = [t for t in in_tags if t is not None and t[0] == "param"]
-                    if len(params_in) == 1:
-                        outs = bind_eqn(eqn, invals)
-                        return outs, [params_in[0]] * len(outs)
-                return None
-            k = max(t[1] for t in derived)
-            acts = [t for t in derived if t[0] == "act" and t[1] == k]
-            if name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
-                sub = sub_jaxpr(eqn)
-                outs = interpret(sub[0], sub[1], invals, hook)[0] if sub is not None else bind_eqn(eqn, invals)
-                return outs, [("act", k, acts[0][2] if acts else eqn.params["name"])] * len(outs)
-            if name in _ACTIVATION_PRIMS:
-                if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval")
-                                             for v in eqn.invars):
-                    return None
-                outs = bind_eqn(eqn, invals)
-                return outs, [("act", k, acts[0][2] if acts else _ACTIVATION_PRIMS[name])] * len(outs)
-            if name in _PASS_LAYER:
-                outs = bind_eqn(eqn, invals)
-                if acts and name == "mul" and any(t[0] == "layer" and t[1] == k for t in derived):
-                    tag = ("act", k, "gated")  # x * f(x): inlined gelu, swish, mish — unbounded
-                elif acts:
-                    tag = acts[0]
-                else:
-                    tag = ("layer", k)
-                return outs, [tag] * len(outs)
-            return None
-
-        outs, out_tags = interpret(closed.jaxpr, closed.consts, flat, hook, tags0)
+        with cap.collecting() as records:
+            _, out_tags = cap.run(closed.jaxpr, closed.consts, flat, None, tags0)
         output_layers = {t[1] for t in out_tags if t is not None and t[0] in ("layer", "act")}
         results = []
-        for k, x in enumerate(pre):
-            meta[k]["activation"] = act[k][0] if k in act else None
-            meta[k]["is_output"] = k in output_layers
-            a = act[k][1] if k in act else x
+        kept.clear()
+        for site, m in cap.meta.items():
+            if site not in records:   # inside a traced while body or cond branch: not recorded
+                continue
+            x = records[site]
+            name, where = cap.act_of.get(site, (None, None))
+            a = records.get(where, x) if where is not None else x
+            m["activation"] = name if where is not None and where in records else None
+            m["is_output"] = site in output_layers
+            shift = x.ndim - len(m["shape"])   # leading time axes of layers inside scan bodies
             pre_stats = _stats(x, None)
-            act_stats = _stats(a, _BOUNDED.get(meta[k]["activation"]))
+            act_stats = _stats(a, _BOUNDED.get(m["activation"]))
             results.append(jnp.stack([pre_stats[0], pre_stats[1], pre_stats[2], act_stats[0], act_stats[1],
-                                      act_stats[3], act_stats[4], _symmetry(x, meta[k]["axes"])]))
+                                      act_stats[3], act_stats[4],
+                                      _symmetry(x, tuple(i + shift for i in m["axes"]))]))
+            kept.append(site)
         return results
 
     flat = jax.tree_util.tree_leaves((params, inputs))
     values = [np.asarray(v, np.float64) for v in jax.jit(run)(flat)]
     layers = []
-    for k, (m, v) in enumerate(zip(meta, values)):
+    for k, (site, v) in enumerate(zip(kept, values)):
+        m = cap.meta[site]
         units = int(np.prod([m["shape"][i] for i in m["axes"]])) if m["axes"] else 1
         layers.append(LayerStats(k, m["name"], m["kind"], m["location"], m["shape"], units, m["activation"],
                                  m["is_output"], *[float(x) for x in v]))

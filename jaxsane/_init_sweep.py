@@ -1,7 +1,8 @@
 """Init-scale sweep: per-layer activation and gradient std at init, vmapped over scale multipliers.
 
 The "layers" are the matrix products of the loss (every ``dot_general`` and ``conv_general_dilated``
-the loss function executes, in order, including inside nested ``jit``), found by walking its jaxpr,
+the loss function executes, in order, including inside nested ``jit`` and ``scan`` bodies), found by
+evaluating its jaxpr with a hook on jaxsane's one interpreter (:mod:`jaxsane._interpret`),
 so the same code serves linen, NNX and hand-written models. For each layer it measures the std of
 its output (the pre-activation) and of the loss gradient with respect to that output (the
 back-propagated signal). A good init keeps both roughly constant through depth (Glorot & Bengio
@@ -18,19 +19,18 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jcore
 
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels, require_experiment
+from ._frames import user_location
+from ._interpret import Interpreter
 from ._overfit import _scale_params, _selector
 from ._tree import put_like
 from ._validate import require_sequence
 
 PyTree = Any
 
-_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint"}
 _RECORDED = {"dot_general", "conv_general_dilated"}
-_LIBRARY_DIRS = tuple(os.sep + d + os.sep for d in ("jax", "flax", "optax", "jaxsane", "chex", "site-packages"))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -90,48 +90,36 @@ class InitScaleSweep:
         return fig
 
 
-def _where(eqn) -> str:
-    """``file:line`` of the first frame outside jax/flax/optax that made this equation, or ''."""
-    tb = eqn.source_info.traceback
-    if tb is None:
+def _where(eqn, enclosing=()) -> str:
+    """``basename:line`` of the user's code that made this equation, or ''."""
+    where = user_location(eqn, enclosing)
+    if not where:
         return ""
-    for frame in tb.frames:
-        name = frame.file_name
-        if not any(d in name for d in _LIBRARY_DIRS):
-            return f"{os.path.basename(name)}:{frame.line_num}"
-    return ""
+    file, line = where.rsplit(":", 1)
+    return f"{os.path.basename(file)}:{line}"
 
 
-def _eval(jaxpr, consts, args, hook: Callable) -> list:
-    """Evaluate ``jaxpr`` primitive by primitive, passing every recorded layer output through ``hook``."""
-    env: dict = {}
+class _Layers(Interpreter):
+    """Passes every matrix product's output through ``fn(site, out)`` and records it. Jit-safe.
 
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
+    A product inside a ``scan`` body is one layer recorded over all time steps ``[time, ...]``;
+    products inside a traced ``while`` body or ``cond`` branch are not recorded. Custom-derivative
+    calls are bound whole, so that their own rules hold when the sweep differentiates.
+    """
 
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
-        if inner is not None:
-            if isinstance(inner, jcore.ClosedJaxpr):
-                outs = _eval(inner.jaxpr, inner.consts, invals, hook)
-            else:
-                outs = _eval(inner, [], invals, hook)
-        else:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-            if eqn.primitive.name in _RECORDED:
-                outs = [hook(eqn, outs[0])]
-        for v, x in zip(eqn.outvars, outs):
-            if not isinstance(v, jcore.DropVar):
-                env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def enters(self, eqn, ectx) -> bool:
+        return not eqn.primitive.name.startswith("custom_")
+
+    def after(self, eqn, invals, outs, tags, out_tags, ectx):
+        if eqn.primitive.name in _RECORDED:
+            out = self.fn(self.site_of(eqn), outs[0])
+            self.emit(eqn, out)
+            outs = [out, *outs[1:]]
+        return outs, out_tags
 
 
 def _objective(adapted: Adapted, params: PyTree, batch: PyTree) -> tuple[Callable, bool]:
@@ -177,7 +165,9 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     Raises:
       ExperimentError: the Experiment has neither ``loss`` nor ``apply``, or the loss has no matrix product.
 
-    Not jit-safe (compiles one vmapped program). Layers inside ``scan``/``while`` bodies are not seen.
+    Not jit-safe (compiles one vmapped program). A layer inside a ``scan`` body (an RNN cell) is one
+    layer: its activation std is taken over all time steps, its gradient std is that of the gradient
+    summed over time steps. Layers inside ``while_loop`` bodies and ``cond`` branches are not seen.
 
     Example:
       >>> from jaxsane.examples import load
@@ -203,20 +193,30 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     closed = jax.make_jaxpr(objective)(params, batch)
     flat_args = jax.tree_util.tree_leaves((params, batch))
 
-    layers: list[str] = []
-    shapes: list[jax.ShapeDtypeStruct] = []
+    finder = _Layers(lambda site, out: out)
 
-    def record(eqn, out):
-        aval = eqn.outvars[0].aval
-        where = _where(eqn)
-        layers.append(f"{eqn.primitive.name} {len(layers)} {aval.str_short()}" + (f" ({where})" if where else ""))
-        shapes.append(jax.ShapeDtypeStruct(out.shape, out.dtype))
-        return out
+    sites: list[tuple] = []   # in the order the program runs them (a dict output would be key-sorted)
 
-    jax.eval_shape(lambda args: _eval(closed.jaxpr, closed.consts, args, record), flat_args)
-    if not layers:
+    def find(args):
+        with finder.collecting() as records:
+            finder.run(closed.jaxpr, closed.consts, args)
+        sites[:] = list(records)
+        return list(records.values())
+
+    shapes_found = jax.eval_shape(find, flat_args)
+    found = dict(zip(sites, shapes_found))
+    if not sites:
         raise ExperimentError("init_scale_sweep found no matrix product (dot_general/conv) in the loss; layers "
-                              "inside lax.scan/while bodies are not measured.")
+                              "inside while_loop bodies and cond branches are not measured.")
+    layers = []
+    for k, site in enumerate(sites):
+        eqn, enclosing = finder.sites[site]
+        aval = eqn.outvars[0].aval
+        where = _where(eqn, enclosing)
+        scan = " in a scan body" if found[site].ndim > aval.ndim else ""
+        layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" ({where})" if where else ""))
+    slot = {site: k for k, site in enumerate(sites)}
+    shapes = [jax.ShapeDtypeStruct(finder.sites[s][0].outvars[0].aval.shape, found[s].dtype) for s in sites]
     select = _selector(scale_leaves)
     n_params = len(jax.tree_util.tree_leaves(params))
     batch_leaves = flat_args[n_params:]
@@ -226,14 +226,13 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         args = [*jax.tree_util.tree_leaves(scaled), *batch_leaves]
 
         def f(eps):
-            acts = []
+            def perturb(site, out):   # the same eps at every time step of a scan body
+                return out + eps[slot[site]].astype(out.dtype) if site in slot else out
 
-            def hook(eqn, out):
-                out = out + eps[len(acts)].astype(out.dtype)
-                acts.append(out)
-                return out
-            (value,) = _eval(closed.jaxpr, closed.consts, args, hook)
-            return jnp.asarray(value, jnp.float32), acts
+            layer = _Layers(perturb)
+            with layer.collecting() as records:
+                (value,), _ = layer.run(closed.jaxpr, closed.consts, args)
+            return jnp.asarray(value, jnp.float32), [records[s] for s in sites]
 
         eps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
         (value, acts), grads = jax.value_and_grad(f, has_aux=True)(eps)

@@ -1,7 +1,8 @@
 """locate: find where the first non-finite value that reaches a function's outputs is born.
 
 ``jaxsane.locate(fn, *args, **kwargs)`` traces ``fn`` to a jaxpr and replays it on the real
-inputs, equation by equation, with its own interpreter. ``jit``, ``custom_jvp``/``custom_vjp``
+inputs, equation by equation (the replay is a set of hooks on jaxsane's one interpreter,
+:mod:`jaxsane._interpret`). ``jit``, ``custom_jvp``/``custom_vjp``
 and ``remat`` calls are replayed inline. The common primitives (elementwise math, reductions,
 ``dot_general``, shape ops, ``select_n``) run on the host with numpy, so the replay compiles
 nothing; the rest run through ``bind`` (compiled once per primitive, shape and parameters, and
@@ -38,9 +39,10 @@ import numpy as np
 from jax._src import core as jcore
 
 from ._causes import Cause, explain
-from ._frames import _frames, _is_library_file, source_text, user_frame
+from ._frames import frames_of, is_library_file, source_text, user_frame
 from ._locate_report import LocateReport, Origin
-from ._replay import _EXPANDABLE, _Ctx, _Node, _Replay, _Val, _closed, _flags, _raw
+from ._interpret import all_eqns, closed as open_closed
+from ._replay import EXPANDABLE, Ctx, Node, Replay, Val, flags, raw
 from ._tree import is_inexact, leaves_with_paths
 
 # ----------------------------------------------------------------------------- custom_vjp backward rules
@@ -53,7 +55,7 @@ def _recording_custom_vjp(records: list):
 
     def call(self, *args, **kwargs):
         f = sys._getframe(1)
-        while f is not None and _is_library_file(f.f_code.co_filename):
+        while f is not None and is_library_file(f.f_code.co_filename):
             f = f.f_back
         try:
             specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), (args, kwargs))
@@ -69,20 +71,11 @@ def _recording_custom_vjp(records: list):
         cls.__call__ = original
 
 
-def _all_eqns(jaxpr):
-    for e in jaxpr.eqns:
-        yield e
-        for v in e.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                if isinstance(sub, (jcore.Jaxpr, jcore.ClosedJaxpr)):
-                    yield from _all_eqns(_closed(sub)[0])
-
-
 def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
     """The line inside a custom_vjp's backward rule that made ``node`` (jax keeps only the call site)."""
-    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in _frames(node.eqn)):
+    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in frames_of(node.eqn)):
         return None
-    shapes = [tuple(np.shape(_raw(x.value))) for x in node.ins]
+    shapes = [tuple(np.shape(raw(x.value))) for x in node.ins]
     for site, obj, specs in records:
         if site != node.frame or specs is None or getattr(obj, "nondiff_argnums", ()):
             continue
@@ -92,7 +85,7 @@ def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
         except Exception:  # noqa: BLE001 - a rule we cannot re-trace: keep the call site
             continue
         best = None
-        for e in _all_eqns(bwd.jaxpr):
+        for e in all_eqns(bwd.jaxpr):
             frame = user_frame(e)
             if e.primitive.name != node.prim or frame is None:
                 continue
@@ -112,19 +105,19 @@ _OUT = "output"
 class _Analysis:
     """Backward reachability from the bad outputs over the replay graph, with lazy descent."""
 
-    def __init__(self, replay: _Replay, outs: list[_Val], out_paths: list[str]):
+    def __init__(self, replay: Replay, outs: list[Val], out_paths: list[str]):
         self.replay = replay
         self.consumers: dict[int, list] = {}
-        self.vals: dict[int, _Val] = {}
+        self.vals: dict[int, Val] = {}
         self.out_of: dict[int, list[str]] = {}
         self.out_order = {p: i for i, p in enumerate(out_paths)}
-        self.births: list[_Node] = []
-        self.sources: list[_Val] = []
-        self.xla: list[tuple[_Node, int]] = []
+        self.births: list[Node] = []
+        self.sources: list[Val] = []
+        self.xla: list[tuple[Node, int]] = []
         self.retrace: Callable[[], list] | None = None
         self._records: list | None = None
         self.reached: set[int] = set()
-        work: list[_Val] = []
+        work: list[Val] = []
         for v, path in zip(outs, out_paths):
             if v.bad:
                 self.out_of.setdefault(id(v), []).append(path)
@@ -140,13 +133,13 @@ class _Analysis:
                 self._records = []
         return self._records
 
-    def _use(self, v: _Val, consumer) -> None:
+    def _use(self, v: Val, consumer) -> None:
         self.vals[id(v)] = v
         lst = self.consumers.setdefault(id(v), [])
         if consumer not in lst:
             lst.append(consumer)
 
-    def _walk(self, work: list[_Val]) -> None:
+    def _walk(self, work: list[Val]) -> None:
         seen_vals: set[int] = set()
         while work:
             v = work.pop()
@@ -157,7 +150,7 @@ class _Analysis:
             if node is None:
                 self.sources.append(v)
                 continue
-            if not node.link and node.prim in _EXPANDABLE and node.inner is None:
+            if not node.link and node.prim in EXPANDABLE and node.inner is None:
                 try:
                     self.replay.expand(node)
                 except Exception:  # pragma: no cover - descent is best effort; the node stays opaque
@@ -168,7 +161,7 @@ class _Analysis:
                 if not inner:
                     self.xla.append((node, k))
                     continue
-                link = _Node(None, inner, node.ctx, node.order, link=True)
+                link = Node(None, inner, node.ctx, node.order, link=True)
                 link.outs = [v]
                 for x in inner:
                     self._use(x, link)
@@ -187,7 +180,7 @@ class _Analysis:
             if not bad_in or (out_nan and not any(x.nan for x in bad_in) and not self._from_birth(node)):
                 self.births.append(node)
 
-    def _from_birth(self, node: _Node, depth: int = 0) -> bool:
+    def _from_birth(self, node: Node, depth: int = 0) -> bool:
         """True when some bad input of ``node`` descends from an inf born from finite values (not a source)."""
         stack, seen = [(x, 0) for x in node.ins if x.bad], set()
         while stack:
@@ -210,7 +203,7 @@ class _Analysis:
         return False
 
     # -- forward questions about a birth
-    def downstream(self, node: _Node, limit: int = 64) -> list:
+    def downstream(self, node: Node, limit: int = 64) -> list:
         """Nodes reached from ``node``'s bad outputs (breadth first), ``_OUT`` included."""
         seen, order, frontier = set(), [], [o for o in node.outs if o.bad]
         while frontier and len(order) < limit:
@@ -226,9 +219,9 @@ class _Analysis:
             frontier = nxt
         return order
 
-    def reaches(self, node: _Node | _Val) -> list[str]:
+    def reaches(self, node: Node | Val) -> list[str]:
         seen, paths = set(), []
-        frontier = [o for o in node.outs if o.bad] if isinstance(node, _Node) else [node]
+        frontier = [o for o in node.outs if o.bad] if isinstance(node, Node) else [node]
         while frontier:
             nxt = []
             for v in frontier:
@@ -242,7 +235,7 @@ class _Analysis:
             frontier = nxt
         return sorted(paths, key=lambda p: self.out_order.get(p, len(self.out_order)))
 
-    def only_backward(self, node: _Node) -> bool:
+    def only_backward(self, node: Node) -> bool:
         """True when ``node``'s bad outputs are consumed only by backward-pass computations."""
         memo: dict[int, bool] = {}
 
@@ -417,14 +410,14 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
                            f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
                            "that are not arrays are held static.") from e
     out_paths = out_paths_of(out_shape)
-    replay = _Replay()
-    ins = [_Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
-    outs, env = replay.run(closed.jaxpr, closed.consts, ins, _Ctx())
+    replay = Replay()
+    ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
+    outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
         out_paths = [f"out[{i}]" for i in range(len(outs))]
     if not any(v.bad for v in outs):
         compiled = _run_compiled(closed, arrays)
-        bad = [i for i, o in enumerate(compiled) if any(_flags(o))]
+        bad = [i for i, o in enumerate(compiled) if any(flags(o))]
         if not bad:
             return None
         bad_outputs = [(out_paths[i], *_counts(compiled[i])) for i in bad]
@@ -441,7 +434,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     origins = _origins(analysis)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
-        sub, consts = _closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
+        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
         pre = None
         if sub is not None and node.prim in ("pjit", "jit"):
             pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
@@ -515,7 +508,7 @@ def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
 
 
 def _counts(x) -> tuple[int, int]:
-    a = np.asarray(_raw(x))
+    a = np.asarray(raw(x))
     if not is_inexact(a):
         return 0, 0
     return int(np.isnan(a).sum()), int(np.isinf(a).sum())
@@ -548,7 +541,7 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
     Args:
       closed: the program (a ``ClosedJaxpr``).
       args: its inputs.
-      env: the replay's values (``Var -> _Val``); values absent from it count as finite.
+      env: the replay's values (``Var -> Val``); values absent from it count as finite.
       run: ``run(closed, args) -> outputs`` compiling a program (default: ``jax.jit``); tests pass
         a simulated compiler.
 
@@ -569,7 +562,7 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
         outs = run(pj, list(args))
         for v, o in zip(outvars, outs):
             ev = env.get(v)
-            if any(_flags(o)) and (ev is None or not ev.bad):
+            if any(flags(o)) and (ev is None or not ev.bad):
                 return True
         return False
 
@@ -624,7 +617,7 @@ def _origins(analysis: _Analysis) -> list[Origin]:
     return [o for _, o in found]
 
 
-def _first_real(analysis: _Analysis, c) -> _Node | None:
+def _first_real(analysis: _Analysis, c) -> Node | None:
     """The first equation (not a link, not the output) reached through ``c``."""
     seen = 0
     while c is not _OUT and getattr(c, "link", False) and seen < 50:
@@ -634,7 +627,7 @@ def _first_real(analysis: _Analysis, c) -> _Node | None:
     return None if c is _OUT or getattr(c, "link", True) else c
 
 
-def _input_origin(analysis: _Analysis, v: _Val) -> Origin:
+def _input_origin(analysis: _Analysis, v: Val) -> Origin:
     n_nan, n_inf = _counts(v.value)
     return Origin("nonfinite.input", "input", "input", None, None, "", "",
                   f"{v.name} holds {n_nan} NaN and {n_inf} Inf before any computation",
@@ -643,7 +636,7 @@ def _input_origin(analysis: _Analysis, v: _Val) -> Origin:
                   analysis.reaches(v), [])
 
 
-def _origin_of(analysis: _Analysis, node: _Node) -> Origin:
+def _origin_of(analysis: _Analysis, node: Node) -> Origin:
     phase = node.phase
     deriv = phase == "forward" and "jvp(" in node.stack and analysis.only_backward(node)
     if deriv:
@@ -675,19 +668,19 @@ def _origin_of(analysis: _Analysis, node: _Node) -> Origin:
 _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
 
 
-def _primal_of(node: _Node):
+def _primal_of(node: Node):
     from ._causes import _primal
     p = _primal(node, backward=True)
     return p if p is not None and p is not node else None
 
 
-def _shard_index(node: _Node) -> str:
+def _shard_index(node: Node) -> str:
     if node.ctx.mesh is None:
         return ""
     names, sizes = node.ctx.mesh
     for o in node.outs:
         if o.bad:
-            a = np.asarray(_raw(o.value))
+            a = np.asarray(raw(o.value))
             lead = a.reshape(*sizes, -1)
             bad = ~np.isfinite(lead).all(axis=-1)
             coords = [tuple(int(c) for c in idx) for idx in np.argwhere(bad)]
@@ -696,14 +689,14 @@ def _shard_index(node: _Node) -> str:
     return ""
 
 
-def _batch_rows(analysis: _Analysis, node: _Node) -> list[int]:
+def _batch_rows(analysis: _Analysis, node: Node) -> list[int]:
     rows: set[int] = set()
     reached = set(analysis.reaches(node))
     for vid, paths in analysis.out_of.items():
         v = analysis.vals.get(vid)
         if v is None or not set(paths) & reached:
             continue
-        a = np.asarray(_raw(v.value))
+        a = np.asarray(raw(v.value))
         if a.ndim >= 1:
             rows |= set(int(i) for i in np.flatnonzero(~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)))
     return sorted(rows)

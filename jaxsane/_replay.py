@@ -1,11 +1,14 @@
 """The replay engine behind :func:`jaxsane.locate`: a jaxpr run equation by equation on real values.
 
-:class:`_Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
+:class:`Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
 reductions, ``dot_general``, shape ops, ``select_n``) with numpy, the rest through ``bind``.
-Each equation becomes a :class:`_Node` whose outputs are :class:`_Val` values carrying their
+Each equation becomes a :class:`Node` whose outputs are :class:`Val` values carrying their
 NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
-replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`_Replay.expand`
-opens their body. Not jit-safe: everything here runs on the host, off the hot path.
+replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`Replay.expand`
+opens their body. :class:`Replay` is a set of hooks on jaxsane's one interpreter
+(:mod:`jaxsane._interpret`), whose rules it uses to open loops and branches; only the per-device
+``shard_map`` expansion is its own. The names here are shared with :mod:`jaxsane._locate` only.
+Not jit-safe: everything here runs on the host, off the hot path.
 """
 from __future__ import annotations
 
@@ -14,14 +17,14 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax._src import core as jcore
 
-from ._frames import _in_optax, user_frame
+from ._frames import in_optax, user_frame
+from ._interpret import CALLS, LOOPS, RULES, Interpreter, closed
 from ._tree import is_inexact
 
 # ----------------------------------------------------------------------------- values and nodes
 
-def _flags(x: Any) -> tuple[bool, bool]:
+def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
     if not is_inexact(x):
         return False, False
@@ -33,13 +36,13 @@ def _flags(x: Any) -> tuple[bool, bool]:
     return bool(np.isnan(a).any()), bool(np.isinf(a).any())
 
 
-class _Val:
+class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
     __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
 
     def __init__(self, value, producer=None, kind=None, name=None):
         self.value = value
-        self.nan, self.inf = _flags(value)
+        self.nan, self.inf = flags(value)
         self.producer = producer
         self.kind = kind    # None (computed), "input", "literal", "const"
         self.name = name
@@ -50,7 +53,7 @@ class _Val:
 
 
 @dataclasses.dataclass
-class _Ctx:
+class Ctx:
     """Where a jaxpr is being replayed: enclosing name stack, fallback frame, phase, shard mode, tags."""
     stack: str = ""
     frame: tuple[str, int] | None = None
@@ -61,7 +64,7 @@ class _Ctx:
     in_optax: bool = False
 
 
-class _Node:
+class Node:
     """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
     __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
                  "last_grad")
@@ -69,8 +72,8 @@ class _Node:
     def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
         self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
         self.jaxpr, self.index, self.link = jaxpr, index, link
-        self.outs: list[_Val] = []
-        self.inner: list[list[_Val]] | None = None   # expanded: outer out i <- inner values
+        self.outs: list[Val] = []
+        self.inner: list[list[Val]] | None = None   # expanded: outer out i <- inner values
         self.env = None
         self.siblings: list = []
         self.last_grad = -1
@@ -97,7 +100,7 @@ class _Node:
             return "forward"
         if self.ctx.phase in ("update", "backward"):
             return self.ctx.phase
-        if self.eqn is not None and (self.ctx.in_optax or _in_optax(self.eqn)):
+        if self.eqn is not None and (self.ctx.in_optax or in_optax(self.eqn)):
             return "update"
         if self.jaxpr is not None and self.index > self.last_grad >= 0:
             return "update"
@@ -115,16 +118,7 @@ def _last_grad_index(jaxpr) -> int:
 
 # ----------------------------------------------------------------------------- the replay
 
-_INLINE = {"custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-           "remat2": "jaxpr", "checkpoint": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
-_EXPANDABLE = {"pjit", "jit", "scan", "while", "cond", "shard_map"} | set(_INLINE)
-
-
-def _closed(j) -> tuple[Any, list]:
-    """(open jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    if isinstance(j, jcore.ClosedJaxpr):
-        return j.jaxpr, list(j.consts)
-    return j, []
+EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
 
 
 def _bind(eqn, values: list, mesh=None) -> list:
@@ -270,157 +264,132 @@ class _Stacked:
         return self.value.shape
 
 
-def _raw(v: Any) -> Any:
+def raw(v: Any) -> Any:
     return v.value if isinstance(v, _Stacked) else v
 
 
-class _Replay:
-    """Evaluates jaxprs on real values, recording every equation as a :class:`_Node`."""
+class Replay(Interpreter):
+    """Evaluates jaxprs on real values, recording every equation as a :class:`Node`.
+
+    A set of hooks on :class:`jaxsane._interpret.Interpreter`: calls are replayed inline; loops and
+    ``cond`` are evaluated whole (``bind``) and only opened, with the interpreter's shared rules, by
+    :meth:`expand`; ``shard_map`` bodies are opened per device by :meth:`_expand_shard_map`.
+    """
 
     def __init__(self):
+        super().__init__()
         self.count = 0
-        self.envs: dict[int, tuple] = {}   # id(inlined jaxpr) -> (jaxpr, its replayed values)
+        self.envs: dict[int, tuple] = {}   # id(replayed jaxpr) -> (jaxpr, its replayed values)
+        self._runs: list[tuple[int, list]] = []   # per jaxpr being replayed: (last backward index, its nodes)
+        self._last_env: dict = {}
 
-    def run(self, jaxpr, consts: Sequence, ins: Sequence[_Val], ctx: _Ctx) -> tuple[list[_Val], dict]:
-        env: dict = {}
-        for v, c in zip(jaxpr.constvars, consts):
-            env[v] = c if isinstance(c, _Val) else _Val(c, kind="const")
-        for v, x in zip(jaxpr.invars, ins):
-            env[v] = x
+    def replay(self, jaxpr, consts: Sequence, ins: Sequence[Val], ctx: Ctx) -> tuple[list[Val], dict]:
+        """Replay ``jaxpr`` on ``ins``: ``(outputs, the environment var -> Val)``."""
+        outs, _ = self.run(jaxpr, consts, ins, ctx)
+        return outs, self._last_env
 
-        def read(a):
-            if isinstance(a, jcore.Literal):
-                return _Val(np.asarray(a.val, dtype=a.aval.dtype), kind="literal")
-            return env[a]
+    # -- interpreter hooks
+    def run(self, jaxpr, consts, args, ctx=None, tags=None):
+        self._runs.append((_last_grad_index(jaxpr), []))
+        try:
+            return super().run(jaxpr, consts, args, ctx, tags)
+        finally:
+            self._runs.pop()
 
-        last_grad = _last_grad_index(jaxpr)
-        nodes: list[_Node] = []
-        for i, eqn in enumerate(jaxpr.eqns):
-            invals = [read(a) for a in eqn.invars]
-            node = _Node(eqn, invals, ctx, ctx.order + (i,), jaxpr, i)
-            node.siblings = nodes
-            node.last_grad = last_grad
-            nodes.append(node)
-            self.count += 1
-            name = eqn.primitive.name
-            sub_key = "jaxpr" if name in ("pjit", "jit") else _INLINE.get(name)
-            if sub_key is not None and sub_key in eqn.params and ctx.mesh is None:
-                # calls are replayed inline, equation by equation
-                sub, sub_consts = _closed(eqn.params[sub_key])
-                outs, sub_env = self.run(sub, sub_consts, invals[len(invals) - len(sub.invars):],
-                                         self._child(node))
-                self.envs[id(sub)] = (sub, sub_env)
-            else:
-                raw = _evaluate(eqn, [x.value for x in invals], ctx.mesh)
-                outs = [_Val(o, producer=node) for o in raw]
-                node.outs = outs
-            for v, o in zip(eqn.outvars, outs):
-                if not isinstance(v, jcore.DropVar):
-                    env[v] = o
-        outs = [read(a) for a in jaxpr.outvars]
-        return outs, env
+    def finished(self, jaxpr, env: dict) -> None:
+        self._last_env = env
+        self.envs[id(jaxpr)] = (jaxpr, env)
+
+    def at(self, eqn, invals, ctx, index, jaxpr) -> Node:
+        last_grad, nodes = self._runs[-1]
+        node = Node(eqn, invals, ctx, ctx.order + (index,), jaxpr, index)
+        node.siblings = nodes
+        node.last_grad = last_grad
+        nodes.append(node)
+        self.count += 1
+        return node
+
+    def enters(self, eqn, node: Node) -> bool:
+        return eqn.primitive.name in CALLS and node.ctx.mesh is None   # loops wait for expand()
+
+    def bind(self, eqn, invals, node: Node) -> list:
+        outs = [Val(o, producer=node) for o in _evaluate(eqn, [x.value for x in invals], node.ctx.mesh)]
+        node.outs = outs
+        return outs
+
+    def literal(self, lit) -> Val:
+        return Val(np.asarray(lit.val, dtype=lit.aval.dtype), kind="literal")
+
+    def const(self, c) -> Val:
+        return c if isinstance(c, Val) else Val(c, kind="const")
+
+    def value(self, v):
+        return v.value if isinstance(v, Val) else v
+
+    def child(self, eqn, node: Node, label=None, order=()) -> Ctx:
+        return self._child(node, (label,) if label else (), order)
+
+    def index(self, x: Val, t: int, eqn, node: Node) -> Val:
+        link = Node(None, [x], node.ctx, node.order + (t, -1), link=True)
+        val = Val(x.value[t], producer=link)
+        link.outs = [val]
+        return val
+
+    def stack(self, parts, eqn, node, aval=None) -> list:
+        return list(parts[::-1]) if eqn.params.get("reverse") else list(parts)   # in the order they ran
 
     @staticmethod
-    def _child(node: _Node, tags: tuple = (), order_extra: tuple = ()) -> _Ctx:
+    def _child(node: Node, tags: tuple = (), order_extra: tuple = ()) -> Ctx:
         phase = node.phase
         ctx = node.ctx
-        return _Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
+        return Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
                     mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
-                    in_optax=ctx.in_optax or (node.eqn is not None and _in_optax(node.eqn)))
+                    in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)))
 
     # -- lazy descent into compiled calls
-    def expand(self, node: _Node) -> None:
+    def expand(self, node: Node) -> None:
         """Replay the body of a jit/scan/while/cond/shard_map node; sets ``node.inner``."""
-        p, name = node.eqn.params, node.prim
-        ins = node.ins
+        name = node.prim
+        if name == "shard_map":
+            if node.ctx.mesh is None:
+                self._expand_shard_map(node)
+            return
+        if name in LOOPS and node.ctx.mesh is not None:
+            return
+        rule = RULES.get(name)
+        if rule is None:
+            return
+        self.path.append(node.eqn)
+        try:
+            result = rule(self, node.eqn, list(node.ins), [None] * len(node.ins), node)
+        finally:
+            self.path.pop()
+        if result is None:
+            return
+        outs = result[0]
+        if name == "scan":
+            ncarry = node.eqn.params["num_carry"]
+            node.inner = [[c] for c in outs[:ncarry]] + [list(ys) for ys in outs[ncarry:]]
+            return
         if name in ("pjit", "jit"):
-            sub, consts = _closed(p["jaxpr"])
-            outs, env = self.run(sub, consts, ins, self._child(node))
-            node.env = env
-            node.inner = [[o] for o in outs]
-        elif name in _INLINE and _INLINE[name] in p:
-            sub, consts = _closed(p[_INLINE[name]])
-            outs, _ = self.run(sub, consts, ins[len(ins) - len(sub.invars):], self._child(node))
-            node.inner = [[o] for o in outs]
-        elif name == "cond":
-            index = int(np.asarray(_raw(ins[0].value)).reshape(-1)[0]) if node.ctx.mesh is None else None
-            if index is None:
-                node.inner = None
-                return
-            branches = p["branches"]
-            index = min(max(index, 0), len(branches) - 1)
-            sub, consts = _closed(branches[index])
-            outs, _ = self.run(sub, consts, ins[1:], self._child(node, (f"branch {index}",)))
-            node.inner = [[o] for o in outs]
-        elif name == "while":
-            if node.ctx.mesh is not None:
-                return
-            self._expand_while(node)
-        elif name == "scan":
-            if node.ctx.mesh is not None:
-                return
-            self._expand_scan(node)
-        elif name == "shard_map":
-            if node.ctx.mesh is not None:
-                return
-            self._expand_shard_map(node)
+            node.env = self._last_env
+        node.inner = [[o] for o in outs]
 
-    def _expand_scan(self, node: _Node) -> None:
-        p = node.eqn.params
-        sub, consts_extra = _closed(p["jaxpr"])
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
-        consts = node.ins[:n_consts]
-        carry = node.ins[n_consts:n_consts + n_carry]
-        xs = node.ins[n_consts + n_carry:]
-        ys_parts: list[list[_Val]] = [[] for _ in range(len(node.outs) - n_carry)]
-        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
-        for it in steps:
-            x_vals = []
-            for x in xs:
-                link = _Node(None, [x], node.ctx, node.order + (it, -1), link=True)
-                val = _Val(x.value[it], producer=link)
-                link.outs = [val]
-                x_vals.append(val)
-            ctx = self._child(node, (f"scan iteration {it}",), (it,))
-            outs, _ = self.run(sub, consts_extra, list(consts) + list(carry) + x_vals, ctx)
-            carry = outs[:n_carry]
-            for k, y in enumerate(outs[n_carry:]):
-                ys_parts[k].append(y)
-        node.inner = [[c] for c in carry] + ys_parts
-
-    def _expand_while(self, node: _Node) -> None:
-        p = node.eqn.params
-        cj, cconsts_extra = _closed(p["cond_jaxpr"])
-        bj, bconsts_extra = _closed(p["body_jaxpr"])
-        nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cconsts = [x.value for x in node.ins[:nc]]
-        bconsts = node.ins[nc:nc + nb]
-        carry = node.ins[nc + nb:]
-        it = 0
-        while True:
-            pred = jcore.eval_jaxpr(cj, cconsts_extra, *cconsts, *[c.value for c in carry])[0]
-            if not bool(np.asarray(pred)):
-                break
-            ctx = self._child(node, (f"while iteration {it}",), (it,))
-            carry, _ = self.run(bj, bconsts_extra, list(bconsts) + list(carry), ctx)
-            it += 1
-        node.inner = [[c] for c in carry]
-
-    def _expand_shard_map(self, node: _Node) -> None:
+    def _expand_shard_map(self, node: Node) -> None:
         p = node.eqn.params
         mesh = p["mesh"]
         names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes")
                                                        else mesh.devices.shape)
-        sub, consts = _closed(p["jaxpr"])
+        sub, consts = closed(p["jaxpr"])
         ins = []
         for x, spec in zip(node.ins, p["in_specs"]):
-            link = _Node(None, [x], node.ctx, node.order + (-1,), link=True)
-            val = _Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
+            link = Node(None, [x], node.ctx, node.order + (-1,), link=True)
+            val = Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
             link.outs = [val]
             ins.append(val)
         ctx = self._child(node, ("shard_map",))
         ctx.mesh = (names, sizes)
-        outs, _ = self.run(sub, consts, ins, ctx)
+        outs, _ = self.replay(sub, consts, ins, ctx)
         node.inner = [[o] for o in outs]
 
 

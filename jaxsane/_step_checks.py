@@ -4,14 +4,15 @@ randomness, and compile once? (``step.no_update``, ``step.opt_state_frozen``, ``
 
 Everything is read from a few real calls of the user's own step through :class:`Adapted`, called
 as the user calls it (not re-wrapped in ``jax.jit``, so that Python-side recompilation is seen).
-Randomness is found by evaluating the step's jaxpr with jaxsane's interpreter and recording the
-output of every ``random_bits`` equation (dropout masks, noise) on two consecutive states.
+Randomness is found by evaluating the step's jaxpr with a hook on jaxsane's one interpreter
+(:mod:`jaxsane._interpret`) that records the output of every ``random_bits`` equation (dropout
+masks, noise; inside ``scan`` bodies once per time step) on two consecutive states.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,8 @@ import numpy as np
 from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, require_experiment
 from ._findings import Finding
-from ._init import bind_eqn, interpret, jaxpr_primitives, location_of
+from ._frames import user_location
+from ._interpret import Interpreter, all_eqns
 from ._tree import leaves_with_paths
 from ._validate import require_bool, require_int
 
@@ -246,7 +248,16 @@ def _recompile_findings(compiles: list[int], traces: list[int]) -> list[Finding]
 
 
 def _random_sites(jaxpr) -> list[Any]:
-    return [eqn for eqn in jaxpr_primitives(jaxpr) if eqn.primitive.name in _RANDOM_PRIMS]
+    return [eqn for eqn in all_eqns(jaxpr) if eqn.primitive.name in _RANDOM_PRIMS]
+
+
+class _Draws(Interpreter):
+    """Records (the first 4096 of) the bits of every ``random_bits`` equation. Jit-safe."""
+
+    def after(self, eqn, invals, outs, tags, out_tags, ectx):
+        if eqn.primitive.name == "random_bits":
+            self.emit(eqn, jnp.ravel(outs[0])[:4096])
+        return outs, out_tags
 
 
 def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]) -> list[Finding]:
@@ -255,21 +266,13 @@ def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any,
     if not _random_sites(closed.jaxpr):
         return []
     recorded_meta: list[str] = []
+    draws = _Draws()
 
     def record_bits(flat_args):
-        recorded: list[Any] = []
-        recorded_meta.clear()
-
-        def hook(eqn, invals, tags):
-            if eqn.primitive.name != "random_bits":
-                return None
-            outs = bind_eqn(eqn, invals)
-            recorded.append(jnp.ravel(outs[0])[:4096])
-            recorded_meta.append(location_of(eqn) or "random_bits")
-            return outs, [None] * len(outs)
-
-        interpret(closed.jaxpr, closed.consts, flat_args, hook)
-        return recorded
+        with draws.collecting() as records:
+            draws.run(closed.jaxpr, closed.consts, flat_args)
+        recorded_meta[:] = [user_location(*draws.sites[site]) or "random_bits" for site in records]
+        return list(records.values())
 
     flat0 = jax.tree_util.tree_leaves((state0, batch))
     try:
@@ -277,7 +280,9 @@ def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any,
         bits0 = runner(flat0)
     except Exception:  # an exotic step the interpreter cannot replay: fall back to key leaves only
         return _key_only_findings(snapshots, kinds)
-    if not bits0:
+    if not bits0:   # draws only inside a while body or a cond branch, which the traced interpreter drops
+        if any(e.primitive.name == "random_bits" for e in _random_sites(closed.jaxpr)):
+            return _key_only_findings(snapshots, kinds)
         return []
     # the state after the first call, rebuilt from the host snapshot (the step may donate its inputs)
     state1 = _state_from_snapshot(state0, snapshots[1])
