@@ -5,7 +5,8 @@ The state is ``(params, adam_state)`` where ``params`` is a dict of N small arra
 leaves. The step computes a loss that touches every parameter, its gradient and an Adam update.
 
 Each (N, way) runs in its own subprocess, which reports the first call's wall time (trace +
-compile + run, flags read), the median of the next calls, and its peak RSS
+compile + run, flags read) in wall and CPU seconds (CPU time is steadier on a shared machine), the
+median of the next calls, and its peak RSS
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``). The table puts guard / bare side by side.
 Asserts nothing about time.
 
@@ -63,11 +64,11 @@ def child(n: int, way: str, calls: int) -> dict:
         fn = jaxsane.guard(jax.jit(step), on_nonfinite=way, locate=False)
         flush = fn.flush
     warnings.simplefilter("ignore")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn(state, batch)
     jax.block_until_ready(out)
     flush()
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     times = []
     for _ in range(calls):
@@ -77,7 +78,7 @@ def child(n: int, way: str, calls: int) -> dict:
         times.append(time.perf_counter() - t0)
     flush()
     compiles = getattr(fn, "compiles", 1)
-    return {"n": n, "way": way, "leaves": n_leaves, "first_s": first, "rss_mb": rss_first,
+    return {"n": n, "way": way, "leaves": n_leaves, "first_s": first, "cpu_s": first_cpu, "rss_mb": rss_first,
             "next_ms": float(np.median(times)) * 1e3 if times else None, "compiles": compiles}
 
 
@@ -102,8 +103,8 @@ def main():
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
     print(f"guard first call vs bare jax.jit, Adam state (~3N leaves), per-(N, way) subprocess, "
           f"timeout {args.timeout:.0f} s, load {os.getloadavg()[0]:.2f}")
-    print(f"{'N':>6} {'leaves':>7} {'way':<6}{'first s':>9}{'peak MB':>9}{'next ms':>9}{'x time':>8}{'x mem':>7}"
-          f"{'compiles':>9}")
+    print(f"{'N':>6} {'leaves':>7} {'way':<6}{'first s':>9}{'cpu s':>8}{'peak MB':>9}{'next ms':>9}{'x time':>8}"
+          f"{'x cpu':>7}{'x mem':>7}{'compiles':>9}")
     for n in [int(v) for v in args.leaves.split(",") if v]:
         base = None
         for way in ways:
@@ -122,10 +123,11 @@ def main():
             if way == "bare":
                 base = r
             ratio_t = f"{r['first_s'] / base['first_s']:.2f}" if base else "-"
+            ratio_c = f"{r['cpu_s'] / base['cpu_s']:.2f}" if base else "-"
             ratio_m = f"{r['rss_mb'] / base['rss_mb']:.2f}" if base else "-"
             next_ms = f"{r['next_ms']:.2f}" if r["next_ms"] is not None else "-"
-            print(f"{n:>6} {r['leaves']:>7} {way:<6}{r['first_s']:>9.2f}{r['rss_mb']:>9.0f}{next_ms:>9}"
-                  f"{ratio_t:>8}{ratio_m:>7}{r['compiles']:>9}", flush=True)
+            print(f"{n:>6} {r['leaves']:>7} {way:<6}{r['first_s']:>9.2f}{r['cpu_s']:>8.2f}{r['rss_mb']:>9.0f}"
+                  f"{next_ms:>9}{ratio_t:>8}{ratio_c:>7}{ratio_m:>7}{r['compiles']:>9}", flush=True)
 
 
 if __name__ == "__main__":

@@ -47,3 +47,8 @@ class DataError(JaxsaneError, ValueError):
 
 class ExperimentError(JaxsaneError, TypeError):
     """The Experiment's handles cannot be used as given (not callable, wrong output shape)."""
+
+
+class GuardConfigError(JaxsaneError, ValueError, TypeError):
+    """``jaxsane.guard`` was given an argument of the wrong type or out of range (raised at the call,
+    before any work). Both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it."""

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._errors import NonFiniteError
+from ._errors import GuardConfigError, NonFiniteError
 from ._experiment import _nnx, _unwrap
 from ._findings import Finding
 from ._tree import finite_flags, host_finite_flags, is_inexact, leaves_with_paths, same_structure, to_host
@@ -92,15 +92,8 @@ class Guarded:
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
                  sync: bool = False, locate: bool = True, check_replicas: bool | int = False):
-        if not callable(step):
-            raise TypeError(f"[jaxsane] guard needs a callable step, got {type(step).__name__}.")
-        if on_nonfinite not in POLICIES:
-            raise ValueError(f"[jaxsane] on_nonfinite must be one of {POLICIES}, got {on_nonfinite!r}.")
-        if not isinstance(check_replicas, (bool, int)) or check_replicas < 0:
-            raise ValueError(f"[jaxsane] check_replicas must be a bool or a step interval >= 1, "
-                             f"got {check_replicas!r}.")
-        if max_consecutive_skips < 1 or max_lag < 0:
-            raise ValueError("[jaxsane] max_consecutive_skips must be >= 1 and max_lag >= 0.")
+        dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
+                               locate, check_replicas)
         functools.update_wrapper(self, step)
         self.step = step
         self.on_nonfinite = on_nonfinite
@@ -479,6 +472,48 @@ class Guarded:
             return
         self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
         raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync, locate,
+                check_replicas) -> str | None:
+    """Validate guard's arguments before any work; returns ``dump_dir`` as a ``str`` (or None). Not jit-safe.
+
+    Raises:
+      GuardConfigError: naming the argument, what it got, and the values it accepts.
+    """
+    def bad(name: str, value: Any, valid: str) -> GuardConfigError:
+        return GuardConfigError(f"[jaxsane] {name} must be {valid}; got {value!r} ({type(value).__name__}). "
+                                f"Fix the {name}= argument of jaxsane.guard.")
+
+    if not callable(step):
+        raise GuardConfigError(f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
+                               f"got {type(step).__name__}. Pass the train step function itself, not its result.")
+    if not isinstance(on_nonfinite, str) or on_nonfinite not in POLICIES:
+        raise bad("on_nonfinite", on_nonfinite, "one of " + ", ".join(repr(p) for p in POLICIES))
+    if dump_dir is not None:
+        if not isinstance(dump_dir, (str, os.PathLike)) or isinstance(dump_dir, bytes):
+            raise bad("dump_dir", dump_dir, "None or a directory path (str or os.PathLike)")
+        dump_dir = os.fspath(dump_dir)
+        if not isinstance(dump_dir, str) or not dump_dir:
+            raise bad("dump_dir", dump_dir, "None or a non-empty directory path (str or os.PathLike)")
+        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+            raise GuardConfigError(f"[jaxsane] guard(dump_dir={dump_dir!r}): the path exists and is not a "
+                                   f"directory. Pass a directory (it is created on the first failure) or None.")
+    if not _is_int(max_consecutive_skips) or max_consecutive_skips < 1:
+        raise bad("max_consecutive_skips", max_consecutive_skips, "an int >= 1 (default 10)")
+    if not _is_int(max_lag) or max_lag < 0:
+        raise bad("max_lag", max_lag, "an int >= 0 (default 2; 0 reads each step's flags at the next call)")
+    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise bad(name, value, "True or False")
+    if not isinstance(check_replicas, (bool, np.bool_)) and not (_is_int(check_replicas) and check_replicas >= 1):
+        raise bad("check_replicas", check_replicas, "True, False, or a step interval int >= 1 (check every N-th "
+                                                    "step)")
+    return dump_dir
 
 
 @dataclasses.dataclass
