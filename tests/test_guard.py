@@ -254,8 +254,8 @@ def _many_leaves_step(state, b):
 
 
 def _hlo_ops(guarded, state, b):
-    text = guarded._compiled_plain.lower(state, b, *([np.bool_(True)] if guarded.on_nonfinite == "skip"
-                                                    else [None])).as_text()
+    flag = np.bool_(True) if guarded.on_nonfinite == "skip" else None
+    text = guarded._compiled_plain.lower((state, b), {}, flag).as_text()
     return text.count("stablehlo.reduce"), text.count("stablehlo.select"), text.count("stablehlo.case") + \
         text.count("stablehlo.if")
 
