@@ -606,6 +606,14 @@ def _select(ok: jax.Array, new: Any, old: Any) -> Any:
     old_leaves = jax.tree_util.tree_leaves(old)
     if not new_leaves:
         return new
+    for k, (n, o) in enumerate(zip(new_leaves, old_leaves)):
+        if jnp.shape(n) != jnp.shape(o) or jnp.result_type(n) != jnp.result_type(o):
+            path = leaves_with_paths(new, "state")[k][0]  # (names only on this error path)
+            raise GuardConfigError(
+                f"[jaxsane] guard(on_nonfinite='skip') keeps the old state when a step fails, so the step must "
+                f"return its state with the same shapes and dtypes; {path} comes in as "
+                f"{jnp.result_type(o)}{list(jnp.shape(o))} and goes out as {jnp.result_type(n)}{list(jnp.shape(n))}. "
+                f"Cast it back in the step (a dtype change is usually a bug), or use on_nonfinite='raise'.")
     chosen = jax.lax.cond(ok, lambda n, o: list(n), lambda n, o: list(o), new_leaves, old_leaves)
     return jax.tree_util.tree_unflatten(new_def, chosen)
 
@@ -618,9 +626,9 @@ def _select_state(ok: jax.Array, out: Any, state_in: Any) -> Any:
         return (_select(ok, out[0], state_in), *out[1:])
     if same_structure(out, state_in):
         return _select(ok, out, state_in)
-    raise TypeError("[jaxsane] guard(on_nonfinite='skip') needs a step that returns its new state (or "
-                    "(state, metrics)) with the same structure as its first argument; use on_nonfinite='raise' "
-                    "for steps that return something else.")
+    raise GuardConfigError("[jaxsane] guard(on_nonfinite='skip') needs a step that returns its new state (or "
+                           "(state, metrics)) with the same structure as its first argument; use "
+                           "on_nonfinite='raise' for steps that return something else.")
 
 
 def _traced_failure(ref, names, flags) -> None:

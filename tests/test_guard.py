@@ -345,3 +345,17 @@ def test_good_arguments_are_accepted(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(jaxsane.JaxsaneError, match="exists and is not a directory"):
         jaxsane.guard(optax_step, dump_dir=tmp_path / "file")
+
+
+def test_skip_with_a_step_that_changes_a_dtype_is_a_clear_error():
+    def step(state, b):
+        return {"w": (state["w"] * b).astype(jnp.float16)}, {"loss": b}
+
+    guarded = jaxsane.guard(step, on_nonfinite="skip")
+    with pytest.raises(jaxsane.JaxsaneError, match=r"state\['w'\] comes in as float32\[3\] and goes out as "
+                                                   r"float16\[3\]") as info:
+        guarded({"w": jnp.ones(3)}, jnp.float32(2))
+    assert isinstance(info.value, TypeError)
+    same = jaxsane.guard(lambda s, b: ({"w": s["w"] * b}, {"loss": b}), on_nonfinite="skip", sync=True)
+    out, _ = same({"w": jnp.ones(3)}, jnp.float32(2))
+    assert same.failures == [] and float(out["w"][0]) == 2.0
