@@ -41,7 +41,7 @@ def child(n: int, way: str, calls: int) -> dict:
         dtype = jnp.bfloat16 if i % 4 == 3 else jnp.float32
         params[f"p{i:05d}"] = jnp.asarray(rng.normal(size=SHAPES[i % len(SHAPES)]), dtype)
     tx = optax.adam(1e-3)
-    state = (params, jax.jit(tx.init)(params))
+    state = (params, tx.init(params))  # eager: a jitted init of 10,000 leaves alone compiles for minutes
     batch = {"x": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}
     n_leaves = len(jax.tree.leaves(state))
 
