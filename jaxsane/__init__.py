@@ -13,7 +13,7 @@ import importlib as _importlib
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "_dump": ("Dump", "load_dump", "save_dump"),
     "_errors": ("ArgumentError", "CheckpointError", "DataError", "DoctorOptionError", "DumpError", "ExperimentError",
-                "FitArgumentError", "GradCheckError", "JaxsaneError", "NonFiniteError"),
+                "FitArgumentError", "GradCheckError", "GuardConfigError", "JaxsaneError", "NonFiniteError"),
     "_data": ("check_data",),
     "_dist": ("ReplicaDivergenceError", "check_replicas"),
     "_doctor": ("doctor",),
@@ -48,7 +48,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
+    "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "GuardConfigError", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
     "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError",
     "check_data", "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",

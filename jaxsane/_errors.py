@@ -87,3 +87,8 @@ class FitArgumentError(ArgumentError, ExperimentError):
 
 class FindingError(JaxsaneError, ValueError, TypeError):
     """A :class:`~jaxsane.Finding` or :class:`~jaxsane.Diagnosis` was built or queried with a bad value."""
+
+
+class GuardConfigError(ArgumentError):
+    """``jaxsane.guard`` was given an argument of the wrong type or out of range (raised at the call,
+    before any work). Both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it."""

@@ -231,3 +231,131 @@ def test_empty_and_scalar_leaves_in_the_state():
     with pytest.raises(jaxsane.NonFiniteError) as info:
         guarded(state, jnp.array([1.0, jnp.inf]))
     assert info.value.finding.code == "nonfinite.input"
+
+
+def test_skip_names_the_failing_leaf_by_replay_and_compiles_once():
+    guarded = jaxsane.guard(jax.jit(_nan_params_step), on_nonfinite="skip", locate=False)
+    state = optax_init(jax.random.key(0))
+    new_state, _ = guarded(state, batch())
+    guarded.flush()
+    assert _leaves_equal(new_state, state) and guarded.skipped == 1
+    finding = guarded.failures[0]
+    assert finding.code == "nonfinite.update" and finding.path == "state[0]['w']"
+    assert finding.extra["paths"] == ["state[0]['w']"]  # the replayed outputs, not the selected old state
+    assert guarded.compiles == 1                       # the replay ran the same compiled program
+
+
+def _many_leaves_state(n):
+    return {f"p{i:04d}": jnp.full((3,) if i % 2 else (2, 2), 0.5, jnp.float32) for i in range(n)}
+
+
+def _many_leaves_step(state, b):
+    return jax.tree.map(lambda p: p * b, state), {"loss": b * 2}
+
+
+def _hlo_ops(guarded, state, b):
+    flag = np.bool_(True) if guarded.on_nonfinite == "skip" else None
+    text = guarded._compiled_plain.lower((state, b), {}, flag).as_text()
+    return text.count("stablehlo.reduce"), text.count("stablehlo.select"), text.count("stablehlo.case") + \
+        text.count("stablehlo.if")
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_traced_checks_do_not_grow_per_leaf(policy):
+    small, big = _many_leaves_state(64), _many_leaves_state(640)
+    guarded = jaxsane.guard(_many_leaves_step, on_nonfinite=policy)
+    (r_small, s_small, c_small), (r_big, s_big, c_big) = (_hlo_ops(guarded, small, jnp.float32(1)),
+                                                          _hlo_ops(guarded, big, jnp.float32(1)))
+    # grouped flags: one reduction per 64 same-(shape, dtype) leaves, not one per leaf
+    assert r_big - r_small <= 640 // 64 + 2 and r_big < 640 // 8
+    if policy == "skip":  # one lax.cond selects the whole state, no select per leaf
+        assert c_big == 1 and s_big == s_small and s_big < 10
+    out, _ = guarded(big, jnp.float32(1))
+    guarded.flush()
+    assert guarded.failures == [] and _leaves_equal(out, big)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip", "warn"])
+def test_many_leaves_failure_names_the_one_bad_leaf(policy):
+    state = _many_leaves_state(300)
+
+    def step(state, b):
+        new = jax.tree.map(lambda p: p * b, state)
+        new["p0137"] = new["p0137"].at[1].set(jnp.inf)
+        return new, {"loss": b}
+
+    guarded = jaxsane.guard(step, on_nonfinite=policy, sync=True, locate=False)
+    if policy == "raise":
+        with pytest.raises(jaxsane.NonFiniteError):
+            guarded(state, jnp.float32(2))
+    elif policy == "warn":
+        with pytest.warns(jaxsane.JaxsaneWarning, match="p0137"):
+            guarded(state, jnp.float32(2))
+    else:
+        out, _ = guarded(state, jnp.float32(2))
+        assert _leaves_equal(out, state)
+    assert guarded.failures[0].extra["paths"] == ["state['p0137']"]
+    assert guarded.failures[0].code == "nonfinite.update"
+
+
+def test_skip_nnx_names_the_failing_parameter():
+    model, optimizer = nnx_init(jax.random.key(0))
+
+    @nnx.jit
+    def poison(model, optimizer, b):
+        model.l1.kernel.value = model.l1.kernel.value * jnp.nan
+        return jnp.sum(b["x"])
+
+    before = jax.tree.map(np.array, jax.tree.leaves(nnx.state((model, optimizer))))
+    guarded = jaxsane.guard(poison, on_nonfinite="skip", sync=True, locate=False)
+    guarded(model, optimizer, batch())
+    assert guarded.skipped == 1 and "l1" in guarded.failures[0].path and "kernel" in guarded.failures[0].path
+    assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(nnx.state((model, optimizer)))))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_lag": "2"}, r"max_lag must be an int >= 0"),
+    ({"max_lag": -1}, r"max_lag must be an int >= 0"),
+    ({"max_lag": 1.5}, r"max_lag must be an int >= 0"),
+    ({"max_consecutive_skips": 0}, r"max_consecutive_skips must be an int >= 1"),
+    ({"max_consecutive_skips": True}, r"max_consecutive_skips must be an int >= 1"),
+    ({"on_nonfinite": "ignore"}, r"on_nonfinite must be one of 'raise', 'skip', 'warn'"),
+    ({"on_nonfinite": None}, r"on_nonfinite must be one of"),
+    ({"dump_dir": 3}, r"dump_dir must be None or a directory path"),
+    ({"dump_dir": ""}, r"dump_dir must be None or a non-empty directory path"),
+    ({"check_replicas": 0}, r"check_replicas must be True, False, or a step interval int >= 1"),
+    ({"check_replicas": -2}, r"check_replicas must be True, False"),
+    ({"check_replicas": "yes"}, r"check_replicas must be True, False"),
+    ({"sync": "no"}, r"sync must be True or False"),
+    ({"keep_inputs": None}, r"keep_inputs must be True or False"),
+    ({"locate": 1}, r"locate must be True or False"),
+])
+def test_bad_arguments_are_clear_errors(kwargs, match):
+    with pytest.raises(jaxsane.JaxsaneError, match=r"^\[jaxsane\] " + match) as info:
+        jaxsane.guard(optax_step, **kwargs)
+    assert isinstance(info.value, jaxsane._errors.GuardConfigError)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+    assert "jaxsane.guard" in str(info.value)
+
+
+def test_good_arguments_are_accepted(tmp_path):
+    g = jaxsane.guard(optax_step, on_nonfinite="warn", dump_dir=tmp_path, max_lag=np.int64(0), sync=False,
+                      keep_inputs=False, locate=np.bool_(False), check_replicas=100, max_consecutive_skips=1)
+    assert g.dump_dir == str(tmp_path) and g.max_lag == 0 and g.check_replicas == 100
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(jaxsane.JaxsaneError, match="exists and is not a directory"):
+        jaxsane.guard(optax_step, dump_dir=tmp_path / "file")
+
+
+def test_skip_with_a_step_that_changes_a_dtype_is_a_clear_error():
+    def step(state, b):
+        return {"w": (state["w"] * b).astype(jnp.float16)}, {"loss": b}
+
+    guarded = jaxsane.guard(step, on_nonfinite="skip")
+    with pytest.raises(jaxsane.JaxsaneError, match=r"state\['w'\] comes in as float32\[3\] and goes out as "
+                                                   r"float16\[3\]") as info:
+        guarded({"w": jnp.ones(3)}, jnp.float32(2))
+    assert isinstance(info.value, TypeError)
+    same = jaxsane.guard(lambda s, b: ({"w": s["w"] * b}, {"loss": b}), on_nonfinite="skip", sync=True)
+    out, _ = same({"w": jnp.ones(3)}, jnp.float32(2))
+    assert same.failures == [] and float(out["w"][0]) == 2.0
