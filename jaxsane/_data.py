@@ -77,8 +77,9 @@ class _Cycle:
     """Recognises a stream that wraps around to its start (an endless generator over a finite array).
 
     Keeps every row's content hash in stream order (8 bytes a row). The stream has wrapped at row
-    ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...``; the wrap is confirmed once
-    ``min(k, confirm_rows)`` rows have matched, and then the reader stops: one epoch is ``k`` rows.
+    ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...`` (and rows ``0..k`` are not all one
+    row); the wrap is confirmed once ``confirm_rows`` rows have matched, and then the reader stops:
+    one epoch is ``k`` rows.
     """
 
     def __init__(self, confirm_rows: int = 64):
@@ -107,13 +108,17 @@ class _Cycle:
                 self.k = c
                 return
 
+    def _varied(self) -> bool:
+        """The epoch holds at least two distinct rows (a stream of one repeated row is data.constant's)."""
+        return bool((self.buf[1:self.k] != self.buf[0]).any())
+
     @property
     def confirmed(self) -> bool:
-        return self.k is not None and self.n - self.k >= min(self.k, self.confirm_rows)
+        return self.k is not None and self.n - self.k >= self.confirm_rows and self._varied()
 
-    def epoch(self, final: bool) -> int | None:
-        """Rows in one epoch, once confirmed (at the end of the stream: once at least 2 rows matched)."""
-        if self.confirmed or (final and self.k is not None and self.n - self.k >= min(self.k, 2)):
+    def epoch(self, cut: bool) -> int | None:
+        """Rows in one epoch, once confirmed (in a stream cut off by the batch limit: once 2 rows matched)."""
+        if self.confirmed or (cut and self.k is not None and self.n - self.k >= 2 and self._varied()):
             return self.k
         return None
 
@@ -366,7 +371,10 @@ def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, fin
     split.rows = offset
     split.partial = batches.more
     if split.cycle is not None:
-        split.epoch = split.cycle.epoch(final=True)
+        # a stream cut off by the batch limit may end right after its wrap; one that ended by itself
+        # with a short repeat of its start holds duplicates (confirmed wraps stopped the reading earlier)
+        cut = batches.more or (batches.limit is not None and split.batches >= batches.limit)
+        split.epoch = split.cycle.epoch(cut)
         if split.epoch is not None:
             _truncate(split, split.epoch)
             split.rows = split.epoch
