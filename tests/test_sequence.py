@@ -145,3 +145,19 @@ def test_doctor_batch_stage_runs_the_sequence_checks():
 def test_experiment_causal_must_be_a_bool():
     with pytest.raises(ExperimentError, match="causal must be True or False"):
         jaxsane.Experiment(init=lambda k: 0, step=lambda s, b: s, train=np.ones((2, 2)), causal="yes")
+
+
+def test_padding_that_reaches_a_pooled_classifier():
+    x = rng.normal(size=(B, T, 3)).astype(np.float32) * MASK[..., None]
+    batch = {"x": x, "y": np.arange(B) % 2, "mask": MASK}
+    w = jnp.asarray(rng.normal(size=(3, 2)).astype(np.float32))
+
+    def xent(logits, y):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    masked = lambda p, b: xent(jnp.sum((b["x"] @ p) * b["mask"][..., None], 1)
+                               / jnp.maximum(b["mask"].sum(1, keepdims=True), 1.0), b["y"])
+    unmasked = lambda p, b: xent(jnp.mean(b["x"] @ p, 1), b["y"])  # BUG: the pool averages padding in
+    assert check_padding_in_loss(masked, w, batch, MASK, inputs=batch["x"], labels=batch["y"]) == []
+    [f] = check_padding_in_loss(unmasked, w, batch, MASK, inputs=batch["x"], labels=batch["y"])
+    assert list(f.extra["relative_change"]) == ["inputs"]
