@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import jax
 
 from ._batch import check_batch_independence
-from ._sequence import check_causal, check_padding_in_loss
+from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data
 from ._data_read import _is_data
 from ._errors import DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
@@ -94,7 +94,22 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
     diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
                            labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    return list(diagnosis)
+    return [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+
+
+def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
+    """True when targets equal to the inputs are the Hugging Face convention: the loss never reads
+    target 0, so it shifts internally (logits[:, :-1] against labels[:, 1:])."""
+    adapted = ctx.adapted
+    if adapted is None or adapted.loss_fn is None or "wrong way" in finding.message:
+        return False
+    try:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        return loss_reads_first_target(traceable(adapted, "loss"), params, ctx.batch,
+                                       get_labels(ctx.experiment, ctx.batch),
+                                       get_inputs(ctx.experiment, ctx.batch)) is False
+    except Exception:  # the loss's own problems are the later stages' to report
+        return False
 
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:

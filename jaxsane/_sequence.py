@@ -233,3 +233,35 @@ def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: A
         "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
         "in attention so real positions never attend to padding",
         path="loss <- padded positions", extra={"relative_change": moved_by, "padded": int(pad.sum())})]
+
+
+def loss_reads_first_target(loss: Callable, params: PyTree, batch: PyTree, labels: Any,
+                            inputs: Any = None) -> bool | None:
+    """Whether ``loss`` reads the targets at position 0 (``labels[:, 0]``).
+
+    Targets equal to the inputs are a bug when the loss compares position t's output with target t,
+    and the Hugging Face convention when the loss shifts internally (``logits[:, :-1]`` against
+    ``labels[:, 1:]``): then ``labels[:, 0]`` is never read. The labels leaf is found in ``batch`` by
+    identity and its first column changed. None when that cannot be judged: no such leaf, the leaf is
+    also the inputs, or the loss is not finite.
+
+    Not jit-safe (compiles ``loss`` once, calls it twice).
+    """
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(lab) != 1 or np.ndim(lab[0]) != 2 or np.shape(lab[0])[1] < 2:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    at = [i for i, x in enumerate(leaves) if x is lab[0]]
+    if len(at) != 1 or any(x is lab[0] for x in jax.tree_util.tree_leaves(inputs)):
+        return None
+    run = jax.jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)))
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    base = float(run(params, host))
+    first = np.zeros(np.shape(lab[0]), bool)
+    first[:, 0] = True
+    changed = list(host)
+    changed[at[0]] = _perturb(host[at[0]], first, np.random.default_rng(0))
+    value = float(run(params, changed))
+    if not (np.isfinite(base) and np.isfinite(value)):
+        return None
+    return value != base

@@ -161,3 +161,32 @@ def test_padding_that_reaches_a_pooled_classifier():
     assert check_padding_in_loss(masked, w, batch, MASK, inputs=batch["x"], labels=batch["y"]) == []
     [f] = check_padding_in_loss(unmasked, w, batch, MASK, inputs=batch["x"], labels=batch["y"])
     assert list(f.extra["relative_change"]) == ["inputs"]
+
+
+def test_targets_equal_to_inputs_with_a_loss_that_shifts_inside_are_not_flagged():
+    tokens = np.where(MASK > 0, TOKENS, 0).astype(np.int32)
+    batch = {"tokens": tokens, "labels": tokens.copy(), "mask": MASK}  # Hugging Face style: labels = input_ids
+
+    def hf_loss(p, b):  # shifts inside: position t's logits against label t + 1
+        per = optax.softmax_cross_entropy_with_integer_labels(causal(p, b["tokens"])[:, :-1], b["labels"][:, 1:])
+        return jnp.sum(per * b["mask"][:, 1:]) / jnp.maximum(jnp.sum(b["mask"][:, 1:]), 1.0)
+
+    def copy_loss(p, b):  # BUG: position t against label t, and labels are the inputs
+        per = optax.softmax_cross_entropy_with_integer_labels(causal(p, b["tokens"]), b["labels"])
+        return jnp.sum(per * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
+
+    from jaxsane._sequence import loss_reads_first_target
+    assert loss_reads_first_target(hf_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is False
+    assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is True
+    assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["tokens"], batch["tokens"]) is None  # shared
+
+    def exp(loss):
+        import optax as ox
+        tx = ox.sgd(0.1)
+        step = jax.jit(lambda s, b: ((ox.apply_updates(s[0], tx.update(jax.grad(loss)(s[0], b), s[1])[0]), s[1]), {}))
+        return jaxsane.Experiment(init=lambda key: (PARAMS, tx.init(PARAMS)), step=step, train=batch, loss=loss,
+                                  apply=causal, causal=True)
+
+    assert "data.unshifted_targets" in jaxsane.check_data(batch).codes  # the data alone cannot tell
+    assert "data.unshifted_targets" not in jaxsane.doctor(exp(hf_loss), stages=["data"]).codes
+    assert "data.unshifted_targets" in jaxsane.doctor(exp(copy_loss), stages=["data"]).codes
