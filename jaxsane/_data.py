@@ -1,8 +1,9 @@
 """Data checks: labels, shapes, leakage, duplicates, padding, scale, constant and non-finite inputs.
 
 :func:`check_data` reads each split once, as a stream of row chunks, and keeps only small
-per-split accumulators plus one 64-bit content hash and one index per example (16 bytes per row),
-so it runs on real-size data (a 1,000,000 x 784 uint8 split in a few seconds) and on
+per-split accumulators plus one 64-bit content hash and one index per example (16 bytes per row;
+4 more per numeric feature input for the row scales of ``data.outliers``, 8 more in a stream for
+recognising a wrap to its start), so it runs on real-size data (a 1,000,000 x 784 uint8 split in a few seconds) and on
 single-pass generators. Hashing is vectorized over 8-byte words: each word is mixed with a
 position key (xor, two odd multiplies and two xor-shifts, as in splitmix64), the mixed words of a
 row are summed modulo 2**64, and the sum is finalised with splitmix64. Matching is sort based;
