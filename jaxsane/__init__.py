@@ -30,6 +30,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "_init": ("LayerStats", "activation_stats", "check_init"),
     "_step_checks": ("check_step", "count_compilations"),
     "_batch": ("check_batch_independence",),
+    "_sequence": ("check_causal", "check_padding_in_loss"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -55,5 +56,5 @@ __all__ = [
     "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
     "LocateReport", "Origin", "locate",
     "LayerStats", "activation_stats", "check_batch_independence", "check_grads", "check_init", "check_step",
-    "count_compilations",
+    "count_compilations", "check_causal", "check_padding_in_loss",
 ]

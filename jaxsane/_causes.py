@@ -231,9 +231,34 @@ def _masked_count(v) -> bool:
 
 # ----------------------------------------------------------------------------- the causes
 
-_WHERE_FIX = ("apply the where to the input as well (\"double where\"): safe = jnp.where(cond, x, 1.0); "
-              "y = jnp.where(cond, {f}(safe), 0.0), so the untaken branch is evaluated at a harmless point "
-              "and its derivative is finite")
+# primitive -> the user-level function that binds it (valid Python in a fix text)
+_USER_FN = {"pow": "jnp.power", "integer_pow": "jnp.power", "acos": "jnp.arccos", "asin": "jnp.arcsin",
+            "atan": "jnp.arctan", "acosh": "jnp.arccosh", "asinh": "jnp.arcsinh", "atanh": "jnp.arctanh",
+            "atan2": "jnp.arctan2", "div": "jnp.divide", "rsqrt": "jax.lax.rsqrt", "logistic": "jax.nn.sigmoid",
+            "erf_inv": "jax.scipy.special.erfinv", "lgamma": "jax.scipy.special.gammaln",
+            "digamma": "jax.scipy.special.digamma"}
+_SAFE_AT_ZERO = ("acos", "asin", "atanh")   # 1.0 is the edge of their domain: evaluate the untaken branch at 0
+
+
+def _user_fn(prim: str) -> str:
+    return _USER_FN.get(prim, f"jnp.{prim}")
+
+
+def _where_fix(prim: str) -> str:
+    """The double-where fix for ``prim``, as valid Python with the operator's own arity."""
+    tail = ", so the untaken branch is evaluated at a harmless point and its derivative is finite"
+    if prim == "div":
+        return ("apply the where to the denominator as well (\"double where\"): safe = jnp.where(cond, d, 1.0); "
+                "y = jnp.where(cond, x / safe, 0.0)" + tail)
+    if prim in ("pow", "integer_pow"):
+        return ("apply the where to the base as well (\"double where\"): safe = jnp.where(cond, x, 1.0); "
+                "y = jnp.where(cond, safe ** p, 0.0)" + tail)
+    if prim == "atan2":
+        return ("apply the where to the arguments as well (\"double where\"): safe_y = jnp.where(cond, y, 0.0); "
+                "safe_x = jnp.where(cond, x, 1.0); r = jnp.where(cond, jnp.arctan2(safe_y, safe_x), 0.0)" + tail)
+    harmless = "0.0" if prim in _SAFE_AT_ZERO else "1.0"
+    return (f"apply the where to the input as well (\"double where\"): safe = jnp.where(cond, x, {harmless}); "
+            f"y = jnp.where(cond, {_user_fn(prim)}(safe), 0.0)" + tail)
 
 
 def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
@@ -384,8 +409,7 @@ def _explain_derivative(analysis, node) -> Cause:
     if mulnode is node and node.prim == "div":   # ct / x with ct = 0 and x = 0: the derivative 1/x is inf
         values = values.rsplit(" -> ", 1)[0] + " -> inf"
         val = "inf"
-    fname = {"pow": "jnp.power", "integer_pow": "jnp.power", "acos": "jnp.arccos", "asin": "jnp.arcsin",
-             "atan2": "jnp.arctan2", "div": "jnp.divide"}.get(name, f"jnp.{name}")
+    fname = _user_fn(name)
     if mulnode is not None:
         src = f"the {where.prim if where.prim == 'select_n' else 'select_n'} (jnp.where) at {_loc(where)}" \
             if where is not None else f"the product at {_loc(mulnode)}"
@@ -394,7 +418,7 @@ def _explain_derivative(analysis, node) -> Cause:
                      f"the derivative of {name} at the edge of its domain is {val}, and the jnp.where that discards "
                      f"this branch multiplies it by a 0 cotangent: 0 * {val} = NaN in the backward pass although the "
                      "forward value is finite (the double-where trap)",
-                     _WHERE_FIX.format(f=fname), _then(analysis, node))
+                     _where_fix(name), _then(analysis, node))
     if name in ("sqrt", "rsqrt", "pow", "integer_pow", "cbrt"):
         return Cause(values,
                      f"the derivative of {name} at 0 is {val}: the gradient of a norm or a standard deviation "

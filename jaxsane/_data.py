@@ -1,8 +1,9 @@
 """Data checks: labels, shapes, leakage, duplicates, padding, scale, constant and non-finite inputs.
 
 :func:`check_data` reads each split once, as a stream of row chunks, and keeps only small
-per-split accumulators plus one 64-bit content hash and one index per example (16 bytes per row),
-so it runs on real-size data (a 1,000,000 x 784 uint8 split in a few seconds) and on
+per-split accumulators plus one 64-bit content hash and one index per example (16 bytes per row;
+4 more per numeric feature input for the row scales of ``data.outliers``, 8 more in a stream for
+recognising a wrap to its start), so it runs on real-size data (a 1,000,000 x 784 uint8 split in a few seconds) and on
 single-pass generators. Hashing is vectorized over 8-byte words: each word is mixed with a
 position key (xor, two odd multiplies and two xor-shifts, as in splitmix64), the mixed words of a
 row are summed modulo 2**64, and the sum is finalised with splitmix64. Matching is sort based;
@@ -70,6 +71,57 @@ class _LeafStats:
         self.lo, self.hi = math.inf, -math.inf
         self.n = 0
         self.s = self.ss = 0.0
+        self.row_scale: list[np.ndarray] = []   # per-row max |value| (float32, NaN for non-finite rows)
+
+
+class _Cycle:
+    """Recognises a stream that wraps around to its start (an endless generator over a finite array).
+
+    Keeps every row's content hash in stream order (8 bytes a row). The stream has wrapped at row
+    ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...`` (and rows ``0..k`` are not all one
+    row); the wrap is confirmed once ``confirm_rows`` rows have matched, and then the reader stops:
+    one epoch is ``k`` rows.
+    """
+
+    def __init__(self, confirm_rows: int = 64):
+        self.buf = np.zeros(1024, _U64)
+        self.n = 0
+        self.k: int | None = None
+        self.confirm_rows = confirm_rows
+
+    def _matches(self, k: int, end: int) -> bool:
+        return bool(np.array_equal(self.buf[k:end], self.buf[:end - k]))
+
+    def add(self, h: np.ndarray) -> None:
+        n0, n1 = self.n, self.n + len(h)
+        if n1 > len(self.buf):
+            self.buf = np.concatenate([self.buf, np.zeros(max(n1, 2 * len(self.buf)) - len(self.buf), _U64)])
+        self.buf[n0:n1] = h
+        self.n = n1
+        if self.k is not None:
+            if self._matches(self.k, n1):
+                return
+            start, self.k = self.k + 1, None
+        else:
+            start = max(1, n0)
+        for c in (np.flatnonzero(self.buf[start:n1] == self.buf[0]) + start)[:16].tolist():
+            if self._matches(c, n1):
+                self.k = c
+                return
+
+    def _varied(self) -> bool:
+        """The epoch holds at least two distinct rows (a stream of one repeated row is data.constant's)."""
+        return bool((self.buf[1:self.k] != self.buf[0]).any())
+
+    @property
+    def confirmed(self) -> bool:
+        return self.k is not None and self.n - self.k >= self.confirm_rows and self._varied()
+
+    def epoch(self, cut: bool) -> int | None:
+        """Rows in one epoch, once confirmed (in a stream cut off by the batch limit: once 2 rows matched)."""
+        if self.confirmed or (cut and self.k is not None and self.n - self.k >= 2 and self._varied()):
+            return self.k
+        return None
 
 
 class _Split:
@@ -107,6 +159,11 @@ class _Split:
         self.class_counts = np.zeros(0, np.int64)
         self.has_labels = False
         self.count_classes = True
+        self.seq_rows = 0                        # token rows whose targets can be compared with inputs
+        self.seq_same = _Flags(k)                # targets == inputs (not shifted)
+        self.seq_lag = _Flags(k)                 # targets[:, 1:] == inputs[:, :-1] (shifted the wrong way)
+        self.cycle: _Cycle | None = None          # the wrap detector of a stream (set by _scan)
+        self.epoch: int | None = None            # rows in one pass of a stream that wraps to its start
 
 
 # ----------------------------------------------------------------------------- the check
@@ -117,7 +174,7 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
                max_imbalance_ratio: float = 10.0, max_duplicate_fraction: float = 0.0,
                max_leakage_fraction: float = 0.0, scale_range: tuple[float, float] = (1e-2, 10.0),
                integer_features: bool | None = None, max_indices: int = 5, apply_examples: int = 4,
-               chunk_bytes: int = 1 << 24) -> Diagnosis:
+               chunk_bytes: int = 1 << 24, outlier_ratio: float = 100.0) -> Diagnosis:
     """Check training (and evaluation) data before the model ever sees it.
 
     Each split is read once, in row chunks, with bounded memory (16 bytes per example for the
@@ -132,6 +189,10 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     match), ``data.duplicates`` (repeated inputs within a split), ``data.imbalance``,
     ``data.all_padding`` (sequences whose mask is all zero; batches entirely padding),
     ``data.unnormalized``, ``data.constant`` (the whole input, or a whole batch, is one value),
+    ``data.outliers`` (rows whose scale is orders of magnitude beyond the rest, with their indices),
+    ``data.unshifted_targets`` (next-token targets ``[B, T]`` equal to the integer inputs, or equal
+    to them shifted the wrong way), ``data.epoch`` (info: a stream that starts over after k
+    examples is read as one epoch of k examples, not as duplicates),
     ``nonfinite.input`` (NaN/Inf in inputs or float labels), ``data.empty`` (a split with zero
     examples is an error, empty batches inside a stream a warning), ``data.partial`` (info: only
     the first ``max_batches`` batches of a longer stream were read).
@@ -176,6 +237,11 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
       max_indices: how many example indices each finding lists.
       apply_examples: how many examples ``apply`` sees.
       chunk_bytes: rows are processed in chunks of about this many bytes.
+      outlier_ratio: ``data.outliers`` flags rows of a numeric feature input whose largest absolute
+        value is more than this many times the median row's (rows of zeros excluded). Default 100:
+        two orders of magnitude, far outside the ~5x spread of row maxima of standardised data
+        (the max of 784 unit normals is about 3.2 +- 0.4) and the 1.5 IQR fences of Tukey's
+        boxplot rule, so only scale errors, sentinels or corrupt rows reach it.
 
     Returns:
       A :class:`~jaxsane.Diagnosis`; ``diagnosis.artifacts["data"]`` holds per-split summaries
@@ -209,6 +275,7 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     require_float(fn, "max_imbalance_ratio", max_imbalance_ratio, min=1.0)
     require_float(fn, "max_duplicate_fraction", max_duplicate_fraction, min=0.0, max=1.0)
     require_float(fn, "max_leakage_fraction", max_leakage_fraction, min=0.0, max=1.0)
+    require_float(fn, "outlier_ratio", outlier_ratio, min=1.0)
     if (isinstance(scale_range, (str, bytes)) or not hasattr(scale_range, "__len__") or len(scale_range) != 2
             or not all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
                        for v in scale_range) or not 0 <= scale_range[0] < scale_range[1]):
@@ -229,7 +296,7 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     splits = [s for s in (train_split, eval_split) if s is not None]
     train_sorted = None
     for split in splits:
-        findings += _split_findings(split, opts, max_imbalance_ratio, scale_range)
+        findings += _split_findings(split, opts, max_imbalance_ratio, scale_range, outlier_ratio)
         dup, sorted_ = _duplicates(split, max_duplicate_fraction, max_indices, inputs)
         findings += dup
         if split is train_split:
@@ -260,6 +327,8 @@ def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, fin
     batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches,
                      peek=max_batches is None)
     split.stream = stream = batches.is_stream
+    if stream:
+        split.cycle = _Cycle()
     offset = 0
     for b, raw in batches:
         where = f"{what} batch {b}" if stream else what
@@ -294,13 +363,39 @@ def _scan(data: Any, what: str, max_batches: int | None, k: int, opts: dict, fin
             split.constant_batches.add_index(b)
         offset += n
         split.batches += 1
+        if split.cycle is not None and split.cycle.confirmed:
+            break  # the stream started over: one epoch has been read, the rest repeats it
     if split.batches == 0:
         raise DataError(f"the {what} data is empty: its iterator yielded no batch. Likely cause: an exhausted "
                         "generator (already read once) or a filter that dropped everything. Fix: pass a fresh "
                         "iterable, or a zero-argument function returning one.")
     split.rows = offset
     split.partial = batches.more
+    if split.cycle is not None:
+        # a stream cut off by the batch limit may end right after its wrap; one that ended by itself
+        # with a short repeat of its start holds duplicates (confirmed wraps stopped the reading earlier)
+        cut = batches.more or (batches.limit is not None and split.batches >= batches.limit)
+        split.epoch = split.cycle.epoch(cut)
+        if split.epoch is not None:
+            _truncate(split, split.epoch)
+            split.rows = split.epoch
+        split.cycle = None
     return split
+
+
+def _truncate(split: _Split, rows: int) -> None:
+    """Keep only the first ``rows`` examples of the per-row accumulators (one epoch of a wrapped stream).
+
+    Counters of the few repeated rows read before the wrap was confirmed (class counts, scale sums)
+    are kept: they are at most ``confirm_rows`` plus one batch of rows."""
+    h = np.concatenate(split.hashes) if split.hashes else np.zeros(0, _U64)
+    i = np.concatenate(split.hash_index) if split.hash_index else np.zeros(0, np.int64)
+    keep = i < rows
+    split.hashes, split.hash_index = [h[keep]], [i[keep]]
+    for st in split.stats.values():
+        if st.row_scale:
+            st.row_scale = [np.concatenate(st.row_scale)[:rows]]
+    split.partial = False
 
 
 def _signature(split: _Split, batch: PyTree, b: int, where: str, padded: bool) -> None:
@@ -415,12 +510,18 @@ def _scan_chunk(split: _Split, chunk: PyTree, offset: int, where: str, opts: dic
                 finite_rows = ~bad
         if flat.size == 0:
             continue
+        # per-row min/max in the same pass as the global ones: the row scales feed data.outliers
+        rmin, rmax = flat.min(axis=1), flat.max(axis=1)
         if finite_rows is None:
-            lo[path], hi[path] = float(flat.min()), float(flat.max())
+            lo[path], hi[path] = float(rmin.min()), float(rmax.max())
         elif finite_rows.any():
-            good = flat[finite_rows]
-            lo[path], hi[path] = float(good.min()), float(good.max())
+            lo[path], hi[path] = float(rmin[finite_rows].min()), float(rmax[finite_rows].max())
         st = split.stats.setdefault(path, _LeafStats(a.dtype))
+        if a.dtype.kind in "fiu" and _is_feature(a.dtype, opts["integer_features"]):
+            scale = np.maximum(np.abs(rmin.astype(np.float32)), np.abs(rmax.astype(np.float32)))
+            if finite_rows is not None:
+                scale[~finite_rows] = np.nan
+            st.row_scale.append(scale)
         if path in lo:
             st.lo, st.hi = min(st.lo, lo[path]), max(st.hi, hi[path])
         if _is_feature(a.dtype, opts["integer_features"]):
@@ -453,6 +554,8 @@ def _scan_chunk(split: _Split, chunk: PyTree, offset: int, where: str, opts: dic
             any_mask = bool(row_any.any())
         else:
             any_mask = bool(mk.any())
+    if split.cycle is not None:
+        split.cycle.add(h)
     idx = np.arange(offset, offset + rows, dtype=np.int64)
     if keep is not None and not keep.all():
         h, idx = h[keep], idx[keep]
@@ -460,6 +563,7 @@ def _scan_chunk(split: _Split, chunk: PyTree, offset: int, where: str, opts: dic
     split.hash_index.append(idx)
     if y is not None:
         _scan_labels(split, y, m, rows, offset, where, opts)
+        _scan_shift(split, leaves, y, m, rows, offset)
     if first and split.what == "train" and opts["apply"] is not None:
         findings += _apply_check(opts, x, y, where)
     return lo, hi, has_mask, any_mask
@@ -526,6 +630,40 @@ def _scan_labels(split: _Split, y: Any, m: Any, rows: int, offset: int, where: s
                 split.class_counts[: counts.size] += counts
 
 
+def _scan_shift(split: _Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: Any, rows: int,
+                offset: int) -> None:
+    """Next-token targets ``[B, T]`` against integer inputs of the same shape: targets equal to the
+    inputs (not shifted), or equal to the inputs one position late (``targets[:, 1:] == inputs[:, :-1]``,
+    shifted the wrong way). Only rows that can tell are counted: at least 3 valid positions whose
+    tokens are not all one value (for the wrong-way test, not of period 2 either). Positions that the
+    mask marks as padding, and negative targets (an ignore index such as -100), are not compared."""
+    lab_leaves = jax.tree_util.tree_leaves(y)
+    if len(lab_leaves) != 1:
+        return
+    lab = _host(lab_leaves[0])
+    if lab.ndim != 2 or lab.shape[1] < 3 or lab.dtype.kind not in "iu":
+        return
+    tokens = [a for _, a in leaves if a.shape == lab.shape and a.dtype.kind in "iu" and a is not m]
+    if not tokens:
+        return
+    valid = lab >= 0
+    if m is not None:
+        mk = _host(m)
+        if mk.shape == lab.shape:
+            valid &= mk.astype(bool)
+    for tok in tokens:
+        varied = ((tok != tok[:, :1]) & valid).any(axis=1) & (valid.sum(axis=1) >= 3)
+        if not varied.any():
+            continue
+        split.seq_rows += int(varied.sum())
+        same = ((lab == tok) | ~valid).all(axis=1) & varied
+        period2 = ((tok[:, 2:] == tok[:, :-2]) | ~valid[:, 2:]).all(axis=1)
+        lag = ((lab[:, 1:] == tok[:, :-1]) | ~valid[:, 1:]).all(axis=1) & varied & ~period2
+        split.seq_same.add(same, offset)
+        split.seq_lag.add(lag, offset)
+        return  # the first token leaf of the targets' shape is the one they are compared with
+
+
 def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:
     """Evaluate ``apply`` abstractly on a few examples and compare prediction and label shapes."""
     apply, params, k = opts["apply"], opts["params"], max(1, int(opts["apply_examples"]))
@@ -578,7 +716,38 @@ def _idx(flags: _Flags) -> str:
     return f"first indices {flags.first}"
 
 
-def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tuple[float, float]) -> list[Finding]:
+def _outliers(split: _Split, ratio: float) -> list[Finding]:
+    """``data.outliers``: rows whose max |value| is more than ``ratio`` times the median row's."""
+    out: list[Finding] = []
+    for path, st in split.stats.items():
+        if not st.row_scale:
+            continue
+        scale = np.concatenate(st.row_scale) if len(st.row_scale) > 1 else st.row_scale[0]
+        st.row_scale = [scale]
+        positive = scale[scale > 0]  # NaN compares False: non-finite rows are nonfinite.input's
+        if positive.size < 8:
+            continue
+        median = float(np.median(positive))
+        flags = scale > ratio * median
+        count = int(flags.sum())
+        if not count:
+            continue
+        idx = np.flatnonzero(flags)
+        top = idx[np.argsort(-scale[idx], kind="stable")][: split.k]
+        out.append(Finding("data.outliers", f"{count} of {split.rows} {split.what} examples have values in {path} "
+                           f"more than {ratio:g}x the typical row's scale (max |value| up to {float(scale[idx].max()):.4g} "
+                           f"against a median row max of {median:.3g}; first indices {idx[: split.k].tolist()}, "
+                           f"largest at {top.tolist()})",
+                           "inspect these rows: a unit or scaling error, a sentinel value (e.g. -9999 for missing), "
+                           "or corrupt records; clip, fix or drop them. A few such rows can overflow the loss "
+                           "(NaN) only when a batch first draws them", severity="warning", path=f"{split.what} {path}",
+                           extra={"count": count, "indices": idx[: split.k].tolist(), "median_scale": median,
+                                  "max_scale": float(scale[idx].max())}))
+    return out
+
+
+def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tuple[float, float],
+                    outlier_ratio: float = 100.0) -> list[Finding]:
     out: list[Finding] = []
     w, C = split.what, opts["num_classes"]
     n = split.rows
@@ -654,6 +823,24 @@ def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tu
                                f"threshold {max_ratio:g}:1)",
                                "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
                                path=f"{w} labels", extra={"class_counts": counts.tolist(), "ratio": ratio}))
+    if split.epoch is not None:
+        out.append(Finding("data.epoch", f"the {w} stream starts over after {split.epoch} examples (rows "
+                           f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
+                           "repeat is an epoch boundary, not duplicated data", "-", severity="info", path=w,
+                           extra={"epoch_rows": split.epoch}))
+    if split.seq_rows:
+        for flags, what, fix in (
+                (split.seq_same, "equal the inputs at every position (next-token targets not shifted: the model "
+                 "is trained to copy its input)", "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] "
+                 "(and the mask likewise)"),
+                (split.seq_lag, "equal the inputs one position late (targets[:, 1:] == inputs[:, :-1]: shifted "
+                 "the wrong way, the model is trained to predict the previous token)",
+                 "shift the other way: inputs = tokens[:, :-1], targets = tokens[:, 1:]")):
+            if flags.count and flags.count * 2 >= split.seq_rows:
+                out.append(Finding("data.unshifted_targets", f"{flags.count} of {split.seq_rows} {w} token "
+                                   f"sequences have targets that {what} ({_idx(flags)})", fix,
+                                   path=f"{w} labels", extra={"count": flags.count, "indices": flags.first,
+                                                              "rows_compared": split.seq_rows}))
     if split.padding_rows.count:
         out.append(Finding("data.all_padding", f"{split.padding_rows.count} of {n} {w} examples are all padding "
                            f"(mask all zero; {_idx(split.padding_rows)})",
@@ -665,6 +852,8 @@ def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tu
                            f"(mask all zero; batches {split.padding_batches.first}): they train on nothing and "
                            "make a masked mean 0/0", "drop empty batches; check the mask polarity (1 = real token)",
                            path=f"{w} mask"))
+    outliers = _outliers(split, outlier_ratio)
+    outlier_paths = {f.path for f in outliers}
     for path, st in split.stats.items():
         if st.lo == math.inf:
             continue
@@ -681,12 +870,13 @@ def _split_findings(split: _Split, opts: dict, max_ratio: float, scale_range: tu
             mean = st.s / st.n
             std = math.sqrt(max(st.ss / st.n - mean * mean, 0.0))
             rms = math.sqrt(max(st.ss / st.n, 0.0))
-            if not (scale_range[0] <= rms <= scale_range[1]):
+            if not (scale_range[0] <= rms <= scale_range[1]) and f"{w} {path}" not in outlier_paths:
                 out.append(Finding("data.unnormalized", f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
                                    f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
                                    "standardise the inputs ((x - mean) / std over the train split) or scale pixels "
                                    "once by 1/255", path=f"{w} {path}",
                                    extra={"mean": mean, "std": std}))
+    out += outliers  # their rows inflate the RMS: data.unnormalized is not reported beside them
     if split.constant_batches.count:
         out.append(Finding("data.constant", f"{split.constant_batches.count} of {split.batches} {w} batches have "
                            f"constant inputs (one value throughout; batches {split.constant_batches.first})",

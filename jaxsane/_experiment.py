@@ -51,6 +51,8 @@ class Experiment:
         (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
       num_classes: number of classes, for label-range and init-loss checks.
       name: shown in reports.
+      causal: the model is causal (an autoregressive LM): ``apply``'s output at position t must not
+        depend on inputs after t; the batch stage then checks it (``seq.future_leakage``).
     """
 
     init: Callable[[jax.Array], PyTree]
@@ -65,6 +67,7 @@ class Experiment:
     mask: Callable | None = None
     num_classes: int | None = None
     name: str = "experiment"
+    causal: bool = False
 
     def __post_init__(self):
         for field in ("init", "step"):
@@ -104,6 +107,9 @@ class Experiment:
                    "a regression or binary-logit model (one output) given num_classes")
                 + ". Fix: pass num_classes=C (the number of class ids, labels in [0, C)), or None to skip the "
                 "label-range and init-loss checks.")
+        if not isinstance(self.causal, bool):
+            raise ExperimentError(f"Experiment.causal must be True or False, got {show(self.causal)}. Fix: pass "
+                                  "causal=True for an autoregressive model (output at t sees inputs <= t only).")
         if not isinstance(self.name, str):
             raise ExperimentError(f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
                                   f"name=str(...) (it is shown in reports).")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 import linecache
 import os
+import re
+import sys
 from typing import Any, Sequence
 
 LIBRARY_PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "equinox", "orbax", "numpy", "jaxsane")
@@ -101,3 +103,40 @@ def source_text(file: str | None, line: int | None) -> str:
     if not file or not line:
         return ""
     return linecache.getline(file, line).strip()
+
+
+_IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")       # ipykernel >= 6: /tmp/ipykernel_PID/HASH.py
+_IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")     # older IPython: <ipython-input-N-HASH>
+
+
+def cell_number(file: str) -> int | None:
+    """The execution count of the notebook/IPython cell compiled to ``file``, or None.
+
+    ipykernel names each cell's code after a hash of it (``/tmp/ipykernel_1234/667549009.py``);
+    IPython's compiler records which execution count each such name was compiled for
+    (``get_ipython().compile._filename_map``). Older IPython put the count in the name itself.
+    Host-side only; never imports IPython (only reads it when the session already has it).
+    """
+    m = _IPYTHON_INPUT.match(file)
+    if m:
+        return int(m.group(1))
+    if not _IPYKERNEL_CELL.search(file):
+        return None
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        number = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(file)
+    except Exception:  # noqa: BLE001 - naming a cell is best effort
+        return None
+    return number if isinstance(number, int) else None
+
+
+def display_location(file: str | None, line: int | None) -> str:
+    """``file:line`` as a user reads it: ``<cell 3>, line 6`` for a notebook cell (``<cell>, line 6``
+    when its execution count is unknown), else the file's base name and the line."""
+    if not file:
+        return "<unknown location>"
+    if _IPYTHON_INPUT.match(file) or _IPYKERNEL_CELL.search(file):
+        n = cell_number(file)
+        return f"<cell {n}>, line {line}" if n is not None else f"<cell>, line {line}"
+    return f"{os.path.basename(file)}:{line}"

@@ -586,8 +586,13 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
 def _origins(analysis: _Analysis) -> list[Origin]:
     found: list[tuple[tuple, Origin]] = []
     keys: dict[tuple, int] = {}
+    forward: list[Node] = []   # forward births so far: a later backward birth at their inputs follows from them
     for node in sorted(analysis.births, key=lambda n: n.order):
         o = _origin_of(analysis, node)
+        if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
+            continue
+        if o.phase == "forward":
+            forward.append(node)
         key = (o.primitive, o.file, o.line, o.code, node.eqn is not None and id(node.eqn))
         if key in keys:
             continue
@@ -615,6 +620,26 @@ def _origins(analysis: _Analysis) -> list[Origin]:
             found.append(((-1,), o))
     found.sort(key=lambda t: t[0])
     return [o for _, o in found]
+
+
+def _at_inputs_of(node: Node, origin: Node) -> bool:
+    """True when ``node`` (a backward/update birth) computes on a value at which the forward ``origin``
+    already went non-finite: it shares one of the origin's input values (the same replay value, or an
+    equal array of the same shape), e.g. log's derivative ``ct / x`` at the ``x = 0`` of a forward
+    ``log(0)``. Such a birth is a consequence of the origin, not an independent further origin."""
+    mine = [x for x in node.ins if x.kind not in ("literal", "const")]
+    theirs = [x for x in origin.ins if x.kind not in ("literal", "const")]
+    if any(a is b for a in mine for b in theirs):
+        return True
+    for a in mine:
+        va = np.asarray(raw(a.value))
+        if va.size < 2:
+            continue
+        for b in theirs:
+            vb = np.asarray(raw(b.value))
+            if va.shape == vb.shape and va.dtype == vb.dtype and np.array_equal(va, vb):
+                return True
+    return False
 
 
 def _first_real(analysis: _Analysis, c) -> Node | None:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from ._findings import Finding
+from ._frames import display_location
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +38,7 @@ class Origin:
 
     @property
     def location(self) -> str:
-        if self.file is None:
-            return "<unknown location>"
-        return f"{os.path.basename(self.file)}:{self.line}"
+        return display_location(self.file, self.line)
 
     def summary(self) -> str:
         """One line: code, primitive, phase, file:line and the values."""

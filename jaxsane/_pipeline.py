@@ -17,10 +17,11 @@ from typing import Any, Callable, Iterable
 import jax
 
 from ._batch import check_batch_independence
+from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data
 from ._data_read import _is_data
-from ._errors import DoctorOptionError, JaxsaneError, NonFiniteError
-from ._experiment import Adapted, Experiment, get_inputs, iter_batches, slice_batch
+from ._errors import DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
+from ._experiment import Adapted, Experiment, get_inputs, get_labels, get_mask, iter_batches, slice_batch
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
@@ -93,7 +94,22 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
     diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
                            labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    return list(diagnosis)
+    return [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+
+
+def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
+    """True when targets equal to the inputs are the Hugging Face convention: the loss never reads
+    target 0, so it shifts internally (logits[:, :-1] against labels[:, 1:])."""
+    adapted = ctx.adapted
+    if adapted is None or adapted.loss_fn is None or "wrong way" in finding.message:
+        return False
+    try:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        return loss_reads_first_target(traceable(adapted, "loss"), params, ctx.batch,
+                                       get_labels(ctx.experiment, ctx.batch),
+                                       get_inputs(ctx.experiment, ctx.batch)) is False
+    except Exception:  # the loss's own problems are the later stages' to report
+        return False
 
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -143,12 +159,40 @@ def step_stage(ctx: StageContext) -> Iterable[Finding]:
 def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (:class:`BatchOptions`)."""
     adapted = ctx.adapted
+    findings = list(_sequence_checks(ctx))
     if adapted.apply_fn is None:
-        return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
-                        "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+        return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
+                                   "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
     state = adapted.init(ctx.key)
-    return check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
-                                    get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
+    return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
+                                               get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
+
+
+def _sequence_checks(ctx: StageContext) -> list[Finding]:
+    """The batch stage's time-axis probes: ``seq.future_leakage`` (Experiment(causal=True) with apply)
+    and ``seq.padding_in_loss`` (a loss and a ``[B, T]`` padding mask in the batch)."""
+    exp, adapted, out = ctx.experiment, ctx.adapted, []
+    params = None
+    if exp.causal:
+        if adapted.apply_fn is None:
+            out.append(Finding("doctor.skipped", "causal check not run: Experiment(causal=True) needs "
+                               "Experiment.apply ((params, inputs) -> per-position outputs)", "pass apply=..."))
+        else:
+            params = adapted.params(adapted.init(ctx.key))
+            try:
+                out += check_causal(traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
+            except ExperimentError as e:
+                out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
+    mask = get_mask(exp, ctx.batch)
+    if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        try:
+            labels = get_labels(exp, ctx.batch)
+        except JaxsaneError:
+            labels = None
+        out += check_padding_in_loss(traceable(adapted, "loss"), params, ctx.batch, mask,
+                                     inputs=get_inputs(exp, ctx.batch), labels=labels)
+    return out
 
 
 def overfit_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -394,3 +394,91 @@ def test_doctor_data_stage_clean_and_faulty():
                               apply=lambda model, inp: model(inp)[:, :1])
     d = jaxsane.doctor(reg, stages=["data"], progress=False)
     assert "data.shape" in d.codes and "broadcast" in d.by_code("data.shape")[0].message
+
+
+# ----------------------------------------------------------------------------- outliers, sequences, epochs
+
+def test_a_few_rows_at_a_far_larger_scale_are_outliers():
+    x, y, _, _ = _digits()
+    x = (x - x.mean()) / x.std()
+    assert "data.outliers" not in check_data((x, y)).codes
+    bad = x.copy()
+    bad[[11, 300, 512]] *= 5000.0  # BUG: a unit error in three records
+    d = check_data((bad, y))
+    [f] = [f for f in d if f.code == "data.outliers"]
+    assert f.severity == "warning" and f.extra["indices"] == [11, 300, 512] and f.extra["count"] == 3
+    assert "data.unnormalized" not in d.codes  # the outliers explain the scale: no second finding
+    # the same rows found in a stream of batches (indices counted across batches), and as integer features
+    stream = [(bad[s:s + 100], y[s:s + 100]) for s in range(0, 1000, 100)]
+    assert [f.extra["indices"] for f in check_data(stream) if f.code == "data.outliers"] == [[11, 300, 512]]
+    pix = np.random.default_rng(0).integers(1, 256, (500, 64)).astype(np.uint8).astype(np.int32)
+    pix[7] = 90000
+    assert [f.extra["indices"] for f in check_data(pix, integer_features=True)
+            if f.code == "data.outliers"] == [[7]]
+
+
+def test_heavy_tails_and_sparse_rows_are_not_outliers():
+    rng = np.random.default_rng(1)
+    t = rng.standard_t(3, size=(5000, 16)).astype(np.float32)  # heavy-tailed, but one population
+    sparse = np.zeros((400, 32), np.float32)
+    sparse[::3, 0] = rng.uniform(0.5, 2.0, len(sparse[::3]))  # many all-zero rows
+    assert "data.outliers" not in check_data(t).codes
+    assert "data.outliers" not in check_data(sparse).codes
+    assert "data.outliers" in check_data(t, outlier_ratio=2.0).codes  # the threshold is the knob
+
+
+def test_unshifted_next_token_targets():
+    seq = _sequences()
+    assert "data.unshifted_targets" not in check_data(seq).codes  # labels = tokens shifted left: correct
+    same = dict(seq, labels=seq["tokens"].copy())  # BUG: targets are the inputs
+    [f] = [f for f in check_data(same) if f.code == "data.unshifted_targets"]
+    assert f.severity == "error" and f.extra["count"] == 40 and "tokens[:, 1:]" in f.hint
+    back = dict(seq, labels=np.concatenate([np.zeros((40, 1), np.int32), seq["tokens"][:, :-1]], 1))  # BUG
+    [f] = [f for f in check_data(back) if f.code == "data.unshifted_targets"]
+    assert "wrong way" in f.message
+    # an ignore index at padded positions and in the first column is not compared
+    ignore = dict(seq, labels=np.where(seq["mask"] > 0, seq["labels"], -100))
+    assert "data.unshifted_targets" not in check_data(ignore).codes
+
+
+def test_unshifted_targets_need_a_majority_of_sequences():
+    seq = _sequences()
+    labels = seq["labels"].copy()
+    labels[:3] = seq["tokens"][:3]  # three rows only (e.g. constant-looking rows): not the pipeline's shift
+    assert "data.unshifted_targets" not in check_data(dict(seq, labels=labels)).codes
+
+
+def test_a_stream_that_cycles_is_one_epoch_not_duplicates():
+    x, y, _, _ = _digits()
+    x, y = x[:300], y[:300]
+
+    def cycling():  # an endless generator over a finite array, as data loaders are written
+        i = 0
+        while True:
+            idx = (i + np.arange(32)) % len(x)
+            yield {"x": x[idx], "y": y[idx]}
+            i += 32
+
+    d = check_data(cycling, num_classes=10)
+    assert "data.duplicates" not in d.codes and "data.partial" not in d.codes
+    [f] = [f for f in d if f.code == "data.epoch"]
+    assert f.severity == "info" and f.extra["epoch_rows"] == 300
+    assert d.artifacts["data"]["train"]["rows"] == 300
+    # duplicates of the first rows that do not continue the stream's start are duplicates
+    dup = [{"x": np.concatenate([x[s:s + 30], x[:2]]), "y": np.concatenate([y[s:s + 30], y[:2]])}
+           for s in range(0, 300, 30)]
+    d = check_data(dup, num_classes=10)
+    assert "data.duplicates" in d.codes and "data.epoch" not in d.codes
+    # an endless stream cut off by max_batches right after its wrap: an epoch once two rows match
+    small = lambda: ({"x": x[(i * 50 + np.arange(50)) % 300], "y": y[(i * 50 + np.arange(50)) % 300]}
+                     for i in range(10 ** 6))
+    assert [f.extra["epoch_rows"] for f in check_data(small, max_batches=7) if f.code == "data.epoch"] == [300]
+    # a finite stream that ends with a short repeat of its start holds duplicates
+    ends = [{"x": x[s:s + 50], "y": y[s:s + 50]} for s in range(0, 300, 50)] + [{"x": x[:2], "y": y[:2]}]
+    d = check_data(ends)
+    assert "data.duplicates" in d.codes and "data.epoch" not in d.codes
+
+
+def test_outlier_ratio_is_validated():
+    with pytest.raises(jaxsane.ArgumentError, match="outlier_ratio"):
+        check_data(np.ones((4, 2), np.float32), outlier_ratio=0.5)

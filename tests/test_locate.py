@@ -548,3 +548,84 @@ def test_xla_only_nan_inside_a_compiled_loop(monkeypatch):
     report = locate(f, jnp.ones(3))
     assert report.xla_only and not report.origins
     assert f"scan at test_locate.py:{line_of('xla_scan')}" in report.prefix_at
+
+
+# ----------------------------------------------------------------------------- independent origins, fix texts, cells
+
+def test_a_backward_nan_at_a_forward_origins_input_is_not_a_further_origin():
+    def loss(w, x, y):
+        p = jax.nn.softmax(x @ w)
+        return -jnp.mean(jnp.log(p[jnp.arange(len(y)), y]))  # log(0) where softmax underflows
+
+    def step(w, x, y):
+        value, g = jax.value_and_grad(loss)(w, x, y)
+        return w - 0.1 * g, value
+
+    w = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)) * 100
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32))
+    report = jaxsane.locate(step, w, x, jnp.arange(8) % 3)
+    assert [(o.primitive, o.phase) for o in report.origins] == [("log", "forward")]
+    assert "further origin" not in str(report)
+
+
+def test_independent_origins_are_still_all_reported():
+    def f(x, z):
+        a = jnp.log(x)            # forward origin at x = 0
+        b = jnp.sqrt(z) * 0.0     # an unrelated forward origin: sqrt of a negative number
+        return a.sum(), b.sum()
+
+    report = jaxsane.locate(f, jnp.zeros(3), -jnp.ones(2))
+    assert sorted(o.primitive for o in report.origins) == ["log", "sqrt"]
+
+
+@pytest.mark.parametrize("prim", ["div", "sqrt", "log", "log1p", "pow", "integer_pow", "acos", "asin", "atan2",
+                                  "rsqrt", "atanh", "logistic", "erf_inv", "lgamma"])
+def test_double_where_fix_is_valid_python_that_runs(prim):
+    import importlib
+    import re
+    from jaxsane._causes import _where_fix
+    text = _where_fix(prim)
+    code = re.search(r'\): (.*), so the untaken branch', text).group(1)
+    importlib.import_module("jax.scipy.special")  # named by some fixes
+    env = {"jax": jax, "jnp": jnp, "cond": jnp.array([True, False]), "x": jnp.array([0.5, 0.0]),
+           "d": jnp.array([2.0, 0.0]), "p": -0.5, "y": jnp.array([0.3, 0.0])}
+    for stmt in code.split("; "):
+        exec(compile(stmt, "<fix>", "exec"), env)  # raises SyntaxError/NameError/TypeError if malformed
+    out = env.get("r", env.get("y"))
+    assert bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_the_derivative_fix_names_the_users_operator():
+    def f(x):
+        return jax.grad(lambda x: jnp.sum(jnp.where(x > 0, 1.0 / x, 0.0)))(x)  # 0 * inf in the backward pass
+
+    report = jaxsane.locate(f, jnp.array([1.0, 0.0]))
+    fix = report.origins[0].fix
+    assert "jnp.divide(safe)" not in fix and "x / safe" in fix
+
+
+def test_notebook_cells_are_named_by_their_execution_count(monkeypatch):
+    import types
+    from jaxsane._frames import cell_number, display_location
+    assert display_location("/work/model.py", 41) == "model.py:41"
+    assert display_location("<ipython-input-7-3f2a9c>", 6) == "<cell 7>, line 6"
+    cell = "/tmp/ipykernel_31337/667549009.py"
+    assert display_location(cell, 6) == "<cell>, line 6"  # no IPython session: the count is unknown
+    shell = types.SimpleNamespace(compile=types.SimpleNamespace(_filename_map={cell: 3}))
+    fake = types.SimpleNamespace(get_ipython=lambda: shell)
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert cell_number(cell) == 3 and display_location(cell, 6) == "<cell 3>, line 6"
+
+
+def test_locate_in_an_ipython_cell_names_the_cell():
+    shell_mod = pytest.importorskip("IPython.core.interactiveshell")
+    shell = shell_mod.InteractiveShell.instance()
+    try:
+        shell.run_cell("import jax.numpy as jnp, jaxsane", store_history=True)
+        result = shell.run_cell("def f(x):\n    return jnp.log(x) * 2\nreport = jaxsane.locate(f, jnp.zeros(2))",
+                                store_history=True)
+        assert result.success, result.error_in_exec
+        origin = shell.user_ns["report"].origins[0]
+        assert origin.location == f"<cell {result.execution_count}>, line 2", origin.location
+    finally:
+        shell_mod.InteractiveShell.clear_instance()

@@ -1,0 +1,192 @@
+"""Sequence-model checks: future leakage in a model declared causal (a missing mask, a mask on the
+wrong axis) and padding that reaches the loss; causal, masked programs stay silent."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane import ExperimentError, check_causal, check_padding_in_loss
+
+V, D, T, B = 11, 8, 7, 4
+rng = np.random.default_rng(0)
+PARAMS = {"emb": jnp.asarray(rng.normal(size=(V, D)).astype(np.float32)),
+          "q": jnp.asarray(rng.normal(size=(D, D)).astype(np.float32) / 3),
+          "k": jnp.asarray(rng.normal(size=(D, D)).astype(np.float32) / 3),
+          "out": jnp.asarray(rng.normal(size=(D, V)).astype(np.float32))}
+TOKENS = np.concatenate([np.ones((B, 1), np.int32), rng.integers(2, V, (B, T - 1)).astype(np.int32)], 1)
+LENGTHS = np.array([7, 5, 4, 6])
+MASK = (np.arange(T)[None] < LENGTHS[:, None]).astype(np.float32)
+TOKENS = np.where(MASK > 0, TOKENS, 0).astype(np.int32)
+
+
+def attention_lm(mask_fn):
+    """A one-layer attention LM whose attention mask is ``mask_fn(T) -> [T(query), T(key)] bool``."""
+    def apply(p, tokens):
+        h = p["emb"][tokens]
+        scores = (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2)
+        allowed = mask_fn(tokens.shape[1])[None] & (tokens != 0)[:, None, :]
+        scores = jnp.where(allowed, scores, -1e9)
+        return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
+    return apply
+
+
+causal = attention_lm(lambda t: jnp.tril(jnp.ones((t, t), bool)))
+
+
+def test_a_causal_mask_is_silent():
+    assert check_causal(causal, PARAMS, TOKENS) == []
+    assert check_causal(jax.jit(causal), PARAMS, TOKENS, probes=[0, 1, 2, 3, 4, 5]) == []
+
+
+def test_a_missing_causal_mask_is_future_leakage():
+    leaky = attention_lm(lambda t: jnp.ones((t, t), bool))  # BUG: no causal mask
+    [f] = check_causal(leaky, PARAMS, TOKENS)
+    assert f.code == "seq.future_leakage" and f.severity == "error"
+    assert 0 in f.extra["probes"][0][2] and "tril" in f.hint
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda t: jnp.tril(jnp.ones((t, t), bool)).T,           # [key, query]: the mask on the wrong axis
+    lambda t: jnp.triu(jnp.ones((t, t), bool)),             # triu for tril
+    lambda t: jnp.tril(jnp.ones((t, t), bool), k=1),        # off by one: t sees t + 1
+])
+def test_a_mask_on_the_wrong_axis_or_direction_is_future_leakage(wrong):
+    [f] = check_causal(attention_lm(wrong), PARAMS, TOKENS)
+    assert f.code == "seq.future_leakage"
+
+
+def test_float_inputs_and_a_future_looking_convolution():
+    x = rng.normal(size=(B, T, 3)).astype(np.float32)
+    w = jnp.asarray(rng.normal(size=(3, 5)).astype(np.float32))
+    past = lambda p, x: jnp.cumsum(x @ p, axis=1)                            # causal: prefix sums
+    future = lambda p, x: x @ p + jnp.roll(x @ p, -1, axis=1)                 # BUG: sees t + 1
+    assert check_causal(past, w, x) == []
+    assert [f.code for f in check_causal(future, w, x)] == ["seq.future_leakage"]
+
+
+def test_inputs_without_a_time_axis_are_an_error():
+    with pytest.raises(ExperimentError, match="time axis"):
+        check_causal(lambda p, x: x @ p, jnp.ones((3, 2)), np.ones((4, 3), np.float32))
+    with pytest.raises(ExperimentError, match="per-position"):
+        check_causal(lambda p, x: jnp.sum(p["emb"][x], 1), PARAMS, TOKENS)
+
+
+def per_token(p, batch):
+    return optax.softmax_cross_entropy_with_integer_labels(causal(p, batch["tokens"]), batch["targets"])
+
+
+def batch_of(targets=None):
+    targets = np.roll(TOKENS, -1, 1) * (MASK > 0) if targets is None else targets
+    return {"tokens": TOKENS, "targets": targets.astype(np.int32), "mask": MASK}
+
+
+def test_a_masked_loss_is_silent():
+    masked = lambda p, b: jnp.sum(per_token(p, b) * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
+    batch = batch_of()
+    assert check_padding_in_loss(masked, PARAMS, batch, batch["mask"], inputs=batch["tokens"],
+                                 labels=batch["targets"]) == []
+    # an ignore index instead of the mask in the loss: also correct
+    ignore = batch_of(np.where(MASK > 0, np.roll(TOKENS, -1, 1), -100))
+    by_ignore = lambda p, b: (jnp.sum(jnp.where(b["targets"] >= 0, optax.softmax_cross_entropy_with_integer_labels(
+        causal(p, b["tokens"]), jnp.maximum(b["targets"], 0)), 0.0)) / jnp.sum(b["targets"] >= 0))
+    assert check_padding_in_loss(by_ignore, PARAMS, ignore, ignore["mask"], inputs=ignore["tokens"],
+                                 labels=ignore["targets"]) == []
+
+
+def test_a_plain_mean_over_padding_is_padding_in_loss():
+    plain = lambda p, b: jnp.mean(per_token(p, b))  # BUG: padded positions counted
+    batch = batch_of()
+    [f] = check_padding_in_loss(plain, PARAMS, batch, batch["mask"], inputs=batch["tokens"], labels=batch["targets"])
+    assert f.code == "seq.padding_in_loss" and f.severity == "error"
+    assert set(f.extra["relative_change"]) == {"inputs", "targets"} and "mask" in f.hint
+
+
+def test_nothing_to_judge_without_padding_or_with_a_nan_loss():
+    full = {"tokens": TOKENS, "targets": TOKENS, "mask": np.ones((B, T), np.float32)}
+    plain = lambda p, b: jnp.mean(per_token(p, b))
+    assert check_padding_in_loss(plain, PARAMS, full, full["mask"]) == []
+    nan = lambda p, b: jnp.mean(per_token(p, b)) * jnp.nan
+    assert check_padding_in_loss(nan, PARAMS, batch_of(), MASK) == []
+    with pytest.raises(ExperimentError, match=r"\[B, T\]"):
+        check_padding_in_loss(plain, PARAMS, batch_of(), MASK[:, :, None])
+
+
+def _experiment(apply, loss, causal_flag=True):
+    import optax as ox
+    tx = ox.sgd(0.1)
+
+    def step(state, batch):
+        p, s = state
+        g = jax.grad(loss)(p, batch)
+        u, s = tx.update(g, s, p)
+        return (ox.apply_updates(p, u), s), {}
+
+    return jaxsane.Experiment(init=lambda key: (PARAMS, tx.init(PARAMS)), step=jax.jit(step), train=batch_of(),
+                              loss=loss, apply=apply, causal=causal_flag)
+
+
+def test_doctor_batch_stage_runs_the_sequence_checks():
+    masked = lambda p, b: jnp.sum(per_token(p, b) * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
+    leaky = attention_lm(lambda t: jnp.ones((t, t), bool))
+    plain = lambda p, b: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(leaky(p, b["tokens"]),
+                                                                                   b["targets"]))
+    ok = jaxsane.doctor(_experiment(causal, masked), stages=["batch"])
+    assert not [f for f in ok if f.severity == "error"], [f.code for f in ok]
+    bad = jaxsane.doctor(_experiment(leaky, plain), stages=["batch"])
+    assert {"seq.future_leakage", "seq.padding_in_loss"} <= set(bad.codes)
+    # not declared causal: a bidirectional model is allowed to see the future
+    assert "seq.future_leakage" not in jaxsane.doctor(_experiment(leaky, masked, causal_flag=False),
+                                                      stages=["batch"]).codes
+
+
+def test_experiment_causal_must_be_a_bool():
+    with pytest.raises(ExperimentError, match="causal must be True or False"):
+        jaxsane.Experiment(init=lambda k: 0, step=lambda s, b: s, train=np.ones((2, 2)), causal="yes")
+
+
+def test_padding_that_reaches_a_pooled_classifier():
+    x = rng.normal(size=(B, T, 3)).astype(np.float32) * MASK[..., None]
+    batch = {"x": x, "y": np.arange(B) % 2, "mask": MASK}
+    w = jnp.asarray(rng.normal(size=(3, 2)).astype(np.float32))
+
+    def xent(logits, y):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    masked = lambda p, b: xent(jnp.sum((b["x"] @ p) * b["mask"][..., None], 1)
+                               / jnp.maximum(b["mask"].sum(1, keepdims=True), 1.0), b["y"])
+    unmasked = lambda p, b: xent(jnp.mean(b["x"] @ p, 1), b["y"])  # BUG: the pool averages padding in
+    assert check_padding_in_loss(masked, w, batch, MASK, inputs=batch["x"], labels=batch["y"]) == []
+    [f] = check_padding_in_loss(unmasked, w, batch, MASK, inputs=batch["x"], labels=batch["y"])
+    assert list(f.extra["relative_change"]) == ["inputs"]
+
+
+def test_targets_equal_to_inputs_with_a_loss_that_shifts_inside_are_not_flagged():
+    tokens = np.where(MASK > 0, TOKENS, 0).astype(np.int32)
+    batch = {"tokens": tokens, "labels": tokens.copy(), "mask": MASK}  # Hugging Face style: labels = input_ids
+
+    def hf_loss(p, b):  # shifts inside: position t's logits against label t + 1
+        per = optax.softmax_cross_entropy_with_integer_labels(causal(p, b["tokens"])[:, :-1], b["labels"][:, 1:])
+        return jnp.sum(per * b["mask"][:, 1:]) / jnp.maximum(jnp.sum(b["mask"][:, 1:]), 1.0)
+
+    def copy_loss(p, b):  # BUG: position t against label t, and labels are the inputs
+        per = optax.softmax_cross_entropy_with_integer_labels(causal(p, b["tokens"]), b["labels"])
+        return jnp.sum(per * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
+
+    from jaxsane._sequence import loss_reads_first_target
+    assert loss_reads_first_target(hf_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is False
+    assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is True
+    assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["tokens"], batch["tokens"]) is None  # shared
+
+    def exp(loss):
+        import optax as ox
+        tx = ox.sgd(0.1)
+        step = jax.jit(lambda s, b: ((ox.apply_updates(s[0], tx.update(jax.grad(loss)(s[0], b), s[1])[0]), s[1]), {}))
+        return jaxsane.Experiment(init=lambda key: (PARAMS, tx.init(PARAMS)), step=step, train=batch, loss=loss,
+                                  apply=causal, causal=True)
+
+    assert "data.unshifted_targets" in jaxsane.check_data(batch).codes  # the data alone cannot tell
+    assert "data.unshifted_targets" not in jaxsane.doctor(exp(hf_loss), stages=["data"]).codes
+    assert "data.unshifted_targets" in jaxsane.doctor(exp(copy_loss), stages=["data"]).codes
