@@ -11,14 +11,14 @@ mode (running averages), which is what ``Experiment.apply`` is for.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ExperimentError, JaxsaneError
-from ._experiment import batch_size, get_inputs
+from ._experiment import batch_size
 from ._findings import Finding
 from ._tree import like_sharding, put_like
 from ._validate import require_callable, require_count_or_list, require_float, require_int

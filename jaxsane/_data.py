@@ -17,13 +17,12 @@ Nothing here runs inside ``jit``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from ._data_read import Stream, _get, _host, _is_data, _leaves, _normalize, _num_rows, _slice, _take
+from ._data_read import Stream, _get, _host, _leaves, _normalize, _num_rows, _slice, _take
 from ._errors import DataError
 from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
 from ._findings import Diagnosis, Finding

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ExperimentError
