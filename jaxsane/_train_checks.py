@@ -230,6 +230,9 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
     return out
 
 
+ZERO_INIT_GROWTH = 0.01  # a leaf whose norm grew over 100x during the run started from (near) zero
+
+
 def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     p, u = h.arrays("param_norm"), h.arrays("update_norm")
     if p.size == 0 or len(p) < 2:
@@ -244,7 +247,11 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     peak = np.array([max((_median(w[:, j]) for w in windows), default=float("nan")) for j in range(ratio.shape[1])])
     med = np.array([_median(ratio[:, j]) for j in range(ratio.shape[1])])
     out = []
-    hi = [j for j, m in enumerate(peak) if np.isfinite(m) and m > high]
+    # a leaf that starts at (almost) zero (a zero-initialised bias, LayerNorm shift or position table) has a
+    # huge ratio while it grows from nothing: the band is for parameters that start at their init scale
+    first, last = p[0, idx], p[-1, idx]
+    from_zero = (first == 0) | (first < ZERO_INIT_GROWTH * last)
+    hi = [j for j, m in enumerate(peak) if np.isfinite(m) and m > high and not from_zero[j]]
     lo = [j for j, m in enumerate(med) if np.isfinite(m) and m < low]
     names = [h.leaf_paths[i] if i < len(h.leaf_paths) else f"leaf {i}" for i in idx]
     if hi:

@@ -189,6 +189,17 @@ def test_update_ratio_band():
     assert _codes(h, update_ratio_low=0.0) == []
 
 
+def test_update_ratio_ignores_leaves_that_grow_from_zero():
+    # w0 is a zero-initialised bias: large |update|/|param| while it grows from nothing is not a finding
+    grow = np.linspace(0.0, 1.0, 12)
+    p = [[g, 10.0] for g in grow]
+    h = _history(np.linspace(2, 1, 12), tele_steps=list(range(12)), param_norm=p,
+                 update_norm=[[0.5, 1e-2]] * 12, weight_leaves=[0, 1], leaf_paths=["b0", "w1"], depth=[0, 1])
+    assert _codes(h) == []
+    h.param_norm = [[1.0, 10.0]] * 12     # the same updates on a leaf at its init scale: too large
+    assert _codes(h) == ["train.update_ratio"]
+
+
 def test_gradient_rules_follow_autotrainer_thresholds():
     base = dict(grad_steps=list(range(10)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
                 depth=[0, 1, 2])
