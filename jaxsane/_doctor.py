@@ -25,7 +25,8 @@ from typing import Any, Iterable
 
 import jax
 
-from ._errors import JaxsaneError
+from ._compile_cache import enable_compilation_cache
+from ._errors import DoctorOptionError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
 from ._frames import _is_library_file, source_text
@@ -69,6 +70,7 @@ class DoctorDiagnosis(Diagnosis):
         d["complete"] = self.complete
         d["stages"] = [dict(s, seconds=round(s["seconds"], 4)) for s in self.stages]
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
+        d["compile_cache"] = self.artifacts.get("compile_cache")
         return d
 
     def stage_lines(self) -> list[str]:
@@ -248,7 +250,8 @@ class _Progress:
 # ----------------------------------------------------------------------------- doctor
 
 def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip: Iterable[str] = (),
-           key: jax.Array | None = None, progress: bool = True, **options: Any) -> Diagnosis:
+           key: jax.Array | None = None, progress: bool = True, compile_cache: bool | str = True,
+           **options: Any) -> Diagnosis:
     """Run the sanity checklist on ``experiment`` and return a :class:`DoctorDiagnosis`.
 
     Args:
@@ -257,6 +260,11 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
       progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
+      compile_cache: keep compiled programs in JAX's persistent compilation cache, so a second doctor
+        on unchanged code loads them instead of compiling again: True (default) uses
+        ``$JAXSANE_CACHE_DIR`` or ``~/.cache/jaxsane/xla`` (``JAXSANE_CACHE=0`` turns it off), a
+        string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
+        The cache is a process-wide JAX setting: once on, it stays on for the process.
       **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
         dataclasses in ``jaxsane._options`` (each field: name, type, default, meaning).
 
@@ -283,6 +291,10 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     check_options(opts)
     if not isinstance(progress, bool):
         raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
+    if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
+        raise DoctorOptionError(f"doctor: compile_cache must be True, False or a directory path, got "
+                                f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off.")
+    cache_dir = enable_compilation_cache(None if compile_cache is True else compile_cache)
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
     experiment = dataclasses.replace(experiment, train=replayable(experiment.train),
@@ -292,6 +304,7 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     diagnosis.artifacts["stages"] = records
     timings: dict[str, float] = {}
     diagnosis.artifacts["timings"] = timings
+    diagnosis.artifacts["compile_cache"] = cache_dir
     triage = _Triage(diagnosis)
     blocked: dict[str, tuple[str, str]] = {}  # need ("data", "state", "step") -> (status, why it failed)
 

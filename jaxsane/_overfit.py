@@ -572,7 +572,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
                            target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
                            traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
     verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
-                             normalised=normalised_outputs(adapted.apply_fn, adapted.params(example),
+                             normalised=normalised_outputs(adapted.jitted("apply"), adapted.params(example),
                                                            _inputs_or_none(exp, batch)),
                              ignores_input_ratio=ignores_input_ratio)
     findings = [*findings, *judged]

@@ -26,7 +26,7 @@ from ._grads import check_grads
 from ._guard import guard
 from ._init import activation_stats, check_activations, check_init_loss, infer_num_classes, initial_loss, traceable
 from ._init_sweep import init_scale_sweep
-from ._monitor import Monitor, check_training
+from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
 from ._overfit import overfit
@@ -181,16 +181,23 @@ def run_stage(ctx: StageContext) -> Iterable[Finding]:
     state = adapted.init(ctx.key)
     monitor = Monitor(adapted, every=1, dead_every=opts.run_dead_every, log_every=max(1, opts.run_steps))
     guarded = guard(monitor.compiled_step, on_nonfinite="raise")
+    # one compiled step for the whole run: the richest mode any step needs, every step; what a step's own
+    # mode would not have measured (dead-ReLU fractions between samples) is dropped before recording, so
+    # the history is the one the per-step modes give, for one compile instead of two
+    modes = {monitor.mode_for(i) for i in range(opts.run_steps)}
+    mode = max(modes)
     eval_loss = None
     if ctx.eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
-        eval_loss = jax.jit(adapted.loss_fn)
+        eval_loss = adapted.jitted("loss")
     findings: list[Finding] = []
     failed = False
     try:
         if eval_loss is not None:
             monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
         for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
-            state, metrics = guarded(state, batch, monitor.mode_for(i))
+            state, metrics = guarded(state, batch, mode)
+            if monitor.mode_for(i) != mode:
+                metrics = _as_mode(metrics, monitor.mode_for(i))
             monitor.record(i, metrics, state, batch)
             if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
                 guarded.flush()
@@ -204,6 +211,19 @@ def run_stage(ctx: StageContext) -> Iterable[Finding]:
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story
         findings.extend(check_training(history, **opts.run_thresholds))
     return findings
+
+
+def _as_mode(metrics: dict[str, Any], mode: int) -> dict[str, Any]:
+    """The metrics a step run in the richer mode would have reported in ``mode``: dead-ReLU fractions
+    only in the full mode, no telemetry in the bare one. Not jit-safe (host dicts of arrays)."""
+    tel = metrics.get("telemetry")
+    if not isinstance(tel, dict):
+        return metrics
+    if mode == MODE_BARE:
+        return {k: v for k, v in metrics.items() if k != "telemetry"}
+    if mode == MODE_NORMS:
+        return {**metrics, "telemetry": {k: v for k, v in tel.items() if k != "dead_fraction"}}
+    return metrics
 
 
 # ----------------------------------------------------------------------------- the list

@@ -11,6 +11,7 @@ output of every ``random_bits`` equation (dropout masks, noise) on two consecuti
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -27,6 +28,8 @@ from ._validate import require_bool, require_int
 PyTree = Any
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
 _TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 _RANDOM_PRIMS = ("random_bits", "threefry2x32", "random_wrap")
 
@@ -42,12 +45,19 @@ class CompileCounter:
         self.compiles = 0
         self.traces = 0
         self.active = False
+        self._hit = threading.local()  # per compiling thread: a cache hit whose compile event is still to come
 
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
         if not self.active:
             return
-        if event == _COMPILE_EVENT:
-            self.compiles += 1
+        if event == _CACHE_HIT_EVENT:  # recorded inside the compile; jax may or may not then record the
+            self.compiles += 1  # backend-compile event for the same program: count it once either way
+            self._hit.pending = True
+        elif event == _COMPILE_EVENT:
+            if getattr(self._hit, "pending", False):
+                self._hit.pending = False
+            else:
+                self.compiles += 1
         elif event == _TRACE_EVENT:
             self.traces += 1
 
