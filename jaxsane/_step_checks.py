@@ -50,14 +50,11 @@ class CompileCounter:
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
         if not self.active:
             return
-        if event == _CACHE_HIT_EVENT:  # recorded inside the compile; jax may or may not then record the
-            self.compiles += 1  # backend-compile event for the same program: count it once either way
-            self._hit.pending = True
-        elif event == _COMPILE_EVENT:
-            if getattr(self._hit, "pending", False):
-                self._hit.pending = False
-            else:
-                self.compiles += 1
+        # a cache hit is recorded inside the compile; jax may or may not then record the backend-compile
+        # event of the same program right after it (nothing in between): count the pair once either way
+        pending, self._hit.pending = getattr(self._hit, "pending", False), event == _CACHE_HIT_EVENT
+        if event == _CACHE_HIT_EVENT or (event == _COMPILE_EVENT and not pending):
+            self.compiles += 1
         elif event == _TRACE_EVENT:
             self.traces += 1
 

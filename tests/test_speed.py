@@ -1,0 +1,151 @@
+"""Compile once, reuse everywhere: the persistent compilation cache in doctor (and off in the suite),
+compile counts that see cache hits, programs shared through Adapted, one compiled step in the run stage."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsane
+from jaxsane import _compile_cache
+from jaxsane._experiment import Adapted
+from jaxsane._monitor import MODE_BARE, MODE_FULL, MODE_NORMS
+from jaxsane._pipeline import _as_mode
+from jaxsane._step_checks import count_compilations
+
+from _programs import NNXMLP, nnx_init, nnx_loss, nnx_step, optax_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_suite_runs_with_the_cache_off():
+    assert _compile_cache.cache_disabled_by_env()
+    assert _compile_cache.enable_compilation_cache() is None
+    home = os.path.join(os.path.expanduser("~"), ".cache")
+    assert not os.environ["JAXSANE_CACHE_DIR"].startswith(home)
+
+
+@pytest.fixture
+def persistent_cache(tmp_path):
+    """The persistent cache on, in tmp_path, for one test; JAX's settings restored afterwards."""
+    from jax._src import compilation_cache
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
+              jax.config.jax_persistent_cache_min_entry_size_bytes)
+    path = _compile_cache.enable_compilation_cache(str(tmp_path / "xla"))
+    assert path == str(tmp_path / "xla")
+    try:
+        yield path
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", before[2])
+        _compile_cache._ENABLED_BY_JAXSANE.remove(path)
+        compilation_cache.reset_cache()
+
+
+def test_a_program_loaded_from_the_persistent_cache_counts_as_one_compilation(persistent_cache):
+    def f(x):
+        return jnp.tanh(x) * 3.0 + 1.0
+
+    x = jnp.ones(5)
+    with count_compilations() as first:
+        jax.jit(f)(x)
+    assert first.compiles == 1
+    assert os.listdir(persistent_cache)  # written to disk
+    jax.clear_caches()  # forget the in-memory executable: the next call loads it from disk
+    with count_compilations() as second:
+        jax.jit(f)(x)
+    assert second.compiles == 1
+    with count_compilations() as third:  # served from memory: no compilation at all
+        jax.jit(f)(x)
+    assert third.compiles == 0
+
+
+def test_compile_counter_counts_a_cache_hit_once_whatever_jax_records():
+    from jaxsane._step_checks import CompileCounter, _CACHE_HIT_EVENT, _COMPILE_EVENT
+    counter = CompileCounter()
+    counter.active = True
+    counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit followed by jax's backend-compile event: one
+    counter._listener(_COMPILE_EVENT, 0.1)
+    counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit alone (jax versions that record only this): one
+    counter._listener("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.1)  # the next program's lowering
+    counter._listener(_COMPILE_EVENT, 0.1)  # and its real compile: one more
+    assert counter.compiles == 3
+
+
+def test_doctor_rejects_a_bad_compile_cache_value():
+    with pytest.raises(jaxsane.DoctorOptionError, match=r"\[jaxsane\].*compile_cache"):
+        jaxsane.doctor(optax_experiment(), compile_cache=3, progress=False)
+
+
+def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
+    exp = jaxsane.Experiment(init=nnx_init, step=nnx_step, train={"x": np.ones((4, 4), np.float32),
+                             "y": np.zeros(4, np.int32)}, loss=nnx_loss, apply=lambda m, x: m(x))
+    adapted = Adapted(exp)
+    assert adapted.loss_fn is adapted.loss_fn and adapted.apply_fn is adapted.apply_fn
+    assert adapted.jitted("loss") is adapted.jitted("loss")
+    params = adapted.params(adapted.example_state)
+    batch = {"x": jnp.ones((4, 4)), "y": jnp.zeros(4, jnp.int32)}
+    with count_compilations() as c:
+        a = adapted.jitted("loss")(params, batch)
+        b = jax.jit(adapted.loss_fn)(params, batch)  # another check's jit of the same function: shared
+    assert c.compiles == 1 and float(a) == float(b)
+
+
+def test_adapted_jitted_names_its_choices():
+    adapted = Adapted(optax_experiment())
+    with pytest.raises(ValueError, match=r"\[jaxsane\].*'apply', 'loss', 'step'"):
+        adapted.jitted("grad")
+    assert Adapted(jaxsane.Experiment(
+        init=lambda k: {"w": jnp.ones(2)}, step=lambda s, b: s, train={"x": np.ones((2, 2))})).jitted("loss") is None
+
+
+def test_as_mode_drops_what_the_step_mode_would_not_measure():
+    metrics = {"loss": 1.0, "telemetry": {"grad_norm": 2.0, "dead_fraction": 0.5}}
+    assert _as_mode(metrics, MODE_FULL) == metrics
+    assert _as_mode(metrics, MODE_NORMS) == {"loss": 1.0, "telemetry": {"grad_norm": 2.0}}
+    assert _as_mode(metrics, MODE_BARE) == {"loss": 1.0}
+    assert _as_mode({"loss": 1.0}, MODE_NORMS) == {"loss": 1.0}
+
+
+def test_run_stage_compiles_one_monitored_step_and_samples_dead_units_as_asked():
+    exp = optax_experiment()
+    with count_compilations() as c:
+        d = jaxsane.doctor(exp, stages=["run"], run_steps=8, run_dead_every=4, run_eval_every=0, progress=False,
+                           compile_cache=False)
+    assert d.complete
+    run = d.artifacts["run"]
+    # the full mode's extra measurement only where it was asked for; the norms at every step
+    assert [int(s) for s in run["dead_steps"]] == [0, 4], run["dead_steps"]
+    assert [int(s) for s in run["tele_steps"]] == list(range(8)), run["tele_steps"]
+    with count_compilations() as again:  # the same run once more: everything reused, nothing compiled twice
+        jaxsane.doctor(exp, stages=["run"], run_steps=8, run_dead_every=4, run_eval_every=0, progress=False,
+                       compile_cache=False)
+    assert again.compiles < c.compiles
+
+
+def _cli(tmp_path, *args, **env):
+    target = "tests._programs:optax_experiment"
+    out = tmp_path / "d.json"
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT, **env}
+    proc = subprocess.run([sys.executable, "-m", "jaxsane.cli", "doctor", target, "--stages", "step", "-q",
+                           "--json", str(out), *args], capture_output=True, text=True, timeout=300, env=full_env,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
+    cache = tmp_path / "cache"
+    payload = _cli(tmp_path, JAXSANE_CACHE="1", JAXSANE_CACHE_DIR=str(cache))
+    assert payload["compile_cache"] == str(cache) and len(os.listdir(cache)) > 0
+    off = tmp_path / "off"
+    payload = _cli(tmp_path, "--no-cache", JAXSANE_CACHE="1", JAXSANE_CACHE_DIR=str(off))
+    assert payload["compile_cache"] is None and not off.exists()
+    payload = _cli(tmp_path, JAXSANE_CACHE="0", JAXSANE_CACHE_DIR=str(off))
+    assert payload["compile_cache"] is None and not off.exists()
