@@ -160,10 +160,12 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     opts: OverfitOptions = ctx.options
     batch = slice_batch(ctx.batch, opts.overfit_batch_size)
     result = overfit(ctx.adapted, batch, seeds=opts.overfit_seeds, steps=opts.overfit_steps,
-                     learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales)
+                     learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales,
+                     progress=False)  # doctor shows its own progress
     ctx.artifacts["overfit"] = result
     try:
-        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key)
+        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
+                                                        progress=False)
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)

@@ -180,7 +180,8 @@ def _stack_host(xs: Sequence[Any]) -> np.ndarray:
 
 def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[np.ndarray], PyTree],
               example_state: PyTree, batch_for: Callable[[int], PyTree], lrs: np.ndarray, scales: np.ndarray,
-              real: np.ndarray, early_exit: bool, traces: list[int]) -> SweepOutput:
+              real: np.ndarray, early_exit: bool, traces: list[int],
+              say: Callable[[str], None] = lambda message: None) -> SweepOutput:
     """Compile the group program once (in a background thread, while ``build_states`` runs) and run
     every group, side by side in host threads when there are several. Not jit-safe.
 
@@ -191,6 +192,7 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
       batch_for: ``config index -> batch`` (the overfit batch or the constant-input one).
       lrs, scales, real: per-configuration learning rate (NaN: the state's own), init scale and whether
         the configuration is a real one (not the baseline).
+      say: called with a line of progress at each phase (compiling, running, resuming).
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -218,14 +220,20 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
         return jax.block_until_ready(out)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.groups) as pool:
+        say(f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
+            "the initial states")
         compiling = pool.submit(compile_program)
         carries = [Carry(np.int32(0), build_states(row), np.full((size, total), np.nan, np.float32),
                          np.zeros(size, np.float32), np.full(size, -1, np.int32)) for row in layout.slots]
         compiled, compile_seconds = compiling.result()
+        say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
+            + (" (stops once every configuration has fit)" if early_exit else ""))
         carries = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         chunks = [int(c.chunks) for c in carries]
         last = max(chunks)
         behind = [g for g in range(layout.groups) if chunks[g] < last]
+        if behind:
+            say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, carries[g], last, False), behind)):
             carries[g] = carry
 

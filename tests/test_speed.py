@@ -149,3 +149,33 @@ def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
     assert payload["compile_cache"] is None and not off.exists()
     payload = _cli(tmp_path, JAXSANE_CACHE="0", JAXSANE_CACHE_DIR=str(off))
     assert payload["compile_cache"] is None and not off.exists()
+
+
+def test_progress_writes_plain_lines_off_a_terminal_and_nothing_when_off():
+    import io
+    from jaxsane._progress import Progress
+    out = io.StringIO()
+    with Progress(True, "overfit", stream=out) as p:
+        p.say("compiling")
+        p.say("done")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[jaxsane] overfit: compiling (") and lines[1].endswith(" s)")
+    quiet = io.StringIO()
+    with Progress(False, "overfit", stream=quiet) as p:
+        p.say("compiling")
+    assert quiet.getvalue() == ""
+
+
+def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
+    exp = optax_experiment()
+    jaxsane.overfit(exp, seeds=1, steps=25, learning_rates=(1e-2,), baseline=False)
+    err = capfd.readouterr().err
+    assert "[jaxsane] overfit: compiling the sweep program" in err and "configuration(s) fit in" in err
+    jaxsane.overfit(exp, seeds=1, steps=25, learning_rates=(1e-2,), baseline=False, progress=False)
+    assert "[jaxsane] overfit" not in capfd.readouterr().err
+    jaxsane.init_scale_sweep(exp, scales=(0.5, 1.0))
+    assert "[jaxsane] init_scale_sweep: compiling" in capfd.readouterr().err
+    jaxsane.init_scale_sweep(exp, scales=(0.5, 1.0), progress=False)
+    assert "[jaxsane]" not in capfd.readouterr().err
+    with pytest.raises(jaxsane.JaxsaneError, match=r"\[jaxsane\].*progress"):
+        jaxsane.overfit(exp, progress="yes")
