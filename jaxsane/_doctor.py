@@ -17,6 +17,7 @@ and no error was found. Not jit-safe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 import time
@@ -31,7 +32,7 @@ from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
 from ._frames import _is_library_file, source_text
 from ._options import resolve, select_stages
-from ._pipeline import STAGES, StageContext, check_options
+from ._pipeline import PREPARE, STAGES, StageContext, check_options
 
 RAN, SKIPPED, CRASHED, FAILED = "ran", "skipped", "crashed", "failed"
 # a stage that needs a handle the Experiment does not give (apply, loss, ...): listed, with the reason; it
@@ -326,6 +327,29 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
                 raise  # a clear ExperimentError: init's signature or output cannot be used
             blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
 
+    # start the largest compile (the overfit sweep) in the background while the earlier stages run; a stage
+    # that counts compilations (exclusive) waits for it, and what fails there is left to its stage to report
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxsane-precompile")
+    prepared: dict[str, dict[str, Any]] = {}
+    if adapted is not None and not blocked:
+        for name, prepare in PREPARE.items():
+            if name in chosen:
+                prepared[name] = prepare(adapted, batch, opts[name], pool)
+    background = [f for p in prepared.values() for f in p.values() if isinstance(f, concurrent.futures.Future)]
+    try:
+        _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared, background,
+                    diagnosis, triage, blocked, progress)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return diagnosis
+
+
+def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
+                opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
+                prepared: dict[str, dict[str, Any]], background: list, diagnosis: DoctorDiagnosis, triage: _Triage,
+                blocked: dict[str, tuple[str, str]], progress: bool) -> None:
+    """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
+    records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
     for stage in STAGES:
         if stage.name not in chosen:
@@ -334,13 +358,15 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
         show.start(stage.name, stage.description)
         status, reason = FAILED, "interrupted"
         try:
+            if stage.exclusive:
+                concurrent.futures.wait(background)
             if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
                 blocked["step"] = _step_output_problem(adapted, batch, triage)
             failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
             status, reason = failed_need or (RAN, "")
             if failed_need is None:
                 ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name],
-                                   diagnosis.artifacts)
+                                   diagnosis.artifacts, prepared.get(stage.name, {}))
                 try:
                     found = list(stage.run(ctx))
                 except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
@@ -356,4 +382,3 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
                       "requested": stages is not None}
             records.append(record)
             show.end(record)
-    return diagnosis

@@ -10,6 +10,7 @@ Nothing here is jit-safe: stages run on the host and compile what they need.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import inspect
 from typing import Any, Callable, Iterable
@@ -29,7 +30,7 @@ from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
-from ._overfit import overfit
+from ._overfit import OverfitPlan, _plan_overfit
 from ._step_checks import check_step
 
 
@@ -46,6 +47,8 @@ class StageContext:
       eval_batch: the first eval batch, or None.
       options: this stage's options dataclass (e.g. :class:`~jaxsane._options.RunOptions`).
       artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
+      prepared: what doctor prepared ahead for this stage (see :data:`PREPARE`), e.g. the overfit plan
+        and the future of its compiled sweep program; empty when nothing was.
     """
 
     experiment: Experiment
@@ -55,6 +58,7 @@ class StageContext:
     eval_batch: Any
     options: Any
     artifacts: dict[str, Any]
+    prepared: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +67,15 @@ class Stage:
 
     ``needs`` lists ``"state"`` (a working ``Experiment.init``) and ``"step"`` (a step whose
     output is usable as ``(new_state, metrics)``); the runner skips a stage whose needs failed.
+    ``exclusive`` stages count compilations process-wide, so the runner lets background compiles
+    finish before they start.
     """
 
     name: str
     run: Callable[[StageContext], Iterable[Finding]]
     options: type
     needs: tuple[str, ...]
+    exclusive: bool = False  # counts the process's compilations: no background compile may run during it
 
     @property
     def description(self) -> str:
@@ -159,9 +166,18 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     """
     opts: OverfitOptions = ctx.options
     batch = slice_batch(ctx.batch, opts.overfit_batch_size)
-    result = overfit(ctx.adapted, batch, seeds=opts.overfit_seeds, steps=opts.overfit_steps,
-                     learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales,
-                     progress=False)  # doctor shows its own progress
+    plan = precompiled = None
+    if "future" in ctx.prepared:  # planned and compiled in the background while the earlier stages ran
+        try:
+            plan, compiled = ctx.prepared["future"].result()
+        except Exception:  # planned again here, where what failed is reported as the user's crash or a skip
+            plan = None
+        else:
+            precompiled = concurrent.futures.Future()
+            precompiled.set_result(compiled)
+    if plan is None:
+        plan = plan_overfit(ctx.adapted, ctx.batch, opts)
+    result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     try:
         ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
@@ -169,6 +185,24 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
+
+
+def plan_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions) -> OverfitPlan:
+    """The overfit stage's sweep, planned (not compiled). Not jit-safe."""
+    return _plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), seeds=opts.overfit_seeds,
+                         steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                         init_scales=opts.overfit_init_scales, progress=False)  # doctor shows its own progress
+
+
+def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
+                    pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Plan and compile the overfit sweep in ``pool`` while the earlier stages run (its program is the largest
+    doctor compiles). Returns ``{"future": future of (plan, (compiled, seconds))}``; when that fails, the
+    stage plans again itself and reports why. Not jit-safe."""
+    def plan_and_compile():
+        plan = plan_overfit(adapted, batch, opts)
+        return plan, plan.compile()
+    return {"future": pool.submit(plan_and_compile)}
 
 
 def run_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -234,11 +268,13 @@ STAGES: tuple[Stage, ...] = (
     Stage("data", data_stage, DataOptions, needs=()),
     Stage("init", init_stage, InitOptions, needs=("state",)),
     Stage("grads", grads_stage, GradsOptions, needs=("state",)),
-    Stage("step", step_stage, StepOptions, needs=("state", "step")),
+    Stage("step", step_stage, StepOptions, needs=("state", "step"), exclusive=True),
     Stage("batch", batch_stage, BatchOptions, needs=("state",)),
     Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
     Stage("run", run_stage, RunOptions, needs=("state", "step")),
 )
+# stages whose work doctor starts ahead, in the background, before the first stage runs
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"overfit": prepare_overfit}
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 

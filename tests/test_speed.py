@@ -18,7 +18,7 @@ from jaxsane._monitor import MODE_BARE, MODE_FULL, MODE_NORMS
 from jaxsane._pipeline import _as_mode
 from jaxsane._step_checks import count_compilations
 
-from _programs import NNXMLP, nnx_init, nnx_loss, nnx_step, optax_experiment
+from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
