@@ -30,7 +30,7 @@ from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
-from ._overfit import OverfitPlan, _plan_overfit
+from ._overfit import _plan_overfit
 from ._step_checks import check_step
 
 
@@ -166,8 +166,10 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     """
     opts: OverfitOptions = ctx.options
     batch = slice_batch(ctx.batch, opts.overfit_batch_size)
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
     plan = precompiled = None
-    if "future" in ctx.prepared:  # planned and compiled in the background while the earlier stages ran
+    if ctx.prepared.get("sweep") == sweep:  # planned and compiled in the background while the earlier stages ran
         try:
             plan, compiled = ctx.prepared["future"].result()
         except Exception:  # planned again here, where what failed is reported as the user's crash or a skip
@@ -176,7 +178,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
             precompiled = concurrent.futures.Future()
             precompiled.set_result(compiled)
     if plan is None:
-        plan = plan_overfit(ctx.adapted, ctx.batch, opts)
+        plan = _plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     try:
@@ -187,22 +189,19 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     return list(result.findings)
 
 
-def plan_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions) -> OverfitPlan:
-    """The overfit stage's sweep, planned (not compiled). Not jit-safe."""
-    return _plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), seeds=opts.overfit_seeds,
-                         steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
-                         init_scales=opts.overfit_init_scales, progress=False)  # doctor shows its own progress
-
-
 def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
                     pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """Plan and compile the overfit sweep in ``pool`` while the earlier stages run (its program is the largest
-    doctor compiles). Returns ``{"future": future of (plan, (compiled, seconds))}``; when that fails, the
-    stage plans again itself and reports why. Not jit-safe."""
+    """Plan and compile the overfit stage's sweep in ``pool`` while the earlier stages run (its program is
+    the largest doctor compiles). Returns ``{"sweep": its arguments, "future": future of (plan, (compiled,
+    seconds))}``; the stage uses it only for the same arguments, and when it failed, plans again itself and
+    reports why. Not jit-safe."""
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
+
     def plan_and_compile():
-        plan = plan_overfit(adapted, batch, opts)
+        plan = _plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), **sweep, progress=False)
         return plan, plan.compile()
-    return {"future": pool.submit(plan_and_compile)}
+    return {"sweep": sweep, "future": pool.submit(plan_and_compile)}
 
 
 def run_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -179,3 +179,36 @@ def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
     assert "[jaxsane]" not in capfd.readouterr().err
     with pytest.raises(jaxsane.JaxsaneError, match=r"\[jaxsane\].*progress"):
         jaxsane.overfit(exp, progress="yes")
+
+
+def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
+    import threading
+    from jaxsane import _pipeline
+    calls = []
+    real = _pipeline._plan_overfit
+
+    def spy(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_pipeline, "_plan_overfit", spy)
+    d = jaxsane.doctor(optax_experiment(), stages=["step", "overfit"], overfit_steps=25, progress=False,
+                       compile_cache=False)
+    assert d.complete
+    assert len(calls) == 1 and calls[0].startswith("jaxsane-precompile"), calls  # planned once, off the main thread
+    assert d.artifacts["overfit"].compiles == 1
+    # the step stage counts compilations process-wide: the background compile had finished before it began
+    assert "step.recompiles" not in {f.code for f in d}
+
+
+def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatch):
+    from jaxsane import _pipeline
+    real, failures = _pipeline._plan_overfit, []
+
+    def flaky(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("planned in the background and failed")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_pipeline, "_plan_overfit", flaky)
+    d = jaxsane.doctor(optax_experiment(), stages=["overfit"], overfit_steps=25, progress=False, compile_cache=False)
+    assert d.complete and failures == [1] and d.artifacts["overfit"].compiles == 1
