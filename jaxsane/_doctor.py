@@ -69,7 +69,9 @@ class DoctorDiagnosis(Diagnosis):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["complete"] = self.complete
-        d["stages"] = [dict(s, seconds=round(s["seconds"], 4)) for s in self.stages]
+        d["stages"] = [dict(s, seconds=round(s["seconds"], 4), compile_seconds=round(s.get("compile_seconds", 0.0), 4))
+                       for s in self.stages]
+        d["compiles"] = self.artifacts.get("compiles", {})
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
         d["compile_cache"] = self.artifacts.get("compile_cache")
         return d
@@ -82,6 +84,12 @@ class DoctorDiagnosis(Diagnosis):
             total = sum(s["seconds"] for s in self.stages)
             lines.append("stages run: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in ran)
                          + f" (total {total:.1f} s)")
+            compiled = [s for s in ran if s.get("compiles")]
+            if compiled:
+                background = self.artifacts.get("compiles", {}).get("background", 0)
+                lines.append("compiles per stage: " + ", ".join(
+                    f"{s['name']} {s['compiles']} ({s['compile_seconds']:.1f} s)" for s in compiled)
+                    + (f"; {background} in the background while they ran" if background else ""))
         for s in self.stages:
             if s["status"] != RAN:
                 lines.append(f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: "
@@ -107,7 +115,7 @@ class DoctorDiagnosis(Diagnosis):
         console = console or Console()
         super().render(console)
         for line in self.stage_lines():
-            style = "dim" if line.startswith("stages run") else "yellow"
+            style = "dim" if line.startswith(("stages run", "compiles per stage")) else "yellow"
             console.print(f"[{style}]{escape(line)}[/]")
 
 
@@ -248,6 +256,41 @@ class _Progress:
             sys.stderr.flush()
 
 
+# ----------------------------------------------------------------------------- compile accounting
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_BACKGROUND = "jaxsane-precompile"
+
+
+class _CompileLog:
+    """Compilations (XLA compiles and persistent-cache loads) and their seconds, per doctor stage; those of
+    doctor's background thread apart. A ``jax.monitoring`` listener while active. Not jit-safe."""
+
+    def __init__(self):
+        self.stage = "setup"
+        self.counts: dict[str, list[float]] = {}
+
+    def listener(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event != _COMPILE_EVENT:
+            return
+        import threading
+        where = "background" if threading.current_thread().name.startswith(_BACKGROUND) else self.stage
+        entry = self.counts.setdefault(where, [0, 0.0])
+        entry[0] += 1
+        entry[1] += duration
+
+    def __enter__(self) -> "_CompileLog":
+        jax.monitoring.register_event_duration_secs_listener(self.listener)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self.listener)
+
+    def of(self, where: str) -> tuple[int, float]:
+        count, seconds = self.counts.get(where, (0, 0.0))
+        return int(count), float(seconds)
+
+
 # ----------------------------------------------------------------------------- doctor
 
 def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip: Iterable[str] = (),
@@ -309,27 +352,32 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     triage = _Triage(diagnosis)
     blocked: dict[str, tuple[str, str]] = {}  # need ("data", "state", "step") -> (status, why it failed)
 
-    batch = eval_batch = adapted = None
+    log = _CompileLog().__enter__()  # compilations per stage, for the stage summary
     try:
-        batch = first_batch(experiment.train, "train")
-        eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
-    except Exception as e:
-        crash = user_crash(e)
-        if crash is None:
-            raise  # a clear DataError: the data cannot be read as batches
-        blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
-    if "data" not in blocked:
+        batch = eval_batch = adapted = None
         try:
-            adapted = Adapted(experiment, key=key)
+            batch = first_batch(experiment.train, "train")
+            eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
         except Exception as e:
             crash = user_crash(e)
             if crash is None:
-                raise  # a clear ExperimentError: init's signature or output cannot be used
-            blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+                raise  # a clear DataError: the data cannot be read as batches
+            blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
+        if "data" not in blocked:
+            try:
+                adapted = Adapted(experiment, key=key)
+            except Exception as e:
+                crash = user_crash(e)
+                if crash is None:
+                    raise  # a clear ExperimentError: init's signature or output cannot be used
+                blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+    except BaseException:
+        log.__exit__()
+        raise
 
     # start the largest compile (the overfit sweep) in the background while the earlier stages run; a stage
     # that counts compilations (exclusive) waits for it, and what fails there is left to its stage to report
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxsane-precompile")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=_BACKGROUND)
     prepared: dict[str, dict[str, Any]] = {}
     if adapted is not None and not blocked:
         for name, prepare in PREPARE.items():
@@ -338,16 +386,20 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     background = [f for p in prepared.values() for f in p.values() if isinstance(f, concurrent.futures.Future)]
     try:
         _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared, background,
-                    diagnosis, triage, blocked, progress)
+                    diagnosis, triage, blocked, progress, log)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        log.__exit__()
+        count, seconds = log.of("background")
+        diagnosis.artifacts["compiles"] = {"setup": log.of("setup")[0], "background": count,
+                                           "background_seconds": seconds}
     return diagnosis
 
 
 def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
                 opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
                 prepared: dict[str, dict[str, Any]], background: list, diagnosis: DoctorDiagnosis, triage: _Triage,
-                blocked: dict[str, tuple[str, str]], progress: bool) -> None:
+                blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
@@ -356,6 +408,7 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
             continue
         start = time.perf_counter()
         show.start(stage.name, stage.description)
+        log.stage = stage.name
         status, reason = FAILED, "interrupted"
         try:
             if stage.exclusive:
@@ -378,7 +431,8 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
                         reason = "; ".join(f.message for f in found)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             timings[stage.name] = time.perf_counter() - start
+            compiles, compile_seconds = log.of(stage.name)
             record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name],
-                      "requested": stages is not None}
+                      "requested": stages is not None, "compiles": compiles, "compile_seconds": compile_seconds}
             records.append(record)
             show.end(record)

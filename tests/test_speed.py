@@ -212,3 +212,16 @@ def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatc
     monkeypatch.setattr(_pipeline, "_plan_overfit", flaky)
     d = jaxsane.doctor(optax_experiment(), stages=["overfit"], overfit_steps=25, progress=False, compile_cache=False)
     assert d.complete and failures == [1] and d.artifacts["overfit"].compiles == 1
+
+
+def test_compiles_per_stage_in_the_json_and_the_summary():
+    exp = optax_experiment()
+    d = jaxsane.doctor(exp, stages=["step", "overfit"], overfit_steps=25, progress=False, compile_cache=False)
+    payload = json.loads(d.to_json())
+    by_name = {s["name"]: s for s in payload["stages"]}
+    assert by_name["step"]["compiles"] >= 1 and by_name["step"]["compile_seconds"] > 0
+    assert payload["compiles"]["background"] == 1  # the overfit sweep, compiled while the step stage waited
+    assert "compiles per stage: step " in str(d) and "1 in the background" in str(d)
+    with count_compilations() as c:  # the accounting sees what a compile counter sees
+        again = jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
+    assert sum(s["compiles"] for s in again.stages) + again.artifacts["compiles"]["setup"] == c.compiles
