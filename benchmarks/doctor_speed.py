@@ -29,8 +29,8 @@ TARGETS = {
 }
 
 
-def run_doctor(target: str, cache_dir: str) -> tuple[float, dict, int, list[str]]:
-    """(wall seconds, per-stage seconds, exit code, error codes) of one doctor process."""
+def run_doctor(target: str, cache_dir: str) -> tuple[float, dict, int, list[str], dict]:
+    """(wall seconds, per-stage seconds, exit code, error codes, per-stage compile counts) of one doctor process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "d.json")
         env = dict(os.environ, JAXSANE_CACHE_DIR=cache_dir, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -40,12 +40,14 @@ def run_doctor(target: str, cache_dir: str) -> tuple[float, dict, int, list[str]
         wall = time.perf_counter() - start
         if not os.path.exists(out):
             sys.stderr.write(proc.stdout + proc.stderr)
-            return wall, {}, proc.returncode, []
+            return wall, {}, proc.returncode, [], {}
         with open(out) as fh:
             data = json.load(fh)
     timings = data.get("timings") or data.get("artifacts", {}).get("timings") or {}
     errors = [f["code"] for f in data.get("findings", []) if f.get("severity") == "error"]
-    return wall, timings, proc.returncode, errors
+    compiles = {s["name"]: s["compiles"] for s in data.get("stages", []) if "compiles" in s}
+    compiles.update({k: v for k, v in data.get("compiles", {}).items() if k in ("setup", "background")})
+    return wall, timings, proc.returncode, errors, compiles
 
 
 def main() -> None:
@@ -57,16 +59,26 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"# doctor speed, first run (empty cache) vs second run (cache filled by the first); load {load:.1f}")
     stages = ["data", "init", "grads", "step", "batch", "overfit", "run"]
-    print(f"{'target':14s} {'run':6s} {'total':>7s}  " + " ".join(f"{s:>7s}" for s in stages) + "  exit  errors")
+    print("# 'outside' is the process's time outside the stages (imports, loading the target, init); the row"
+          "\n# under each run counts its compilations per stage (setup: before the first stage; bg: doctor's"
+          "\n# background compile of the overfit sweep), programs loaded from the cache included")
+    print(f"{'target':14s} {'run':6s} {'total':>7s} {'outside':>7s}  " + " ".join(f"{s:>7s}" for s in stages)
+          + "  exit  errors")
     for name in args.targets.split(","):
         with tempfile.TemporaryDirectory() as cache:
             walls = []
             for run in ("first", "second"):
-                wall, timings, code, errors = run_doctor(TARGETS[name], cache)
+                wall, timings, code, errors, compiles = run_doctor(TARGETS[name], cache)
                 walls.append(wall)
                 cells = " ".join(f"{timings[s]:7.1f}" if s in timings else f"{'-':>7s}" for s in stages)
-                print(f"{name:14s} {run:6s} {wall:7.1f}  {cells}  {code:4d}  {','.join(errors) or '-'}")
-            print(f"{name:14s} second run {walls[0] / walls[1]:.2f}x faster")
+                outside = wall - sum(timings.values())
+                print(f"{name:14s} {run:6s} {wall:7.1f} {outside:7.1f}  {cells}  {code:4d}  "
+                      f"{errors and ','.join(errors) or '-'}")
+                if compiles:
+                    counts = " ".join(f"{compiles[s]:7d}" if s in compiles else f"{'-':>7s}" for s in stages)
+                    print(f"{'':14s} {'compiles':>14s} setup {compiles.get('setup', 0)}  {counts}  "
+                          f"bg {compiles.get('background', 0)}")
+            print(f"{name:14s} second run {walls[0] / walls[1]:.2f}x faster (load now {os.getloadavg()[0]:.1f})")
     if not args.no_sweep:
         for steps in (200, 2000):
             print(f"\n# overfit sweep, 16 configurations x {steps} steps (benchmarks/overfit_sweep.py)")

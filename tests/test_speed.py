@@ -225,3 +225,14 @@ def test_compiles_per_stage_in_the_json_and_the_summary():
     with count_compilations() as c:  # the accounting sees what a compile counter sees
         again = jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
     assert sum(s["compiles"] for s in again.stages) + again.artifacts["compiles"]["setup"] == c.compiles
+
+
+def test_html_stage_table_shows_what_each_stage_compiled():
+    from jaxsane._report import _stages_table
+
+    class D:
+        artifacts = {"stages": [{"name": "step", "status": "ran", "seconds": 1.0, "reason": "", "compiles": 2,
+                                 "compile_seconds": 0.5},
+                                {"name": "data", "status": "ran", "seconds": 0.1, "reason": "", "compiles": 0}]}
+    page = _stages_table(D())
+    assert "1.0 s (2 compiled, 0.5 s)" in page and "0.1 s</td>" in page
