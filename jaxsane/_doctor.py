@@ -45,9 +45,11 @@ class DoctorDiagnosis(Diagnosis):
 
     ``artifacts["stages"]`` is a list of ``{"name", "status", "reason", "seconds"}`` in checklist
     order (status ``ran``, ``not applicable`` (a handle it needs is missing), ``skipped``, ``crashed`` (the
-    user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``);
-    ``artifacts["timings"]`` maps each stage to its seconds. Both are in the JSON and the terminal
-    summary. Not jit-safe.
+    user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``) and
+    ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage);
+    ``artifacts["timings"]`` maps each stage to its seconds; ``artifacts["compiles"]`` counts those
+    before the first stage (``setup``) and of the background compile of the overfit sweep. All are in
+    the JSON and the terminal summary. Not jit-safe.
     """
 
     @property
