@@ -236,3 +236,17 @@ def test_html_stage_table_shows_what_each_stage_compiled():
                                 {"name": "data", "status": "ran", "seconds": 0.1, "reason": "", "compiles": 0}]}
     page = _stages_table(D())
     assert "1.0 s (2 compiled, 0.5 s)" in page and "0.1 s</td>" in page
+
+
+def test_bundled_digits_read_without_importing_sklearn_match_load_digits():
+    code = ("import sys; from jaxsane.examples._digits import load_digits_arrays; d, t = load_digits_arrays(); "
+            "print('sklearn' in sys.modules, d.shape, t.shape)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout.split() == ["False", "(1797,", "64)", "(1797,)"], proc.stdout + proc.stderr
+    from sklearn.datasets import load_digits
+    from jaxsane.examples._digits import load_digits_arrays
+    data, target = load_digits_arrays()
+    reference = load_digits()
+    np.testing.assert_array_equal(data, reference.data)
+    np.testing.assert_array_equal(target, reference.target)
