@@ -215,7 +215,10 @@ def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatc
 
 
 def test_compiles_per_stage_in_the_json_and_the_summary():
-    exp = optax_experiment()
+    import dataclasses
+    from _programs import optax_step
+    fresh = jax.jit(lambda state, b: optax_step(state, b))  # a step no earlier test compiled
+    exp = dataclasses.replace(optax_experiment(), step=fresh)
     d = jaxsane.doctor(exp, stages=["step", "overfit"], overfit_steps=25, progress=False, compile_cache=False)
     payload = json.loads(d.to_json())
     by_name = {s["name"]: s for s in payload["stages"]}
