@@ -17,6 +17,7 @@ and no error was found. Not jit-safe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 import time
@@ -25,12 +26,13 @@ from typing import Any, Iterable
 
 import jax
 
-from ._errors import JaxsaneError
+from ._compile_cache import enable_compilation_cache
+from ._errors import DoctorOptionError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
 from ._frames import is_library_file, source_text
 from ._options import resolve, select_stages
-from ._pipeline import STAGES, StageContext, check_options
+from ._pipeline import PREPARE, STAGES, StageContext, check_options
 
 RAN, SKIPPED, CRASHED, FAILED = "ran", "skipped", "crashed", "failed"
 # a stage that needs a handle the Experiment does not give (apply, loss, ...): listed, with the reason; it
@@ -43,9 +45,11 @@ class DoctorDiagnosis(Diagnosis):
 
     ``artifacts["stages"]`` is a list of ``{"name", "status", "reason", "seconds"}`` in checklist
     order (status ``ran``, ``not applicable`` (a handle it needs is missing), ``skipped``, ``crashed`` (the
-    user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``);
-    ``artifacts["timings"]`` maps each stage to its seconds. Both are in the JSON and the terminal
-    summary. Not jit-safe.
+    user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``) and
+    ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage);
+    ``artifacts["timings"]`` maps each stage to its seconds; ``artifacts["compiles"]`` counts those
+    before the first stage (``setup``) and of the background compile of the overfit sweep. All are in
+    the JSON and the terminal summary. Not jit-safe.
     """
 
     @property
@@ -67,8 +71,11 @@ class DoctorDiagnosis(Diagnosis):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["complete"] = self.complete
-        d["stages"] = [dict(s, seconds=round(s["seconds"], 4)) for s in self.stages]
+        d["stages"] = [dict(s, seconds=round(s["seconds"], 4), compile_seconds=round(s.get("compile_seconds", 0.0), 4))
+                       for s in self.stages]
+        d["compiles"] = self.artifacts.get("compiles", {})
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
+        d["compile_cache"] = self.artifacts.get("compile_cache")
         return d
 
     def stage_lines(self) -> list[str]:
@@ -79,6 +86,12 @@ class DoctorDiagnosis(Diagnosis):
             total = sum(s["seconds"] for s in self.stages)
             lines.append("stages run: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in ran)
                          + f" (total {total:.1f} s)")
+            compiled = [s for s in ran if s.get("compiles")]
+            if compiled:
+                background = self.artifacts.get("compiles", {}).get("background", 0)
+                lines.append("compiles per stage: " + ", ".join(
+                    f"{s['name']} {s['compiles']} ({s['compile_seconds']:.1f} s)" for s in compiled)
+                    + (f"; {background} in the background while they ran" if background else ""))
         for s in self.stages:
             if s["status"] != RAN:
                 lines.append(f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: "
@@ -104,7 +117,7 @@ class DoctorDiagnosis(Diagnosis):
         console = console or Console()
         super().render(console)
         for line in self.stage_lines():
-            style = "dim" if line.startswith("stages run") else "yellow"
+            style = "dim" if line.startswith(("stages run", "compiles per stage")) else "yellow"
             console.print(f"[{style}]{escape(line)}[/]")
 
 
@@ -245,10 +258,46 @@ class _Progress:
             sys.stderr.flush()
 
 
+# ----------------------------------------------------------------------------- compile accounting
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_BACKGROUND = "jaxsane-precompile"
+
+
+class _CompileLog:
+    """Compilations (XLA compiles and persistent-cache loads) and their seconds, per doctor stage; those of
+    doctor's background thread apart. A ``jax.monitoring`` listener while active. Not jit-safe."""
+
+    def __init__(self):
+        self.stage = "setup"
+        self.counts: dict[str, list[float]] = {}
+
+    def listener(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event != _COMPILE_EVENT:
+            return
+        import threading
+        where = "background" if threading.current_thread().name.startswith(_BACKGROUND) else self.stage
+        entry = self.counts.setdefault(where, [0, 0.0])
+        entry[0] += 1
+        entry[1] += duration
+
+    def __enter__(self) -> "_CompileLog":
+        jax.monitoring.register_event_duration_secs_listener(self.listener)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self.listener)
+
+    def of(self, where: str) -> tuple[int, float]:
+        count, seconds = self.counts.get(where, (0, 0.0))
+        return int(count), float(seconds)
+
+
 # ----------------------------------------------------------------------------- doctor
 
 def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip: Iterable[str] = (),
-           key: jax.Array | None = None, progress: bool = True, **options: Any) -> Diagnosis:
+           key: jax.Array | None = None, progress: bool = True, compile_cache: bool | str = True,
+           **options: Any) -> Diagnosis:
     """Run the sanity checklist on ``experiment`` and return a :class:`DoctorDiagnosis`.
 
     Args:
@@ -257,6 +306,11 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
       progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
+      compile_cache: keep compiled programs in JAX's persistent compilation cache, so a second doctor
+        on unchanged code loads them instead of compiling again: True (default) uses
+        ``$JAXSANE_CACHE_DIR`` or ``~/.cache/jaxsane/xla`` (``JAXSANE_CACHE=0`` turns it off), a
+        string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
+        The cache is a process-wide JAX setting: once on, it stays on for the process.
       **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
         dataclasses in ``jaxsane._options`` (each field: name, type, default, meaning).
 
@@ -283,6 +337,10 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     check_options(opts)
     if not isinstance(progress, bool):
         raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
+    if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
+        raise DoctorOptionError(f"doctor: compile_cache must be True, False or a directory path, got "
+                                f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off.")
+    cache_dir = enable_compilation_cache(None if compile_cache is True else compile_cache)
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
     experiment = dataclasses.replace(experiment, train=replayable(experiment.train),
@@ -292,42 +350,78 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     diagnosis.artifacts["stages"] = records
     timings: dict[str, float] = {}
     diagnosis.artifacts["timings"] = timings
+    diagnosis.artifacts["compile_cache"] = cache_dir
     triage = _Triage(diagnosis)
     blocked: dict[str, tuple[str, str]] = {}  # need ("data", "state", "step") -> (status, why it failed)
 
-    batch = eval_batch = adapted = None
+    log = _CompileLog().__enter__()  # compilations per stage, for the stage summary
     try:
-        batch = first_batch(experiment.train, "train")
-        eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
-    except Exception as e:
-        crash = user_crash(e)
-        if crash is None:
-            raise  # a clear DataError: the data cannot be read as batches
-        blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
-    if "data" not in blocked:
+        batch = eval_batch = adapted = None
         try:
-            adapted = Adapted(experiment, key=key)
+            batch = first_batch(experiment.train, "train")
+            eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
         except Exception as e:
             crash = user_crash(e)
             if crash is None:
-                raise  # a clear ExperimentError: init's signature or output cannot be used
-            blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+                raise  # a clear DataError: the data cannot be read as batches
+            blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
+        if "data" not in blocked:
+            try:
+                adapted = Adapted(experiment, key=key)
+            except Exception as e:
+                crash = user_crash(e)
+                if crash is None:
+                    raise  # a clear ExperimentError: init's signature or output cannot be used
+                blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+    except BaseException:
+        log.__exit__()
+        raise
 
+    # start the largest compile (the overfit sweep) in the background while the earlier stages run; a stage
+    # that counts compilations (exclusive) waits for it, and what fails there is left to its stage to report
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=_BACKGROUND)
+    prepared: dict[str, dict[str, Any]] = {}
+    if adapted is not None and not blocked:
+        for name, prepare in PREPARE.items():
+            if name in chosen:
+                prepared[name] = prepare(adapted, batch, opts[name], pool)
+    background = [f for p in prepared.values() for f in p.values() if isinstance(f, concurrent.futures.Future)]
+    try:
+        _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared, background,
+                    diagnosis, triage, blocked, progress, log)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        log.__exit__()
+        count, seconds = log.of("background")
+        diagnosis.artifacts["compiles"] = {"setup": log.of("setup")[0], "background": count,
+                                           "background_seconds": seconds}
+    return diagnosis
+
+
+def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
+                opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
+                prepared: dict[str, dict[str, Any]], background: list, diagnosis: DoctorDiagnosis, triage: _Triage,
+                blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog) -> None:
+    """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
+    records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
     for stage in STAGES:
         if stage.name not in chosen:
             continue
         start = time.perf_counter()
         show.start(stage.name, stage.description)
+        log.stage = stage.name
         status, reason = FAILED, "interrupted"
         try:
+            if stage.exclusive:
+                concurrent.futures.wait(background)
             if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
                 blocked["step"] = _step_output_problem(adapted, batch, triage)
             failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
             status, reason = failed_need or (RAN, "")
             if failed_need is None:
                 ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name],
-                                   diagnosis.artifacts)
+                                   diagnosis.artifacts, prepared.get(stage.name, {}))
                 try:
                     found = list(stage.run(ctx))
                 except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
@@ -339,8 +433,8 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
                         reason = "; ".join(f.message for f in found)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             timings[stage.name] = time.perf_counter() - start
+            compiles, compile_seconds = log.of(stage.name)
             record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name],
-                      "requested": stages is not None}
+                      "requested": stages is not None, "compiles": compiles, "compile_seconds": compile_seconds}
             records.append(record)
             show.end(record)
-    return diagnosis

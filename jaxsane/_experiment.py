@@ -487,23 +487,43 @@ class Adapted:
 
     @property
     def loss_fn(self) -> Callable | None:
-        """``(params, batch) -> scalar`` on pure params, or None. Jit-safe."""
+        """``(params, batch) -> scalar`` on pure params, or None. Jit-safe.
+
+        The same function object on every access, so ``jax.jit`` calls of it in different checks
+        share one trace and one compiled program per input shape."""
         loss = self.experiment.loss
         if loss is None:
             return None
         if self.nnx:
-            return lambda params, batch: loss(self._model_with(params), batch)
+            return self._memo("loss", lambda: lambda params, batch: loss(self._model_with(params), batch))
         return loss
 
     @property
     def apply_fn(self) -> Callable | None:
-        """``(params, inputs) -> outputs`` on pure params, or None. Jit-safe."""
+        """``(params, inputs) -> outputs`` on pure params, or None. Jit-safe (same object on every access)."""
         apply = self.experiment.apply
         if apply is None:
             return None
         if self.nnx:
-            return lambda params, inputs: apply(self._model_with(params), inputs)
+            return self._memo("apply", lambda: lambda params, inputs: apply(self._model_with(params), inputs))
         return apply
+
+    def _memo(self, name: str, make: Callable[[], Any]) -> Any:
+        memo = self.__dict__.setdefault("_memo_table", {})
+        if name not in memo:
+            memo[name] = make()
+        return memo[name]
+
+    def jitted(self, name: str) -> Callable | None:
+        """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
+        :attr:`apply_fn`, :meth:`step`), shared by every check of this Adapted so that no check
+        compiles what another already compiled (one program per input shape); None when the
+        Experiment has no such handle. Call it outside jit (it is already jitted)."""
+        fns = {"loss": lambda: self.loss_fn, "apply": lambda: self.apply_fn, "step": lambda: self.step}
+        if name not in fns:
+            raise ValueError(f"[jaxsane] Adapted.jitted: unknown function {name!r}; choose one of {sorted(fns)}.")
+        fn = fns[name]()
+        return None if fn is None else self._memo("jit:" + name, lambda: jax.jit(fn))
 
     def with_params(self, state: PyTree, params: PyTree) -> PyTree:
         """A pure state whose parameters are replaced by ``params`` (same structure). Jit-safe."""

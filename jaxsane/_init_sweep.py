@@ -26,7 +26,8 @@ from ._frames import user_location
 from ._interpret import Interpreter
 from ._overfit import _scale_params, _selector
 from ._tree import put_like
-from ._validate import require_sequence
+from ._progress import Progress
+from ._validate import require_bool, require_sequence
 
 PyTree = Any
 
@@ -147,7 +148,8 @@ def _objective(adapted: Adapted, params: PyTree, batch: PyTree) -> tuple[Callabl
 
 def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = None, *,
                      scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0), key: jax.Array | None = None,
-                     scale_leaves: str | Callable[[str], bool] | None = None) -> InitScaleSweep:
+                     scale_leaves: str | Callable[[str], bool] | None = None,
+                     progress: bool = True) -> InitScaleSweep:
     """Per-layer activation and gradient std at init for each scale multiplier, vmapped over scales.
 
     Args:
@@ -157,6 +159,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
       key: PRNG key of the init (default ``jax.random.key(0)``).
       scale_leaves: which parameter leaves to scale: None (all float leaves), a regex searched in the
         leaf path (``params['dense_0']['kernel']``) or ``callable(path) -> bool``.
+      progress: show progress on stderr (a spinner on a terminal, plain lines otherwise).
 
     Returns:
       An :class:`InitScaleSweep` with ``activation_std``/``gradient_std`` ``[scales, layers]``,
@@ -177,6 +180,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     require_experiment("init_scale_sweep", experiment)
     require_sequence("init_scale_sweep", "scales", scales, min=0.0)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
+    require_bool("init_scale_sweep", "progress", progress)
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
     if adapted.loss_fn is None and adapted.apply_fn is None:
@@ -240,7 +244,12 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         grad_std = jnp.stack([jnp.std(g.astype(jnp.float32)) for g in grads])
         return act_std, grad_std, value
 
-    act_std, grad_std, loss = jax.jit(jax.vmap(stats))(put_like(np.asarray(scales_list, np.float32), flat_args))
+    with Progress(progress, "init_scale_sweep") as show:
+        show.say(f"compiling and running {len(scales_list)} scale(s) x {len(layers)} layer(s), vmapped")
+        act_std, grad_std, loss = jax.jit(jax.vmap(stats))(put_like(np.asarray(scales_list, np.float32),
+                                                                    flat_args))
+        act_std = jax.block_until_ready(act_std)
+        show.say("done")
     grad_std, loss = np.asarray(grad_std), np.asarray(loss)
     if not has_loss:
         grad_std = np.full_like(grad_std, np.nan)

@@ -29,7 +29,8 @@ from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labe
 from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
-from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
+from ._progress import Progress
+from ._sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
 from ._tree import host_leaf, is_inexact, path_str
 from ._validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
 
@@ -389,7 +390,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
             baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
-            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None) -> OverfitResult:
+            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None,
+            progress: bool = True) -> OverfitResult:
     """Overfit one small batch with many configurations at once; return an :class:`OverfitResult`.
 
     Runs the user's own step (any style, through :class:`Adapted`) for every configuration
@@ -426,6 +428,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       groups: split the configurations into this many equal vmapped groups that run the same compiled
         program side by side in host threads. Default: one per CPU core on the CPU backend (XLA:CPU
         runs a small vmapped program on one core), one on GPU/TPU. Results do not depend on it.
+      progress: show progress on stderr (a spinner on a terminal, plain lines otherwise; doctor shows its own).
 
     Returns:
       An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,
@@ -442,6 +445,30 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       >>> result.ok  # doctest: +SKIP
       True
     """
+    return _plan_overfit(experiment, batch, seeds=seeds, learning_rates=learning_rates, init_scales=init_scales,
+                         steps=steps, target=target, target_accuracy=target_accuracy, batch_size=batch_size,
+                         baseline=baseline, ignores_input_ratio=ignores_input_ratio, chunk=chunk,
+                         early_exit=early_exit, scale_leaves=scale_leaves, groups=groups, progress=progress).run()
+
+
+class OverfitPlan(NamedTuple):
+    """A planned sweep: ``compile()`` -> ``(compiled program, seconds)`` (safe in a background thread);
+    ``run(precompiled=None)`` -> :class:`OverfitResult` (``precompiled``: a future of ``compile()``)."""
+
+    compile: Callable[[], tuple[Any, float]]
+    run: Callable[..., "OverfitResult"]
+
+
+def _plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
+            learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
+            steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
+            baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
+            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None,
+            progress: bool = True) -> OverfitPlan:
+    """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
+    target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
+    background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
+    Not jit-safe."""
     fn = "overfit"
     require_experiment(fn, experiment)
     require_count_or_list(fn, "seeds", seeds)
@@ -456,6 +483,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     require_float(fn, "ignores_input_ratio", ignores_input_ratio, positive=True)
     require_bool(fn, "baseline", baseline)
     require_bool(fn, "early_exit", early_exit)
+    require_bool(fn, "progress", progress)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
@@ -559,24 +587,34 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
         return states if host_plan is None else host_plan.apply(states, lr_values[rows], scale_values[rows])
 
     traces = [0]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-        out = run_sweep(
-            spec, layout, build_states=build_states, example_state=example,
-            batch_for=lambda c: const_batch if configs[c].baseline else batch, lrs=lr_values, scales=scale_values,
-            real=np.asarray([not c.baseline for c in configs]), early_exit=early_exit, traces=traces)
-    losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
-    acc_np = out.accuracy if accuracy is not None else None
-    reached = reached_at >= 0
-    result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, (), (), target,
-                           target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
-                           traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
-    verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
-                             normalised=normalised_outputs(adapted.apply_fn, adapted.params(example),
-                                                           _inputs_or_none(exp, batch)),
-                             ignores_input_ratio=ignores_input_ratio)
-    findings = [*findings, *judged]
-    result = dataclasses.replace(result, verdicts=verdicts)
-    return dataclasses.replace(result, findings=tuple(findings))
+    batch_for = lambda c: const_batch if configs[c].baseline else batch  # noqa: E731
+
+    def compile_now() -> tuple[Any, float]:
+        return compile_sweep(spec, layout, example_state=example, batch_for=batch_for, traces=traces)
+
+    def run(precompiled: Any = None) -> OverfitResult:
+        with warnings.catch_warnings(), Progress(progress, "overfit") as show:
+            warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+            out = run_sweep(
+                spec, layout, build_states=build_states, example_state=example,
+                batch_for=batch_for, lrs=lr_values, scales=scale_values,
+                real=np.asarray([not c.baseline for c in configs]), early_exit=early_exit, traces=traces,
+                say=show.say, precompiled=precompiled)
+            show.say(f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in "
+                     f"{out.steps_run} steps")
+        losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
+        acc_np = out.accuracy if accuracy is not None else None
+        reached = reached_at >= 0
+        result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, (), (), target,
+                               target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
+                               traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
+        verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
+                                 normalised=normalised_outputs(adapted.jitted("apply"), adapted.params(example),
+                                                               _inputs_or_none(exp, batch)),
+                                 ignores_input_ratio=ignores_input_ratio)
+        result = dataclasses.replace(result, verdicts=verdicts)
+        return dataclasses.replace(result, findings=(*findings, *judged))
+
+    return OverfitPlan(compile_now, run)
 
 

@@ -10,6 +10,7 @@ Nothing here is jit-safe: stages run on the host and compile what they need.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import inspect
 from typing import Any, Callable, Iterable
@@ -27,10 +28,10 @@ from ._grads import check_grads
 from ._guard import guard
 from ._init import activation_stats, check_activations, check_init_loss, infer_num_classes, initial_loss, traceable
 from ._init_sweep import init_scale_sweep
-from ._monitor import Monitor, check_training
+from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
-from ._overfit import overfit
+from ._overfit import _plan_overfit
 from ._step_checks import check_step
 
 
@@ -47,6 +48,8 @@ class StageContext:
       eval_batch: the first eval batch, or None.
       options: this stage's options dataclass (e.g. :class:`~jaxsane._options.RunOptions`).
       artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
+      prepared: what doctor prepared ahead for this stage (see :data:`PREPARE`), e.g. the overfit plan
+        and the future of its compiled sweep program; empty when nothing was.
     """
 
     experiment: Experiment
@@ -56,6 +59,7 @@ class StageContext:
     eval_batch: Any
     options: Any
     artifacts: dict[str, Any]
+    prepared: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +68,15 @@ class Stage:
 
     ``needs`` lists ``"state"`` (a working ``Experiment.init``) and ``"step"`` (a step whose
     output is usable as ``(new_state, metrics)``); the runner skips a stage whose needs failed.
+    ``exclusive`` stages count compilations process-wide, so the runner lets background compiles
+    finish before they start.
     """
 
     name: str
     run: Callable[[StageContext], Iterable[Finding]]
     options: type
     needs: tuple[str, ...]
+    exclusive: bool = False  # counts the process's compilations: no background compile may run during it
 
     @property
     def description(self) -> str:
@@ -203,14 +210,42 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     """
     opts: OverfitOptions = ctx.options
     batch = slice_batch(ctx.batch, opts.overfit_batch_size)
-    result = overfit(ctx.adapted, batch, seeds=opts.overfit_seeds, steps=opts.overfit_steps,
-                     learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales)
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
+    plan = precompiled = None
+    if ctx.prepared.get("sweep") == sweep:  # planned and compiled in the background while the earlier stages ran
+        try:
+            plan, compiled = ctx.prepared["future"].result()
+        except Exception:  # planned again here, where what failed is reported as the user's crash or a skip
+            plan = None
+        else:
+            precompiled = concurrent.futures.Future()
+            precompiled.set_result(compiled)
+    if plan is None:
+        plan = _plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
+    result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     try:
-        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key)
+        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
+                                                        progress=False)
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
+
+
+def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
+                    pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Plan and compile the overfit stage's sweep in ``pool`` while the earlier stages run (its program is
+    the largest doctor compiles). Returns ``{"sweep": its arguments, "future": future of (plan, (compiled,
+    seconds))}``; the stage uses it only for the same arguments, and when it failed, plans again itself and
+    reports why. Not jit-safe."""
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
+
+    def plan_and_compile():
+        plan = _plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), **sweep, progress=False)
+        return plan, plan.compile()
+    return {"sweep": sweep, "future": pool.submit(plan_and_compile)}
 
 
 def run_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -225,16 +260,23 @@ def run_stage(ctx: StageContext) -> Iterable[Finding]:
     state = adapted.init(ctx.key)
     monitor = Monitor(adapted, every=1, dead_every=opts.run_dead_every, log_every=max(1, opts.run_steps))
     guarded = guard(monitor.compiled_step, on_nonfinite="raise")
+    # one compiled step for the whole run: the richest mode any step needs, every step; what a step's own
+    # mode would not have measured (dead-ReLU fractions between samples) is dropped before recording, so
+    # the history is the one the per-step modes give, for one compile instead of two
+    modes = {monitor.mode_for(i) for i in range(opts.run_steps)}
+    mode = max(modes)
     eval_loss = None
     if ctx.eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
-        eval_loss = jax.jit(adapted.loss_fn)
+        eval_loss = adapted.jitted("loss")
     findings: list[Finding] = []
     failed = False
     try:
         if eval_loss is not None:
             monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
         for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
-            state, metrics = guarded(state, batch, monitor.mode_for(i))
+            state, metrics = guarded(state, batch, mode)
+            if monitor.mode_for(i) != mode:
+                metrics = _as_mode(metrics, monitor.mode_for(i))
             monitor.record(i, metrics, state, batch)
             if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
                 guarded.flush()
@@ -250,17 +292,32 @@ def run_stage(ctx: StageContext) -> Iterable[Finding]:
     return findings
 
 
+def _as_mode(metrics: dict[str, Any], mode: int) -> dict[str, Any]:
+    """The metrics a step run in the richer mode would have reported in ``mode``: dead-ReLU fractions
+    only in the full mode, no telemetry in the bare one. Not jit-safe (host dicts of arrays)."""
+    tel = metrics.get("telemetry")
+    if not isinstance(tel, dict):
+        return metrics
+    if mode == MODE_BARE:
+        return {k: v for k, v in metrics.items() if k != "telemetry"}
+    if mode == MODE_NORMS:
+        return {**metrics, "telemetry": {k: v for k, v in tel.items() if k != "dead_fraction"}}
+    return metrics
+
+
 # ----------------------------------------------------------------------------- the list
 
 STAGES: tuple[Stage, ...] = (
     Stage("data", data_stage, DataOptions, needs=()),
     Stage("init", init_stage, InitOptions, needs=("state",)),
     Stage("grads", grads_stage, GradsOptions, needs=("state",)),
-    Stage("step", step_stage, StepOptions, needs=("state", "step")),
+    Stage("step", step_stage, StepOptions, needs=("state", "step"), exclusive=True),
     Stage("batch", batch_stage, BatchOptions, needs=("state",)),
     Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
     Stage("run", run_stage, RunOptions, needs=("state", "step")),
 )
+# stages whose work doctor starts ahead, in the background, before the first stage runs
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"overfit": prepare_overfit}
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 

@@ -218,7 +218,9 @@ def _stages_table(d: Diagnosis) -> str:
     rows = "".join(
         f'<tr class="stage" data-stage="{html.escape(s["name"])}"><td>{html.escape(s["name"])}</td>'
         f'<td class="{"ok" if s["status"] == "ran" else "warning"}">{html.escape(s["status"])}</td>'
-        f'<td>{s["seconds"]:.1f} s</td><td>{html.escape(s.get("reason") or "")}</td></tr>'
+        f'<td>{s["seconds"]:.1f} s' + (f' ({s["compiles"]} compiled, {s.get("compile_seconds", 0):.1f} s)'
+                                        if s.get("compiles") else "")
+        + f'</td><td>{html.escape(s.get("reason") or "")}</td></tr>'
         for s in d.artifacts.get("stages") or [])
     return ('<section class="stages"><h3>Stages</h3><table><thead><tr><th>stage</th><th>status</th><th>time</th>'
             f"<th>why it did not run</th></tr></thead><tbody>{rows}</tbody></table></section>") if rows else ""

@@ -12,6 +12,7 @@ masks, noise; inside ``scan`` bodies once per time step) on two consecutive stat
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator
 
 import jax
@@ -29,6 +30,8 @@ from ._validate import require_bool, require_int
 PyTree = Any
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
 _TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 _RANDOM_PRIMS = ("random_bits", "threefry2x32", "random_wrap")
 
@@ -44,11 +47,15 @@ class CompileCounter:
         self.compiles = 0
         self.traces = 0
         self.active = False
+        self._hit = threading.local()  # per compiling thread: a cache hit whose compile event is still to come
 
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
         if not self.active:
             return
-        if event == _COMPILE_EVENT:
+        # a cache hit is recorded inside the compile; jax may or may not then record the backend-compile
+        # event of the same program right after it (nothing in between): count the pair once either way
+        pending, self._hit.pending = getattr(self._hit, "pending", False), event == _CACHE_HIT_EVENT
+        if event == _CACHE_HIT_EVENT or (event == _COMPILE_EVENT and not pending):
             self.compiles += 1
         elif event == _TRACE_EVENT:
             self.traces += 1

@@ -12,7 +12,8 @@ the device. A group that exits early is resumed, early exit off, to the chunk wh
 stopped, so every configuration runs exactly the steps a single vmapped program would have run.
 
 The program is traced and compiled once, in a background thread, while the host builds the
-per-seed initial states.
+per-seed initial states (or earlier: :func:`compile_sweep` can be started ahead, as doctor does while
+its other stages run).
 """
 
 from __future__ import annotations
@@ -178,9 +179,28 @@ def _stack_host(xs: Sequence[Any]) -> np.ndarray:
     return out.astype(_canonical(out.dtype), copy=False)
 
 
+def compile_sweep(spec: SweepSpec, layout: GroupLayout, *, example_state: PyTree, batch_for: Callable[[int], PyTree],
+                  traces: list[int]) -> tuple[Any, float]:
+    """``(compiled group program, seconds)``: traced and compiled ahead of time for the abstract shapes of
+    ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
+    t = time.perf_counter()
+    size, total = layout.size, spec.n_chunks * spec.chunk
+    f32, i32 = jnp.float32, jnp.int32
+    abstract = (Carry(jax.ShapeDtypeStruct((), i32), jax.tree_util.tree_map(lambda x: _spec(x, size), example_state),
+                      jax.ShapeDtypeStruct((size, total), f32), jax.ShapeDtypeStruct((size,), f32),
+                      jax.ShapeDtypeStruct((size,), i32)),
+                jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
+                jax.ShapeDtypeStruct((size,), f32), jax.ShapeDtypeStruct((size,), f32),
+                jax.ShapeDtypeStruct((size,), bool), jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), bool))
+    compiled = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).lower(*abstract).compile()
+    return compiled, time.perf_counter() - t
+
+
 def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[np.ndarray], PyTree],
               example_state: PyTree, batch_for: Callable[[int], PyTree], lrs: np.ndarray, scales: np.ndarray,
-              real: np.ndarray, early_exit: bool, traces: list[int]) -> SweepOutput:
+              real: np.ndarray, early_exit: bool, traces: list[int],
+              say: Callable[[str], None] = lambda message: None,
+              precompiled: concurrent.futures.Future | None = None) -> SweepOutput:
     """Compile the group program once (in a background thread, while ``build_states`` runs) and run
     every group, side by side in host threads when there are several. Not jit-safe.
 
@@ -191,24 +211,17 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
       batch_for: ``config index -> batch`` (the overfit batch or the constant-input one).
       lrs, scales, real: per-configuration learning rate (NaN: the state's own), init scale and whether
         the configuration is a real one (not the baseline).
+      say: called with a line of progress at each phase (compiling, running, resuming).
+      precompiled: a future of :func:`compile_sweep` on the same arguments, started earlier (doctor starts
+        it while other stages run); None compiles here, in a thread, while the states are built.
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
-    run = sweep_program(spec, traces)
     batches = [jax.tree_util.tree_map(lambda *xs: _stack_host(xs), *[batch_for(c) for c in row]) for row in layout.slots]
     group_real = real[layout.slots] & ~layout.padding
-    f32, i32 = jnp.float32, jnp.int32
-    abstract = (Carry(jax.ShapeDtypeStruct((), i32), jax.tree_util.tree_map(lambda x: _spec(x, size), example_state),
-                      jax.ShapeDtypeStruct((size, total), f32), jax.ShapeDtypeStruct((size,), f32),
-                      jax.ShapeDtypeStruct((size,), i32)),
-                jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
-                jax.ShapeDtypeStruct((size,), f32), jax.ShapeDtypeStruct((size,), f32),
-                jax.ShapeDtypeStruct((size,), bool), jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), bool))
 
     def compile_program():
-        t = time.perf_counter()
-        compiled = jax.jit(run, donate_argnums=(0,)).lower(*abstract).compile()
-        return compiled, time.perf_counter() - t
+        return compile_sweep(spec, layout, example_state=example_state, batch_for=batch_for, traces=traces)
 
     def launch(g: int, carry: Carry, limit: int, first: bool) -> Carry:
         row = layout.slots[g]
@@ -218,14 +231,20 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
         return jax.block_until_ready(out)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.groups) as pool:
-        compiling = pool.submit(compile_program)
+        say(f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
+            "the initial states")
+        compiling = precompiled if precompiled is not None else pool.submit(compile_program)
         carries = [Carry(np.int32(0), build_states(row), np.full((size, total), np.nan, np.float32),
                          np.zeros(size, np.float32), np.full(size, -1, np.int32)) for row in layout.slots]
         compiled, compile_seconds = compiling.result()
+        say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
+            + (" (stops once every configuration has fit)" if early_exit else ""))
         carries = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         chunks = [int(c.chunks) for c in carries]
         last = max(chunks)
         behind = [g for g in range(layout.groups) if chunks[g] < last]
+        if behind:
+            say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, carries[g], last, False), behind)):
             carries[g] = carry
 

@@ -1,6 +1,6 @@
 """The command line, thin over the library.
 
-  jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...]
+  jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...] [--no-cache]
   jaxsane replay DUMP_DIR --step MODULE:ATTR     (exit 1: a NaN origin was found, 0: finite)
 
 Exit codes (a CI gate): 0 every requested stage ran and found no error; 1 error findings, or a
@@ -179,7 +179,8 @@ def _doctor(args: argparse.Namespace) -> int:
     results: list[Diagnosis] = []
     for exp in experiments:
         try:
-            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet, **options)
+            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet,
+                               compile_cache=not args.no_cache, **options)
         except JaxsaneError as e:
             raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
         results.append(diagnosis)
@@ -236,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not keep compiled programs in jaxsane's persistent compilation cache ($JAXSANE_CACHE_DIR, "
+                        "default ~/.cache/jaxsane/xla; JAXSANE_CACHE=0 also turns it off)")
     p.set_defaults(func=_doctor)
     p = sub.add_parser("replay", help="re-run jaxsane.locate on the inputs a guarded step dumped")
     p.add_argument("dump", metavar="DUMP_DIR", help="a dump directory written by guard(..., dump_dir=...)")

@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 
 import numpy as np
 
 NUM_CLASSES = 10
 
 
-@functools.lru_cache(maxsize=1)
-def load_digits_split(eval_fraction: float = 0.2, seed: int = 0):
-    """(x_train, y_train, x_eval, y_eval): float32 pixels scaled to [0, 1], int32 labels."""
+def _digits_csv() -> str | None:
+    """Path of scikit-learn's ``digits.csv.gz``, found without importing scikit-learn (whose import,
+    with scipy's, takes seconds: longer than doctor's checks of these examples); None when absent."""
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """``(data [1797, 64] float64 in 0..16, target [1797] int)``, as ``sklearn.datasets.load_digits``."""
+    path = _digits_csv()
+    if path is not None:
+        table = np.loadtxt(path, delimiter=",")
+        return table[:, :-1], table[:, -1].astype(int)
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover
         raise ImportError("[jaxsane] the bundled examples need scikit-learn: pip install 'jaxsane[examples]'") from e
     digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
+    return digits.data, digits.target
+
+
+@functools.lru_cache(maxsize=1)
+def load_digits_split(eval_fraction: float = 0.2, seed: int = 0):
+    """(x_train, y_train, x_eval, y_eval): float32 pixels scaled to [0, 1], int32 labels."""
+    data, target = load_digits_arrays()
+    x = (data / 16.0).astype(np.float32)
+    y = target.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(x))
     n_eval = int(len(x) * eval_fraction)
     ev, tr = order[:n_eval], order[n_eval:]

@@ -1,0 +1,255 @@
+"""Compile once, reuse everywhere: the persistent compilation cache in doctor (and off in the suite),
+compile counts that see cache hits, programs shared through Adapted, one compiled step in the run stage."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsane
+from jaxsane import _compile_cache
+from jaxsane._experiment import Adapted
+from jaxsane._monitor import MODE_BARE, MODE_FULL, MODE_NORMS
+from jaxsane._pipeline import _as_mode
+from jaxsane._step_checks import count_compilations
+
+from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_suite_runs_with_the_cache_off():
+    assert _compile_cache.cache_disabled_by_env()
+    assert _compile_cache.enable_compilation_cache() is None
+    home = os.path.join(os.path.expanduser("~"), ".cache")
+    assert not os.environ["JAXSANE_CACHE_DIR"].startswith(home)
+
+
+@pytest.fixture
+def persistent_cache(tmp_path):
+    """The persistent cache on, in tmp_path, for one test; JAX's settings restored afterwards."""
+    from jax._src import compilation_cache
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
+              jax.config.jax_persistent_cache_min_entry_size_bytes)
+    path = _compile_cache.enable_compilation_cache(str(tmp_path / "xla"))
+    assert path == str(tmp_path / "xla")
+    try:
+        yield path
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", before[2])
+        _compile_cache._ENABLED_BY_JAXSANE.remove(path)
+        compilation_cache.reset_cache()
+
+
+def test_a_program_loaded_from_the_persistent_cache_counts_as_one_compilation(persistent_cache):
+    def f(x):
+        return jnp.tanh(x) * 3.0 + 1.0
+
+    x = jnp.ones(5)
+    with count_compilations() as first:
+        jax.jit(f)(x)
+    assert first.compiles == 1
+    assert os.listdir(persistent_cache)  # written to disk
+    jax.clear_caches()  # forget the in-memory executable: the next call loads it from disk
+    with count_compilations() as second:
+        jax.jit(f)(x)
+    assert second.compiles == 1
+    with count_compilations() as third:  # served from memory: no compilation at all
+        jax.jit(f)(x)
+    assert third.compiles == 0
+
+
+def test_compile_counter_counts_a_cache_hit_once_whatever_jax_records():
+    from jaxsane._step_checks import CompileCounter, _CACHE_HIT_EVENT, _COMPILE_EVENT
+    counter = CompileCounter()
+    counter.active = True
+    counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit followed by jax's backend-compile event: one
+    counter._listener(_COMPILE_EVENT, 0.1)
+    counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit alone (jax versions that record only this): one
+    counter._listener("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.1)  # the next program's lowering
+    counter._listener(_COMPILE_EVENT, 0.1)  # and its real compile: one more
+    assert counter.compiles == 3
+
+
+def test_doctor_rejects_a_bad_compile_cache_value():
+    with pytest.raises(jaxsane.DoctorOptionError, match=r"\[jaxsane\].*compile_cache"):
+        jaxsane.doctor(optax_experiment(), compile_cache=3, progress=False)
+
+
+def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
+    exp = jaxsane.Experiment(init=nnx_init, step=nnx_step, train={"x": np.ones((4, 4), np.float32),
+                             "y": np.zeros(4, np.int32)}, loss=nnx_loss, apply=lambda m, x: m(x))
+    adapted = Adapted(exp)
+    assert adapted.loss_fn is adapted.loss_fn and adapted.apply_fn is adapted.apply_fn
+    assert adapted.jitted("loss") is adapted.jitted("loss")
+    params = adapted.params(adapted.example_state)
+    batch = {"x": jnp.ones((4, 4)), "y": jnp.zeros(4, jnp.int32)}
+    with count_compilations() as c:
+        a = adapted.jitted("loss")(params, batch)
+        b = jax.jit(adapted.loss_fn)(params, batch)  # another check's jit of the same function: shared
+    assert c.compiles == 1 and float(a) == float(b)
+
+
+def test_adapted_jitted_names_its_choices():
+    adapted = Adapted(optax_experiment())
+    with pytest.raises(ValueError, match=r"\[jaxsane\].*'apply', 'loss', 'step'"):
+        adapted.jitted("grad")
+    assert Adapted(jaxsane.Experiment(
+        init=lambda k: {"w": jnp.ones(2)}, step=lambda s, b: s, train={"x": np.ones((2, 2))})).jitted("loss") is None
+
+
+def test_as_mode_drops_what_the_step_mode_would_not_measure():
+    metrics = {"loss": 1.0, "telemetry": {"grad_norm": 2.0, "dead_fraction": 0.5}}
+    assert _as_mode(metrics, MODE_FULL) == metrics
+    assert _as_mode(metrics, MODE_NORMS) == {"loss": 1.0, "telemetry": {"grad_norm": 2.0}}
+    assert _as_mode(metrics, MODE_BARE) == {"loss": 1.0}
+    assert _as_mode({"loss": 1.0}, MODE_NORMS) == {"loss": 1.0}
+
+
+def test_run_stage_compiles_one_monitored_step_and_samples_dead_units_as_asked():
+    exp = optax_experiment()
+    with count_compilations() as c:
+        d = jaxsane.doctor(exp, stages=["run"], run_steps=8, run_dead_every=4, run_eval_every=0, progress=False,
+                           compile_cache=False)
+    assert d.complete
+    run = d.artifacts["run"]
+    # the full mode's extra measurement only where it was asked for; the norms at every step
+    assert [int(s) for s in run["dead_steps"]] == [0, 4], run["dead_steps"]
+    assert [int(s) for s in run["tele_steps"]] == list(range(8)), run["tele_steps"]
+    with count_compilations() as again:  # the same run once more: everything reused, nothing compiled twice
+        jaxsane.doctor(exp, stages=["run"], run_steps=8, run_dead_every=4, run_eval_every=0, progress=False,
+                       compile_cache=False)
+    assert again.compiles < c.compiles
+
+
+def _cli(tmp_path, *args, **env):
+    target = "tests._programs:optax_experiment"
+    out = tmp_path / "d.json"
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT, **env}
+    proc = subprocess.run([sys.executable, "-m", "jaxsane.cli", "doctor", target, "--stages", "step", "-q",
+                           "--json", str(out), *args], capture_output=True, text=True, timeout=300, env=full_env,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
+    cache = tmp_path / "cache"
+    payload = _cli(tmp_path, JAXSANE_CACHE="1", JAXSANE_CACHE_DIR=str(cache))
+    assert payload["compile_cache"] == str(cache) and len(os.listdir(cache)) > 0
+    off = tmp_path / "off"
+    payload = _cli(tmp_path, "--no-cache", JAXSANE_CACHE="1", JAXSANE_CACHE_DIR=str(off))
+    assert payload["compile_cache"] is None and not off.exists()
+    payload = _cli(tmp_path, JAXSANE_CACHE="0", JAXSANE_CACHE_DIR=str(off))
+    assert payload["compile_cache"] is None and not off.exists()
+
+
+def test_progress_writes_plain_lines_off_a_terminal_and_nothing_when_off():
+    import io
+    from jaxsane._progress import Progress
+    out = io.StringIO()
+    with Progress(True, "overfit", stream=out) as p:
+        p.say("compiling")
+        p.say("done")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[jaxsane] overfit: compiling (") and lines[1].endswith(" s)")
+    quiet = io.StringIO()
+    with Progress(False, "overfit", stream=quiet) as p:
+        p.say("compiling")
+    assert quiet.getvalue() == ""
+
+
+def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
+    exp = optax_experiment()
+    jaxsane.overfit(exp, seeds=1, steps=25, learning_rates=(1e-2,), baseline=False)
+    err = capfd.readouterr().err
+    assert "[jaxsane] overfit: compiling the sweep program" in err and "configuration(s) fit in" in err
+    jaxsane.overfit(exp, seeds=1, steps=25, learning_rates=(1e-2,), baseline=False, progress=False)
+    assert "[jaxsane] overfit" not in capfd.readouterr().err
+    jaxsane.init_scale_sweep(exp, scales=(0.5, 1.0))
+    assert "[jaxsane] init_scale_sweep: compiling" in capfd.readouterr().err
+    jaxsane.init_scale_sweep(exp, scales=(0.5, 1.0), progress=False)
+    assert "[jaxsane]" not in capfd.readouterr().err
+    with pytest.raises(jaxsane.JaxsaneError, match=r"\[jaxsane\].*progress"):
+        jaxsane.overfit(exp, progress="yes")
+
+
+def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
+    import threading
+    from jaxsane import _pipeline
+    calls = []
+    real = _pipeline._plan_overfit
+
+    def spy(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_pipeline, "_plan_overfit", spy)
+    d = jaxsane.doctor(optax_experiment(), stages=["step", "overfit"], overfit_steps=25, progress=False,
+                       compile_cache=False)
+    assert d.complete
+    assert len(calls) == 1 and calls[0].startswith("jaxsane-precompile"), calls  # planned once, off the main thread
+    assert d.artifacts["overfit"].compiles == 1
+    # the step stage counts compilations process-wide: the background compile had finished before it began
+    assert "step.recompiles" not in {f.code for f in d}
+
+
+def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatch):
+    from jaxsane import _pipeline
+    real, failures = _pipeline._plan_overfit, []
+
+    def flaky(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("planned in the background and failed")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_pipeline, "_plan_overfit", flaky)
+    d = jaxsane.doctor(optax_experiment(), stages=["overfit"], overfit_steps=25, progress=False, compile_cache=False)
+    assert d.complete and failures == [1] and d.artifacts["overfit"].compiles == 1
+
+
+def test_compiles_per_stage_in_the_json_and_the_summary():
+    import dataclasses
+    from _programs import optax_step
+    fresh = jax.jit(lambda state, b: optax_step(state, b))  # a step no earlier test compiled
+    exp = dataclasses.replace(optax_experiment(), step=fresh)
+    d = jaxsane.doctor(exp, stages=["step", "overfit"], overfit_steps=25, progress=False, compile_cache=False)
+    payload = json.loads(d.to_json())
+    by_name = {s["name"]: s for s in payload["stages"]}
+    assert by_name["step"]["compiles"] >= 1 and by_name["step"]["compile_seconds"] > 0
+    assert payload["compiles"]["background"] == 1  # the overfit sweep, compiled while the step stage waited
+    assert "compiles per stage: step " in str(d) and "1 in the background" in str(d)
+    with count_compilations() as c:  # the accounting sees what a compile counter sees
+        again = jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
+    assert sum(s["compiles"] for s in again.stages) + again.artifacts["compiles"]["setup"] == c.compiles
+
+
+def test_html_stage_table_shows_what_each_stage_compiled():
+    from jaxsane._report import _stages_table
+
+    class D:
+        artifacts = {"stages": [{"name": "step", "status": "ran", "seconds": 1.0, "reason": "", "compiles": 2,
+                                 "compile_seconds": 0.5},
+                                {"name": "data", "status": "ran", "seconds": 0.1, "reason": "", "compiles": 0}]}
+    page = _stages_table(D())
+    assert "1.0 s (2 compiled, 0.5 s)" in page and "0.1 s</td>" in page
+
+
+def test_bundled_digits_read_without_importing_sklearn_match_load_digits():
+    code = ("import sys; from jaxsane.examples._digits import load_digits_arrays; d, t = load_digits_arrays(); "
+            "print('sklearn' in sys.modules, d.shape, t.shape)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout.split() == ["False", "(1797,", "64)", "(1797,)"], proc.stdout + proc.stderr
+    from sklearn.datasets import load_digits
+    from jaxsane.examples._digits import load_digits_arrays
+    data, target = load_digits_arrays()
+    reference = load_digits()
+    np.testing.assert_array_equal(data, reference.data)
+    np.testing.assert_array_equal(target, reference.target)
