@@ -34,10 +34,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ._errors import JaxsaneError
 from ._findings import Finding
-from ._tree import is_inexact, leaves_with_paths
+from ._tree import PyTree, is_inexact, leaves_with_paths
 from ._validate import require_int, require_str
 
-PyTree = Any
 
 _PROCESS_HINT = ("the processes disagree while the devices of each process agree: every process must build the "
                  "replicated state from the same seed and the same data (use one PRNG key for init, not "

@@ -28,7 +28,7 @@ import jax
 from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, replayable
 from ._findings import Diagnosis, Finding
-from ._frames import _is_library_file, source_text
+from ._frames import is_library_file, source_text
 from ._options import resolve, select_stages
 from ._pipeline import STAGES, StageContext, check_options
 
@@ -131,7 +131,7 @@ def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
         if type(e).__name__ == "UnfilteredStackTrace":  # jax's copy of the traceback, not an error
             continue
         for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            if not _is_library_file(frame.filename):
+            if not is_library_file(frame.filename):
                 return e, frame.filename, frame.lineno
     return None
 

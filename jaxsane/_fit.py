@@ -38,9 +38,8 @@ from ._findings import Diagnosis
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
-from ._tree import leaves_with_paths
+from ._tree import PyTree, is_key, leaves_with_paths
 
-PyTree = Any
 POLICIES = ("rollback", "skip", "raise")
 
 
@@ -96,16 +95,13 @@ class FitResult:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-_is_key = _ckpt._is_key
-
-
 def _keep_copy(state: PyTree) -> PyTree:
     """A copy of ``state`` that outlives donation: host numpy where the array is fully addressable,
     a device copy otherwise (typed PRNG keys, multi-host shards). Not jit-safe."""
     def copy(x):
         if not isinstance(x, jax.Array):
             return x
-        if _is_key(x) or not x.is_fully_addressable:
+        if is_key(x) or not x.is_fully_addressable:
             return x.copy()
         return np.asarray(x)
     return jax.tree_util.tree_map(copy, state)

@@ -13,7 +13,6 @@ import atexit
 import collections
 import dataclasses
 import functools
-import inspect
 import os
 import warnings
 import weakref
@@ -23,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
 from ._errors import NonFiniteError
-from ._experiment import _nnx, _unwrap
 from ._findings import Finding
 from ._tree import finite_flags, grouped_finite_flags, host_finite_flags, leaves_with_paths, same_structure, to_host
 
@@ -43,14 +42,6 @@ _FIX = {
 
 class JaxsaneWarning(RuntimeWarning):
     """Issued by ``guard(..., on_nonfinite="warn")``."""
-
-
-@functools.cache
-def _nnx_pytree_type() -> type:
-    try:
-        return _nnx().Pytree
-    except ImportError:  # pragma: no cover
-        return type(None)
 
 
 try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
@@ -123,11 +114,7 @@ class Guarded:
         self._static_argnums = tuple(getattr(info, "static_argnums", ()) or ())
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
         donate = tuple(getattr(info, "donate_argnums", ()) or ()) if not keep_inputs else ()
-        try:
-            params = list(inspect.signature(_unwrap(step)).parameters.values())
-            self._arg_names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            self._arg_names = []
+        self._arg_names = positional_names(step)
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs). A donating step keeps its
         # memory behaviour only with keep_inputs=False (then the plain args tuple is donated).
         self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6), donate_argnums=(4,) if donate else ())
@@ -152,17 +139,10 @@ class Guarded:
         args = list(plain)
         for i, value in statics:
             args[i] = value
-        objs = None
         # the input leaves, taken before merge: the step mutates the merged objects (and may mutate
         # the variables nnx_state refers to), while skip needs the values as they came in.
         in_leaves, in_def = jax.tree_util.tree_flatten(nnx_state)
-        if layout is not None:
-            graphdef, positions = layout
-            objs = _nnx().merge(graphdef, nnx_state)
-            for p, obj in zip(positions, objs):
-                args[p] = obj
-        out = self.step(*args, **kwargs, **dict(static_kw))
-        new_nnx_state = _nnx().state(objs) if objs is not None else None
+        out, new_nnx_state = call_split(self.step, layout, nnx_state, args, {**kwargs, **dict(static_kw)})
         # per-leaf output flags only where the host cannot recompute them on failure (skip returns the old
         # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
         # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
@@ -175,7 +155,7 @@ class Guarded:
             from ._dist import replica_fingerprints
             replica = replica_fingerprints(_replica_target(out, new_nnx_state, args[0] if args else None), replicas)
         if self.on_nonfinite == "skip":
-            if objs is not None:
+            if layout is not None:
                 new_nnx_state = _select(ok, new_nnx_state, jax.tree_util.tree_unflatten(in_def, in_leaves))
             else:
                 out = _select_state(ok, out, args[0] if args else None)
@@ -205,8 +185,7 @@ class Guarded:
             return self._traced_call(*args, **kwargs)
         if self._pending:
             self._poll(block=False)
-        nnx_type = _nnx_pytree_type()
-        positions = tuple([i for i, a in enumerate(args) if isinstance(a, nnx_type)])
+        positions = nnx_positions(args)
         if self._plain_ok and not positions:
             statics, static_kw, plain = (), (), args
         else:
@@ -214,11 +193,8 @@ class Guarded:
             static_kw = tuple((k, kwargs.pop(k)) for k in self._static_argnames if k in kwargs)
             static_pos = {i for i, _ in statics}
             plain = tuple(None if (i in positions or i in static_pos) else a for i, a in enumerate(args))
-        layout, nnx_state, objs = None, None, ()
-        if positions:
-            objs = tuple(args[i] for i in positions)
-            graphdef, nnx_state = _nnx().split(objs)
-            layout = (graphdef, positions)
+        layout, nnx_state = split_objects(args, positions)
+        objs = tuple(args[i] for i in positions)
         # nnx.split's state refers to the live variables, which nnx.update below overwrites: keep the
         # input values now (a list of immutable arrays) for dumps and locate.
         nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None

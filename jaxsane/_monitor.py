@@ -34,10 +34,9 @@ from ._experiment import Adapted, get_inputs, require_experiment
 from ._findings import Finding
 from ._interpret import Interpreter, bodies
 from ._train_checks import History as History, check_training as check_training
-from ._tree import is_inexact, leaves_with_paths
+from ._tree import PyTree, is_inexact, leaves_with_paths
 from ._validate import require_bool, require_int
 
-PyTree = Any
 
 MODE_BARE, MODE_NORMS, MODE_FULL = 0, 1, 2
 
