@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +24,9 @@ from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels, require_experiment
 from ._frames import user_location
 from ._interpret import Interpreter
-from ._overfit import _scale_params, _selector
-from ._tree import put_like
+from ._tree import PyTree, leaf_selector, put_like, scale_selected
 from ._validate import require_sequence
 
-PyTree = Any
 
 _RECORDED = {"dot_general", "conv_general_dilated"}
 
@@ -176,7 +174,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     """
     require_experiment("init_scale_sweep", experiment)
     require_sequence("init_scale_sweep", "scales", scales, min=0.0)
-    _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
+    leaf_selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
     if adapted.loss_fn is None and adapted.apply_fn is None:
@@ -217,12 +215,12 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" ({where})" if where else ""))
     slot = {site: k for k, site in enumerate(sites)}
     shapes = [jax.ShapeDtypeStruct(finder.sites[s][0].outvars[0].aval.shape, found[s].dtype) for s in sites]
-    select = _selector(scale_leaves)
+    select = leaf_selector(scale_leaves)
     n_params = len(jax.tree_util.tree_leaves(params))
     batch_leaves = flat_args[n_params:]
 
     def stats(scale):
-        scaled = _scale_params(params, scale, select)
+        scaled = scale_selected(params, scale, select)
         args = [*jax.tree_util.tree_leaves(scaled), *batch_leaves]
 
         def f(eps):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
@@ -30,10 +29,8 @@ from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
 from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
-from ._tree import host_leaf, is_inexact, path_str
+from ._tree import PyTree, host_leaf, is_inexact, leaf_selector as _selector, path_str, scale_selected as _scale_params
 from ._validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
-
-PyTree = Any
 
 
 class OverfitConfig(NamedTuple):
@@ -364,25 +361,6 @@ def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     if not out:
         raise JaxsaneError("[jaxsane] overfit(seeds=...) is empty; pass a count or a list of ints.")
     return out
-
-
-def _scale_params(params: PyTree, scale: jax.Array, select: Callable[[str], bool]) -> PyTree:
-    def f(path, x):
-        if is_inexact(x) and select(path_str(path, "params")):
-            return (x * scale).astype(x.dtype)
-        return x
-    return jax.tree_util.tree_map_with_path(f, params)
-
-
-def _selector(scale_leaves: str | Callable[[str], bool] | None) -> Callable[[str], bool]:
-    if scale_leaves is None:
-        return lambda path: True
-    if isinstance(scale_leaves, str):
-        pattern = re.compile(scale_leaves)
-        return lambda path: pattern.search(path) is not None
-    if callable(scale_leaves):
-        return scale_leaves
-    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")
 
 
 def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
