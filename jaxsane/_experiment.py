@@ -303,7 +303,8 @@ def _as_metrics(out: Any) -> dict[str, Any]:
 
 
 class Adapted:
-    """An Experiment seen through one pure interface, whatever its step style.
+    """An Experiment seen through one pure interface, whatever its step style (public as
+    ``jaxsane.PureExperiment``; every tool that takes an Experiment also takes this view of one).
 
     * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree);
     * ``state, metrics = adapted.step(state, batch)`` — pure and jit-safe; ``metrics`` is a dict;
@@ -496,3 +497,5 @@ def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
 def float_leaves(tree: PyTree) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
 
+
+PureExperiment = Adapted  # the public name of the pure view: jaxsane.PureExperiment(experiment)

@@ -149,7 +149,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     """Per-layer activation and gradient std at init for each scale multiplier, vmapped over scales.
 
     Args:
-      experiment: an :class:`Experiment` (or :class:`Adapted`) with ``loss`` or ``apply``.
+      experiment: an :class:`Experiment` (or its :class:`PureExperiment` view) with ``loss`` or ``apply``.
       batch: the batch to measure on (default: the first train batch).
       scales: multipliers applied to the initial parameters (default ``(0.25, 0.5, 1, 2, 4)``).
       key: PRNG key of the init (default ``jax.random.key(0)``).

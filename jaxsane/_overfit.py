@@ -379,7 +379,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     drives the loss on one small batch to almost zero).
 
     Args:
-      experiment: an :class:`Experiment` (or an :class:`Adapted` of one).
+      experiment: an :class:`Experiment` (or its :class:`PureExperiment` view).
       batch: the batch to overfit (default: the first ``batch_size`` examples of the train data).
       seeds: a number of seeds (``0..seeds-1``) or a list of seeds; each seed is ``init(jax.random.key(seed))``.
       learning_rates: learning rates to try. They need an optimizer built with

@@ -102,3 +102,20 @@ def test_is_key_is_true_only_for_typed_prng_keys():
     class FakeDtype:
         dtype = "not a dtype"
     assert not is_key(FakeDtype())
+
+
+def test_the_pure_view_is_public_and_every_tool_takes_it():
+    import doctest
+
+    import jaxsane
+    from jaxsane import _monitor
+    from jaxsane._experiment import Adapted
+
+    assert "PureExperiment" in jaxsane.__all__ and jaxsane.PureExperiment is Adapted
+    assert "jaxsane.PureExperiment" in (Adapted.__doc__ or "")
+    assert "jaxsane._experiment" not in (_monitor.Monitor.__doc__ + _monitor.__doc__)
+    # the Monitor's own example runs on public names only
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder().find(_monitor.Monitor, "Monitor", globs={"jax": jax}):
+        runner.run(test)
+    assert runner.failures == 0 and runner.tries >= 5
