@@ -39,8 +39,9 @@ from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, r
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
 from ._tree import PyTree, is_key, leaves_with_paths
+from ._validate import require_policy
 
-POLICIES = ("rollback", "skip", "raise")
+POLICIES = ("rollback", "skip", "raise")  # the words of _validate.NONFINITE_POLICIES that fit carries out
 
 
 @dataclasses.dataclass
@@ -269,9 +270,7 @@ def _file_arg(name: str, path: Any, *, create_parent: bool) -> None:
 def _validate(*, steps, eval_every, checkpoint_every, keep, on_nonfinite, max_rollbacks, patience, min_delta,
               eval_batches, telemetry_every, dead_every, log_every, rollback_every, thresholds) -> None:
     """Types and ranges of fit's arguments, checked before any work. Not jit-safe."""
-    if on_nonfinite not in POLICIES:
-        raise FitArgumentError(f"fit(on_nonfinite=...) must be one of {', '.join(map(repr, POLICIES))}, got "
-                               f"{on_nonfinite!r}.")
+    require_policy("fit", on_nonfinite, POLICIES, FitArgumentError)
     _int_arg("steps", steps, low=1)
     _int_arg("checkpoint_every", checkpoint_every, low=1)
     _int_arg("keep", keep, low=1)
@@ -354,7 +353,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         ``"rollback"`` restores the last verified state kept on the host (see ``rollback_every``), replays
         the good batches since then and skips only the offending batch (at most ``max_rollbacks`` times);
         ``"skip"`` keeps the previous state in-graph (guard's skip policy); ``"raise"`` stops with
-        :class:`NonFiniteError`.
+        :class:`NonFiniteError`. The words mean what they mean in :func:`jaxsane.guard` (one vocabulary);
+        guard's ``"warn"`` is refused here, since training cannot go on from a non-finite state.
       patience, min_delta: stop when the eval loss has not improved by more than ``min_delta`` for
         ``patience`` evaluations in a row (None: no early stopping).
       eval_batches: at most this many batches of an eval iterable are used (a single batch is used as is).

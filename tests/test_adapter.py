@@ -119,3 +119,22 @@ def test_the_pure_view_is_public_and_every_tool_takes_it():
     for test in doctest.DocTestFinder().find(_monitor.Monitor, "Monitor", globs={"jax": jax}):
         runner.run(test)
     assert runner.failures == 0 and runner.tries >= 5
+
+
+def test_one_on_nonfinite_vocabulary_for_guard_and_fit():
+    import pytest
+
+    from jaxsane import FitArgumentError
+    from jaxsane._fit import POLICIES as FIT
+    from jaxsane._guard import POLICIES as GUARD
+    from jaxsane._validate import NONFINITE_POLICIES, require_policy
+
+    assert set(FIT) | set(GUARD) == set(NONFINITE_POLICIES)  # every word either tool takes is defined once
+    for p in FIT:
+        assert require_policy("fit", p, FIT, FitArgumentError) == p
+    with pytest.raises(FitArgumentError, match=r"another tool's policy.*cannot go on from a non-finite state"):
+        require_policy("fit", "warn", FIT, FitArgumentError)
+    with pytest.raises(FitArgumentError, match=r"misspelt.*'rollback': restore the last verified state"):
+        require_policy("fit", "rolback", FIT, FitArgumentError)
+    with pytest.raises(ValueError, match=r"\[jaxsane\] guard\(on_nonfinite=.*only fit keeps"):
+        require_policy("guard", "rollback", GUARD)
