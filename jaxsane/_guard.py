@@ -313,7 +313,7 @@ class Guarded:
         First the failing leaves' shards are inspected; when the NaN/Inf is everywhere (spread by an
         all-reduce), the step is replayed once per batch shard to find the shard whose rows cause it.
         """
-        from ._dist import nonfinite_shards, replay_shards
+        from ._dist_shards import nonfinite_shards, replay_shards
         values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
         values += jax.tree_util.tree_leaves(call.kwargs)
         values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
@@ -380,7 +380,7 @@ class Guarded:
         if call is not None:
             shard = self._shard_finding(call, bad, rec.step, code)
             if self._multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
-                from ._dist import gather_to_host
+                from ._dist_shards import gather_to_host
                 host_inputs = gather_to_host((call.args(), call.kwargs))
             else:
                 host_inputs = (to_host(call.args()), to_host(call.kwargs))
