@@ -23,11 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
-from ._errors import NonFiniteError
+from ._errors import ArgumentError, NonFiniteError
 from ._findings import Finding
 from ._tree import finite_flags, grouped_finite_flags, host_finite_flags, leaves_with_paths, same_structure, to_host
+from ._validate import require_policy
 
-POLICIES = ("raise", "skip", "warn")
+POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
 
 _FIX = {
     "nonfinite.input": "the batch already holds NaN/Inf: check the data pipeline (jaxsane.check_data) and "
@@ -83,15 +84,14 @@ class Guarded:
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
                  sync: bool = False, locate: bool = True, check_replicas: bool | int = False):
-        if not callable(step):
-            raise TypeError(f"[jaxsane] guard needs a callable step, got {type(step).__name__}.")
-        if on_nonfinite not in POLICIES:
-            raise ValueError(f"[jaxsane] on_nonfinite must be one of {POLICIES}, got {on_nonfinite!r}.")
+        if not callable(step):  # ArgumentError: a JaxsaneError that is also a TypeError and a ValueError
+            raise ArgumentError(f"[jaxsane] guard needs a callable step, got {type(step).__name__}.")
+        require_policy("guard", on_nonfinite, POLICIES)
         if not isinstance(check_replicas, (bool, int)) or check_replicas < 0:
-            raise ValueError(f"[jaxsane] check_replicas must be a bool or a step interval >= 1, "
-                             f"got {check_replicas!r}.")
+            raise ArgumentError(f"[jaxsane] check_replicas must be a bool or a step interval >= 1, "
+                                f"got {check_replicas!r}.")
         if max_consecutive_skips < 1 or max_lag < 0:
-            raise ValueError("[jaxsane] max_consecutive_skips must be >= 1 and max_lag >= 0.")
+            raise ArgumentError("[jaxsane] max_consecutive_skips must be >= 1 and max_lag >= 0.")
         functools.update_wrapper(self, step)
         self.step = step
         self.on_nonfinite = on_nonfinite
@@ -574,7 +574,8 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     Args:
       step: the train step, e.g. ``(state, batch) -> (state, metrics)`` or an NNX step.
       on_nonfinite: ``"raise"`` raises :class:`NonFiniteError`; ``"skip"`` returns the failing step's
-        input state bitwise (selected inside the compiled step) and counts it; ``"warn"`` warns.
+        input state bitwise (selected inside the compiled step) and counts it; ``"warn"`` warns. The words
+        mean what they mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``).
       dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no
         pickle) and can be read back with :func:`jaxsane.load_dump`.
       max_consecutive_skips: with ``"skip"``, raise after this many failing steps in a row.

@@ -257,5 +257,5 @@ def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = Ar
     cause = (f"{value!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[value]}"
              if isinstance(value, str) and value in _WHY_NOT else
              "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy")
-    raise error(f"{fn}(on_nonfinite=...) must be one of {', '.join(map(repr, allowed))}, got {show(value)}. "
+    raise error(f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
                 f"Likely cause: {cause}. Fix: pass one of them ({valid}).")

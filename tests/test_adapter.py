@@ -136,5 +136,22 @@ def test_one_on_nonfinite_vocabulary_for_guard_and_fit():
         require_policy("fit", "warn", FIT, FitArgumentError)
     with pytest.raises(FitArgumentError, match=r"misspelt.*'rollback': restore the last verified state"):
         require_policy("fit", "rolback", FIT, FitArgumentError)
-    with pytest.raises(ValueError, match=r"\[jaxsane\] guard\(on_nonfinite=.*only fit keeps"):
+    with pytest.raises(ValueError, match=r"\[jaxsane\] on_nonfinite must be one of 'raise', 'skip', 'warn' in guard.*only fit keeps"):
         require_policy("guard", "rollback", GUARD)
+
+
+def test_guard_bad_arguments_are_jaxsane_errors():
+    import pytest
+
+    import jaxsane
+
+    def step(state, batch):
+        return state
+
+    for bad in ({"on_nonfinite": "rollback"}, {"on_nonfinite": True}, {"check_replicas": -1}, {"max_lag": -1}):
+        with pytest.raises(jaxsane.ArgumentError):
+            jaxsane.guard(step, **bad)
+    with pytest.raises(jaxsane.ArgumentError, match="callable"):
+        jaxsane.guard(None)
+    for policy in ("raise", "skip", "warn"):
+        assert jaxsane.guard(step, on_nonfinite=policy).on_nonfinite == policy
