@@ -29,7 +29,8 @@ from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
 from ._sweep import SweepSpec, default_groups, group_layout, run_sweep, stack_states
-from ._tree import PyTree, host_leaf, is_inexact, leaf_selector as _selector, path_str, scale_selected as _scale_params
+from ._tree import (PyTree, host_leaf, is_inexact, leaf_selector as _selector, path_str,
+                    scale_selected as _scale_params)
 from ._validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
 
 

@@ -136,7 +136,8 @@ def test_one_on_nonfinite_vocabulary_for_guard_and_fit():
         require_policy("fit", "warn", FIT, FitArgumentError)
     with pytest.raises(FitArgumentError, match=r"misspelt.*'rollback': restore the last verified state"):
         require_policy("fit", "rolback", FIT, FitArgumentError)
-    with pytest.raises(ValueError, match=r"\[jaxsane\] on_nonfinite must be one of 'raise', 'skip', 'warn' in guard.*only fit keeps"):
+    expected = r"\[jaxsane\] on_nonfinite must be one of 'raise', 'skip', 'warn' in guard.*only fit keeps"
+    with pytest.raises(ValueError, match=expected):
         require_policy("guard", "rollback", GUARD)
 
 
