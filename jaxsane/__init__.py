@@ -17,7 +17,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "_data": ("check_data",),
     "_dist": ("ReplicaDivergenceError", "check_replicas"),
     "_doctor": ("doctor",),
-    "_experiment": ("Experiment",),
+    "_experiment": ("Experiment", "PureExperiment"),
     "_findings": ("CODES", "Diagnosis", "Finding"),
     "_fit": ("FitResult", "fit"),
     "_guard": ("Guarded", "JaxsaneWarning", "guard"),
@@ -49,8 +49,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "GuardConfigError", "DataError", "Diagnosis", "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
-    "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "ReplicaDivergenceError",
+    "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "GuardConfigError", "DataError", "Diagnosis",
+    "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
+    "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "PureExperiment",
+    "ReplicaDivergenceError",
     "check_data", "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",
     "FitResult", "History", "Monitor", "check_training", "fit", "write_html",

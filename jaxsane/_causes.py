@@ -90,7 +90,7 @@ def _in_files(node, parts: tuple) -> bool:
 
 
 def _text(node) -> str:
-    from ._locate import source_text
+    from ._frames import source_text
     frame = node.frame
     return source_text(*frame) if frame else ""
 

@@ -28,14 +28,9 @@ import numpy as np
 
 from ._errors import CheckpointError
 from ._monitor import History
-from ._tree import leaves_with_paths
+from ._tree import PyTree, is_key, leaves_with_paths
 
-PyTree = Any
 DAMAGED_SUFFIX = ".jaxsane-damaged"
-
-
-def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def leaf_checksum(x: Any) -> str | None:
@@ -70,7 +65,7 @@ class Checkpoints:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         leaves, self.treedef = jax.tree_util.tree_flatten(like)
         self.paths = [p for p, _ in leaves_with_paths(like, "state")]
-        self.key_impls = [jax.random.key_impl(x) if _is_key(x) else None for x in leaves]
+        self.key_impls = [jax.random.key_impl(x) if is_key(x) else None for x in leaves]
         self.abstract = [ocp.utils.to_shape_dtype_struct(jnp.asarray(x)) for x in self._encode(leaves)]
 
     def _encode(self, leaves: list) -> list:

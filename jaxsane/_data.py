@@ -24,12 +24,12 @@ import numpy as np
 
 from ._data_read import Stream, _get, _host, _leaves, _normalize, _num_rows, _slice, _take
 from ._errors import DataError
-from ._experiment import _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS
+from ._experiment import INPUT_KEYS as _INPUT_KEYS, LABEL_KEYS as _LABEL_KEYS, MASK_KEYS as _MASK_KEYS
 from ._findings import Diagnosis, Finding
-from ._row_hash import _U64, _combine, hash_rows
+from ._row_hash import U64 as _U64, combine_hashes as _combine, hash_rows
+from ._tree import PyTree
 from ._validate import require_bool, require_callable, require_float, require_int
 
-PyTree = Any
 
 _STATS_ROWS = 1024             # rows per chunk sampled for mean/std (scale check)
 _STATS_VALUES = 1 << 22        # after this many sampled values, sample every 16th row

@@ -14,9 +14,7 @@ import jax
 import numpy as np
 
 from ._errors import DataError, JaxsaneError
-from ._tree import explicit_sharding, path_str
-
-PyTree = Any
+from ._tree import PyTree, explicit_sharding, path_str
 
 
 def _is_arraylike(x: Any) -> bool:

@@ -9,7 +9,8 @@ multi-controller runtime (``jax.distributed``); nothing here adds a runtime. Two
   devices and processes. It catches processes that initialise from different seeds and a
   data-parallel step that forgets its gradient ``pmean``/``psum`` (a ``shard_map`` with
   ``check_vma=False`` and ``out_specs=P()`` then silently returns different "replicated" copies).
-* **non-finite shard attribution** (``dist.nonfinite_shard``): on the failure path of
+* **non-finite shard attribution** (``dist.nonfinite_shard``, in :mod:`jaxsane._dist_shards`): on the
+  failure path of
   :func:`jaxsane.guard`, the addressable shards of the failing leaves are inspected on the host to
   name the devices and processes holding the NaN/Inf and the batch rows those shards held. When
   an all-reduce spread the NaN to every device, :func:`replay_shards` replays the step once per
@@ -24,8 +25,7 @@ every process, so that no process waits in a collective the others never enter.
 from __future__ import annotations
 
 import collections
-import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +34,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ._errors import JaxsaneError
 from ._findings import Finding
-from ._tree import is_inexact, leaves_with_paths
+from ._tree import PyTree, is_inexact, leaves_with_paths
 from ._validate import require_int, require_str
 
-PyTree = Any
 
 _PROCESS_HINT = ("the processes disagree while the devices of each process agree: every process must build the "
                  "replicated state from the same seed and the same data (use one PRNG key for init, not "
@@ -47,8 +46,6 @@ _DEVICE_HINT = ("devices disagree: a data-parallel step that computes gradients 
                 "all-reduce them (jax.lax.pmean(grads, axis_name) inside shard_map) before the update; with "
                 "check_vma=False and out_specs=P() JAX does not check that the 'replicated' outputs agree. "
                 "Also look for per-device RNG (fold_in(key, axis_index)) feeding replicated values.")
-_SHARD_HINT = ("only some shards hold NaN/Inf: look at the named batch rows (jaxsane.check_data on them) and at "
-               "what differs on those devices/processes (their data shard, a per-device overflow).")
 
 
 class ReplicaDivergenceError(JaxsaneError):
@@ -69,7 +66,7 @@ def is_multiprocess() -> bool:
     return jax.process_count() > 1
 
 
-def _device_id(d: Any) -> int:
+def device_id(d: Any) -> int:
     return int(d.id)
 
 
@@ -114,13 +111,13 @@ def fingerprint(x: jax.typing.ArrayLike) -> jax.Array:
 _fingerprint_jit = jax.jit(fingerprint)
 
 
-def _index_key(index: tuple, shape: tuple) -> tuple:
+def index_key(index: tuple, shape: tuple) -> tuple:
     """A hashable, normalised form of a shard index (a tuple of slices)."""
     return tuple(sl.indices(n)[:2] if isinstance(sl, slice) else (sl, sl + 1) for sl, n in zip(index, shape))
 
 
 def _fallback_mesh(devices) -> Mesh:
-    return Mesh(np.array(sorted(devices, key=_device_id)), ("_jaxsane_replica",))
+    return Mesh(np.array(sorted(devices, key=device_id)), ("_jaxsane_replica",))
 
 
 # ------------------------------------------------------------------------- in-graph replica checks
@@ -153,7 +150,7 @@ def replica_plan(tree: PyTree) -> tuple:
         first: dict[tuple, int] = {}
         reps = []
         for pos, d in enumerate(flat):
-            reps.append(first.setdefault(_index_key(index_map[d], leaf.shape), pos))
+            reps.append(first.setdefault(index_key(index_map[d], leaf.shape), pos))
         if len(first) == len(flat):  # every device holds a different piece: nothing to compare
             continue
         groups.setdefault(mesh, []).append((i, spec, tuple(reps)))
@@ -212,7 +209,7 @@ def plan_findings(plan: tuple, fps: Sequence[Any], paths: Sequence[str], *, step
         fp = np.asarray(fp)
         devices = list(mesh.devices.flat)
         for k, leaf_index in enumerate(indices):
-            records = [(_device_id(d), int(d.process_index), reps[k][pos], tuple(fp[pos, k]))
+            records = [(device_id(d), int(d.process_index), reps[k][pos], tuple(fp[pos, k]))
                        for pos, d in enumerate(devices)]
             finding = _divergence_finding(paths[leaf_index], records, step=step)
             if finding is not None and leaves is not None:
@@ -252,9 +249,9 @@ def _divergence_finding(path: str, records: list[tuple], *, step: int | None = N
     # processes disagree while each process's own copies agree -> a per-process cause
     per_process = len(procs) > 1 and all(len({r[3] for r in records if r[1] == p and r[2] == g}) <= 1
                                          for p in procs for g in {r[2] for r in records})
-    where = f"device(s) {_ids(bad_dev)} (process {', '.join(map(str, bad_proc))})"
+    where = f"device(s) {short_ids(bad_dev)} (process {', '.join(map(str, bad_proc))})"
     message = (f"{path} should be identical on {n_copies} copies but {len(bad)} differ: {where} disagree with "
-               f"device(s) {_ids(ref_dev)}")
+               f"device(s) {short_ids(ref_dev)}")
     if diffs:
         message += f" (max |difference| {max(diffs.values()):.3g})"
     if per_process:
@@ -266,7 +263,7 @@ def _divergence_finding(path: str, records: list[tuple], *, step: int | None = N
                           **({"max_abs_diff": max(diffs.values())} if diffs else {})})
 
 
-def _ids(ids: Sequence[int], n: int = 8) -> str:
+def short_ids(ids: Sequence[int], n: int = 8) -> str:
     ids = list(ids)
     return ", ".join(map(str, ids[:n])) + (f" and {len(ids) - n} more" if len(ids) > n else "")
 
@@ -278,11 +275,11 @@ def _local_diffs(leaf: Any, bad_devices: Sequence[int], ref_devices: Sequence[in
     """Max |copy - reference| for each diverging copy whose reference copy (same index) is on this process."""
     if not isinstance(leaf, jax.Array) or not is_inexact(leaf):
         return {}
-    shards = {_device_id(s.device): s for s in leaf.addressable_shards}
-    refs = {_index_key(shards[d].index, leaf.shape): shards[d] for d in ref_devices if d in shards}
+    shards = {device_id(s.device): s for s in leaf.addressable_shards}
+    refs = {index_key(shards[d].index, leaf.shape): shards[d] for d in ref_devices if d in shards}
     out = {}
     for d in bad_devices:
-        ref = refs.get(_index_key(shards[d].index, leaf.shape)) if d in shards else None
+        ref = refs.get(index_key(shards[d].index, leaf.shape)) if d in shards else None
         if ref is not None:
             a, b = np.asarray(ref.data, np.float64), np.asarray(shards[d].data, np.float64)
             with np.errstate(invalid="ignore"):
@@ -331,7 +328,7 @@ def check_replicas(tree: PyTree, *, root: str = "", step: int | None = None) -> 
                 findings[spread[[named[i][0] for i in spread].index(f.path)]] = f
     if is_multiprocess():
         single = [i for i in range(len(named)) if i not in set(spread)]
-        dev, proc = _device_id(jax.local_devices()[0]), jax.process_index()
+        dev, proc = device_id(jax.local_devices()[0]), jax.process_index()
         local = []
         for i in single:
             data = jax.device_put(np.asarray(named[i][1]), jax.local_devices()[0])
@@ -363,192 +360,3 @@ def _allgather_records(local: list[list[tuple]]) -> list[list[tuple]]:
             continue
         out[k].append((dev, proc, key, ((a << 16) | b, (c << 16) | d)))
     return out
-
-
-# ----------------------------------------------------------------- non-finite shard attribution
-def _shard_table(leaf: jax.Array, devices: list) -> tuple[np.ndarray, np.ndarray]:
-    """Local part of one leaf's attribution: per global device ``[n_nonfinite, row_start, row_stop]``
-    (-1 where not local) and a per-row non-finite mask over dim 0 (empty for scalars)."""
-    pos = {_device_id(d): i for i, d in enumerate(devices)}
-    table = np.full((len(devices), 3), -1, np.int64)
-    rows = np.zeros((leaf.shape[0] if leaf.ndim else 0,), np.int32)
-    for shard in leaf.addressable_shards:
-        data = np.asarray(shard.data)
-        bad = ~np.isfinite(data)
-        start, stop = _index_key(shard.index, leaf.shape)[0] if leaf.ndim else (0, 0)
-        table[pos[_device_id(shard.device)]] = (int(bad.sum()), start, stop)
-        if leaf.ndim and bad.any():
-            rows[start:stop] |= bad.reshape(bad.shape[0], -1).any(axis=1).astype(np.int32)
-    return table, rows
-
-
-def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | None = None,
-                     what: str = "") -> Finding | None:
-    """Which devices/processes hold the NaN/Inf of the given (failing) leaves. Not jit-safe.
-
-    Meant for the failure path only: it copies the failing leaves' local shards to the host. Under
-    ``jax.distributed`` it makes one ``process_allgather`` (every process must call it with the same
-    leaves, which holds when the leaves were chosen from a global finite flag).
-
-    Args:
-      named_leaves: ``(path, array)`` of the leaves that went non-finite, most telling first
-        (inputs before outputs). Leaves on a single device are ignored.
-      step: the step index, for the finding.
-      what: a short description of the failure for the message (e.g. "nonfinite.input").
-
-    Returns:
-      A ``dist.nonfinite_shard`` finding naming, for the first leaf whose NaN/Inf sit on only some of
-      its devices, those devices, their processes, the rows of dim 0 they held and the rows that are
-      non-finite; None when no leaf is sharded or every leaf is non-finite on every device.
-    """
-    sharded = [(p, x) for p, x in named_leaves
-               if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 and is_inexact(x)]
-    if not sharded:
-        return None
-    devices = sorted({d for _, x in sharded for d in x.sharding.device_set}, key=_device_id)
-    tables, masks = [], []
-    for _, x in sharded:
-        t, r = _shard_table(x, devices)
-        tables.append(t)
-        masks.append(r)
-    if is_multiprocess():
-        from jax.experimental import multihost_utils
-        flat = np.concatenate([t.ravel() for t in tables] + masks).astype(np.int32)
-        gathered = np.asarray(multihost_utils.process_allgather(flat)).reshape(jax.process_count(), -1)
-        merged = gathered.max(axis=0)  # each device is filled by exactly one process; -1 elsewhere
-        off = 0
-        for k, t in enumerate(tables):
-            tables[k] = merged[off:off + t.size].reshape(t.shape)
-            off += t.size
-        for k, m in enumerate(masks):
-            masks[k] = merged[off:off + m.size]
-            off += m.size
-    all_bad = []
-    for (path, x), table, mask in zip(sharded, tables, masks):
-        held = [(d, table[i]) for i, d in enumerate(devices) if table[i][0] >= 0]
-        bad = [(d, row) for d, row in held if row[0] > 0]
-        if not bad:
-            continue
-        all_bad.append(path)
-        if len(bad) == len(held):
-            continue  # everywhere: not confined to some shards (e.g. spread by an all-reduce)
-        dev_ids = [_device_id(d) for d, _ in bad]
-        procs = sorted({int(d.process_index) for d, _ in bad})
-        held_rows = sorted({(int(r[1]), int(r[2])) for _, r in bad})
-        bad_rows = np.flatnonzero(mask).tolist()
-        n_bad = int(sum(r[0] for _, r in bad))
-        rows_txt = ", ".join(f"{a}:{b}" for a, b in held_rows)
-        message = (f"{path}: {n_bad} NaN/Inf confined to {len(bad)} of {len(held)} devices: device(s) "
-                   f"{_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}"
-                   + (f", holding rows {rows_txt} of dim 0; non-finite rows {_ids(bad_rows, 16)}" if x.ndim else ""))
-        if what:
-            message += f" ({what})"
-        return Finding("dist.nonfinite_shard", message, _SHARD_HINT, path=path, step=step,
-                       extra={"devices": dev_ids, "processes": procs, "rows_held": [list(r) for r in held_rows],
-                              "rows": bad_rows, "n_devices": len(held)})
-    return None
-
-
-def _row_groups(leaves: Sequence[Any]) -> list[tuple[int, int]] | None:
-    """The common dim-0 split of the row-sharded leaves: sorted ``(start, stop)``; None if none/inconsistent."""
-    groups = None
-    for x in leaves:
-        keys = sorted({_index_key(idx, x.shape)[0] for idx in x.sharding.devices_indices_map(x.shape).values()})
-        if groups is None:
-            groups = keys
-        elif keys != groups:
-            return None
-    return groups if groups is not None and len(groups) > 1 else None
-
-
-def _is_row_sharded(x: Any) -> bool:
-    if not isinstance(x, jax.Array) or x.ndim < 1 or len(x.sharding.device_set) < 2:
-        return False
-    starts = {_index_key(idx, x.shape)[0] for idx in x.sharding.devices_indices_map(x.shape).values()}
-    return len(starts) > 1
-
-
-@functools.lru_cache(maxsize=64)
-def _take_rows(sharding: Any):
-    """A jitted ``(x, idx) -> x[idx]`` whose result keeps ``sharding`` (Explicit or Auto mesh axes)."""
-    mesh = getattr(sharding, "mesh", None)
-    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
-        return jax.jit(lambda x, idx: x.at[idx].get(out_sharding=sharding))
-    return jax.jit(lambda x, idx: x[idx], out_shardings=sharding)
-
-
-def replay_shards(run: Callable[[tuple, dict], bool], args: tuple, kwargs: dict, *, step: int | None = None,
-                  max_groups: int = 64, max_rows: int = 32) -> Finding | None:
-    """Find the batch shard(s) whose rows alone make a step non-finite, by replaying it. Not jit-safe.
-
-    For a step whose batch leaves (``args[1:]`` and ``kwargs``) are split along dim 0 over
-    devices, each shard's rows are tiled to the full batch (same shape and sharding, so the step
-    does not recompile) and the step is run once per shard: the shards whose rows alone give
-    NaN/Inf are the origin, even when an all-reduce spread the NaN to every device. When the
-    culprit shards hold at most ``max_rows`` rows in all, each row is replayed alone as well.
-    Failure path only. Every replay is the same global program on every process.
-
-    Args:
-      run: ``(args, kwargs) -> bool`` runs the step and returns True when everything stayed finite.
-      args, kwargs: the failing call's inputs (``args[0]``, the state, is kept as it is).
-      step: the step index, for the finding.
-      max_groups: do not replay when the batch is split into more shards than this.
-      max_rows: replay single rows only when the culprit shards hold at most this many rows.
-
-    Returns:
-      A ``dist.nonfinite_shard`` finding (``extra["replayed"]`` True), or None when the batch is not
-      row-sharded, the split is too fine, or the replays do not single out some shards.
-    """
-    flat, treedef = jax.tree_util.tree_flatten((args[1:], kwargs))
-    rowed = [i for i, x in enumerate(flat) if _is_row_sharded(x)]
-    groups = _row_groups([flat[i] for i in rowed]) if rowed else None
-    if groups is None or len(groups) > max_groups:
-        return None
-    n = flat[rowed[0]].shape[0]
-
-    def replay(idx: np.ndarray) -> bool:
-        idx = np.resize(np.asarray(idx, np.int32), n)
-        new = list(flat)
-        for i in rowed:
-            new[i] = jax.device_put(_take_rows(flat[i].sharding)(flat[i], idx), flat[i].sharding)  # no retrace
-        rest, kw = jax.tree_util.tree_unflatten(treedef, new)
-        return run((args[0], *rest), kw)
-
-    culprits = [g for g in groups if not replay(np.arange(*g))]
-    if not culprits or len(culprits) == len(groups):
-        return None
-    rows: list[int] = []
-    if sum(b - a for a, b in culprits) <= max_rows:
-        rows = [r for a, b in culprits for r in range(a, b) if not replay(np.asarray([r]))]
-    x = flat[rowed[0]]
-    holders = [d for d, idx in x.sharding.devices_indices_map(x.shape).items()
-               if _index_key(idx, x.shape)[0] in culprits]
-    dev_ids = sorted(_device_id(d) for d in holders)
-    procs = sorted({int(d.process_index) for d in holders})
-    held = ", ".join(f"{a}:{b}" for a, b in culprits)
-    message = (f"the step goes non-finite when every device is given the batch rows {held} held by device(s) "
-               f"{_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}; the other {len(groups) - len(culprits)} "
-               f"shard(s)' rows stay finite" + (f"; row(s) {_ids(rows, 16)} alone reproduce it" if rows else ""))
-    return Finding("dist.nonfinite_shard", message, _SHARD_HINT, path=None, step=step,
-                   extra={"devices": dev_ids, "processes": procs, "rows_held": [list(g) for g in culprits],
-                          "rows": rows, "n_shards": len(groups), "replayed": True})
-
-
-# ------------------------------------------------------------------------------ host transfers
-def gather_to_host(tree: PyTree) -> PyTree:
-    """Copy every array leaf to host numpy, gathering leaves spread over several processes. Not jit-safe.
-
-    Leaves that are not fully addressable are fetched with one ``process_allgather`` (a collective:
-    every process must call this with the same structure); others are copied locally.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    remote = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable
-              and not x.is_fully_replicated]
-    if remote:
-        from jax.experimental import multihost_utils
-        got = multihost_utils.process_allgather([leaves[i] for i in remote], tiled=True)
-        for i, value in zip(remote, got):
-            leaves[i] = np.asarray(value)
-    out = [np.asarray(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) else x for x in leaves]
-    return jax.tree_util.tree_unflatten(treedef, out)
-

@@ -13,7 +13,6 @@ Supported step styles (all unchanged):
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import numbers
 from collections.abc import Iterable, Mapping
@@ -22,15 +21,16 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from ._adapter import (call_split, is_nnx_state as is_nnx_state, nnx_module as _nnx,
+                       positional_arity as _positional_arity, split_whole)
 from ._errors import DataError, ExperimentError
-from ._tree import explicit_sharding, is_array, is_inexact, same_structure
+from ._tree import PyTree, explicit_sharding, is_array, is_inexact, same_structure
 from ._validate import show
-
-PyTree = Any
 
 _INPUT_KEYS = ("x", "image", "images", "inputs", "input", "features", "tokens", "input_ids", "data")
 _LABEL_KEYS = ("y", "label", "labels", "targets", "target")
 _MASK_KEYS = ("mask", "attention_mask", "padding_mask", "weights")
+INPUT_KEYS, LABEL_KEYS, MASK_KEYS = _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS  # the batch keys the data checks read too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,45 +294,6 @@ def slice_batch(batch: PyTree, n: int) -> PyTree:
     return jax.tree_util.tree_map(head, batch)
 
 
-# ----------------------------------------------------------------------------- NNX detection
-
-def _nnx():
-    from flax import nnx
-    return nnx
-
-
-def is_nnx_state(state: Any) -> bool:
-    """True when ``state`` holds Flax NNX graph objects (a Module, an Optimizer, or a tuple of them)."""
-    try:
-        nnx = _nnx()
-    except ImportError:  # pragma: no cover
-        return False
-    items = state if isinstance(state, (tuple, list)) else (state,)
-    return any(isinstance(x, nnx.Pytree) for x in items if not is_array(x))
-
-
-def _unwrap(fn: Callable) -> Callable:
-    for attr in ("fun", "_fun", "__wrapped__"):
-        inner = getattr(fn, attr, None)
-        if callable(inner):
-            return _unwrap(inner)
-    return fn
-
-
-def _positional_arity(fn: Callable) -> int | None:
-    try:
-        sig = inspect.signature(_unwrap(fn))
-    except (TypeError, ValueError):
-        return None
-    n = 0
-    for p in sig.parameters.values():
-        if p.kind == p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            n += 1
-    return n
-
-
 # ----------------------------------------------------------------------------- the adapter
 
 def _as_metrics(out: Any) -> dict[str, Any]:
@@ -348,7 +309,8 @@ def _as_metrics(out: Any) -> dict[str, Any]:
 
 
 class Adapted:
-    """An Experiment seen through one pure interface, whatever its step style.
+    """An Experiment seen through one pure interface, whatever its step style (public as
+    ``jaxsane.PureExperiment``; every tool that takes an Experiment also takes this view of one).
 
     * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree);
     * ``state, metrics = adapted.step(state, batch)`` — pure and jit-safe; ``metrics`` is a dict;
@@ -371,12 +333,15 @@ class Adapted:
         self.nnx = is_nnx_state(example)
         if self.nnx:
             nnx = _nnx()
-            self._graphdef, _ = nnx.split(example)
             model = self._model_of(example)
             self._model_def, _, self._model_rest = nnx.split(model, nnx.Param, ...)
             arity = _positional_arity(exp.step)
             self._unpack = (isinstance(example, (tuple, list)) and arity is not None
                             and arity == len(example) + 1)
+            # step(model, optimizer, batch) spreads the objects over the arguments; step(objs, batch) packs them
+            self._layout, _ = split_whole(example, tuple(range(len(example))) if self._unpack else (0,),
+                                          packed=not self._unpack)
+            self._graphdef = self._layout.graphdef
         else:
             self._check_leaves(example)
         self._example = example
@@ -417,9 +382,9 @@ class Adapted:
     def _call_user_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, Any]:
         exp = self.experiment
         if self.nnx:
-            objs = _nnx().merge(self._graphdef, state)
-            out = exp.step(*objs, batch) if self._unpack else exp.step(objs, batch)
-            return _nnx().state(objs), out
+            args = (None,) * (len(self._layout.positions) if self._unpack else 1) + (batch,)
+            out, new_state = call_split(exp.step, self._layout, state, args)
+            return new_state, out
         return None, exp.step(state, batch)
 
     def step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
@@ -558,3 +523,5 @@ def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
 def float_leaves(tree: PyTree) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
 
+
+PureExperiment = Adapted  # the public name of the pure view: jaxsane.PureExperiment(experiment)

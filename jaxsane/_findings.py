@@ -12,6 +12,7 @@ import re
 from typing import Any, Iterable, Iterator, Sequence
 
 from ._errors import FindingError
+from ._root_cause import RootCause as RootCause, link
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _SEVERITY_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -111,20 +112,6 @@ def severity_of(code: str) -> str:
         return CODES[code][0]
     except KeyError:
         raise KeyError(f"[jaxsane] unknown finding code {code!r}; known codes are in jaxsane.CODES") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class RootCause:
-    """The root-cause finding a consequence points to: its ``code`` and its ``where`` string.
-
-    Set by :func:`jaxsane._root_cause.link_consequences` (a :class:`Diagnosis` links lazily). Not jit-safe.
-    """
-
-    code: str
-    where: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.code} ({self.where})" if self.where else self.code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +247,6 @@ class Diagnosis(Sequence[Finding]):
 
     def _link(self) -> tuple[list[Finding], list[int | None]]:
         if self._linked is None:
-            from ._root_cause import link
             self._linked = link(self._findings)
         return self._linked
 

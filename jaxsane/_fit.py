@@ -23,25 +23,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import sys
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from . import _checkpoint as _ckpt
-from ._errors import CheckpointError, DataError, ExperimentError, FitArgumentError, NonFiniteError
-from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
+from ._errors import CheckpointError, ExperimentError, FitArgumentError, NonFiniteError
+from ._experiment import Adapted, Experiment
 from ._findings import Diagnosis
+from ._fit_args import POLICIES as POLICIES, check_dir_arg, check_file_arg, check_fit_arguments
+from ._fit_data import Evaluator, Progress, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
+from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
-from ._tree import leaves_with_paths
-
-PyTree = Any
-POLICIES = ("rollback", "skip", "raise")
+from ._tree import PyTree
 
 
 @dataclasses.dataclass
@@ -94,240 +91,6 @@ class FitResult:
         return list(self.history.loss)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-_is_key = _ckpt._is_key
-
-
-def _keep_copy(state: PyTree) -> PyTree:
-    """A copy of ``state`` that outlives donation: host numpy where the array is fully addressable,
-    a device copy otherwise (typed PRNG keys, multi-host shards). Not jit-safe."""
-    def copy(x):
-        if not isinstance(x, jax.Array):
-            return x
-        if _is_key(x) or not x.is_fully_addressable:
-            return x.copy()
-        return np.asarray(x)
-    return jax.tree_util.tree_map(copy, state)
-
-
-def _best_state(kept: tuple | None, best_step: int, *, ckpt_dir: str | None, keep: int, like: PyTree,
-                init: Any) -> PyTree:
-    """The state of the best evaluation, placed like ``like``: the kept copy, else (after a resume) ``init()``
-    for step 0 or its checkpoint, else ``like`` itself with a warning. Not jit-safe."""
-    if kept is None and best_step == 0:
-        return init()
-    if kept is not None and kept[0] == best_step:
-        return jax.tree_util.tree_map(
-            lambda h, x: jax.device_put(h, x.sharding) if isinstance(x, jax.Array) and isinstance(h, np.ndarray)
-            else h, kept[1], like)
-    if ckpt_dir is not None:
-        ckpt = _ckpt.Checkpoints(ckpt_dir, keep, like)
-        try:
-            if best_step in ckpt.steps():
-                out = ckpt.verify(best_step)
-                if not isinstance(out, str):
-                    return out[0]
-        finally:
-            ckpt.close()
-    warnings.warn(f"[jaxsane] restore_best: the state of the best evaluation (step {best_step}) is neither in "
-                  "memory nor among the kept checkpoints; returning the last state. Raise keep=... so the "
-                  "best checkpoint survives a resume.", JaxsaneWarning, stacklevel=3)
-    return like
-
-
-# ----------------------------------------------------------------------------- data and eval
-
-def _train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]]:
-    """``(data index, batch)`` pairs after the first ``skip`` (a deterministic iterator resumes exactly).
-    With ``repeat`` the data is read again from its start each time it runs out (needs re-iterable data:
-    a one-shot iterator ends the stream when its second pass yields nothing)."""
-    index, passes = 0, 0
-    while True:
-        count, passes = 0, passes + 1
-        try:
-            for batch in iter_batches(data, None):
-                count += 1
-                if index >= skip:
-                    yield index, batch
-                index += 1
-        except DataError:
-            if passes == 1 or count:   # empty on a second pass: a one-shot iterator, ends the stream
-                raise
-        if not repeat or count == 0:
-            return
-
-
-class _Evaluator:
-    """Mean loss (and accuracy when ``apply`` and integer labels allow) over a fixed list of eval batches."""
-
-    def __init__(self, adapted: Adapted, data: Any, max_batches: int):
-        self.adapted = adapted
-        self.batches = [data] if is_batch(data) else list(iter_batches(data, max_batches, "eval"))
-        self.loss = jax.jit(adapted.loss_fn)
-        self.acc = None
-        apply = adapted.apply_fn
-        if apply is not None:
-            exp = adapted.experiment
-
-            def accuracy(params, batch):
-                logits, labels = apply(params, get_inputs(exp, batch)), get_labels(exp, batch)
-                return jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
-            try:
-                b = self.batches[0]
-                labels = get_labels(exp, b)
-                out = jax.eval_shape(apply, adapted.params(adapted.example_state), get_inputs(exp, b))
-                if (jnp.issubdtype(labels.dtype, jnp.integer) and out.ndim == labels.ndim + 1):
-                    self.acc = jax.jit(accuracy)
-            except Exception:
-                self.acc = None
-
-    def __call__(self, params: PyTree) -> dict[str, float]:
-        losses = [self.loss(params, b) for b in self.batches]
-        out = {"loss": float(np.mean(jax.device_get(losses)))}
-        if self.acc is not None:
-            out["accuracy"] = float(np.mean(jax.device_get([self.acc(params, b) for b in self.batches])))
-        return out
-
-
-class _Progress:
-    """A rich progress bar on stderr; nothing when disabled or stderr is not a terminal."""
-
-    def __init__(self, enabled: bool, total: int, start: int, name: str):
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                                console=Console(stderr=True), transient=False)
-            self.task = self.bar.add_task(f"[jaxsane] fit {name}", total=total, completed=start, info="")
-            self.bar.start()
-
-    def update(self, completed: int, info: str = "") -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=completed, info=info)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-# ----------------------------------------------------------------------------- arguments
-
-def _int_arg(name: str, value: Any, *, low: int, none_ok: bool = False) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise FitArgumentError(f"fit({name}=...) must be an int >= {low}{' or None' if none_ok else ''}, got "
-                               f"{type(value).__name__} {value!r}. fix: pass e.g. {name}={max(low, 1) * 10}.")
-    if value < low:
-        raise FitArgumentError(f"fit({name}=...) must be >= {low}, got {value}.")
-
-
-def _dir_arg(name: str, path: Any, *, create: bool) -> None:
-    """``path`` (a directory fit writes into) must be a directory or creatable (``create``: create it now)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise FitArgumentError(f"fit({name}=...) must be a path (str or os.PathLike), got {type(path).__name__}.")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is an existing file, not a directory. "
-                               "fix: pass a directory path (it is created when missing).")
-    if not create:   # created later, when needed: its nearest existing ancestor must be a directory
-        parent = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) cannot be created: {parent} is a file. "
-                                   "fix: pass a path in a writable directory.")
-    else:
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as e:
-            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): the directory cannot be created "
-                                   f"({type(e).__name__}: {e}). fix: pass a path in a writable directory.") from e
-
-
-def _file_arg(name: str, path: Any, *, create_parent: bool) -> None:
-    if not isinstance(path, (str, os.PathLike)):
-        raise FitArgumentError(f"fit({name}=...) must be a file path (str or os.PathLike), got {type(path).__name__}.")
-    if os.path.isdir(path):
-        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}) is a directory. fix: pass a file path.")
-    parent = os.path.dirname(os.path.abspath(path))
-    if create_parent:
-        ancestor = parent
-        while not os.path.exists(ancestor):
-            ancestor = os.path.dirname(ancestor)
-        if not os.path.isdir(ancestor):
-            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created: {ancestor} "
-                                   "is a file. fix: pass a path in a writable directory.")
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as e:
-            raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): its directory cannot be created "
-                                   f"({type(e).__name__}: {e}). fix: pass a path in a writable directory.") from e
-    elif not os.path.isdir(parent):
-        raise FitArgumentError(f"fit({name}={os.fspath(path)!r}): the directory {parent} does not exist. "
-                               "fix: create it first or pass a path in an existing directory.")
-
-
-def _validate(*, steps, eval_every, checkpoint_every, keep, on_nonfinite, max_rollbacks, patience, min_delta,
-              eval_batches, telemetry_every, dead_every, log_every, rollback_every, thresholds) -> None:
-    """Types and ranges of fit's arguments, checked before any work. Not jit-safe."""
-    if on_nonfinite not in POLICIES:
-        raise FitArgumentError(f"fit(on_nonfinite=...) must be one of {', '.join(map(repr, POLICIES))}, got "
-                               f"{on_nonfinite!r}.")
-    _int_arg("steps", steps, low=1)
-    _int_arg("checkpoint_every", checkpoint_every, low=1)
-    _int_arg("keep", keep, low=1)
-    _int_arg("max_rollbacks", max_rollbacks, low=0)
-    _int_arg("eval_every", eval_every, low=0, none_ok=True)
-    _int_arg("patience", patience, low=1, none_ok=True)
-    _int_arg("eval_batches", eval_batches, low=1)
-    _int_arg("telemetry_every", telemetry_every, low=1, none_ok=True)
-    _int_arg("dead_every", dead_every, low=0, none_ok=True)
-    _int_arg("log_every", log_every, low=1)
-    _int_arg("rollback_every", rollback_every, low=1, none_ok=True)
-    if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float, np.number)) or not min_delta >= 0:
-        raise FitArgumentError(f"fit(min_delta=...) must be a number >= 0, got {min_delta!r}.")
-    if thresholds is not None and not isinstance(thresholds, dict):
-        raise FitArgumentError(f"fit(thresholds=...) must be a dict of check_training keyword arguments, got "
-                               f"{type(thresholds).__name__}.")
-
-
-# ----------------------------------------------------------------------------- rollback
-
-class _Snapshot:
-    """A host copy of a state known to be finite, and how to put it back on its devices. Not jit-safe."""
-
-    def __init__(self, position: int, state: PyTree):
-        self.position = position
-        leaves, self.treedef = jax.tree_util.tree_flatten(_keep_copy(state))
-        self.leaves = leaves
-        self.shardings = [x.sharding if isinstance(x, jax.Array) else None
-                          for x in jax.tree_util.tree_leaves(state)]
-
-    def restore(self) -> PyTree:
-        """A fresh device copy each time (the step may donate what it is given)."""
-        def put(x, sharding):
-            if isinstance(x, np.ndarray) and sharding is not None:
-                return jax.device_put(x, sharding)
-            return x.copy() if isinstance(x, jax.Array) else x
-        return jax.tree_util.tree_unflatten(self.treedef, [put(x, s) for x, s in zip(self.leaves, self.shardings)])
-
-
-def _dtype_changes(adapted: Adapted, before: PyTree, after: PyTree) -> list[str]:
-    """``"path: float32 -> float16"`` for each parameter whose dtype the step changed. Not jit-safe."""
-    try:
-        old = leaves_with_paths(adapted.params(before), "params")
-        new = leaves_with_paths(adapted.params(after), "params")
-    except Exception:
-        return []
-    if len(old) != len(new):
-        return []
-    return [f"{p}: {getattr(a, 'dtype', None)} -> {getattr(b, 'dtype', None)}" for (p, a), (_, b) in zip(old, new)
-            if getattr(a, "dtype", None) is not None and getattr(a, "dtype", None) != getattr(b, "dtype", None)]
-
-
 # ----------------------------------------------------------------------------- fit
 
 def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, checkpoint_dir: str | None = None,
@@ -358,7 +121,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         ``"rollback"`` restores the last verified state kept on the host (see ``rollback_every``), replays
         the good batches since then and skips only the offending batch (at most ``max_rollbacks`` times);
         ``"skip"`` keeps the previous state in-graph (guard's skip policy); ``"raise"`` stops with
-        :class:`NonFiniteError`.
+        :class:`NonFiniteError`. The words mean what they mean in :func:`jaxsane.guard` (one vocabulary);
+        guard's ``"warn"`` is refused here, since training cannot go on from a non-finite state.
       patience, min_delta: stop when the eval loss has not improved by more than ``min_delta`` for
         ``patience`` evaluations in a row (None: no early stopping).
       eval_batches: at most this many batches of an eval iterable are used (a single batch is used as is).
@@ -406,21 +170,21 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     """
     if not isinstance(experiment, Experiment):
         raise ExperimentError(f"fit needs a jaxsane.Experiment, got {type(experiment).__name__}.")
-    _validate(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
-              on_nonfinite=on_nonfinite, max_rollbacks=max_rollbacks, patience=patience, min_delta=min_delta,
-              eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
-              log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
+    check_fit_arguments(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
+                        on_nonfinite=on_nonfinite, max_rollbacks=max_rollbacks, patience=patience, min_delta=min_delta,
+                        eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
+                        log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
     steps = int(steps)
     if report is not None:
-        _file_arg("report", report, create_parent=False)
+        check_file_arg("report", report, create_parent=False)
     if dump_dir is not None:
-        _dir_arg("dump_dir", dump_dir, create=False)
+        check_dir_arg("dump_dir", dump_dir, create=False)
     if checkpoint_dir is not None:
-        _dir_arg("checkpoint_dir", checkpoint_dir, create=True)
+        check_dir_arg("checkpoint_dir", checkpoint_dir, create=True)
     if checkpoint_dir is not None and metrics_path is None:
         metrics_path = os.path.join(checkpoint_dir, "metrics.jsonl")
     if metrics_path is not None:
-        _file_arg("metrics_path", metrics_path, create_parent=True)
+        check_file_arg("metrics_path", metrics_path, create_parent=True)
     key = jax.random.key(0) if key is None else key
     adapted = Adapted(experiment, key=key)
     state = adapted.init(key)
@@ -475,10 +239,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
-    evaluator = _Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
+    evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
     rollback = on_nonfinite == "rollback"
-    snap = [_Snapshot(start, state) if rollback else None]   # the last state known finite, on the host
-    bar = _Progress(progress, steps, start, experiment.name)
+    snap = [Snapshot(start, state) if rollback else None]   # the last state known finite, on the host
+    bar = Progress(progress, steps, start, experiment.name)
     stopped_early = False
     seen_failures = 0
     exhausted_at = None
@@ -503,7 +267,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         guarded.flush()
         note_failures()
         if rollback and snap[0].position != position:
-            snap[0] = _Snapshot(position, state)
+            snap[0] = Snapshot(position, state)
         consumed = []
 
     def checkpoint(position: int) -> None:
@@ -524,7 +288,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         if loop["best"] is None or value < loop["best"] - min_delta:
             loop["best"], loop["best_step"], loop["bad_evals"] = value, position, 0
             if restore_best:
-                best[0] = (position, _keep_copy(state))
+                best[0] = (position, keep_copy(state))
                 if position > 0:
                     checkpoint(position)
         else:
@@ -569,7 +333,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     if patience is not None and loop["bad_evals"] >= patience:
         stopped_early = True      # resumed after early stopping: nothing left to do
         steps = start
-    batches = _train_stream(experiment.train, start, repeat)
+    batches = train_stream(experiment.train, start, repeat)
     position = start              # batches consumed so far: the data position and the step count
     failure: BaseException | None = None
     try:
@@ -590,7 +354,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                         positions.append(i)
                         if not dtype_checked:
                             dtype_checked = True
-                            _warn_dtype(i, _dtype_changes(adapted, state, new_state))
+                            _warn_dtype(i, dtype_changes(adapted, state, new_state))
                         state = new_state
                         monitor.record(i, metrics, state, batch)
                     stop = False
@@ -639,7 +403,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                       "repeat=True to read the data again from its start.", JaxsaneWarning, stacklevel=2)
     last_state = state
     if restore_best:
-        state = _best_state(best[0], loop["best_step"], ckpt_dir=checkpoint_dir, keep=keep, like=state,
+        state = best_state(best[0], loop["best_step"], ckpt_dir=checkpoint_dir, keep=keep, like=state,
                             init=lambda: adapted.init(key)) if loop["best_step"] is not None else state
     diagnosis.add(check_training(monitor.history, **(thresholds or {})))
     result = FitResult(state=state, history=monitor.history, diagnosis=diagnosis, step=position,

@@ -26,7 +26,6 @@ from ._interpret import bodies
 from ._tree import leaves_with_paths
 from ._validate import require_bool, require_callable, require_float, require_int
 
-PyTree = Any
 
 # effective compute dtype (by bits) -> (eps, atol, rtol). float64 is tighter than
 # jax.test_util's 1e-5 step (eps 1e-6 keeps ReLU kinks out of the finite difference); the others

@@ -13,7 +13,6 @@ import atexit
 import collections
 import dataclasses
 import functools
-import inspect
 import os
 import warnings
 import weakref
@@ -23,12 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
 from ._errors import GuardConfigError, NonFiniteError
-from ._experiment import _nnx, _unwrap
 from ._findings import Finding
 from ._tree import finite_flags, host_finite_flags, is_inexact, leaves_with_paths, same_structure, to_host
+from ._validate import require_policy
 
-POLICIES = ("raise", "skip", "warn")
+POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
 
 _FIX = {
     "nonfinite.input": "the batch already holds NaN/Inf: check the data pipeline (jaxsane.check_data) and "
@@ -43,14 +43,6 @@ _FIX = {
 
 class JaxsaneWarning(RuntimeWarning):
     """Issued by ``guard(..., on_nonfinite="warn")``."""
-
-
-@functools.cache
-def _nnx_pytree_type() -> type:
-    try:
-        return _nnx().Pytree
-    except ImportError:  # pragma: no cover
-        return type(None)
 
 
 try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
@@ -116,11 +108,7 @@ class Guarded:
         self._static_argnums = tuple(getattr(info, "static_argnums", ()) or ())
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
         donate = tuple(getattr(info, "donate_argnums", ()) or ()) if not keep_inputs else ()
-        try:
-            params = list(inspect.signature(_unwrap(step)).parameters.values())
-            self._arg_names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            self._arg_names = []
+        self._arg_names = positional_names(step)
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs). A donating step keeps its
         # memory behaviour only with keep_inputs=False (then the plain args tuple is donated).
         self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6), donate_argnums=(4,) if donate else ())
@@ -147,21 +135,13 @@ class Guarded:
         args = list(plain)
         for i, value in statics:
             args[i] = value
-        objs = None
-        # the input state, taken before merge: the step mutates the merged objects (and may mutate
+        # the input leaves, taken before merge: the step mutates the merged objects (and may mutate
         # the variables nnx_state refers to), while skip needs the values as they came in.
         in_leaves, in_def = jax.tree_util.tree_flatten(nnx_state)
-        if layout is not None:
-            graphdef, positions = layout
-            objs = _nnx().merge(graphdef, nnx_state)
-            for p, obj in zip(positions, objs):
-                args[p] = obj
-        out = self.step(*args, **kwargs, **dict(static_kw))
-        new_nnx_state = _nnx().state(objs) if objs is not None else None
-        # per-leaf output flags only where the host cannot recompute them on failure (keep_inputs=False keeps
-        # nothing; other processes' shards are not readable here); else a few grouped reductions whose count
-        # does not grow with the leaves, and the failing leaves are found on the host from the kept (or, with
-        # skip, replayed) outputs.
+        out, new_nnx_state = call_split(self.step, layout, nnx_state, args, {**kwargs, **dict(static_kw)})
+        # per-leaf output flags only where the host cannot recompute them on failure (skip returns the old
+        # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
+        # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
         per_leaf = self._per_leaf_flags() if per_leaf is None else per_leaf
         out_flags = finite_flags((new_nnx_state, out)) if per_leaf else _grouped_flags((new_nnx_state, out))
         ok = jnp.all(in_flags) & jnp.all(out_flags)
@@ -171,7 +151,7 @@ class Guarded:
             replica = replica_fingerprints(_replica_target(out, new_nnx_state, args[0] if args else None), replicas)
         if self.on_nonfinite == "skip":
             keep = ok if skip is None else ok | ~skip
-            if objs is not None:
+            if layout is not None:
                 new_nnx_state = _select(keep, new_nnx_state, jax.tree_util.tree_unflatten(in_def, in_leaves))
             else:
                 out = _select_state(keep, out, args[0] if args else None)
@@ -203,8 +183,7 @@ class Guarded:
             return self._traced_call(*args, **kwargs)
         if self._pending:
             self._poll(block=False)
-        nnx_type = _nnx_pytree_type()
-        positions = tuple([i for i, a in enumerate(args) if isinstance(a, nnx_type)])
+        positions = nnx_positions(args)
         if self._plain_ok and not positions:
             statics, static_kw, plain = (), (), args
         else:
@@ -212,11 +191,8 @@ class Guarded:
             static_kw = tuple((k, kwargs.pop(k)) for k in self._static_argnames if k in kwargs)
             static_pos = {i for i, _ in statics}
             plain = tuple(None if (i in positions or i in static_pos) else a for i, a in enumerate(args))
-        layout, nnx_state, objs = None, None, ()
-        if positions:
-            objs = tuple(args[i] for i in positions)
-            graphdef, nnx_state = _nnx().split(objs)
-            layout = (graphdef, positions)
+        layout, nnx_state = split_objects(args, positions)
+        objs = tuple(args[i] for i in positions)
         # nnx.split's state refers to the live variables, which nnx.update below overwrites: keep the
         # input values now (a list of immutable arrays) for dumps and locate.
         nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
@@ -335,7 +311,7 @@ class Guarded:
         First the failing leaves' shards are inspected; when the NaN/Inf is everywhere (spread by an
         all-reduce), the step is replayed once per batch shard to find the shard whose rows cause it.
         """
-        from ._dist import nonfinite_shards, replay_shards
+        from ._dist_shards import nonfinite_shards, replay_shards
         values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
         values += jax.tree_util.tree_leaves(call.kwargs)
         values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
@@ -422,7 +398,7 @@ class Guarded:
         if call is not None:
             shard = self._shard_finding(call, bad, rec.step, code)
             if self._multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
-                from ._dist import gather_to_host
+                from ._dist_shards import gather_to_host
                 host_inputs = gather_to_host((call.args(), call.kwargs))
             else:
                 host_inputs = (to_host(call.args()), to_host(call.kwargs))
@@ -499,8 +475,7 @@ def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, ke
     if not callable(step):
         raise GuardConfigError(f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
                                f"got {type(step).__name__}. Pass the train step function itself, not its result.")
-    if not isinstance(on_nonfinite, str) or on_nonfinite not in POLICIES:
-        raise bad("on_nonfinite", on_nonfinite, "one of " + ", ".join(repr(p) for p in POLICIES))
+    require_policy("guard", on_nonfinite, POLICIES, error=GuardConfigError)
     if dump_dir is not None:
         if not isinstance(dump_dir, (str, os.PathLike)) or isinstance(dump_dir, bytes):
             raise bad("dump_dir", dump_dir, "None or a directory path (str or os.PathLike)")
@@ -708,7 +683,8 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
       step: the train step, e.g. ``(state, batch) -> (state, metrics)`` or an NNX step.
       on_nonfinite: ``"raise"`` raises :class:`NonFiniteError`; ``"skip"`` returns the failing step's
         input state bitwise (one ``lax.cond`` inside the compiled step; on failure the step is replayed once,
-        same compiled program, to name the leaves) and counts it; ``"warn"`` warns.
+        same compiled program, to name the leaves) and counts it; ``"warn"`` warns. The words mean what they
+        mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``).
       dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no
         pickle) and can be read back with :func:`jaxsane.load_dump`.
       max_consecutive_skips: with ``"skip"``, raise after this many failing steps in a row.

@@ -21,10 +21,8 @@ from ._experiment import Adapted, get_inputs, get_labels
 from ._findings import Finding
 from ._frames import user_location
 from ._interpret import Interpreter
-from ._tree import leaves_with_paths
+from ._tree import PyTree, leaves_with_paths
 from ._validate import require_callable, require_float, require_int, require_same_rows
-
-PyTree = Any
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +24,10 @@ from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels, require_experiment
 from ._frames import user_location
 from ._interpret import Interpreter
-from ._overfit import _scale_params, _selector
-from ._tree import put_like
 from ._progress import Progress
+from ._tree import PyTree, leaf_selector, put_like, scale_selected
 from ._validate import require_bool, require_sequence
 
-PyTree = Any
 
 _RECORDED = {"dot_general", "conv_general_dilated"}
 
@@ -153,7 +151,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     """Per-layer activation and gradient std at init for each scale multiplier, vmapped over scales.
 
     Args:
-      experiment: an :class:`Experiment` (or :class:`Adapted`) with ``loss`` or ``apply``.
+      experiment: an :class:`Experiment` (or its :class:`PureExperiment` view) with ``loss`` or ``apply``.
       batch: the batch to measure on (default: the first train batch).
       scales: multipliers applied to the initial parameters (default ``(0.25, 0.5, 1, 2, 4)``).
       key: PRNG key of the init (default ``jax.random.key(0)``).
@@ -179,7 +177,7 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     """
     require_experiment("init_scale_sweep", experiment)
     require_sequence("init_scale_sweep", "scales", scales, min=0.0)
-    _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
+    leaf_selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     require_bool("init_scale_sweep", "progress", progress)
     adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
     exp = adapted.experiment
@@ -221,12 +219,12 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" ({where})" if where else ""))
     slot = {site: k for k, site in enumerate(sites)}
     shapes = [jax.ShapeDtypeStruct(finder.sites[s][0].outvars[0].aval.shape, found[s].dtype) for s in sites]
-    select = _selector(scale_leaves)
+    select = leaf_selector(scale_leaves)
     n_params = len(jax.tree_util.tree_leaves(params))
     batch_leaves = flat_args[n_params:]
 
     def stats(scale):
-        scaled = _scale_params(params, scale, select)
+        scaled = scale_selected(params, scale, select)
         args = [*jax.tree_util.tree_leaves(scaled), *batch_leaves]
 
         def f(eps):

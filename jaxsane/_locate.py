@@ -29,7 +29,6 @@ The replay engine lives in :mod:`jaxsane._replay`, the report classes in
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -38,6 +37,7 @@ import jax
 import numpy as np
 from jax._src import core as jcore
 
+from ._adapter import call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects, unwrap
 from ._causes import Cause, explain
 from ._frames import frames_of, is_library_file, source_text, user_frame
 from ._locate_report import LocateReport, Origin
@@ -268,21 +268,8 @@ class _Analysis:
 
 # ----------------------------------------------------------------------------- entry point
 
-def _nnx_module():
-    try:
-        from flax import nnx
-        return nnx
-    except ImportError:  # pragma: no cover
-        return None
-
-
 def _arg_names(fn: Callable, n: int) -> list[str]:
-    from ._experiment import _unwrap
-    try:
-        params = list(inspect.signature(_unwrap(fn)).parameters.values())
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        names = []
+    names = positional_names(fn)
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
 
 
@@ -292,12 +279,9 @@ def _is_traced_leaf(x: Any) -> bool:
 
 def _prepare(fn: Callable, args: tuple, kwargs: dict):
     """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs."""
-    nnx = _nnx_module()
     names = _arg_names(fn, len(args))
-    positions = [i for i, a in enumerate(args) if nnx is not None and isinstance(a, nnx.Pytree)]
-    graphdef, nnx_state = None, None
-    if positions:
-        graphdef, nnx_state = nnx.split(tuple(args[i] for i in positions))
+    positions = nnx_positions(args)
+    layout, nnx_state = split_objects(args, positions)
     plain = tuple(None if i in positions else a for i, a in enumerate(args))
     tree = (nnx_state, plain, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -311,16 +295,8 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
         for i, a in zip(traced, arrays):
             flat[i] = a
         state, plain_, kw = jax.tree_util.tree_unflatten(treedef, flat)
-        call = list(plain_)
-        objs = ()
-        if positions:
-            objs = nnx.merge(graphdef, state)
-            for p, obj in zip(positions, objs):
-                call[p] = obj
-        out = fn(*call, **kw)
-        if positions:
-            return out, nnx.state(objs)
-        return out
+        out, new_state = call_split(fn, layout, state, plain_, kw)
+        return (out, new_state) if positions else out
 
     def out_paths(out) -> list[str]:
         if positions:
@@ -462,11 +438,11 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
     """
     from ._dump import load_dump
     from ._errors import JaxsaneError
-    from ._experiment import Adapted, Experiment, _positional_arity, first_batch
+    from ._experiment import Adapted, Experiment, first_batch
 
     load = load or load_dump
     exp = target if isinstance(target, Experiment) else None
-    if exp is None and callable(target) and _positional_arity(target) == 0:
+    if exp is None and callable(target) and positional_arity(target) == 0:
         made = target()
         exp = made if isinstance(made, Experiment) else None
         if exp is None:
@@ -480,7 +456,7 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
     batch = first_batch(exp.train)
     n_args = len(load(path).args)
     if adapted.nnx:
-        nnx = _nnx_module()
+        nnx = nnx_module()
         objs = exp.init(jax.random.key(0))
         objs = tuple(objs) if isinstance(objs, (tuple, list)) else (objs,)
         if n_args == len(objs) + 1:
@@ -499,9 +475,8 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
 
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
-    from ._experiment import _unwrap
     records: list = []
-    pure, arrays, _, _ = _prepare(_unwrap(fn), args, kwargs)
+    pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
     with _recording_custom_vjp(records):
         jax.make_jaxpr(pure)(*arrays)
     return records

@@ -1,6 +1,7 @@
 """The training monitor: telemetry computed inside the compiled step, and the ``train.*`` detectors.
 
-``Monitor(adapted)`` wraps an :class:`~jaxsane._experiment.Adapted` step into
+``Monitor(experiment)`` wraps the pure step of an :class:`~jaxsane.Experiment` (its
+:class:`~jaxsane.PureExperiment` view) into
 ``monitor.step(state, batch, mode) -> (state, metrics)``, one compiled program per ``mode``:
 
 * ``0`` — the bare step (most steps: no extra work at all);
@@ -34,10 +35,9 @@ from ._experiment import Adapted, get_inputs, require_experiment
 from ._findings import Finding
 from ._interpret import Interpreter, bodies
 from ._train_checks import History as History, check_training as check_training
-from ._tree import is_inexact, leaves_with_paths
+from ._tree import PyTree, is_inexact, leaves_with_paths
 from ._validate import require_bool, require_int
 
-PyTree = Any
 
 MODE_BARE, MODE_NORMS, MODE_FULL = 0, 1, 2
 
@@ -159,7 +159,8 @@ class Monitor:
     """Telemetry for a train step, computed inside its compiled program, and a :class:`History`.
 
     Args:
-      adapted: the :class:`~jaxsane._experiment.Adapted` experiment (``Adapted(experiment)``).
+      adapted: a :class:`~jaxsane.PureExperiment` (``jaxsane.PureExperiment(experiment)``, the pure view
+        whose ``init``/``step`` the training loop runs), or an :class:`~jaxsane.Experiment`, viewed so here.
       every: compute norm telemetry (and gradient norms) every this many steps; 1 = every step.
         The bare step runs in between. A telemetry step costs about 1.3x a bare step, and on CPU
         every switch between compiled programs costs a little too (measured: ~1.2x overall with
@@ -174,12 +175,12 @@ class Monitor:
     function with a static ``mode`` (what :func:`jaxsane.fit` wraps in :func:`jaxsane.guard`).
 
     Example:
+      >>> import itertools, jaxsane
       >>> from jaxsane.examples import load
-      >>> from jaxsane._experiment import Adapted, iter_batches
-      >>> exp = load("digits_optax"); adapted = Adapted(exp)
-      >>> mon = Monitor(adapted, every=1)
-      >>> state = adapted.init(jax.random.key(0))
-      >>> for i, batch in enumerate(iter_batches(exp.train, 3)):
+      >>> exp = load("digits_optax"); pure = jaxsane.PureExperiment(exp)
+      >>> mon = jaxsane.Monitor(pure, every=1)
+      >>> state = pure.init(jax.random.key(0))
+      >>> for i, batch in enumerate(itertools.islice(exp.train, 3)):
       ...     state, metrics = mon.step(state, batch, mon.mode_for(i)); mon.record(i, metrics)
       >>> len(mon.pull().loss)
       3

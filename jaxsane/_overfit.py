@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
@@ -31,10 +30,9 @@ from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normali
                                targets_follow_inputs)
 from ._progress import Progress
 from ._sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
-from ._tree import host_leaf, is_inexact, path_str
+from ._tree import (PyTree, host_leaf, is_inexact, leaf_selector as _selector, path_str,
+                    scale_selected as _scale_params)
 from ._validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
-
-PyTree = Any
 
 
 class OverfitConfig(NamedTuple):
@@ -367,25 +365,6 @@ def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     return out
 
 
-def _scale_params(params: PyTree, scale: jax.Array, select: Callable[[str], bool]) -> PyTree:
-    def f(path, x):
-        if is_inexact(x) and select(path_str(path, "params")):
-            return (x * scale).astype(x.dtype)
-        return x
-    return jax.tree_util.tree_map_with_path(f, params)
-
-
-def _selector(scale_leaves: str | Callable[[str], bool] | None) -> Callable[[str], bool]:
-    if scale_leaves is None:
-        return lambda path: True
-    if isinstance(scale_leaves, str):
-        pattern = re.compile(scale_leaves)
-        return lambda path: pattern.search(path) is not None
-    if callable(scale_leaves):
-        return scale_leaves
-    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")
-
-
 def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
@@ -403,7 +382,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
     drives the loss on one small batch to almost zero).
 
     Args:
-      experiment: an :class:`Experiment` (or an :class:`Adapted` of one).
+      experiment: an :class:`Experiment` (or its :class:`PureExperiment` view).
       batch: the batch to overfit (default: the first ``batch_size`` examples of the train data).
       seeds: a number of seeds (``0..seeds-1``) or a list of seeds; each seed is ``init(jax.random.key(seed))``.
       learning_rates: learning rates to try. They need an optimizer built with

@@ -27,9 +27,8 @@ import numpy as np
 
 from ._experiment import get_inputs, get_labels, get_mask
 from ._findings import Finding
-from ._tree import host_leaf
+from ._tree import PyTree, host_leaf
 
-PyTree = Any
 
 FLAT_DROP = 0.1        # a curve that fell by less than this fraction of |initial| "fails" (it hardly moved)
 FLOOR_DROP = 0.5       # ... by at least this fraction and flat at the end: converged to a floor

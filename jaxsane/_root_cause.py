@@ -55,9 +55,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from ._findings import Finding, RootCause
+if TYPE_CHECKING:  # _findings imports this module (a Diagnosis links its findings here)
+    from ._findings import Finding
+
+
+@dataclasses.dataclass(frozen=True)
+class RootCause:
+    """The root-cause finding a consequence points to: its ``code`` and its ``where`` string.
+
+    Set by :func:`link_consequences` (a :class:`Diagnosis` links lazily). Not jit-safe.
+    """
+
+    code: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.where})" if self.where else self.code
+
 
 DATA_ROOTS = ("data.label_range", "data.all_padding", "nonfinite.input")
 # non-finite facts by the order in which a step computes them (input is data, above)
@@ -113,7 +129,7 @@ def _located(f: Finding) -> bool:
 
 
 # each rule: (priority, root predicate, consequence predicate(root, consequence, root_index, cons_index))
-_Rule = tuple[int, Callable[[Finding], bool], Callable[[Finding, Finding, int, int], bool]]
+_Rule = tuple[int, Callable[["Finding"], bool], Callable[["Finding", "Finding", int, int], bool]]
 
 
 def _nonfinite_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-_U64 = np.uint64
-_C1, _C2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)   # splitmix64 multipliers
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
+U64 = np.uint64
+_C1, _C2 = U64(0xBF58476D1CE4E5B9), U64(0x94D049BB133111EB)   # splitmix64 multipliers
+_GOLDEN = U64(0x9E3779B97F4A7C15)
 _HASH_BLOCK_BYTES = 1 << 20    # rows hashed per numpy pass: ~1 MiB of words stays in cache
 
 
 def _splitmix(z: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, in place on a uint64 array."""
-    z ^= z >> _U64(30)
+    z ^= z >> U64(30)
     z *= _C1
-    z ^= z >> _U64(27)
+    z ^= z >> U64(27)
     z *= _C2
-    z ^= z >> _U64(31)
+    z ^= z >> U64(31)
     return z
 
 
@@ -33,7 +33,7 @@ _KEYS_CACHE: dict[int, np.ndarray] = {}
 def _position_keys(words: int) -> np.ndarray:
     keys = _KEYS_CACHE.get(words)
     if keys is None:
-        keys = _splitmix((np.arange(1, words + 1, dtype=_U64) * _GOLDEN))
+        keys = _splitmix((np.arange(1, words + 1, dtype=U64) * _GOLDEN))
         _KEYS_CACHE[words] = keys
     return keys
 
@@ -47,7 +47,7 @@ def hash_rows(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     rows = np.ascontiguousarray(x).reshape(n, -1).view(np.uint8)
     nbytes = rows.shape[1]
-    out = np.empty(n, _U64)
+    out = np.empty(n, U64)
     if nbytes == 0 or n == 0:
         out[:] = 0
         return _splitmix(out)
@@ -60,17 +60,18 @@ def hash_rows(x: np.ndarray) -> np.ndarray:
             padded = np.zeros((len(part), width), np.uint8)
             padded[:, :nbytes] = part
             part = padded
-        z = part.view(_U64) ^ keys
+        z = part.view(U64) ^ keys
         z *= _C1
-        z ^= z >> _U64(32)
+        z ^= z >> U64(32)
         z *= _C2
-        z ^= z >> _U64(29)
-        out[s:s + block] = z.sum(axis=1, dtype=_U64)
-    out ^= _U64((nbytes * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        z ^= z >> U64(29)
+        out[s:s + block] = z.sum(axis=1, dtype=U64)
+    out ^= U64((nbytes * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
     return _splitmix(out)
 
 
-def _combine(h: np.ndarray | None, g: np.ndarray) -> np.ndarray:
+def combine_hashes(h: np.ndarray | None, g: np.ndarray) -> np.ndarray:
+    """One uint64 hash per row from the running row hashes ``h`` (None at first) and the next part's ``g``."""
     if h is None:
         return g
     h = h * _C1

@@ -24,10 +24,9 @@ from ._experiment import Adapted, Experiment, first_batch, require_experiment
 from ._findings import Finding
 from ._frames import user_location
 from ._interpret import Interpreter, all_eqns
-from ._tree import leaves_with_paths
+from ._tree import PyTree, is_key, leaves_with_paths
 from ._validate import require_bool, require_int
 
-PyTree = Any
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
@@ -82,19 +81,9 @@ def count_compilations() -> Iterator[CompileCounter]:
         jax.monitoring.unregister_event_duration_listener(counter._listener)
 
 
-def _is_key(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return False
-    try:
-        return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
-    except TypeError:
-        return False
-
-
 def _is_float(x: Any) -> bool:
     dtype = getattr(x, "dtype", None)
-    if dtype is None or _is_key(x):
+    if dtype is None or is_key(x):
         return False
     try:
         return bool(jnp.issubdtype(dtype, jnp.floating))
@@ -103,7 +92,7 @@ def _is_float(x: Any) -> bool:
 
 
 def _host(x: Any) -> Any:
-    if _is_key(x):
+    if is_key(x):
         return np.asarray(jax.random.key_data(x))
     return np.asarray(x) if hasattr(x, "shape") else x
 
@@ -191,7 +180,7 @@ def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:
     for path, leaf in leaves_with_paths(state, "state"):
         if id(leaf) in param_ids:
             kinds.append("param")
-        elif _is_key(leaf) or _raw_key_path(path, leaf):
+        elif is_key(leaf) or _raw_key_path(path, leaf):
             kinds.append("key")
         elif _is_float(leaf):
             kinds.append("opt")
@@ -347,7 +336,7 @@ def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:
     leaves, treedef = jax.tree_util.tree_flatten(like)
     rebuilt = []
     for leaf, (_, value) in zip(leaves, snapshot):
-        if _is_key(leaf):
+        if is_key(leaf):
             rebuilt.append(jax.random.wrap_key_data(jax.device_put(value), impl=jax.random.key_impl(leaf)))
         else:  # Python scalars too, so that consecutive states have one signature (no recompile); on the
             # leaf's own sharding (a donated array keeps its sharding metadata), so sharded steps trace alike

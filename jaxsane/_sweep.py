@@ -30,9 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._tree import host_leaf
-
-PyTree = Any
+from ._tree import PyTree, host_leaf
 
 
 class Carry(NamedTuple):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ._errors import JaxsaneError
 
 PyTree = Any
 
@@ -79,9 +82,14 @@ def host_finite_flags(leaves: list) -> np.ndarray:
 
 
 def is_key(x: Any) -> bool:
-    """True for typed PRNG key arrays (``jax.random.key``)."""
+    """True for typed PRNG key arrays (``jax.random.key``); False for anything else. Jit-safe."""
     dtype = getattr(x, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    if dtype is None:
+        return False
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:  # a dtype-like attribute that is not a dtype
+        return False
 
 
 def host_leaf(x: Any) -> Any:
@@ -134,3 +142,26 @@ def put_like(x: Any, tree: PyTree) -> jax.Array:
         if sharding is not None:
             return jax.device_put(x, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
     return jax.device_put(x)
+
+
+def scale_selected(params: PyTree, scale: jax.Array, select: Callable[[str], bool]) -> PyTree:
+    """``params`` with every float leaf whose path (``params['dense']['kernel']``) ``select`` accepts
+    multiplied by ``scale`` (dtypes kept). Jit- and vmap-safe: the init-scale sweeps run it per configuration."""
+    def f(path, x):
+        if is_inexact(x) and select(path_str(path, "params")):
+            return (x * scale).astype(x.dtype)
+        return x
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def leaf_selector(spec: str | Callable[[str], bool] | None) -> Callable[[str], bool]:
+    """A leaf-path predicate from ``scale_leaves=``: None (every leaf), a regex searched in the path, or a
+    callable(path) -> bool. Raises a JaxsaneError for anything else. Not jit-relevant (host side)."""
+    if spec is None:
+        return lambda path: True
+    if isinstance(spec, str):
+        pattern = re.compile(spec)
+        return lambda path: pattern.search(path) is not None
+    if callable(spec):
+        return spec
+    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")

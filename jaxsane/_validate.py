@@ -229,3 +229,33 @@ def require_writable_file(fn: str, name: str, path: Any) -> str:
         raise ArgumentError(f"{fn}({name}={path!r}): the directory {parent!r} is not writable. Fix: choose a "
                             "directory you can write to.")
     return path
+
+
+# ----------------------------------------------------------------------------- one on_nonfinite vocabulary
+
+#: What a tool does with a step whose outputs hold NaN/Inf (``on_nonfinite=``). One word means one thing in
+#: every tool that accepts it; a tool accepts the words it can carry out (``guard``: raise/skip/warn, default
+#: raise; ``fit``: rollback/skip/raise, default rollback).
+NONFINITE_POLICIES = {
+    "raise": "stop with NonFiniteError, which carries the Finding",
+    "skip": "drop the failing step's update (the state from before it is kept, selected in-graph) and go on",
+    "warn": "issue a JaxsaneWarning and keep the step's result as it is",
+    "rollback": "restore the last verified state, replay the good batches since then and skip the failing one",
+}
+_WHY_NOT = {
+    "warn": "a training loop cannot go on from a non-finite state (every later step would be NaN too)",
+    "rollback": "a rollback needs the verified host copies of the state that only fit keeps",
+}
+
+
+def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = ArgumentError) -> str:
+    """``value`` if it is one of ``allowed`` on_nonfinite policies, else ``error`` naming each allowed word
+    and its meaning (and, for a word another tool accepts, why this one does not). Host-side."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    valid = "; ".join(f"{p!r}: {NONFINITE_POLICIES[p]}" for p in allowed)
+    cause = (f"{value!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[value]}"
+             if isinstance(value, str) and value in _WHY_NOT else
+             "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy")
+    raise error(f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
+                f"Likely cause: {cause}. Fix: pass one of them ({valid}).")

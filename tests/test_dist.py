@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane
-from jaxsane._dist import fingerprint, nonfinite_shards, replica_fingerprints, replica_plan
+from jaxsane._dist import fingerprint, replica_fingerprints, replica_plan
+from jaxsane._dist_shards import nonfinite_shards
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
 

@@ -432,7 +432,7 @@ def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path, monkeypa
     import errno
 
     import test_fit as T
-    from jaxsane import _dump
+    from jaxsane import _dump_save as _dump  # the writer (save_dump) lives in _dump_save
     (tmp_path / "afile").write_text("x")
     with pytest.raises(jaxsane.FitArgumentError, match="dump_dir"):  # unusable from the start: refused up front
         jaxsane.fit(T.experiment(n=12), steps=12, dump_dir=str(tmp_path / "afile" / "dumps"), **T.FIT)

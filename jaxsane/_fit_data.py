@@ -1,0 +1,94 @@
+"""fit's data side: the resumable train stream, the evaluator over fixed eval batches, the progress bar.
+
+Host-side only (not jit-safe); the evaluator's loss and accuracy are jitted once each.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import DataError
+from ._experiment import Adapted, get_inputs, get_labels, is_batch, iter_batches
+from ._tree import PyTree
+
+
+# ----------------------------------------------------------------------------- data and eval
+
+def train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]]:
+    """``(data index, batch)`` pairs after the first ``skip`` (a deterministic iterator resumes exactly).
+    With ``repeat`` the data is read again from its start each time it runs out (needs re-iterable data:
+    a one-shot iterator ends the stream when its second pass yields nothing)."""
+    index, passes = 0, 0
+    while True:
+        count, passes = 0, passes + 1
+        try:
+            for batch in iter_batches(data, None):
+                count += 1
+                if index >= skip:
+                    yield index, batch
+                index += 1
+        except DataError:
+            if passes == 1 or count:   # empty on a second pass: a one-shot iterator, ends the stream
+                raise
+        if not repeat or count == 0:
+            return
+
+
+class Evaluator:
+    """Mean loss (and accuracy when ``apply`` and integer labels allow) over a fixed list of eval batches."""
+
+    def __init__(self, adapted: Adapted, data: Any, max_batches: int):
+        self.adapted = adapted
+        self.batches = [data] if is_batch(data) else list(iter_batches(data, max_batches, "eval"))
+        self.loss = jax.jit(adapted.loss_fn)
+        self.acc = None
+        apply = adapted.apply_fn
+        if apply is not None:
+            exp = adapted.experiment
+
+            def accuracy(params, batch):
+                logits, labels = apply(params, get_inputs(exp, batch)), get_labels(exp, batch)
+                return jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
+            try:
+                b = self.batches[0]
+                labels = get_labels(exp, b)
+                out = jax.eval_shape(apply, adapted.params(adapted.example_state), get_inputs(exp, b))
+                if (jnp.issubdtype(labels.dtype, jnp.integer) and out.ndim == labels.ndim + 1):
+                    self.acc = jax.jit(accuracy)
+            except Exception:
+                self.acc = None
+
+    def __call__(self, params: PyTree) -> dict[str, float]:
+        losses = [self.loss(params, b) for b in self.batches]
+        out = {"loss": float(np.mean(jax.device_get(losses)))}
+        if self.acc is not None:
+            out["accuracy"] = float(np.mean(jax.device_get([self.acc(params, b) for b in self.batches])))
+        return out
+
+
+class Progress:
+    """A rich progress bar on stderr; nothing when disabled or stderr is not a terminal."""
+
+    def __init__(self, enabled: bool, total: int, start: int, name: str):
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task(f"[jaxsane] fit {name}", total=total, completed=start, info="")
+            self.bar.start()
+
+    def update(self, completed: int, info: str = "") -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=completed, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
