@@ -475,7 +475,7 @@ def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, ke
     if not callable(step):
         raise GuardConfigError(f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
                                f"got {type(step).__name__}. Pass the train step function itself, not its result.")
-    require_policy("guard", on_nonfinite, POLICIES, error=GuardConfigError)
+    require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
     if dump_dir is not None:
         if not isinstance(dump_dir, (str, os.PathLike)) or isinstance(dump_dir, bytes):
             raise bad("dump_dir", dump_dir, "None or a directory path (str or os.PathLike)")

@@ -424,7 +424,7 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       >>> result.ok  # doctest: +SKIP
       True
     """
-    return _plan_overfit(experiment, batch, seeds=seeds, learning_rates=learning_rates, init_scales=init_scales,
+    return plan_overfit(experiment, batch, seeds=seeds, learning_rates=learning_rates, init_scales=init_scales,
                          steps=steps, target=target, target_accuracy=target_accuracy, batch_size=batch_size,
                          baseline=baseline, ignores_input_ratio=ignores_input_ratio, chunk=chunk,
                          early_exit=early_exit, scale_leaves=scale_leaves, groups=groups, progress=progress).run()
@@ -438,7 +438,7 @@ class OverfitPlan(NamedTuple):
     run: Callable[..., "OverfitResult"]
 
 
-def _plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
+def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
             baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,

@@ -31,7 +31,7 @@ from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
-from ._overfit import _plan_overfit
+from ._overfit import plan_overfit
 from ._step_checks import check_step
 
 
@@ -222,7 +222,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
             precompiled = concurrent.futures.Future()
             precompiled.set_result(compiled)
     if plan is None:
-        plan = _plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
+        plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     try:
@@ -243,7 +243,7 @@ def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
                  init_scales=opts.overfit_init_scales)
 
     def plan_and_compile():
-        plan = _plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), **sweep, progress=False)
+        plan = plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), **sweep, progress=False)
         return plan, plan.compile()
     return {"sweep": sweep, "future": pool.submit(plan_and_compile)}
 

@@ -185,12 +185,12 @@ def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
     import threading
     from jaxsane import _pipeline
     calls = []
-    real = _pipeline._plan_overfit
+    real = _pipeline.plan_overfit
 
     def spy(*args, **kwargs):
         calls.append(threading.current_thread().name)
         return real(*args, **kwargs)
-    monkeypatch.setattr(_pipeline, "_plan_overfit", spy)
+    monkeypatch.setattr(_pipeline, "plan_overfit", spy)
     d = jaxsane.doctor(optax_experiment(), stages=["step", "overfit"], overfit_steps=25, progress=False,
                        compile_cache=False)
     assert d.complete
@@ -202,14 +202,14 @@ def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
 
 def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatch):
     from jaxsane import _pipeline
-    real, failures = _pipeline._plan_overfit, []
+    real, failures = _pipeline.plan_overfit, []
 
     def flaky(*args, **kwargs):
         if not failures:
             failures.append(1)
             raise RuntimeError("planned in the background and failed")
         return real(*args, **kwargs)
-    monkeypatch.setattr(_pipeline, "_plan_overfit", flaky)
+    monkeypatch.setattr(_pipeline, "plan_overfit", flaky)
     d = jaxsane.doctor(optax_experiment(), stages=["overfit"], overfit_steps=25, progress=False, compile_cache=False)
     assert d.complete and failures == [1] and d.artifacts["overfit"].compiles == 1
 
