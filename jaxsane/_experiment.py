@@ -473,11 +473,14 @@ class Adapted:
         model = objs[0] if isinstance(objs, (tuple, list)) else objs
         return model.model if isinstance(model, nnx.Optimizer) else model
 
-    def _model_with(self, params: PyTree):
-        """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables."""
+    def _model_with(self, params: PyTree, training: bool = False, rest: PyTree | None = None):
+        """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables,
+        in training (``loss``) or eval (``apply``) mode; see :func:`nnx_mode_model`."""
         # copy the non-parameter variables: merge would otherwise share them across traces, and a
         # model that updates them (BatchNorm stats) would mutate a variable of another trace level.
-        return _nnx().merge(self._model_def, params, jax.tree_util.tree_map(lambda x: x, self._model_rest))
+        if rest is None:
+            rest = jax.tree_util.tree_map(lambda x: x, self._model_rest)
+        return nnx_mode_model(_nnx().merge(self._model_def, params, rest), training)
 
     @property
     def loss_fn(self) -> Callable | None:
@@ -486,7 +489,7 @@ class Adapted:
         if loss is None:
             return None
         if self.nnx:
-            return lambda params, batch: loss(self._model_with(params), batch)
+            return lambda params, batch: loss(self._model_with(params, training=True), batch)
         return loss
 
     @property
@@ -496,7 +499,7 @@ class Adapted:
         if apply is None:
             return None
         if self.nnx:
-            return lambda params, inputs: apply(self._model_with(params), inputs)
+            return lambda params, inputs: apply(self._model_with(params, training=False), inputs)
         return apply
 
     def with_params(self, state: PyTree, params: PyTree) -> PyTree:
@@ -516,6 +519,24 @@ class Adapted:
             raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
                                   "returning a sub-tree of the state.")
         return jax.tree_util.tree_unflatten(state_def, replaced)
+
+
+def nnx_mode_model(model: Any, training: bool) -> Any:
+    """``model`` (a fresh NNX copy, never the user's own object) set to training or eval mode.
+
+    The loss handle runs in training mode (``Module.train()``: dropout on, BatchNorm on batch
+    statistics), the apply handle in eval mode (``Module.eval()``), whatever mode the user's
+    objects were left in (often set only inside their step, or never: then
+    ``nnx.MultiHeadAttention(dropout_rate>0)`` has no ``deterministic`` and cannot be called).
+    Modules without these attributes are left as they are. Not jit-safe to call on the user's
+    objects (it mutates static attributes); jaxsane calls it only on merged copies.
+    """
+    nnx = _nnx()
+    if isinstance(model, nnx.Module):  # nnx's own method: a user Module may define train(data) itself
+        setter = getattr(nnx.Module, "train" if training else "eval", None)
+        if setter is not None:
+            setter(model)
+    return model
 
 
 def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:

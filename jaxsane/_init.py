@@ -445,7 +445,6 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
     user = adapted.experiment.apply if which == "apply" else adapted.experiment.loss
     if handle is None or not adapted.nnx:
         return handle
-    from flax import nnx
 
     def call(params, arg):
         floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -456,6 +455,6 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
             return jnp.asarray(x) if hasattr(x, "dtype") else x
 
         rest = jax.tree_util.tree_map(copy, adapted._model_rest)
-        return user(nnx.merge(adapted._model_def, params, rest), arg)
+        return user(adapted._model_with(params, training=which == "loss", rest=rest), arg)
 
     return call
