@@ -24,7 +24,7 @@ from ._experiment import Adapted, Experiment, get_inputs, iter_batches, slice_ba
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
-from ._init import activation_stats, check_activations, check_init_loss, infer_num_classes, initial_loss, traceable
+from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
 from ._init_sweep import init_scale_sweep
 from ._monitor import Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
@@ -100,13 +100,16 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
     opts: InitOptions = ctx.options
     state = ctx.adapted.init(ctx.key)
-    num_classes = infer_num_classes(ctx.adapted, state, ctx.batch)
+    num_classes, why_not = classification_of(ctx.adapted, state, ctx.batch)
     loss, source = initial_loss(ctx.adapted, state, ctx.batch)
     ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
     findings: list[Finding] = []
-    if loss is None or num_classes is None:
-        findings.append(Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a "
-                                "loss (Experiment.loss, apply + labels, or a step reporting 'loss')", ""))
+    if num_classes is None:
+        findings.append(Finding("doctor.skipped", f"loss at init not compared with chance level ln C: {why_not}",
+                                "for a C-way classifier pass Experiment(num_classes=C)"))
+    elif loss is None:
+        findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
+                                "apply + labels, or a step reporting 'loss')", ""))
     else:
         findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
     if ctx.adapted.apply_fn is None:
