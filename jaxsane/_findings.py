@@ -63,6 +63,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "data.constant": (WARNING, "an input feature or the whole input is constant",
                       "a preprocessing step that zeroes the input, a broken loader"),
     "data.empty": (ERROR, "a split (or a batch of it) has zero examples", "a filter that drops every row, an empty shard"),
+    "data.masked_nonfinite": (INFO, "NaN/Inf in the data that the loss masks (the loss at init is finite on it)",
+                              "-"),
     "data.partial": (INFO, "only a prefix of an endless or very long stream was checked", "-"),
     "train.diverging": (ERROR, "loss rising without bound", "learning rate too high, gradient ascent"),
     "train.exploding_grads": (WARNING, "gradient norm grows by orders of magnitude",

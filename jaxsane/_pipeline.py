@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import jax
 
 from ._batch import check_batch_independence
-from ._data import check_data
+from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
 from ._errors import DoctorOptionError, JaxsaneError, NonFiniteError
 from ._experiment import Adapted, Experiment, get_inputs, iter_batches, slice_batch
@@ -93,7 +93,13 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
     diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
                            labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    return list(diagnosis)
+    loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
+    if loss_fn is not None and params is None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+        except Exception:
+            loss_fn = None
+    return judge_masked_nonfinite(list(diagnosis), loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
 
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:
