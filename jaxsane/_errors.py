@@ -87,3 +87,8 @@ class FitArgumentError(ArgumentError, ExperimentError):
 
 class FindingError(JaxsaneError, ValueError, TypeError):
     """A :class:`~jaxsane.Finding` or :class:`~jaxsane.Diagnosis` was built or queried with a bad value."""
+
+
+class ExampleAxisError(DataError):
+    """A batch cannot be cut into examples: its leaves disagree on the leading axis (a graph batch,
+    packed sequences) and the Experiment does not say what one example is (``Experiment(examples=...)``)."""

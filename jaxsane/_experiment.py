@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._errors import DataError, ExperimentError
+from ._errors import DataError, ExampleAxisError, ExperimentError
 from ._tree import explicit_sharding, is_array, is_inexact, same_structure
 from ._validate import show
 
@@ -51,6 +51,11 @@ class Experiment:
         (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
       num_classes: number of classes, for label-range and init-loss checks.
       name: shown in reports.
+      examples: what one example is, for batches whose leaves disagree on the leading axis (a graph
+        batch: nodes ``[N, F]``, edges ``[E, F]``, labels ``[G]``; packed sequences): either
+        ``(batch, n) -> batch`` holding the first ``n`` examples, or ``batch -> int`` counting them
+        (then the stages use whole batches). Without it such batches are never sliced: the stages
+        that would slice them skip with ``doctor.skipped`` and the reason.
     """
 
     init: Callable[[jax.Array], PyTree]
@@ -65,6 +70,7 @@ class Experiment:
     mask: Callable | None = None
     num_classes: int | None = None
     name: str = "experiment"
+    examples: Callable | None = None
 
     def __post_init__(self):
         for field in ("init", "step"):
@@ -76,6 +82,13 @@ class Experiment:
                        "init=lambda key: state (a fresh train state from a PRNG key)."
                        if field == "init" else "the step's result was passed instead of the function. Fix: pass "
                        "step=train_step, a function (state, batch) -> (state, metrics)."))
+        if self.examples is not None and (not callable(self.examples)
+                                          or _positional_arity(self.examples) not in (1, 2, None)):
+            raise ExperimentError(
+                f"Experiment.examples must be a function (batch, n) -> the batch's first n examples, or "
+                f"batch -> the number of examples in it; got {show(self.examples)}. Fix: pass e.g. "
+                "examples=lambda batch, n: take_first_graphs(batch, n), or leave it out for batches whose "
+                "leading axis is the example axis.")
         for field in ("loss", "apply", "params", "inputs", "labels", "mask"):
             value = getattr(self, field)
             if value is not None and not callable(value):
@@ -286,6 +299,67 @@ def slice_batch(batch: PyTree, n: int) -> PyTree:
             return np.asarray(x)[:n]
         return x[:n]
     return jax.tree_util.tree_map(head, batch)
+
+
+def leading_sizes(tree: PyTree) -> list[int]:
+    """The distinct leading-axis sizes of ``tree``'s array leaves (ndim >= 1), in leaf order."""
+    sizes: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree):
+        if getattr(x, "ndim", 0) >= 1 and int(x.shape[0]) not in sizes:
+            sizes.append(int(x.shape[0]))
+    return sizes
+
+
+def _axis_text(tree: PyTree) -> str:
+    shapes = [f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}" for p, x in
+              jax.tree_util.tree_leaves_with_path(tree) if getattr(x, "ndim", 0) >= 1]
+    return ", ".join(shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+
+
+def sliceable(exp: Experiment, batch: PyTree) -> str | None:
+    """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
+    if exp.examples is not None:
+        return None if _positional_arity(exp.examples) != 1 else (
+            "Experiment.examples counts examples but does not say how to take some of them")
+    if len(leading_sizes(batch)) > 1:
+        return (f"the batch's leaves disagree on the leading axis ({_axis_text(batch)}), so it is not one "
+                "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
+                "...) returning the first n examples to let this stage cut it")
+    return None
+
+
+def count_examples(exp: Experiment, batch: PyTree) -> int:
+    """How many examples ``batch`` holds: ``Experiment.examples(batch)`` when it counts them, the labels'
+    leading axis when the leaves disagree on theirs (a graph batch's graph labels), else the leading
+    axis. Not jit-safe."""
+    if exp.examples is not None and _positional_arity(exp.examples) == 1:
+        return int(exp.examples(batch))
+    if len(leading_sizes(batch)) > 1:
+        try:
+            labels = get_labels(exp, batch)
+        except DataError:
+            labels = None
+        if getattr(labels, "ndim", 0) >= 1:
+            return int(labels.shape[0])
+    return batch_size(batch)
+
+
+def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = False) -> PyTree:
+    """The first ``n`` examples of ``batch`` as the Experiment defines them. Not jit-safe.
+
+    Uses ``Experiment.examples(batch, n)`` when given; otherwise the leading axis, but only when
+    every leaf agrees on it. ``whole=True`` returns the whole batch where it cannot be cut (a
+    function that is correct on any number of examples, e.g. the gradient check); otherwise
+    raises :class:`~jaxsane._errors.ExampleAxisError` with the reason.
+    """
+    reason = sliceable(exp, batch)
+    if reason is not None:
+        if whole:
+            return batch
+        raise ExampleAxisError(f"[jaxsane] cannot take {n} examples from the batch: {reason}.")
+    if exp.examples is not None:
+        return exp.examples(batch, n)
+    return slice_batch(batch, n)
 
 
 # ----------------------------------------------------------------------------- NNX detection

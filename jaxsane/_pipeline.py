@@ -20,7 +20,8 @@ from ._batch import check_batch_independence
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
 from ._errors import DoctorOptionError, JaxsaneError, NonFiniteError
-from ._experiment import Adapted, Experiment, get_inputs, iter_batches, slice_batch
+from ._experiment import (Adapted, Experiment, get_inputs, iter_batches, leading_sizes, slice_examples,
+                          sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
@@ -80,6 +81,10 @@ class Stage:
 def data_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
     exp = ctx.experiment
+    if len(leading_sizes(ctx.batch)) > 1:
+        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
+                        "leaves disagree on the leading axis (a graph batch, packed sequences), so rows are not "
+                        "examples", "check such data in your own pipeline tests")]
     limit = ctx.options.data_max_batches
     if limit is None:
         limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
@@ -139,7 +144,7 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
         return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
                         "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
     state = adapted.init(ctx.key)
-    batch = slice_batch(ctx.batch, opts.grads_batch_size)
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
                        modes=opts.grads_modes)
 
@@ -155,6 +160,11 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     if adapted.apply_fn is None:
         return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
                         "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+    inputs = get_inputs(ctx.experiment, ctx.batch)
+    if len(leading_sizes(inputs)) > 1:
+        return [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on the "
+                        "leading axis, so outputs cannot be matched to examples row by row (a graph batch, packed "
+                        "sequences)", "check cross-example leaks of such models in your own tests")]
     state = adapted.init(ctx.key)
     return check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
                                     get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
@@ -167,7 +177,11 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     (an ``InitScaleSweep``).
     """
     opts: OverfitOptions = ctx.options
-    batch = slice_batch(ctx.batch, opts.overfit_batch_size)
+    why_not = sliceable(ctx.experiment, ctx.batch)
+    if why_not is not None:
+        return [Finding("doctor.skipped", f"overfit sweep not run: it fits the first {opts.overfit_batch_size} "
+                        f"examples, and {why_not}", "pass Experiment(examples=lambda batch, n: ...)")]
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
     result = overfit(ctx.adapted, batch, seeds=opts.overfit_seeds, steps=opts.overfit_steps,
                      learning_rates=opts.overfit_learning_rates, init_scales=opts.overfit_init_scales)
     ctx.artifacts["overfit"] = result

@@ -1,0 +1,61 @@
+"""A VAE whose KL term has the wrong sign: the loss rewards a posterior far from the prior.
+
+Minimising ``recon - KL`` drives the log-variance up without bound (``exp(logvar)`` grows each
+step): the loss falls forever, below any floor, and the latent code carries no information.
+Fix: ``-0.5 * sum(1 + logvar - mean**2 - exp(logvar))``.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import jaxsane
+from benchmarks.faults._common import dense_params, digits, mlp_apply, optax_step
+
+EXPECTED = ["REPLACE"]
+STYLE = "optax"
+STAGES = ["data", "init", "grads", "step", "batch", "overfit", "run"]
+OPTIONS = {"run_steps": 30, "overfit_steps": 150}
+LATENT = 8
+tx = optax.adam(3e-3)
+
+
+def encode(params, x):
+    h = mlp_apply(params["enc"], x)
+    return h[:, :LATENT], h[:, LATENT:]              # mean, log-variance
+
+
+def decode(params, z):
+    return mlp_apply(params["dec"], z)               # pixel logits
+
+
+def kl_divergence(mean, logvar):
+    return 0.5 * jnp.sum(1 + logvar - mean ** 2 - jnp.exp(logvar), axis=-1)  # FAULT: the sign of the KL is flipped
+
+
+def loss(params, batch):
+    x = batch["x"]                                    # pixels in [0, 1]: Bernoulli targets
+    mean, logvar = encode(params, x)
+    eps = jax.random.normal(jax.random.key(0), mean.shape)
+    z = mean + jnp.exp(0.5 * logvar) * eps
+    logits = decode(params, z)
+    recon = optax.sigmoid_binary_cross_entropy(logits, x).sum(-1)
+    return jnp.mean(recon + kl_divergence(mean, logvar))
+
+
+def apply(params, x):
+    mean, _ = encode(params, x)
+    return decode(params, mean)
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    params = {"enc": dense_params(k1, (64, 64, 2 * LATENT)), "dec": dense_params(k2, (LATENT, 64, 64))}
+    return params, tx.init(params)
+
+
+def experiment():
+    train, eval_ = digits()
+    strip = lambda b: {"x": b["x"]}  # an autoencoder's batch: images only
+    return jaxsane.Experiment(init=init, step=optax_step(loss, tx), train=lambda: (strip(b) for b in train),
+                              eval=strip(eval_), loss=loss, apply=apply, name="f61_vae_kl_sign")
