@@ -51,5 +51,5 @@ def init(key):
 
 
 def experiment():
-    return jaxsane.Experiment(init=init, step=optax_step(loss, tx), train=batches(make_data(1024, 0)),
+    return jaxsane.Experiment(init=init, step=optax_step(loss, tx), train=batches(make_data(2048, 0)),
                               eval=make_data(256, 1), loss=loss, apply=apply, name="c42_healthy_regression")
