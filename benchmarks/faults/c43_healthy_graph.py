@@ -21,7 +21,7 @@ STAGES = ["data", "init", "grads", "step", "batch", "overfit", "run"]
 OPTIONS = {"run_steps": 30, "overfit_steps": 150}
 GRAPHS, FEATURES, CLASSES = 16, 4, 2
 MAX_NODES, MAX_EDGES = 9 * GRAPHS + 1, 2 * 9 * GRAPHS
-tx = optax.adam(1e-2)
+tx = optax.adam(3e-3)
 
 
 def random_graphs(rng, count):
