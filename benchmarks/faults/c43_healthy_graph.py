@@ -21,6 +21,7 @@ STAGES = ["data", "init", "grads", "step", "batch", "overfit", "run"]
 OPTIONS = {"run_steps": 30, "overfit_steps": 150}
 GRAPHS, FEATURES, CLASSES = 16, 4, 2
 MAX_NODES, MAX_EDGES = 9 * GRAPHS + 1, 2 * 9 * GRAPHS
+MAX_DEGREE = 8.0  # sum messages scaled by the largest degree: they still tell a star from a ring
 tx = optax.adam(3e-3)
 
 
@@ -83,7 +84,7 @@ def apply(params, graph):
     h = graph["nodes"]
     for layer in params["mp"]:
         messages = jax.ops.segment_sum(h[graph["senders"]] * graph["edges"], graph["receivers"], num_nodes)
-        h = jax.nn.relu(jnp.concatenate([h, messages], -1) @ layer["w"] + layer["b"])
+        h = jax.nn.relu(jnp.concatenate([h, messages / MAX_DEGREE], -1) @ layer["w"] + layer["b"])
     graph_of_node = jnp.repeat(jnp.arange(num_graphs), graph["n_node"], total_repeat_length=num_nodes)
     pooled = jax.ops.segment_sum(h, graph_of_node, num_graphs) / jnp.maximum(graph["n_node"], 1)[:, None]
     return mlp_apply(params["head"], pooled)
@@ -98,7 +99,7 @@ def init(key):
     k1, k2, k3 = jax.random.split(key, 3)
     params = {"mp": [dense_params(k1, (2 * FEATURES, 32))[0], dense_params(k2, (64, 32))[0]],
               "head": dense_params(k3, (32, 32, CLASSES))}
-    params["head"][-1]["w"] = params["head"][-1]["w"] * 0.01  # small output layer: loss at init near ln 2
+    params["head"][-1]["w"] = params["head"][-1]["w"] * 0.1  # a smaller output layer: loss at init near ln 2
     return params, tx.init(params)
 
 
