@@ -307,3 +307,11 @@ def test_state_only_step_is_judged_on_experiment_loss():
     ascent = _state_only_experiment(-0.5)  # gradient ascent: the loss rises, and only the loss handle shows it
     d = jaxsane.doctor(ascent, stages=["run"], run_steps=20, progress=False)
     assert {"train.diverging", "nonfinite.forward", "nonfinite.update"} & set(_codes(d))
+
+
+def test_examples_that_only_count_never_slice():
+    exp = _graph_experiment(examples=lambda batch: len(batch["labels"]))
+    assert count_examples(exp, exp.train) == 8
+    with pytest.raises(ExampleAxisError, match="counts examples"):
+        slice_examples(exp, exp.train, 2)
+    assert slice_examples(exp, exp.train, 2, whole=True) is exp.train  # the gradient check takes it whole
