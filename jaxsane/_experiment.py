@@ -286,11 +286,11 @@ def batch_size(batch: PyTree) -> int:
     return int(leaves[0].shape[0])
 
 
-def slice_batch(batch: PyTree, n: int) -> PyTree:
-    """The first ``n`` examples of every leaf that has a leading batch axis. Arrays sharded over
-    Explicit mesh axes are sliced on the host (their on-device slice has no unambiguous sharding).
-    Not jit-safe."""
-    size = batch_size(batch)
+def slice_batch(batch: PyTree, n: int, size: int | None = None) -> PyTree:
+    """The first ``n`` examples of every leaf that has a leading batch axis (of ``size``, default the
+    first leaf's). Arrays sharded over Explicit mesh axes are sliced on the host (their on-device slice
+    has no unambiguous sharding). Not jit-safe."""
+    size = batch_size(batch) if size is None else size
 
     def head(x):
         if getattr(x, "ndim", 0) < 1 or x.shape[0] != size:
@@ -316,13 +316,28 @@ def _axis_text(tree: PyTree) -> str:
     return ", ".join(shapes[:6]) + (", ..." if len(shapes) > 6 else "")
 
 
+def example_view(exp: Experiment, batch: PyTree) -> PyTree:
+    """The parts of ``batch`` that are per example: its inputs, labels and mask where they can be found,
+    else the whole batch (a per-batch table beside them, e.g. class weights ``[C]``, is not one)."""
+    parts = []
+    for get in (get_inputs, get_labels, get_mask):
+        try:
+            part = get(exp, batch)
+        except Exception:  # a handle that cannot read this batch: the other parts (or the whole batch) decide
+            continue
+        if part is not None:
+            parts.append(part)
+    return parts if parts else batch
+
+
 def sliceable(exp: Experiment, batch: PyTree) -> str | None:
     """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
     if exp.examples is not None:
         return None if _positional_arity(exp.examples) != 1 else (
             "Experiment.examples counts examples but does not say how to take some of them")
-    if len(leading_sizes(batch)) > 1:
-        return (f"the batch's leaves disagree on the leading axis ({_axis_text(batch)}), so it is not one "
+    view = example_view(exp, batch)
+    if len(leading_sizes(view)) > 1:
+        return (f"the batch's leaves disagree on the leading axis ({_axis_text(view)}), so it is not one "
                 "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
                 "...) returning the first n examples to let this stage cut it")
     return None
@@ -334,14 +349,15 @@ def count_examples(exp: Experiment, batch: PyTree) -> int:
     axis. Not jit-safe."""
     if exp.examples is not None and _positional_arity(exp.examples) == 1:
         return int(exp.examples(batch))
-    if len(leading_sizes(batch)) > 1:
+    sizes = leading_sizes(example_view(exp, batch))
+    if len(sizes) > 1:
         try:
             labels = get_labels(exp, batch)
-        except DataError:
+        except Exception:
             labels = None
         if getattr(labels, "ndim", 0) >= 1:
             return int(labels.shape[0])
-    return batch_size(batch)
+    return sizes[0] if sizes else batch_size(batch)
 
 
 def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = False) -> PyTree:
@@ -359,7 +375,8 @@ def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = Fals
         raise ExampleAxisError(f"[jaxsane] cannot take {n} examples from the batch: {reason}.")
     if exp.examples is not None:
         return exp.examples(batch, n)
-    return slice_batch(batch, n)
+    sizes = leading_sizes(example_view(exp, batch))
+    return slice_batch(batch, n, size=sizes[0] if sizes else None)
 
 
 # ----------------------------------------------------------------------------- NNX detection

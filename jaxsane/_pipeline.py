@@ -19,9 +19,9 @@ import jax
 from ._batch import check_batch_independence
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
-from ._errors import DoctorOptionError, JaxsaneError, NonFiniteError
-from ._experiment import (Adapted, Experiment, get_inputs, iter_batches, leading_sizes, slice_examples,
-                          sliceable)
+from ._errors import DataError, DoctorOptionError, JaxsaneError, NonFiniteError
+from ._experiment import (Adapted, Experiment, _axis_text, example_view, get_inputs, iter_batches, leading_sizes,
+                          slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
@@ -81,10 +81,6 @@ class Stage:
 def data_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
     exp = ctx.experiment
-    if len(leading_sizes(ctx.batch)) > 1:
-        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
-                        "leaves disagree on the leading axis (a graph batch, packed sequences), so rows are not "
-                        "examples", "check such data in your own pipeline tests")]
     limit = ctx.options.data_max_batches
     if limit is None:
         limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
@@ -95,8 +91,17 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             apply_fn = ctx.adapted.apply_fn
         except Exception:  # init problems are the init stage's to report
             apply_fn = params = None
-    diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
-                           labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    try:
+        diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
+                               labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    except DataError as e:
+        view = example_view(exp, ctx.batch)
+        if len(leading_sizes(view)) <= 1:
+            raise
+        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
+                        f"leaves disagree on the leading axis ({_axis_text(view)}; a graph batch, packed "
+                        f"sequences), so rows are not examples ({str(e)[10:160]})",
+                        "check such data in your own pipeline tests")]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
     loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
     if loss_fn is not None and params is None:
@@ -161,7 +166,7 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         return [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
                         "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
     inputs = get_inputs(ctx.experiment, ctx.batch)
-    if len(leading_sizes(inputs)) > 1:
+    if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
         return [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on the "
                         "leading axis, so outputs cannot be matched to examples row by row (a graph batch, packed "
                         "sequences)", "check cross-example leaks of such models in your own tests")]

@@ -315,3 +315,19 @@ def test_examples_that_only_count_never_slice():
     with pytest.raises(ExampleAxisError, match="counts examples"):
         slice_examples(exp, exp.train, 2)
     assert slice_examples(exp, exp.train, 2, whole=True) is exp.train  # the gradient check takes it whole
+
+
+def test_a_per_batch_table_beside_the_examples_does_not_stop_slicing():
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((32, 4)).astype(np.float32), "y": rng.integers(0, 3, 32).astype(np.int32),
+             "class_weights": np.ones(3, np.float32)}  # [C], not per example
+    loss = lambda p, b: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(_mlp(p, b["x"]), b["y"])
+                                 * b["class_weights"][b["y"]])
+    params = _mlp_init((4, 8, 3))
+    tx = optax.adam(1e-2)
+    exp = jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss, tx), train=batch,
+                             loss=loss, apply=_mlp, num_classes=3)
+    cut = slice_examples(exp, batch, 8)
+    assert cut["x"].shape == (8, 4) and cut["class_weights"].shape == (3,)
+    d = jaxsane.doctor(exp, stages=["batch", "overfit"], overfit_steps=30, progress=False)
+    assert not [f for f in d if f.code == "doctor.skipped"] and d.artifacts["overfit"].batch_size == 16
