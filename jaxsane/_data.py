@@ -973,3 +973,46 @@ def _leakage(train: _Split, eval_: _Split, train_sorted, max_fraction: float, k:
                     "remove these examples from one split; deduplicate before splitting (split by a group id such "
                     "as the source document or user)", path="eval inputs",
                     extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()})]
+
+
+def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, params: Any,
+                           splits: dict[str, Any], max_batches: int = 20) -> list[Finding]:
+    """Demote ``nonfinite.input`` to ``data.masked_nonfinite`` (info) where the loss masks the NaNs.
+
+    Data sets mark missing labels with NaN (OGB style) and the loss masks them out. For each split
+    (``{"train": data, "eval": data}``) with a ``nonfinite.input`` finding, the loss at init is
+    evaluated on the first of its batches (up to ``max_batches``) that holds non-finite floats: a
+    finite loss means the NaNs never reach it, and the finding becomes info; a non-finite loss (or
+    no loss handle, or no such batch found) keeps the error. Not jit-safe.
+    """
+    from ._experiment import iter_batches
+
+    if loss is None or not any(f.code == "nonfinite.input" for f in findings):
+        return findings
+    masked: set[str] = set()
+    for what, data in splits.items():
+        if data is None or not any(f.code == "nonfinite.input" and str(f.path or "").startswith(what)
+                                   for f in findings):
+            continue
+        try:
+            batch = next((b for b in iter_batches(data, max_batches, what) if _holds_nonfinite(b)), None)
+            value = None if batch is None else float(jax.jit(loss)(params, batch))
+        except Exception:  # a loss that cannot run on this batch decides nothing here
+            value = None
+        if value is not None and math.isfinite(value):
+            masked.add(what)
+    out = []
+    for f in findings:
+        split = str(f.path or "").split(" ", 1)[0]
+        if f.code == "nonfinite.input" and split in masked:
+            f = Finding("data.masked_nonfinite", f"{f.message}; the loss at init is finite on them, so the loss "
+                        "masks them (e.g. NaN marking missing labels)", "nothing to do if that is intended; "
+                        "guard reports such values only when an output of the step goes non-finite",
+                        path=f.path, extra=dict(f.extra or {}))
+        out.append(f)
+    return out
+
+
+def _holds_nonfinite(batch: Any) -> bool:
+    return any(np.asarray(x).dtype.kind in "fc" and not np.isfinite(np.asarray(x)).all()
+               for x in jax.tree_util.tree_leaves(batch))

@@ -92,3 +92,8 @@ class FindingError(JaxsaneError, ValueError, TypeError):
 class GuardConfigError(ArgumentError):
     """``jaxsane.guard`` was given an argument of the wrong type or out of range (raised at the call,
     before any work). Both a ``ValueError`` and a ``TypeError``, so either ``except`` catches it."""
+
+
+class ExampleAxisError(DataError):
+    """A batch cannot be cut into examples: its leaves disagree on the leading axis (a graph batch,
+    packed sequences) and the Experiment does not say what one example is (``Experiment(examples=...)``)."""

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._adapter import (call_split, is_nnx_state as is_nnx_state, nnx_module as _nnx,
                        positional_arity as _positional_arity, split_whole)
-from ._errors import DataError, ExperimentError
+from ._errors import DataError, ExampleAxisError, ExperimentError
 from ._tree import PyTree, explicit_sharding, is_array, is_inexact, same_structure
 from ._validate import show
 
@@ -53,6 +53,11 @@ class Experiment:
       name: shown in reports.
       causal: the model is causal (an autoregressive LM): ``apply``'s output at position t must not
         depend on inputs after t; the batch stage then checks it (``seq.future_leakage``).
+      examples: what one example is, for batches whose leaves disagree on the leading axis (a graph
+        batch: nodes ``[N, F]``, edges ``[E, F]``, labels ``[G]``; packed sequences): either
+        ``(batch, n) -> batch`` holding the first ``n`` examples, or ``batch -> int`` counting them
+        (then the stages use whole batches). Without it such batches are never sliced: the stages
+        that would slice them skip with ``doctor.skipped`` and the reason.
     """
 
     init: Callable[[jax.Array], PyTree]
@@ -68,6 +73,7 @@ class Experiment:
     num_classes: int | None = None
     name: str = "experiment"
     causal: bool = False
+    examples: Callable | None = None
 
     def __post_init__(self):
         for field in ("init", "step"):
@@ -79,6 +85,13 @@ class Experiment:
                        "init=lambda key: state (a fresh train state from a PRNG key)."
                        if field == "init" else "the step's result was passed instead of the function. Fix: pass "
                        "step=train_step, a function (state, batch) -> (state, metrics)."))
+        if self.examples is not None and (not callable(self.examples)
+                                          or _positional_arity(self.examples) not in (1, 2, None)):
+            raise ExperimentError(
+                f"Experiment.examples must be a function (batch, n) -> the batch's first n examples, or "
+                f"batch -> the number of examples in it; got {show(self.examples)}. Fix: pass e.g. "
+                "examples=lambda batch, n: take_first_graphs(batch, n), or leave it out for batches whose "
+                "leading axis is the example axis.")
         for field in ("loss", "apply", "params", "inputs", "labels", "mask"):
             value = getattr(self, field)
             if value is not None and not callable(value):
@@ -279,11 +292,11 @@ def batch_size(batch: PyTree) -> int:
     return int(leaves[0].shape[0])
 
 
-def slice_batch(batch: PyTree, n: int) -> PyTree:
-    """The first ``n`` examples of every leaf that has a leading batch axis. Arrays sharded over
-    Explicit mesh axes are sliced on the host (their on-device slice has no unambiguous sharding).
-    Not jit-safe."""
-    size = batch_size(batch)
+def slice_batch(batch: PyTree, n: int, size: int | None = None) -> PyTree:
+    """The first ``n`` examples of every leaf that has a leading batch axis (of ``size``, default the
+    first leaf's). Arrays sharded over Explicit mesh axes are sliced on the host (their on-device slice
+    has no unambiguous sharding). Not jit-safe."""
+    size = batch_size(batch) if size is None else size
 
     def head(x):
         if getattr(x, "ndim", 0) < 1 or x.shape[0] != size:
@@ -292,6 +305,84 @@ def slice_batch(batch: PyTree, n: int) -> PyTree:
             return np.asarray(x)[:n]
         return x[:n]
     return jax.tree_util.tree_map(head, batch)
+
+
+def leading_sizes(tree: PyTree) -> list[int]:
+    """The distinct leading-axis sizes of ``tree``'s array leaves (ndim >= 1), in leaf order."""
+    sizes: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree):
+        if getattr(x, "ndim", 0) >= 1 and int(x.shape[0]) not in sizes:
+            sizes.append(int(x.shape[0]))
+    return sizes
+
+
+def axis_text(tree: PyTree) -> str:
+    shapes = [f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}" for p, x in
+              jax.tree_util.tree_leaves_with_path(tree) if getattr(x, "ndim", 0) >= 1]
+    return ", ".join(shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+
+
+def example_view(exp: Experiment, batch: PyTree) -> PyTree:
+    """The parts of ``batch`` that are per example: its inputs, labels and mask where they can be found,
+    else the whole batch (a per-batch table beside them, e.g. class weights ``[C]``, is not one)."""
+    parts = []
+    for get in (get_inputs, get_labels, get_mask):
+        try:
+            part = get(exp, batch)
+        except Exception:  # a handle that cannot read this batch: the other parts (or the whole batch) decide
+            continue
+        if part is not None:
+            parts.append(part)
+    return parts if parts else batch
+
+
+def sliceable(exp: Experiment, batch: PyTree) -> str | None:
+    """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
+    if exp.examples is not None:
+        return None if _positional_arity(exp.examples) != 1 else (
+            "Experiment.examples counts examples but does not say how to take some of them")
+    view = example_view(exp, batch)
+    if len(leading_sizes(view)) > 1:
+        return (f"the batch's leaves disagree on the leading axis ({axis_text(view)}), so it is not one "
+                "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
+                "...) returning the first n examples to let this stage cut it")
+    return None
+
+
+def count_examples(exp: Experiment, batch: PyTree) -> int:
+    """How many examples ``batch`` holds: ``Experiment.examples(batch)`` when it counts them, the labels'
+    leading axis when the leaves disagree on theirs (a graph batch's graph labels), else the leading
+    axis. Not jit-safe."""
+    if exp.examples is not None and _positional_arity(exp.examples) == 1:
+        return int(exp.examples(batch))
+    sizes = leading_sizes(example_view(exp, batch))
+    if len(sizes) > 1:
+        try:
+            labels = get_labels(exp, batch)
+        except Exception:
+            labels = None
+        if getattr(labels, "ndim", 0) >= 1:
+            return int(labels.shape[0])
+    return sizes[0] if sizes else batch_size(batch)
+
+
+def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = False) -> PyTree:
+    """The first ``n`` examples of ``batch`` as the Experiment defines them. Not jit-safe.
+
+    Uses ``Experiment.examples(batch, n)`` when given; otherwise the leading axis, but only when
+    every leaf agrees on it. ``whole=True`` returns the whole batch where it cannot be cut (a
+    function that is correct on any number of examples, e.g. the gradient check); otherwise
+    raises :class:`~jaxsane._errors.ExampleAxisError` with the reason.
+    """
+    reason = sliceable(exp, batch)
+    if reason is not None:
+        if whole:
+            return batch
+        raise ExampleAxisError(f"[jaxsane] cannot take {n} examples from the batch: {reason}.")
+    if exp.examples is not None:
+        return exp.examples(batch, n)
+    sizes = leading_sizes(example_view(exp, batch))
+    return slice_batch(batch, n, size=sizes[0] if sizes else None)
 
 
 # ----------------------------------------------------------------------------- the adapter
@@ -444,11 +535,14 @@ class Adapted:
         model = objs[0] if isinstance(objs, (tuple, list)) else objs
         return model.model if isinstance(model, nnx.Optimizer) else model
 
-    def _model_with(self, params: PyTree):
-        """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables."""
+    def _model_with(self, params: PyTree, training: bool = False, rest: PyTree | None = None):
+        """A fresh NNX model holding ``params`` (tracers allowed) and the init's other variables,
+        in training (``loss``) or eval (``apply``) mode; see :func:`nnx_mode_model`."""
         # copy the non-parameter variables: merge would otherwise share them across traces, and a
         # model that updates them (BatchNorm stats) would mutate a variable of another trace level.
-        return _nnx().merge(self._model_def, params, jax.tree_util.tree_map(lambda x: x, self._model_rest))
+        if rest is None:
+            rest = jax.tree_util.tree_map(lambda x: x, self._model_rest)
+        return nnx_mode_model(_nnx().merge(self._model_def, params, rest), training)
 
     @property
     def loss_fn(self) -> Callable | None:
@@ -460,7 +554,7 @@ class Adapted:
         if loss is None:
             return None
         if self.nnx:
-            return self._memo("loss", lambda: lambda params, batch: loss(self._model_with(params), batch))
+            return self._memo("loss", lambda: lambda params, batch: loss(self._model_with(params, training=True), batch))
         return loss
 
     @property
@@ -470,7 +564,8 @@ class Adapted:
         if apply is None:
             return None
         if self.nnx:
-            return self._memo("apply", lambda: lambda params, inputs: apply(self._model_with(params), inputs))
+            return self._memo("apply", lambda: lambda params, inputs: apply(self._model_with(params, training=False),
+                                                                            inputs))
         return apply
 
     def _memo(self, name: str, make: Callable[[], Any]) -> Any:
@@ -507,6 +602,24 @@ class Adapted:
             raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
                                   "returning a sub-tree of the state.")
         return jax.tree_util.tree_unflatten(state_def, replaced)
+
+
+def nnx_mode_model(model: Any, training: bool) -> Any:
+    """``model`` (a fresh NNX copy, never the user's own object) set to training or eval mode.
+
+    The loss handle runs in training mode (``Module.train()``: dropout on, BatchNorm on batch
+    statistics), the apply handle in eval mode (``Module.eval()``), whatever mode the user's
+    objects were left in (often set only inside their step, or never: then
+    ``nnx.MultiHeadAttention(dropout_rate>0)`` has no ``deterministic`` and cannot be called).
+    Modules without these attributes are left as they are. Not jit-safe to call on the user's
+    objects (it mutates static attributes); jaxsane calls it only on merged copies.
+    """
+    nnx = _nnx()
+    if isinstance(model, nnx.Module):  # nnx's own method: a user Module may define train(data) itself
+        setter = getattr(nnx.Module, "train" if training else "eval", None)
+        if setter is not None:
+            setter(model)
+    return model
 
 
 def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:

@@ -64,6 +64,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "data.constant": (WARNING, "an input feature or the whole input is constant",
                       "a preprocessing step that zeroes the input, a broken loader"),
     "data.empty": (ERROR, "a split (or a batch of it) has zero examples", "a filter that drops every row, an empty shard"),
+    "data.masked_nonfinite": (INFO, "NaN/Inf in the data that the loss masks (the loss at init is finite on it)",
+                              "-"),
     "data.partial": (INFO, "only a prefix of an endless or very long stream was checked", "-"),
     "data.outliers": (WARNING, "rows whose scale is orders of magnitude beyond the rest",
                       "unit or scaling errors, sentinel values such as -9999, corrupt records"),

@@ -13,6 +13,7 @@ upcast. When the function still computes in a lower precision on the path from t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -162,8 +163,26 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
         raise JaxsaneError(f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums.")
     x64 = dtype is not None and np.dtype(dtype).itemsize >= 8
     scope = jax.enable_x64(True) if x64 else contextlib.nullcontext()
-    with scope:
-        return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed)
+    try:
+        with scope:
+            return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed)
+    except _MixedPrecision as e:
+        # the function pins a dtype of its own (a recurrent cell's float32 initial carry from
+        # initialize_carry, a float32 constant in a scan's carry): casting only the arguments to float64
+        # breaks it. Check it as written instead, with the tolerances of its own dtype (GRAD_DEFAULTS).
+        findings = _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, None, has_aux, seed)
+        note = (f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
+                f"function does not trace: {e.reason})")
+        return [dataclasses.replace(x, message=x.message + note, extra={**x.extra, "precision": "as written"})
+                for x in findings]
+
+
+class _MixedPrecision(JaxsaneError):
+    """f traces in its own dtypes but not with its arguments cast to float64 (see check_grads)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"check_grads: f does not trace with float64 arguments: {reason}")
+        self.reason = reason
 
 
 def _cast_host(x: Any, dtype: Any) -> Any:
@@ -209,6 +228,8 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     except JaxsaneError:
         raise
     except Exception as e:
+        if dtype is not None and np.dtype(dtype).itemsize >= 8 and isinstance(e, TypeError):
+            raise _MixedPrecision(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
         raise JaxsaneError(f"check_grads: calling f on the given arguments failed: {type(e).__name__}: {e}") from e
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if not any(_is_real_float(o) for o in out_leaves):

@@ -144,6 +144,9 @@ class Guarded:
         # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
         per_leaf = self._per_leaf_flags() if per_leaf is None else per_leaf
         out_flags = finite_flags((new_nnx_state, out)) if per_leaf else _grouped_flags((new_nnx_state, out))
+        # inputs with NaN/Inf are reported only when an output is non-finite: a NaN the step masks
+        # (missing labels marked NaN, OGB style) is data, not a failure
+        in_flags = in_flags | jnp.all(out_flags)
         ok = jnp.all(in_flags) & jnp.all(out_flags)
         replica = None
         if replicas:  # check_replicas: fingerprints of the new state's replicated leaves, compared across devices

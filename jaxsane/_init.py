@@ -49,14 +49,47 @@ def initial_loss(adapted: Adapted, state: Any, batch: Any) -> tuple[float | None
 
 
 def infer_num_classes(adapted: Adapted, state: Any, batch: Any) -> int | None:
-    """num_classes from the Experiment, or the last axis of ``apply``'s output. Not jit-safe."""
+    """num_classes from the Experiment, or C when ``apply`` gives C-way logits over integer labels.
+
+    ln C is chance level only for a C-way cross-entropy: the output's last axis is C >= 2, the labels
+    are integers in [0, C) with one axis less and the same leading shape. Regression, sigmoid or
+    multi-label outputs, reconstructions (a VAE's pixels) and tuple outputs give None (see
+    :func:`classification_of`). Not jit-safe.
+    """
+    return classification_of(adapted, state, batch)[0]
+
+
+def classification_of(adapted: Adapted, state: Any, batch: Any) -> tuple[int | None, str]:
+    """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
     exp = adapted.experiment
     if exp.num_classes is not None:
-        return exp.num_classes
+        return exp.num_classes, ""
     if adapted.apply_fn is None:
-        return None
+        return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
     out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
-    return int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 and out.shape[-1] >= 2 else None
+    if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
+        return None, (f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
+                      "not a C-way cross-entropy")
+    try:
+        labels = get_labels(exp, batch)
+    except Exception:
+        return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
+    shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
+    if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
+        return None, (f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
+                      "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
+                      "reconstruction), so ln(output width) is not the loss at chance")
+    labels = np.asarray(labels)
+    width = int(out.shape[-1])
+    if labels.size and (labels.min() < 0 or labels.max() >= width):
+        return None, (f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
+                      "set Experiment.num_classes to check the loss at init")
+    return width, ""
+
+
+def _shape_text(out: Any) -> str:
+    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(out)]
+    return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} arrays {shapes}"
 
 
 def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list[Finding]:
@@ -443,7 +476,6 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
     user = adapted.experiment.apply if which == "apply" else adapted.experiment.loss
     if handle is None or not adapted.nnx:
         return handle
-    from flax import nnx
 
     def call(params, arg):
         floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -454,6 +486,6 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
             return jnp.asarray(x) if hasattr(x, "dtype") else x
 
         rest = jax.tree_util.tree_map(copy, adapted._model_rest)
-        return user(nnx.merge(adapted._model_def, params, rest), arg)
+        return user(adapted._model_with(params, training=which == "loss", rest=rest), arg)
 
     return call

@@ -226,10 +226,15 @@ class Monitor:
         p0 = adapted.params(state)
         # read the values now: NNX states hold Variables that the step may update in place
         leaves0 = [x for x in jax.tree_util.tree_leaves(p0) if is_inexact(x)]
-        grad_norm = None
+        grad_norm = handle_loss = None
         if self.grads:
-            grad_norm = _norms(jax.grad(adapted.loss_fn)(p0, batch))
+            handle_loss, grads = jax.value_and_grad(adapted.loss_fn)(p0, batch)
+            grad_norm = _norms(grads)
         new_state, metrics = adapted.step(state, batch)
+        if "loss" not in metrics and handle_loss is not None:
+            # a step that reports no loss (it returns only the state): record Experiment.loss before
+            # the step instead, so the loss-based detectors judge a real curve, never a NaN one
+            metrics = {**metrics, "loss": handle_loss}
         p1 = adapted.params(new_state)
         leaves1 = [x for x in jax.tree_util.tree_leaves(p1) if is_inexact(x)]
         tel = {"param_norm": _norms(leaves0),

@@ -24,7 +24,7 @@ from jax.extend import core as jcore
 
 from ._errors import DataError, ExperimentError, JaxsaneError
 from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, require_experiment,
-                          slice_batch)
+                          slice_examples)
 from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
@@ -471,10 +471,10 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     if steps < 1 or chunk < 1:
         raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
     if batch is None:
-        batch = slice_batch(first_batch(exp.train, "train"), batch_size)
+        batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
-    from ._experiment import batch_size as _bs
-    n_examples = _bs(batch)
+    from ._experiment import count_examples
+    n_examples = count_examples(exp, batch)
     seed_list = _as_seeds(seeds)
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:

@@ -19,14 +19,15 @@ import jax
 
 from ._batch import check_batch_independence
 from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
-from ._data import check_data
+from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
-from ._errors import DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
-from ._experiment import Adapted, Experiment, get_inputs, get_labels, get_mask, iter_batches, slice_batch
+from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
+from ._experiment import (Adapted, Experiment, axis_text, example_view, get_inputs, get_labels, get_mask, iter_batches,
+                          leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
-from ._init import activation_stats, check_activations, check_init_loss, infer_num_classes, initial_loss, traceable
+from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
 from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
@@ -98,10 +99,26 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             apply_fn = ctx.adapted.apply_fn
         except Exception:  # init problems are the init stage's to report
             apply_fn = params = None
-    diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
-                           labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    try:
+        diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
+                               labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    except DataError as e:
+        view = example_view(exp, ctx.batch)
+        if len(leading_sizes(view)) <= 1:
+            raise
+        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
+                        f"leaves disagree on the leading axis ({axis_text(view)}; a graph batch, packed "
+                        f"sequences), so rows are not examples ({str(e)[10:160]})",
+                        "check such data in your own pipeline tests")]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    return [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+    found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+    loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
+    if loss_fn is not None and params is None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+        except Exception:  # init problems are the init stage's to report
+            loss_fn = None
+    return judge_masked_nonfinite(found, loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
 
 
 def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
@@ -123,13 +140,16 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
     opts: InitOptions = ctx.options
     state = ctx.adapted.init(ctx.key)
-    num_classes = infer_num_classes(ctx.adapted, state, ctx.batch)
+    num_classes, why_not = classification_of(ctx.adapted, state, ctx.batch)
     loss, source = initial_loss(ctx.adapted, state, ctx.batch)
     ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
     findings: list[Finding] = []
-    if loss is None or num_classes is None:
-        findings.append(Finding("doctor.skipped", "loss at init not checked: needs num_classes (or apply) and a "
-                                "loss (Experiment.loss, apply + labels, or a step reporting 'loss')", ""))
+    if num_classes is None:
+        findings.append(Finding("doctor.skipped", f"loss at init not compared with chance level ln C: {why_not}",
+                                "for a C-way classifier pass Experiment(num_classes=C)"))
+    elif loss is None:
+        findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
+                                "apply + labels, or a step reporting 'loss')", ""))
     else:
         findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
     if ctx.adapted.apply_fn is None:
@@ -153,7 +173,7 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
         return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
                         "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
     state = adapted.init(ctx.key)
-    batch = slice_batch(ctx.batch, opts.grads_batch_size)
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
                        modes=opts.grads_modes)
 
@@ -170,6 +190,11 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     if adapted.apply_fn is None:
         return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
                                    "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+    if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
+        return findings + [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on "
+                                   "the leading axis, so outputs cannot be matched to examples row by row (a graph "
+                                   "batch, packed sequences)", "check cross-example leaks of such models in your own "
+                                   "tests")]
     state = adapted.init(ctx.key)
     return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
                                                get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
@@ -209,7 +234,11 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     (an ``InitScaleSweep``).
     """
     opts: OverfitOptions = ctx.options
-    batch = slice_batch(ctx.batch, opts.overfit_batch_size)
+    why_not = sliceable(ctx.experiment, ctx.batch)
+    if why_not is not None:
+        return [Finding("doctor.skipped", f"overfit sweep not run: it fits the first {opts.overfit_batch_size} "
+                        f"examples, and {why_not}", "pass Experiment(examples=lambda batch, n: ...)")]
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
     sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
                  init_scales=opts.overfit_init_scales)
     plan = precompiled = None
@@ -243,7 +272,8 @@ def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
                  init_scales=opts.overfit_init_scales)
 
     def plan_and_compile():
-        plan = plan_overfit(adapted, slice_batch(batch, opts.overfit_batch_size), **sweep, progress=False)
+        plan = plan_overfit(adapted, slice_examples(adapted.experiment, batch, opts.overfit_batch_size), **sweep,
+                            progress=False)
         return plan, plan.compile()
     return {"sweep": sweep, "future": pool.submit(plan_and_compile)}
 

@@ -1,0 +1,333 @@
+"""Every stage understands the models people write (issue 14): NNX train/eval modes, init.loss only
+for C-way classifiers, masked NaN labels, batches that are not "leading axis = example", recurrent
+cells in the float64 gradient check, and steps that return only the state. Each check has a faulty
+and a healthy case."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane._errors import ExampleAxisError, ExperimentError
+from jaxsane._experiment import Adapted, count_examples, slice_examples
+from jaxsane._init import classification_of
+from jaxsane._monitor import Monitor
+
+
+def _codes(diagnosis):
+    return [f.code for f in diagnosis]
+
+
+def _mlp_init(sizes, key=0):
+    keys = jax.random.split(jax.random.key(key), len(sizes))
+    return [{"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros(b)}
+            for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+
+
+def _mlp(params, x):
+    for layer in params[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def _optax_step(loss, tx):
+    @jax.jit
+    def step(state, batch):
+        params, opt_state = state
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), {"loss": value}
+    return step
+
+
+# ----------------------------------------------------------------------------- 1. NNX modes
+def _nnx_experiment():
+    from flax import nnx
+
+    class Net(nnx.Module):  # mode never set by init: MHA(dropout_rate>0) has deterministic=None
+        def __init__(self, rngs):
+            self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=8, qkv_features=8, decode=False,
+                                               dropout_rate=0.5, rngs=rngs)
+            self.norm = nnx.BatchNorm(8, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+            self.head = nnx.Linear(8, 3, rngs=rngs)
+
+        def __call__(self, x):
+            h = self.norm(x + self.attn(x))
+            return self.head(self.drop(h)).mean(1)
+
+    def init(key):
+        model = Net(nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+        return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    def loss(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    @nnx.jit
+    def step(model, opt, batch):
+        model.train()  # the mode is set only inside the user's step
+        value, grads = nnx.value_and_grad(loss)(model, batch)
+        opt.update(model, grads)
+        return value
+
+    x = np.random.default_rng(0).standard_normal((4, 5, 8)).astype(np.float32)
+    batch = {"x": x, "y": np.array([0, 1, 2, 0], np.int32)}
+    return jaxsane.Experiment(init=init, step=step, train=batch, loss=loss, apply=lambda m, x: m(x), num_classes=3)
+
+
+def test_nnx_loss_runs_in_training_mode_and_apply_in_eval_mode_on_copies():
+    exp = _nnx_experiment()
+    adapted = Adapted(exp)
+    state = adapted.init(jax.random.key(0))
+    params, batch = adapted.params(state), exp.train
+    model, _ = adapted.user_state(state)
+    with pytest.raises(Exception, match="deterministic"):  # the user's own object, as left by init: unusable
+        model.attn(batch["x"])
+    train_loss = float(jax.jit(adapted.loss_fn)(params, batch))
+    eval_out = jax.jit(adapted.apply_fn)(params, batch["x"])
+    model.eval()  # the same model in eval mode by hand: apply_fn must agree with it; the loss must not
+    eval_loss = float(exp.loss(model, batch))
+    assert np.allclose(eval_out, model(batch["x"]), atol=1e-5)
+    assert np.isfinite(train_loss) and abs(train_loss - eval_loss) > 1e-4  # dropout / batch stats in train
+    model2, _ = adapted.user_state(adapted.init(jax.random.key(0)))
+    assert model2.attn.deterministic is None and model2.drop.deterministic is False  # never mutated
+
+
+def test_nnx_doctor_stages_do_not_crash_on_unset_modes():
+    d = jaxsane.doctor(_nnx_experiment(), stages=["init", "grads", "batch"], progress=False)
+    assert "doctor.user_code_crashed" not in _codes(d)
+    assert not [f for f in d if f.code.startswith("grad.")]
+
+
+# ----------------------------------------------------------------------------- 2. init.loss
+def _classifier_like(out_width, labels, scale=1.0):
+    x = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    params = _mlp_init((8, 16, out_width))
+    params[-1]["w"] = params[-1]["w"] * scale
+    tx = optax.sgd(1e-2)
+    ce = labels.dtype.kind == "i" and labels.ndim == 1
+    loss = ((lambda p, b: optax.softmax_cross_entropy_with_integer_labels(_mlp(p, b["x"]), b["y"]).mean()) if ce
+            else (lambda p, b: jnp.mean((_mlp(p, b["x"]) - b["y"]) ** 2)))
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss, tx),
+                              train={"x": x, "y": labels}, loss=loss, apply=_mlp)
+
+
+@pytest.mark.parametrize("kind", ["regression", "multilabel", "reconstruction"])
+def test_init_loss_is_not_compared_with_ln_width_for_non_classifiers(kind):
+    rng = np.random.default_rng(1)
+    labels = {"regression": rng.standard_normal((64, 3)).astype(np.float32) * 10,
+              "multilabel": (rng.random((64, 16)) < 0.5).astype(np.int32),
+              "reconstruction": rng.random((64, 8)).astype(np.float32)}[kind]
+    exp = _classifier_like(labels.shape[1], labels)
+    adapted = Adapted(exp)
+    c, why = classification_of(adapted, adapted.init(jax.random.key(0)), exp.train)
+    assert c is None and ("classification" in why or "cross-entropy" in why)
+    d = jaxsane.doctor(exp, stages=["init"], progress=False)
+    assert "init.loss" not in _codes(d)
+    assert any(f.code == "doctor.skipped" and "ln C" in f.message for f in d)
+
+
+def test_init_loss_still_judges_c_way_classifiers():
+    labels = np.random.default_rng(1).integers(0, 10, 64).astype(np.int32)
+    healthy = _classifier_like(10, labels, scale=0.1)
+    assert classification_of(Adapted(healthy), Adapted(healthy).init(jax.random.key(0)), healthy.train)[0] == 10
+    assert "init.loss" not in _codes(jaxsane.doctor(healthy, stages=["init"], progress=False))
+    overconfident = _classifier_like(10, labels, scale=100.0)
+    assert "init.loss" in _codes(jaxsane.doctor(overconfident, stages=["init"], progress=False))
+
+
+# ----------------------------------------------------------------------------- 3. masked NaN labels
+def _nan_label_experiment(masked):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4)).astype(np.float32)
+    y = x @ np.ones((4, 2), np.float32)
+    y[::5, 1] = np.nan  # OGB style: NaN marks a missing label
+
+    def loss(params, batch):
+        err = _mlp(params, batch["x"]) - batch["y"]
+        if masked:
+            known = jnp.isfinite(batch["y"])
+            return jnp.sum(jnp.where(known, err, 0.0) ** 2) / jnp.sum(known)
+        return jnp.mean(err ** 2)
+
+    params = _mlp_init((4, 8, 2))
+    tx = optax.adam(1e-2)
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss, tx),
+                              train={"x": x, "y": y}, loss=loss, apply=_mlp)
+
+
+def test_masked_nan_labels_are_not_an_input_error():
+    d = jaxsane.doctor(_nan_label_experiment(masked=True), stages=["data", "run"], run_steps=5, progress=False)
+    assert "nonfinite.input" not in _codes(d) and "data.masked_nonfinite" in _codes(d)
+    assert not [f for f in d if f.severity == "error"]
+
+
+def test_nan_labels_that_reach_the_loss_stay_errors():
+    d = jaxsane.doctor(_nan_label_experiment(masked=False), stages=["data"], progress=False)
+    assert "nonfinite.input" in _codes(d) and "data.masked_nonfinite" not in _codes(d)
+
+
+def test_guard_reports_input_nan_only_when_an_output_is_nonfinite():
+    exp = _nan_label_experiment(masked=True)
+    state = exp.init(jax.random.key(0))
+    guarded = jaxsane.guard(exp.step, sync=True, locate=False)
+    state, metrics = guarded(state, exp.train)
+    assert np.isfinite(float(metrics["loss"]))
+    bad = _nan_label_experiment(masked=False)
+    with pytest.raises(jaxsane.NonFiniteError) as info:
+        jaxsane.guard(bad.step, sync=True, locate=False)(bad.init(jax.random.key(0)), bad.train)
+    assert info.value.finding.code == "nonfinite.input"
+
+
+# ----------------------------------------------------------------------------- 4. what an example is
+def _graph_batch(num_graphs=8, seed=0):
+    rng = np.random.default_rng(seed)
+    n_node = rng.integers(3, 6, num_graphs)
+    senders, receivers, offset = [], [], 0
+    for n in n_node:
+        s = np.arange(n)
+        senders.append(s + offset); receivers.append((s + 1) % n + offset); offset += n
+    senders, receivers = np.concatenate(senders), np.concatenate(receivers)
+    return {"nodes": rng.standard_normal((offset, 4)).astype(np.float32),
+            "edges": np.ones((len(senders), 1), np.float32), "senders": senders.astype(np.int32),
+            "receivers": receivers.astype(np.int32), "n_node": n_node.astype(np.int32),
+            "n_edge": n_node.astype(np.int32), "labels": rng.integers(0, 2, num_graphs).astype(np.int32)}
+
+
+def _take_graphs(batch, n):
+    nn_, ne = int(batch["n_node"][:n].sum()), int(batch["n_edge"][:n].sum())
+    return {"nodes": batch["nodes"][:nn_], "edges": batch["edges"][:ne], "senders": batch["senders"][:ne],
+            "receivers": batch["receivers"][:ne], "n_node": batch["n_node"][:n], "n_edge": batch["n_edge"][:n],
+            "labels": batch["labels"][:n]}
+
+
+def _graph_experiment(examples=None):
+    def apply(params, g):
+        num_nodes, num_graphs = g["nodes"].shape[0], g["n_node"].shape[0]
+        msg = jax.ops.segment_sum(g["nodes"][g["senders"]], g["receivers"], num_nodes)
+        h = jax.nn.relu(jnp.concatenate([g["nodes"], msg], -1) @ params[0]["w"] + params[0]["b"])
+        seg = jnp.repeat(jnp.arange(num_graphs), g["n_node"], total_repeat_length=num_nodes)
+        return jax.ops.segment_sum(h, seg, num_graphs) @ params[1]["w"] + params[1]["b"]
+
+    loss = lambda p, b: optax.softmax_cross_entropy_with_integer_labels(apply(p, b), b["labels"]).mean()
+    params = _mlp_init((8, 16, 2))
+    tx = optax.adam(1e-2)
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss, tx),
+                              train=_graph_batch(), loss=loss, apply=apply, inputs=lambda b: b,
+                              labels=lambda b: b["labels"], num_classes=2, examples=examples)
+
+
+def test_graph_batches_are_never_sliced_along_the_node_axis():
+    exp = _graph_experiment()
+    with pytest.raises(ExampleAxisError, match=r"\[jaxsane\].*leading axis"):
+        slice_examples(exp, exp.train, 4)
+    assert count_examples(exp, exp.train) == 8  # the graph labels, not the nodes
+    d = jaxsane.doctor(exp, stages=["data", "batch", "overfit"], progress=False)
+    skipped = {f.message.split(" ")[0] for f in d if f.code == "doctor.skipped"}
+    assert {"data", "batch", "overfit"} <= skipped
+    assert not [f for f in d if f.severity == "error"]
+
+
+def test_examples_option_cuts_graphs_and_the_overfit_stage_uses_it():
+    exp = _graph_experiment(examples=_take_graphs)
+    cut = slice_examples(exp, exp.train, 3)
+    assert cut["labels"].shape == (3,) and cut["nodes"].shape[0] == int(exp.train["n_node"][:3].sum())
+    d = jaxsane.doctor(exp, stages=["overfit"], overfit_steps=60, progress=False)
+    assert not [f for f in d if f.code == "doctor.skipped" and f.message.startswith("overfit")]
+    assert d.artifacts["overfit"].batch_size == 8  # 8 graphs (all of them: 16 were asked for), not nodes
+    plain = jaxsane.Experiment(init=exp.init, step=exp.step, train={"x": np.ones((6, 2)), "y": np.zeros(6)})
+    assert slice_examples(plain, plain.train, 2)["x"].shape == (2, 2)  # leading axis = example: sliced
+    with pytest.raises(ExperimentError, match="examples"):
+        jaxsane.Experiment(init=exp.init, step=exp.step, train=exp.train, examples="graphs")
+
+
+# ----------------------------------------------------------------------------- 5. recurrent float64 grads
+def _lstm_loss():
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.RNN(nn.LSTMCell(6))(x)[:, -1])
+
+    model = Net()
+    x = np.random.default_rng(0).standard_normal((4, 5, 3)).astype(np.float32)
+    y = np.array([0, 1, 2, 1])
+    params = model.init(jax.random.key(0), x)["params"]
+    loss = lambda p, xb: optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, xb), y).mean()
+    return loss, params, x
+
+
+def test_float64_grad_check_runs_through_a_linen_lstm():
+    loss, params, x = _lstm_loss()
+    assert jaxsane.check_grads(loss, params, x) == []
+
+
+def test_float64_grad_check_on_a_recurrent_model_still_finds_a_frozen_leaf():
+    loss, params, x = _lstm_loss()
+    frozen = lambda p, xb: loss(jax.tree_util.tree_map_with_path(
+        lambda path, v: jax.lax.stop_gradient(v) if "Dense_0" in jax.tree_util.keystr(path) else v, p), xb)
+    found = jaxsane.check_grads(frozen, params, x)
+    assert found and all(f.code == "grad.missing" for f in found) and "Dense_0" in found[0].path
+    assert "precision" in found[0].extra  # says it was checked as written (float32 carry), not in float64
+
+
+# ----------------------------------------------------------------------------- 6. state-only steps
+def _state_only_experiment(lr):
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    batch = {"x": x, "y": x @ np.ones((4, 1), np.float32)}
+    loss = lambda p, b: jnp.mean((_mlp(p, b["x"]) - b["y"]) ** 2)
+    tx = optax.sgd(lr)
+
+    @jax.jit
+    def step(state, b):  # returns only the new state: no loss metric
+        params, opt_state = state
+        grads = jax.grad(loss)(params, b)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    params = _mlp_init((4, 16, 1))
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=step, train=batch, loss=loss)
+
+
+def test_state_only_step_is_judged_on_experiment_loss():
+    healthy = _state_only_experiment(0.05)
+    adapted = Adapted(healthy)
+    mon = Monitor(adapted, every=1, dead_every=0)
+    state = adapted.init(jax.random.key(0))
+    for i in range(3):
+        state, metrics = mon.step(state, healthy.train, mon.mode_for(i))
+        mon.record(i, metrics)
+    losses = mon.pull().loss
+    assert len(losses) == 3 and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    d = jaxsane.doctor(healthy, stages=["run"], run_steps=20, progress=False)
+    assert not [f for f in d if f.code.startswith("train.") and f.severity == "error"]
+    ascent = _state_only_experiment(-0.5)  # gradient ascent: the loss rises, and only the loss handle shows it
+    d = jaxsane.doctor(ascent, stages=["run"], run_steps=20, progress=False)
+    assert {"train.diverging", "nonfinite.forward", "nonfinite.update"} & set(_codes(d))
+
+
+def test_examples_that_only_count_never_slice():
+    exp = _graph_experiment(examples=lambda batch: len(batch["labels"]))
+    assert count_examples(exp, exp.train) == 8
+    with pytest.raises(ExampleAxisError, match="counts examples"):
+        slice_examples(exp, exp.train, 2)
+    assert slice_examples(exp, exp.train, 2, whole=True) is exp.train  # the gradient check takes it whole
+
+
+def test_a_per_batch_table_beside_the_examples_does_not_stop_slicing():
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((32, 4)).astype(np.float32), "y": rng.integers(0, 3, 32).astype(np.int32),
+             "class_weights": np.ones(3, np.float32)}  # [C], not per example
+    loss = lambda p, b: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(_mlp(p, b["x"]), b["y"])
+                                 * b["class_weights"][b["y"]])
+    params = _mlp_init((4, 8, 3))
+    tx = optax.adam(1e-2)
+    exp = jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss, tx), train=batch,
+                             loss=loss, apply=_mlp, num_classes=3)
+    cut = slice_examples(exp, batch, 8)
+    assert cut["x"].shape == (8, 4) and cut["class_weights"].shape == (3,)
+    d = jaxsane.doctor(exp, stages=["batch", "overfit"], overfit_steps=30, progress=False)
+    assert not [f for f in d if f.code == "doctor.skipped"] and d.artifacts["overfit"].batch_size == 16
