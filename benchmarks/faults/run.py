@@ -94,6 +94,8 @@ class Row:
     debug_nans: str           # "caught", "-", or "n/a"
     checkify: str
     note: str = ""
+    roots: list[str] = dataclasses.field(default_factory=list)  # error codes that are no other finding's consequence
+    unlinked: int = 0         # root errors beside the expected ones (on a correct program: every root error)
 
 
 def _stages_for(module, full: bool) -> tuple[list[str] | None, list[str]]:
@@ -179,6 +181,8 @@ def run_program(name: str, *, full: bool = False, baselines: bool = True, doctor
         note = f"doctor raised {type(e).__name__}: {e}"[:300]
         traceback.print_exc()
     found = sorted({f.code for f in findings if f.severity in ("error", "warning")})
+    linked = jaxsane.Diagnosis(findings) if findings else []   # root causes first, consequences folded
+    roots = [f.code for f in getattr(linked, "root_causes", []) if linked.severity_of(f) == "error"]
     errors = sorted({f.code for f in findings if f.severity == "error"})
     skipped = [f.message for f in findings if f.code == "doctor.skipped" and f.severity != "info"]
     if skipped:
@@ -197,8 +201,9 @@ def run_program(name: str, *, full: bool = False, baselines: bool = True, doctor
         dn, ck = debug_nans_catches(module), checkify_catches(module)
     else:
         dn = ck = "skipped"
+    unlinked = sum(code not in expected for code in roots)
     return Row(name, getattr(module, "STYLE", "?"), correct, expected, found, errors, detected, line_exact, where,
-               seconds, missing, dn, ck, note)
+               seconds, missing, dn, ck, note, sorted(set(roots)), unlinked)
 
 
 def _fmt_bool(b: bool | None) -> str:
@@ -215,6 +220,8 @@ def print_table(rows: list[Row]) -> None:
         det = ("FP" if r.errors else "ok") if r.correct else _fmt_bool(r.detected)
         print(f"{r.name:34} {r.style:5} {exp:36} {','.join(r.found) or '-':58} {det:3} "
               f"{_fmt_bool(r.line_exact):4} {r.seconds:6.1f} {r.debug_nans:10} {r.checkify:10}")
+        if r.roots:
+            print(f"{'':34}   root causes: {', '.join(r.roots)}; other unlinked errors: {r.unlinked}")
         if r.missing_stages or r.note or (r.line_exact is False):
             extra = []
             if r.missing_stages:
@@ -249,6 +256,8 @@ def totals(rows: list[Row]) -> dict:
         "checkify_false_positive": rate(sum(r.checkify == "caught" for r in correct_baseline),
                                         len(correct_baseline)),
         "undetected": [r.name for r in faulty if not r.detected],
+        "root_first": rate(sum(any(c in r.roots for c in r.expected) for r in faulty), len(faulty)),
+        "max_unlinked": max((r.unlinked for r in faulty), default=0),
         "false_positives": {r.name: r.errors for r in correct if r.errors},
     }
 
@@ -261,6 +270,8 @@ def print_totals(t: dict) -> None:
     print(f"jaxsane detection rate      : {pct(t['detection'])} of faulty programs (every expected code found)")
     print(f"jaxsane line-exact rate     : {pct(t['line_exact'])} of programs expecting a located nonfinite code")
     print(f"jaxsane false-positive rate : {pct(t['false_positive'])} of correct programs with an error finding")
+    print(f"root cause first            : {pct(t['root_first'])} of faulty programs have an expected code among the "
+          f"root causes; at most {t['max_unlinked']} other unlinked error(s) beside it")
     print(f"mean doctor time / program  : {t['mean_seconds']:.2f} s")
     print(f"jax_debug_nans              : caught {pct(t['debug_nans_detection'])} faulty, "
           f"raised on {pct(t['debug_nans_false_positive'])} correct")
