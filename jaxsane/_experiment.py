@@ -604,21 +604,25 @@ class Adapted:
         return jax.tree_util.tree_unflatten(state_def, replaced)
 
 
-def nnx_mode_model(model: Any, training: bool) -> Any:
-    """``model`` (a fresh NNX copy, never the user's own object) set to training or eval mode.
+MODE_FLAGS = ("deterministic", "use_running_average")  # nnx's own train/eval switches (Dropout, MHA, BatchNorm)
 
-    The loss handle runs in training mode (``Module.train()``: dropout on, BatchNorm on batch
-    statistics), the apply handle in eval mode (``Module.eval()``), whatever mode the user's
-    objects were left in (often set only inside their step, or never: then
-    ``nnx.MultiHeadAttention(dropout_rate>0)`` has no ``deterministic`` and cannot be called).
-    Modules without these attributes are left as they are. Not jit-safe to call on the user's
-    objects (it mutates static attributes); jaxsane calls it only on merged copies.
+
+def nnx_mode_model(model: Any, training: bool) -> Any:
+    """``model`` (a fresh NNX copy, never the user's own object) with its UNSET mode flags filled in.
+
+    A flag the user left at None (``nnx.MultiHeadAttention(dropout_rate>0)`` before any ``train()`` /
+    ``eval()`` call cannot run at all) is set for the handle: training mode for the loss (dropout on,
+    BatchNorm on batch statistics), eval mode for apply. A flag the user set, or a layer's own default
+    (``nnx.BatchNorm``'s ``use_running_average=False``), is kept: a model whose eval code forgets
+    ``model.eval()`` is the user's bug to report (``batch.cross_talk``), not to hide. Not jit-safe to
+    call on the user's objects (it mutates static attributes); jaxsane calls it only on merged copies.
     """
     nnx = _nnx()
-    if isinstance(model, nnx.Module):  # nnx's own method: a user Module may define train(data) itself
-        setter = getattr(nnx.Module, "train" if training else "eval", None)
-        if setter is not None:
-            setter(model)
+    if isinstance(model, nnx.Module):
+        for _, module in model.iter_modules():
+            for flag in MODE_FLAGS:
+                if flag in vars(module) and getattr(module, flag) is None:
+                    object.__setattr__(module, flag, not training)
     return model
 
 
