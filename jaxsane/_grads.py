@@ -186,9 +186,11 @@ class _MixedPrecision(JaxsaneError):
 
 
 def _cast_host(x: Any, dtype: Any) -> Any:
-    """Float leaves to ``dtype`` through numpy (no device compile per shape); other leaves unchanged."""
+    """Float leaves to ``dtype`` through numpy (no device compile per shape); other host arrays onto the device
+    as they are (the user's functions see jax arrays, as in their own jitted step: numpy indexing by a traced
+    index would fail); other leaves unchanged."""
     if dtype is None or not (_is_real_float(x) and hasattr(x, "dtype")):
-        return x
+        return jax.device_put(x) if isinstance(x, np.ndarray) else x
     if isinstance(x, jax.core.Tracer):
         raise JaxsaneError("check_grads is not jit-safe: call it on concrete arrays, outside jax.jit.")
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
