@@ -249,7 +249,8 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
                 "that gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) "
                 "or init scales"))
     b = result.baseline
-    if b is not None and not fitting and len(real):
+    # outputs that are already probabilities fit no batch, real or constant: the baseline says nothing then
+    if b is not None and not fitting and len(real) and not normalised:
         finite = losses[real, -1][np.isfinite(losses[real, -1])]
         real_final = float(finite.min()) if finite.size else float("inf")
         base_final = float(losses[b, -1])

@@ -112,6 +112,7 @@ def test_outputs_already_probabilities_fail_with_the_cause_even_at_full_accuracy
     result = overfit(_mlp("double_softmax", lr=3e-2), seeds=1, steps=300, learning_rates=[3e-2, 1e-1])
     failed = [f for f in result.findings if f.code == "overfit.failed"]
     assert failed and "already probabilities" in failed[0].message, result.table()
+    assert "model.ignores_input" not in result.codes  # no configuration can fit, real or constant: not the input
 
 
 def test_healthy_mlp_still_fits_with_no_warning():

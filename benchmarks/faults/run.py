@@ -94,7 +94,7 @@ class Row:
     debug_nans: str           # "caught", "-", or "n/a"
     checkify: str
     note: str = ""
-    roots: list[str] = dataclasses.field(default_factory=list)  # error codes that are no other finding's consequence
+    roots: list[str] = dataclasses.field(default_factory=list)  # codes (errors, warnings) that are no other's consequence
     unlinked: int = 0         # root errors beside the expected ones (on a correct program: every root error)
 
 
@@ -182,7 +182,7 @@ def run_program(name: str, *, full: bool = False, baselines: bool = True, doctor
         traceback.print_exc()
     found = sorted({f.code for f in findings if f.severity in ("error", "warning")})
     linked = jaxsane.Diagnosis(findings) if findings else []   # root causes first, consequences folded
-    roots = [f.code for f in getattr(linked, "root_causes", []) if linked.severity_of(f) == "error"]
+    roots = [f.code for f in getattr(linked, "root_causes", []) if linked.severity_of(f) in ("error", "warning")]
     errors = sorted({f.code for f in findings if f.severity == "error"})
     skipped = [f.message for f in findings if f.code == "doctor.skipped" and f.severity != "info"]
     if skipped:
@@ -201,7 +201,7 @@ def run_program(name: str, *, full: bool = False, baselines: bool = True, doctor
         dn, ck = debug_nans_catches(module), checkify_catches(module)
     else:
         dn = ck = "skipped"
-    unlinked = sum(code not in expected for code in roots)
+    unlinked = sum(code not in expected and code in errors for code in roots)
     return Row(name, getattr(module, "STYLE", "?"), correct, expected, found, errors, detected, line_exact, where,
                seconds, missing, dn, ck, note, sorted(set(roots)), unlinked)
 
@@ -221,7 +221,7 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.name:34} {r.style:5} {exp:36} {','.join(r.found) or '-':58} {det:3} "
               f"{_fmt_bool(r.line_exact):4} {r.seconds:6.1f} {r.debug_nans:10} {r.checkify:10}")
         if r.roots:
-            print(f"{'':34}   root causes: {', '.join(r.roots)}; other unlinked errors: {r.unlinked}")
+            print(f"{'':34}   root causes (errors, warnings): {', '.join(r.roots)}; other unlinked errors: {r.unlinked}")
         if r.missing_stages or r.note or (r.line_exact is False):
             extra = []
             if r.missing_stages:
