@@ -370,6 +370,14 @@ def explain(analysis, node, *, phase: str, derivative: bool) -> Cause:
         return mk(f"{dt} overflow: the result exceeds finfo({dt}).max = {big:.6g}",
                   "compute this in float32 (x.astype(jnp.float32)) and cast back, use bfloat16 (float32's "
                   "range) instead of float16, or use dynamic loss scaling")
+    if prim == "gather" and len(ins) >= 2 and ins[1].dtype.kind in "iu" and ins[1].size:
+        lo, hi, n = int(ins[1].min()), int(ins[1].max()), max(ins[0].shape, default=0)
+        if lo < -n or hi >= n:
+            return mk(f"an out-of-range index: jnp indexing under jit fills out-of-bounds gathers with NaN, and "
+                      f"the indices run from {lo} to {hi} for an axis of at most {n} (a label outside "
+                      "[0, num_classes), or an ignore index such as -100 reaching the loss)",
+                      "mask ignored positions before indexing (labels = jnp.where(valid, labels, 0)) and drop them "
+                      "from the mean; jaxsane.check_data reports bad labels as data.label_range")
     if prim == "convert_element_type":
         return mk(f"casting to {dt} overflows", "clip before the cast (jnp.clip(x, finfo.min, finfo.max))")
     if any(o.inf for o in node.outs) and all(np.isfinite(a).all() for a in ins if a.dtype.kind in "fc"):

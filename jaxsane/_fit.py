@@ -33,7 +33,7 @@ from ._errors import CheckpointError, ExperimentError, FitArgumentError, NonFini
 from ._experiment import Adapted, Experiment
 from ._findings import Diagnosis
 from ._fit_args import POLICIES as POLICIES, check_dir_arg, check_file_arg, check_fit_arguments
-from ._fit_data import Evaluator, Progress, train_stream
+from ._fit_data import Evaluator, Progress, check_first_labels, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
 from ._guard import JaxsaneWarning, guard
@@ -350,6 +350,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                     consumed.append(item)
                     position = i + 1
                     if i not in skip_set:
+                        if not dtype_checked:
+                            check_first_labels(experiment, batch, i)
                         new_state, metrics = guarded(state, batch, monitor.mode_for(i))
                         positions.append(i)
                         if not dtype_checked:

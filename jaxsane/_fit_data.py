@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._data import check_data
 from ._errors import DataError
-from ._experiment import Adapted, get_inputs, get_labels, is_batch, iter_batches
+from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
 from ._tree import PyTree
 
 
@@ -37,6 +38,24 @@ def train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]
                 raise
         if not repeat or count == 0:
             return
+
+
+def check_first_labels(experiment: Experiment, batch: Any, index: int) -> None:
+    """Raise :class:`DataError` when the first train batch's labels are out of range (``data.label_range``:
+    negative or ``>= num_classes`` integer ids that the Experiment's mask does not cover, float class
+    labels, soft labels outside [0, 1]), before any step trains on them. Batches the data check cannot
+    read as rows (graph batches, no labels) pass: the doctor's data stage says why. Not jit-safe."""
+    try:
+        found = check_data(batch, num_classes=experiment.num_classes, inputs=experiment.inputs,
+                           labels=experiment.labels, mask=experiment.mask, max_batches=1)
+    except DataError:
+        return
+    bad = [f for f in found.by_code("data.label_range") if f.severity == "error"]
+    if bad:
+        raise DataError(f"[jaxsane] fit: train batch {index} has labels out of range, so the loss would train on "
+                        f"wrong targets: {bad[0].message}\n  fix: {bad[0].hint}. An ignore index that the loss "
+                        "masks is fine once the Experiment declares the mask: Experiment(mask=lambda b: "
+                        "b['labels'] != -100) (with your batch's key).")
 
 
 class Evaluator:

@@ -6,11 +6,14 @@ cheap because arguments are validated at the public boundary, before any work.
 """
 
 import os
+import warnings
 
 import jax
+import jax.numpy as jnp
+import optax
 import numpy as np
 import pytest
-from _programs import batch, optax_apply, optax_experiment, optax_init, optax_loss, optax_step
+from _programs import TX, batch, optax_apply, optax_experiment, optax_init, optax_loss, optax_step
 
 import jaxsane
 from jaxsane import ArgumentError, DataError, ExperimentError, JaxsaneError, check_data
@@ -282,3 +285,43 @@ def test_negative_labels_are_data_label_range_with_or_without_num_classes():
         found = _codes(check_data((X, y), **kwargs), "data.label_range")
         assert len(found) == 1 and found[0].extra["indices"] == [2] and "-1" in found[0].message
         assert _codes(check_data((X, Y), **kwargs), "data.label_range") == []
+
+
+def _masked_loss(params, b):
+    valid = b["y"] >= 0
+    per = optax.softmax_cross_entropy_with_integer_labels(optax_apply(params, b["x"]), jnp.where(valid, b["y"], 0))
+    return jnp.sum(jnp.where(valid, per, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def _masked_step(state, b):
+    params, opt_state = state
+    value, grads = jax.value_and_grad(_masked_loss)(params, b)
+    updates, opt_state = TX.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), {"loss": value}
+
+
+def _labelled(y, **kw):
+    b = batch()
+    b["y"] = y
+    return jaxsane.Experiment(init=optax_init, step=jax.jit(_masked_step), train=[b] * 3, loss=_masked_loss,
+                              apply=optax_apply, num_classes=3, **kw)
+
+
+def test_fit_refuses_out_of_range_labels_before_the_first_step():
+    for bad, what in ((-1, "-1"), (3, "3")):
+        y = Y.copy()
+        y[2] = bad
+        with pytest.raises(DataError, match=r"fit: train batch 0 has labels out of range") as info:
+            jaxsane.fit(_labelled(y), steps=2, progress=False)
+        assert what in str(info.value) and "Experiment(mask=" in str(info.value)
+
+
+def test_fit_trains_on_in_range_labels_and_on_a_masked_ignore_index():
+    assert jaxsane.fit(_labelled(Y.copy()), steps=2, progress=False).step == 2
+    y = Y.copy()
+    y[2] = -100                                   # an ignore index the declared mask covers
+    valid = (y != -100).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jaxsane.JaxsaneWarning)   # no rollback, no warning
+        result = jaxsane.fit(_labelled(y, mask=lambda b: b["y"] >= 0), steps=2, progress=False)
+    assert result.step == 2 and result.rollbacks == 0

@@ -52,6 +52,16 @@ def test_log_of_zero_forward():
     assert "log(0.0) -> -inf" in o.values and "log of 0" in o.cause and "log_softmax" in o.fix
 
 
+def test_out_of_range_label_in_a_gather_is_named_as_an_index_bug():
+    def loss(logits, labels):
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1).mean()  # <ignidx>
+    o = origin(loss, jnp.zeros((4, 3)), jnp.array([0, 1, -100, 2]))
+    assert_at(o, "ignidx", "nonfinite.forward")
+    assert "out-of-range index" in o.cause and "-100" in o.cause and "jnp.where(valid, labels, 0)" in o.fix
+    in_range = jaxsane.locate(loss, jnp.zeros((4, 3)), jnp.array([0, 1, 2, 2]))
+    assert in_range is None or not in_range.origins
+
+
 def test_log_and_sqrt_and_pow_of_negative():
     def f(x):
         return jnp.log(x - 2.0)  # <logneg>
