@@ -115,38 +115,6 @@ def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list
                     f"(tolerance ±{rtol:.0%})", hint, extra={"loss": loss, "chance": chance, "rtol": rtol})]
 
 
-def check_init_loss_vs_constant(loss: float, constant_loss: float, *, factor: float = 30.0) -> list[Finding]:
-    """``init.loss`` for a loss that is not a C-way cross-entropy: the loss at init is more than
-    ``factor`` times the loss of the best constant prediction on the same batch.
-
-    The reference (see :mod:`jaxsane._init_baseline`) is the user's loss with ``apply``'s outputs
-    replaced by one constant per output position fitted to the batch: for an MSE the targets'
-    variance, for a sigmoid BCE the labels' entropy. A fresh model is uncorrelated with its
-    targets, so its loss sits above that reference, by 1-5x for a standard init (Karpathy, "A
-    Recipe for Training Neural Networks": init well, e.g. the final bias at the mean target, and
-    the loss at init is about the constant's). ``factor=30`` is an MSE whose outputs spread about
-    5x the targets' (or a 30x MAE): outputs at the wrong scale (a huge init, unnormalised
-    targets). It leaves room for a standard init on rare labels (1% positives with a zero final
-    bias are ~14x). A loss below the constant's is not reported (a residual model that starts near
-    the identity legitimately beats it). Not jit-safe.
-    """
-    if not math.isfinite(loss):
-        return [Finding("init.loss", f"the loss at init is {loss} (a loss that is not a C-way cross-entropy; the "
-                        f"best constant prediction's loss on this batch is {constant_loss:.4g})",
-                        "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
-                        severity="error", extra={"loss": loss, "constant_loss": constant_loss})]
-    if loss <= factor * constant_loss:
-        return []
-    return [Finding("init.loss", f"loss at init {loss:.4g} is {loss / constant_loss:.3g}x the loss of the best constant "
-                    f"prediction on this batch ({constant_loss:.4g}: apply's outputs replaced by one value per output "
-                    f"fitted to the labels; tolerance {factor:g}x)",
-                    "the outputs are at the wrong scale for the targets at init: check the init scale of every "
-                    "layer and scale down the last one (e.g. 0.01x its kernel, its bias at the mean target, or at "
-                    "log(p/(1-p)) for labels of frequency p), and normalise the targets (or de-normalise the "
-                    "outputs) so that both have the same units",
-                    extra={"loss": loss, "constant_loss": constant_loss, "factor": factor})]
-
-
 # ----------------------------------------------------------------------------- activation statistics
 
 _ACTIVATION_NAMES = {"relu", "relu6", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "elu", "selu", "celu",

@@ -7,7 +7,7 @@ loss should be near that constant's (Karpathy, "A Recipe for Training Neural Net
 well*, e.g. the final bias at the mean target), and far above it only when its outputs are at the
 wrong scale for the targets (a huge init, unnormalised targets).
 
-The constant is fitted through the user's own loss, with no knowledge of its formula:
+``init.loss`` of such a loss is :func:`check_init_loss_vs_constant`. The constant is fitted through the user's own loss, with no knowledge of its formula:
 :func:`output_sites` finds where ``apply``'s outputs appear inside the jaxpr of ``loss`` (the
 first value of the loss's forward pass equal to each output of ``apply``), and
 :func:`constant_loss` evaluates that jaxpr on jaxsane's interpreter with those values replaced by
@@ -19,6 +19,7 @@ true best constant's and the comparison never overstates.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ._findings import Finding
 from ._interpret import LOOPS, Interpreter
 
 FIT_STEPS = 300  # Adam steps on the constant, with a learning rate decaying 100x
@@ -196,3 +198,35 @@ def _fit(f: Callable, start: list, scale: list) -> float:
         return jnp.where(jnp.isfinite(last), jnp.minimum(low, last), low)
 
     return float(fit(start))
+
+
+def check_init_loss_vs_constant(loss: float, constant_loss: float, *, factor: float = 30.0) -> list[Finding]:
+    """``init.loss`` for a loss that is not a C-way cross-entropy: the loss at init is more than
+    ``factor`` times the loss of the best constant prediction on the same batch.
+
+    The reference (see :mod:`jaxsane._init_baseline`) is the user's loss with ``apply``'s outputs
+    replaced by one constant per output position fitted to the batch: for an MSE the targets'
+    variance, for a sigmoid BCE the labels' entropy. A fresh model is uncorrelated with its
+    targets, so its loss sits above that reference, by 1-5x for a standard init (Karpathy, "A
+    Recipe for Training Neural Networks": init well, e.g. the final bias at the mean target, and
+    the loss at init is about the constant's). ``factor=30`` is an MSE whose outputs spread about
+    5x the targets' (or a 30x MAE): outputs at the wrong scale (a huge init, unnormalised
+    targets). It leaves room for a standard init on rare labels (1% positives with a zero final
+    bias are ~14x). A loss below the constant's is not reported (a residual model that starts near
+    the identity legitimately beats it). Not jit-safe.
+    """
+    if not math.isfinite(loss):
+        return [Finding("init.loss", f"the loss at init is {loss} (a loss that is not a C-way cross-entropy; the "
+                        f"best constant prediction's loss on this batch is {constant_loss:.4g})",
+                        "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
+                        severity="error", extra={"loss": loss, "constant_loss": constant_loss})]
+    if loss <= factor * constant_loss:
+        return []
+    return [Finding("init.loss", f"loss at init {loss:.4g} is {loss / constant_loss:.3g}x the loss of the best constant "
+                    f"prediction on this batch ({constant_loss:.4g}: apply's outputs replaced by one value per output "
+                    f"fitted to the labels; tolerance {factor:g}x)",
+                    "the outputs are at the wrong scale for the targets at init: check the init scale of every "
+                    "layer and scale down the last one (e.g. 0.01x its kernel, its bias at the mean target, or at "
+                    "log(p/(1-p)) for labels of frequency p), and normalise the targets (or de-normalise the "
+                    "outputs) so that both have the same units",
+                    extra={"loss": loss, "constant_loss": constant_loss, "factor": factor})]

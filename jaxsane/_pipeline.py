@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 
-from ._batch import check_batch_independence
+from ._batch import check_batch_independence, check_example_slices
 from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
@@ -29,9 +29,8 @@ from ._experiment import (Adapted, Experiment, axis_text, count_examples, exampl
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
-from ._init import (activation_stats, check_activations, check_init_loss, check_init_loss_vs_constant, classification_of,
-                    initial_loss, traceable)
-from ._init_baseline import CannotCompare, constant_loss
+from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
+from ._init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
@@ -194,7 +193,7 @@ def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, wh
     if not base.constant_loss > 0:
         return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: its loss is "
                         f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
-                        f"go negative, or labels that are constant on this batch)", "")]
+                        f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)", "")]
     return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=ctx.options.init_loss_factor)
 
 
@@ -224,10 +223,15 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
                                    "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
     if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
+        if sliceable(ctx.experiment, ctx.batch) is None:  # Experiment.examples cuts them: compare cuts
+            exp, state = ctx.experiment, adapted.init(ctx.key)
+            return findings + check_example_slices(traceable(adapted, "apply"), adapted.params(state), ctx.batch,
+                                                   exp.examples, lambda b: get_inputs(exp, b),
+                                                   count_examples(exp, ctx.batch))
         return findings + [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on "
                                    "the leading axis, so outputs cannot be matched to examples row by row (a graph "
-                                   "batch, packed sequences)", "check cross-example leaks of such models in your own "
-                                   "tests")]
+                                   "batch, packed sequences)", "pass Experiment(examples=lambda batch, n: ...) returning "
+                                   "the first n examples, and this stage compares the outputs of cut batches")]
     state = adapted.init(ctx.key)
     return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
                                                get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)

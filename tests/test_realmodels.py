@@ -384,3 +384,14 @@ def test_a_per_batch_table_beside_the_examples_does_not_stop_slicing():
     assert cut["x"].shape == (8, 4) and cut["class_weights"].shape == (3,)
     d = jaxsane.doctor(exp, stages=["batch", "overfit"], overfit_steps=30, progress=False)
     assert not [f for f in d if f.code == "doctor.skipped"] and d.artifacts["overfit"].batch_size == 16
+
+
+# ----------------------------------------------------------------------------- graph batches: cross talk
+def test_graph_batches_cut_by_examples_are_checked_for_cross_talk():
+    from benchmarks.faults import c43_healthy_graph, f65_graph_wrong_segments
+
+    healthy = jaxsane.doctor(c43_healthy_graph.experiment(), stages=["batch"], progress=False)
+    assert not [f for f in healthy if f.code in ("batch.cross_talk", "doctor.skipped")]
+    leaking = jaxsane.doctor(f65_graph_wrong_segments.experiment(), stages=["batch"], progress=False)
+    (found,) = [f for f in leaking if f.code == "batch.cross_talk"]
+    assert found.severity == "error" and "Experiment.examples" in found.message and found.extra["examples"]
