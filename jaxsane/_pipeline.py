@@ -149,7 +149,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
     findings: list[Finding] = []
     if num_classes is None:
-        findings += _init_loss_vs_constant(ctx, state, loss, why_not)
+        findings += _init_loss_vs_constant(ctx, state, loss, why_not, factor=opts.init_loss_factor)
     elif loss is None:
         findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
                                 "apply + labels, or a step reporting 'loss')", ""))
@@ -168,7 +168,8 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     return findings
 
 
-def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, why_not: str) -> list[Finding]:
+def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, why_not: str, *,
+                           factor: float) -> list[Finding]:
     """``init.loss`` of a loss that is not a C-way cross-entropy, against the best constant prediction."""
     adapted, exp = ctx.adapted, ctx.experiment
     if loss is not None and not math.isfinite(loss):
@@ -194,7 +195,7 @@ def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, wh
         return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: its loss is "
                         f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
                         f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)", "")]
-    return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=ctx.options.init_loss_factor)
+    return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=factor)
 
 
 def grads_stage(ctx: StageContext) -> Iterable[Finding]:
