@@ -164,3 +164,57 @@ def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[i
             row[i] = 0.0
         leaks[i] = row
     return leaks
+
+
+def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Callable[[Any, int], Any],
+                         inputs: Callable[[Any], Any], count: int, *, cuts: Sequence[int] | None = None,
+                         rtol: float = 1e-4, max_examples: int = 8) -> list[Finding]:
+    """``batch.cross_talk`` for batches whose examples are not rows (graph batches, packed sequences).
+
+    Where examples are cut by a function (``take(batch, k)``: the batch's first ``k`` examples, as
+    ``Experiment.examples`` says), the outputs of the first ``k`` examples must not change when the
+    batch holds more of them: ``apply(params, inputs(batch))[:k]`` against
+    ``apply(params, inputs(take(batch, k)))``, for each cut ``k`` (default ``count // 2`` and
+    ``count - 1``). A difference above ``rtol`` (default 1e-4 of the largest output: the two runs
+    have different shapes, so float sums may round differently) means an example reads examples
+    after it (wrong segment ids, a pooling over the whole batch). A leak from earlier examples into
+    later ones only is not seen. Not jit-safe.
+
+    Returns:
+      One ``batch.cross_talk`` finding naming the examples whose outputs moved, or nothing.
+
+    Raises:
+      ExperimentError: when the outputs' leading axis is not the examples (nothing can be compared).
+    """
+    require_callable("check_example_slices", "apply", apply, signature="(params, inputs) -> outputs")
+    cuts = sorted({k for k in (cuts if cuts is not None else (count // 2, count - 1)) if 0 < k < count})
+    run = jax.jit(apply)
+    full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch)))
+            if _is_float(o)]
+    if not full or any(o.ndim < 1 or o.shape[0] != count for o in full):
+        raise ExperimentError(f"check_example_slices: apply's float outputs {[o.shape for o in full]} have no leading "
+                              f"axis of the batch's {count} examples.")
+    scale = max(float(np.max(np.abs(o))) for o in full) + 1e-30
+    moved: dict[int, float] = {}
+    for k in cuts:
+        part = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(take(batch, k))))
+                if _is_float(o)]
+        if len(part) != len(full) or any(p.shape != (k,) + f.shape[1:] for p, f in zip(part, full)):
+            raise ExperimentError(f"check_example_slices: apply's outputs on the first {k} examples have shapes "
+                                  f"{[p.shape for p in part]}, not the first {k} rows of {[f.shape for f in full]}.")
+        for p, f in zip(part, full):
+            diff = np.abs(p - f[:k]).reshape(k, -1).max(axis=1) / scale
+            for i in np.flatnonzero(diff > rtol):
+                moved[int(i)] = max(moved.get(int(i), 0.0), float(diff[i]))
+    if not moved:
+        return []
+    shown = ", ".join(f"example {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
+    return [Finding(
+        "batch.cross_talk",
+        f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
+        f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
+        f"the whole batch; change relative to the largest output): {shown}",
+        "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
+        "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
+        "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",
+        path=f"example {min(moved)}", extra={"examples": moved, "cuts": cuts})]

@@ -39,8 +39,9 @@ CODES: dict[str, tuple[str, str, str]] = {
                         "dropout key never split or advanced"),
     "step.recompiles": (WARNING, "the step is traced/compiled again on later calls",
                         "Python scalars as static args, changing shapes or dtypes"),
-    "init.loss": (WARNING, "initial loss far from chance level (ln C for C classes)",
-                  "over-confident logits, wrong init scale, wrong loss"),
+    "init.loss": (WARNING, "initial loss far from chance level (ln C for C classes), or, for a loss that is not a "
+                  "C-way cross-entropy, far above the best constant prediction's loss on the batch",
+                  "over-confident logits, wrong init scale, outputs at another scale than the targets, wrong loss"),
     "init.scale": (WARNING, "activation scale grows or shrinks sharply through depth at init",
                    "weights too large/small for the activation"),
     "init.symmetric": (ERROR, "units in a layer are identical at init, so they can never differ",

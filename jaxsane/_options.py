@@ -48,8 +48,10 @@ class InitOptions:
     """Options of the ``init`` stage (loss at init, activation statistics)."""
 
     stage: ClassVar[str] = "init"
-    description: ClassVar[str] = "init: loss at init against ln C, activation scale, symmetric units"
+    description: ClassVar[str] = "init: loss at init against ln C or the best constant, activation scale, symmetric units"
     init_loss_rtol: float = _opt(0.5, "relative distance from ln C that init.loss tolerates", minimum=0)
+    init_loss_factor: float = _opt(30.0, "for a loss that is not a C-way cross-entropy: how many times the best "
+                                   "constant prediction's loss init.loss tolerates", minimum=1)
     init_scale_ratio: float = _opt(10.0, "growth/shrink of activation scale through depth that init.scale "
                                    "tolerates", minimum=0)
     init_per_layer_factor: float = _opt(2.0, "scale change per layer that init.scale tolerates", minimum=0)

@@ -13,21 +13,24 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import inspect
+import math
 from typing import Any, Callable, Iterable
 
 import jax
 
-from ._batch import check_batch_independence
+from ._batch import check_batch_independence, check_example_slices
 from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
 from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
-from ._experiment import (Adapted, Experiment, axis_text, example_view, get_inputs, get_labels, get_mask, iter_batches,
+from ._experiment import (Adapted, Experiment, axis_text, count_examples, example_view, get_inputs, get_labels, get_mask,
+                          iter_batches,
                           leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
 from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
+from ._init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from ._init_sweep import init_scale_sweep
 from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
@@ -137,7 +140,8 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
 
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: loss at init against ln C, then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
+    """doctor stage: loss at init against ln C (a C-way classifier) or the best constant prediction (any other
+    loss, :mod:`jaxsane._init_baseline`), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
     opts: InitOptions = ctx.options
     state = ctx.adapted.init(ctx.key)
     num_classes, why_not = classification_of(ctx.adapted, state, ctx.batch)
@@ -145,8 +149,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
     findings: list[Finding] = []
     if num_classes is None:
-        findings.append(Finding("doctor.skipped", f"loss at init not compared with chance level ln C: {why_not}",
-                                "for a C-way classifier pass Experiment(num_classes=C)"))
+        findings += _init_loss_vs_constant(ctx, state, loss, why_not, factor=opts.init_loss_factor)
     elif loss is None:
         findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
                                 "apply + labels, or a step reporting 'loss')", ""))
@@ -163,6 +166,36 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
                                   per_layer_factor=opts.init_per_layer_factor,
                                   max_saturated=opts.init_max_saturated, symmetric_tol=opts.init_symmetric_tol)
     return findings
+
+
+def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, why_not: str, *,
+                           factor: float) -> list[Finding]:
+    """``init.loss`` of a loss that is not a C-way cross-entropy, against the best constant prediction."""
+    adapted, exp = ctx.adapted, ctx.experiment
+    if loss is not None and not math.isfinite(loss):
+        return check_init_loss_vs_constant(loss, math.nan)
+    if adapted.loss_fn is None or adapted.apply_fn is None:
+        return [Finding("doctor.skipped", f"loss at init not compared with chance level ln C ({why_not}), nor with "
+                        "the best constant prediction: that needs Experiment.loss ((params, batch) -> scalar) and "
+                        "Experiment.apply ((params, inputs) -> outputs)",
+                        "pass Experiment(loss=..., apply=...), or Experiment(num_classes=C) for a C-way classifier")]
+    try:
+        labels = get_labels(exp, ctx.batch)
+    except Exception:  # an autoencoder's batch: no labels, the starts of the fit do without them
+        labels = None
+    try:
+        base = constant_loss(traceable(adapted, "loss"), traceable(adapted, "apply"), adapted.params(state),
+                             ctx.batch, get_inputs(exp, ctx.batch), examples=count_examples(exp, ctx.batch),
+                             labels=labels)
+    except CannotCompare as e:
+        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: {e} (nor "
+                        f"with chance level ln C: {why_not})", "")]
+    ctx.artifacts["init_loss"]["constant_loss"] = base.constant_loss
+    if not base.constant_loss > 0:
+        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: its loss is "
+                        f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
+                        f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)", "")]
+    return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=factor)
 
 
 def grads_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -191,10 +224,15 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
                                    "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
     if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
+        if sliceable(ctx.experiment, ctx.batch) is None:  # Experiment.examples cuts them: compare cuts
+            exp, state = ctx.experiment, adapted.init(ctx.key)
+            return findings + check_example_slices(traceable(adapted, "apply"), adapted.params(state), ctx.batch,
+                                                   exp.examples, lambda b: get_inputs(exp, b),
+                                                   count_examples(exp, ctx.batch))
         return findings + [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on "
                                    "the leading axis, so outputs cannot be matched to examples row by row (a graph "
-                                   "batch, packed sequences)", "check cross-example leaks of such models in your own "
-                                   "tests")]
+                                   "batch, packed sequences)", "pass Experiment(examples=lambda batch, n: ...) returning "
+                                   "the first n examples, and this stage compares the outputs of cut batches")]
     state = adapted.init(ctx.key)
     return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
                                                get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)

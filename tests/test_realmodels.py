@@ -128,8 +128,58 @@ def test_init_loss_is_not_compared_with_ln_width_for_non_classifiers(kind):
     c, why = classification_of(adapted, adapted.init(jax.random.key(0)), exp.train)
     assert c is None and ("classification" in why or "cross-entropy" in why)
     d = jaxsane.doctor(exp, stages=["init"], progress=False)
+    assert "init.loss" not in _codes(d)  # compared with the best constant prediction instead, and close to it
+    baseline = d.artifacts["init_loss"]
+    assert 0 < baseline["constant_loss"] < baseline["loss"] < 30 * baseline["constant_loss"]
+
+
+def _regression(out_scale=1.0, target_scale=1.0, loss="mse", labels=None, stochastic=False):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = (np.tanh(x @ rng.standard_normal((8, 3)).astype(np.float32) / 3) * target_scale if labels is None
+         else labels)
+    params = _mlp_init((8, 32, y.shape[1]))
+    params[-1]["w"] = params[-1]["w"] * out_scale
+    per = {"mse": lambda o, t: (o - t) ** 2, "mae": lambda o, t: jnp.abs(o - t),
+           "bce": optax.sigmoid_binary_cross_entropy}[loss]
+
+    def loss_fn(p, b):
+        x = b["x"]
+        if stochastic:  # input noise the loss draws and apply does not: the model's outputs are not apply's
+            x = x + 0.1 * jax.random.normal(jax.random.key(0), x.shape)
+        return jnp.mean(per(_mlp(p, x), b["y"]))
+
+    tx = optax.sgd(1e-2)
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=_optax_step(loss_fn, tx),
+                              train={"x": x, "y": y}, loss=loss_fn, apply=_mlp)
+
+
+@pytest.mark.parametrize("loss,out_scale,target_scale", [("mse", 100.0, 1.0), ("mse", 1.0, 0.01), ("mae", 100.0, 1.0),
+                                                         ("bce", 100.0, 1.0)])
+def test_init_loss_fires_when_outputs_are_at_the_wrong_scale_for_the_targets(loss, out_scale, target_scale):
+    labels = ((np.random.default_rng(3).random((64, 16)) < 0.3).astype(np.float32) if loss == "bce" else None)
+    d = jaxsane.doctor(_regression(out_scale, target_scale, loss, labels), stages=["init"], progress=False)
+    (found,) = [f for f in d if f.code == "init.loss"]
+    assert found.severity == "warning" and "best constant prediction" in found.message
+    assert found.extra["loss"] > 30 * found.extra["constant_loss"] > 0
+
+
+@pytest.mark.parametrize("loss,frequency", [("mse", None), ("mae", None), ("bce", 0.3), ("bce", 0.01)])
+def test_init_loss_is_quiet_on_healthy_regression_and_multilabel(loss, frequency):
+    labels = (None if frequency is None else
+              (np.random.default_rng(3).random((64, 16)) < frequency).astype(np.float32))
+    d = jaxsane.doctor(_regression(loss=loss, labels=labels), stages=["init"], progress=False)
+    assert "init.loss" not in _codes(d) and "doctor.skipped" not in _codes(d)
+    baseline = d.artifacts["init_loss"]
+    if loss == "mse":  # the best constant of an MSE is the mean target: its loss is the targets' variance
+        y = _regression().train["y"]
+        assert baseline["constant_loss"] == pytest.approx(float(np.var(y, axis=0).mean()), rel=1e-3)
+
+
+def test_init_loss_vs_constant_skips_with_the_reason_when_the_loss_draws_its_own_noise():
+    d = jaxsane.doctor(_regression(out_scale=100.0, stochastic=True), stages=["init"], progress=False)
     assert "init.loss" not in _codes(d)
-    assert any(f.code == "doctor.skipped" and "ln C" in f.message for f in d)
+    assert any(f.code == "doctor.skipped" and "not a value of the loss's forward pass" in f.message for f in d)
 
 
 def test_init_loss_still_judges_c_way_classifiers():
@@ -334,3 +384,14 @@ def test_a_per_batch_table_beside_the_examples_does_not_stop_slicing():
     assert cut["x"].shape == (8, 4) and cut["class_weights"].shape == (3,)
     d = jaxsane.doctor(exp, stages=["batch", "overfit"], overfit_steps=30, progress=False)
     assert not [f for f in d if f.code == "doctor.skipped"] and d.artifacts["overfit"].batch_size == 16
+
+
+# ----------------------------------------------------------------------------- graph batches: cross talk
+def test_graph_batches_cut_by_examples_are_checked_for_cross_talk():
+    from benchmarks.faults import c43_healthy_graph, f65_graph_wrong_segments
+
+    healthy = jaxsane.doctor(c43_healthy_graph.experiment(), stages=["batch"], progress=False)
+    assert not [f for f in healthy if f.code in ("batch.cross_talk", "doctor.skipped")]
+    leaking = jaxsane.doctor(f65_graph_wrong_segments.experiment(), stages=["batch"], progress=False)
+    (found,) = [f for f in leaking if f.code == "batch.cross_talk"]
+    assert found.severity == "error" and "Experiment.examples" in found.message and found.extra["examples"]

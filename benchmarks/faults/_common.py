@@ -13,7 +13,8 @@ import optax
 
 from jaxsane.examples._digits import NUM_CLASSES, Batches, load_digits_split
 
-__all__ = ["NUM_CLASSES", "digits", "dense_params", "mlp_apply", "xent", "optax_step"]
+__all__ = ["NUM_CLASSES", "digits", "dense_params", "mlp_apply", "gelu_mlp_apply", "message_passing", "xent",
+           "optax_step"]
 
 
 def digits(batch_size: int = 64, eval_size: int = 256, scale: float = 1.0):
@@ -78,3 +79,19 @@ def sequences(batch_size: int = 32, seed: int = 0, all_padding_every: int = 0):
                 start += batch_size
 
     return Stream()
+
+
+def gelu_mlp_apply(params, x):
+    """:func:`mlp_apply` with GELU: smooth where all-zero rows (a graph batch's padding nodes) put a ReLU on its kink."""
+    for layer in params[:-1]:
+        x = jax.nn.gelu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def message_passing(layers, graph, max_degree):
+    """Node states after sum message passing over a jraph-style graph dict (GELU, messages / ``max_degree``)."""
+    h = graph["nodes"]
+    for layer in layers:
+        messages = jax.ops.segment_sum(h[graph["senders"]] * graph["edges"], graph["receivers"], h.shape[0])
+        h = jax.nn.gelu(jnp.concatenate([h, messages / max_degree], -1) @ layer["w"] + layer["b"])
+    return h
