@@ -24,7 +24,7 @@ import numpy as np
 
 from ._data_read import Stream, _get, _host, _leaves, _normalize, _num_rows, _slice, _take
 from ._errors import DataError
-from ._experiment import INPUT_KEYS as _INPUT_KEYS, LABEL_KEYS as _LABEL_KEYS, MASK_KEYS as _MASK_KEYS
+from ._experiment_data import INPUT_KEYS as _INPUT_KEYS, LABEL_KEYS as _LABEL_KEYS, MASK_KEYS as _MASK_KEYS
 from ._findings import Diagnosis, Finding
 from ._row_hash import U64 as _U64, combine_hashes as _combine, hash_rows
 from ._tree import PyTree
@@ -985,7 +985,7 @@ def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, param
     finite loss means the NaNs never reach it, and the finding becomes info; a non-finite loss (or
     no loss handle, or no such batch found) keeps the error. Not jit-safe.
     """
-    from ._experiment import iter_batches
+    from ._experiment_data import iter_batches
 
     if loss is None or not any(f.code == "nonfinite.input" for f in findings):
         return findings

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import DataError
-from ._experiment import Adapted, get_inputs, get_labels, is_batch, iter_batches
+from ._experiment import Adapted
+from ._experiment_data import get_inputs, get_labels, is_batch, iter_batches
 from ._tree import PyTree
 
 

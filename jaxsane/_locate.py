@@ -438,7 +438,8 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
     """
     from ._dump import load_dump
     from ._errors import JaxsaneError
-    from ._experiment import Adapted, Experiment, first_batch
+    from ._experiment import Adapted, Experiment
+    from ._experiment_data import first_batch
 
     load = load or load_dump
     exp = target if isinstance(target, Experiment) else None

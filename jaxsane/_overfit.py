@@ -23,8 +23,8 @@ import numpy as np
 from jax.extend import core as jcore
 
 from ._errors import DataError, ExperimentError, JaxsaneError
-from ._experiment import (Adapted, Experiment, first_batch, get_inputs, get_labels, get_mask, require_experiment,
-                          slice_examples)
+from ._experiment import Adapted, Experiment, require_experiment
+from ._experiment_data import first_batch, get_inputs, get_labels, get_mask, slice_examples
 from ._findings import Finding
 from ._overfit_verdict import (batch_ceiling, best_configuration, judge, normalised_outputs,
                                targets_follow_inputs)
@@ -473,7 +473,7 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     if batch is None:
         batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
-    from ._experiment import count_examples
+    from ._experiment_data import count_examples
     n_examples = count_examples(exp, batch)
     seed_list = _as_seeds(seeds)
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]

@@ -22,8 +22,9 @@ from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_tar
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import _is_data
 from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
-from ._experiment import (Adapted, Experiment, axis_text, example_view, get_inputs, get_labels, get_mask, iter_batches,
-                          leading_sizes, slice_examples, sliceable)
+from ._experiment import Adapted, Experiment
+from ._experiment_data import (axis_text, example_view, get_inputs, get_labels, get_mask, iter_batches,
+                               leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
