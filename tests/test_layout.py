@@ -11,10 +11,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxsane"
 # Private names that still cross modules, each with its reason. Keep this list short: a helper that
 # several modules need gets a public name in an honestly named shared module instead.
 ALLOWED_PRIVATE = {
-    # the data room's reader: _data.py and _pipeline.py read batches through _data_read's helpers
-    ("_data", "_data_read", "_get"), ("_data", "_data_read", "_host"), ("_data", "_data_read", "_is_data"),
-    ("_data", "_data_read", "_leaves"), ("_data", "_data_read", "_normalize"), ("_data", "_data_read", "_num_rows"),
-    ("_data", "_data_read", "_slice"), ("_data", "_data_read", "_take"), ("_pipeline", "_data_read", "_is_data"),
     # NaN provenance: locate reads the primal equation of a node the way its cause table does
     ("_locate", "_causes", "_primal"),
 }
