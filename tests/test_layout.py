@@ -10,10 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxsane"
 
 # Private names that still cross modules, each with its reason. Keep this list short: a helper that
 # several modules need gets a public name in an honestly named shared module instead.
-ALLOWED_PRIVATE = {
-    # NaN provenance: locate reads the primal equation of a node the way its cause table does
-    ("_locate", "_causes", "_primal"),
-}
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
 MAX_PRIVATE = 10
 
 
