@@ -33,7 +33,7 @@ import optax
 
 import jaxsane
 from jaxsane._experiment import Adapted
-from jaxsane._overfit import _set_learning_rate, constant_input_batch, learning_rate_paths
+from jaxsane._overfit_setup import constant_input_batch, learning_rate_paths, set_learning_rate
 from jaxsane.examples._digits import load_digits_split
 
 SEEDS = (0, 1, 2)
@@ -86,7 +86,7 @@ def configurations(adapted: Adapted, batch):
 
 def init_state(adapted, seed, lr):
     state = adapted.init(jax.random.key(seed))
-    return _set_learning_rate(state, set(learning_rate_paths(state)), jnp.float32(lr))
+    return set_learning_rate(state, set(learning_rate_paths(state)), jnp.float32(lr))
 
 
 GROUPS = {}

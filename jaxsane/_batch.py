@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ExperimentError, JaxsaneError
-from ._experiment import batch_size
+from ._experiment_data import batch_size
 from ._findings import Finding
 from ._tree import PyTree, like_sharding, put_like
 from ._validate import require_callable, require_count_or_list, require_float, require_int

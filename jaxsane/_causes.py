@@ -157,10 +157,10 @@ def _is_where(node) -> bool:
     return False
 
 
-def _primal(node, backward: bool = False):
+def primal_eqn(node, backward: bool = False):
     """The forward equation whose derivative ``node`` computes: same line, just before it.
 
-    With ``backward`` the primal may itself be recomputed in the backward pass (remat)."""
+    With ``backward`` the primal may itself be recomputed in the backward pass (remat). Not jit-safe."""
     frame = node.frame
     sibs = node.siblings
     for j in range(node.index - 1, max(-1, node.index - 40), -1):
@@ -400,7 +400,7 @@ def _then(analysis, node) -> str:
 
 
 def _explain_derivative(analysis, node) -> Cause:
-    primal = _primal(node, backward="transpose(" in node.stack)
+    primal = primal_eqn(node, backward="transpose(" in node.stack)
     out = _arr(next((o for o in node.outs if o.bad), node.outs[0]))
     idx = _first_bad(out)
     val = _fmt(out[idx] if idx else out)

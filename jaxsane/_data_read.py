@@ -21,16 +21,16 @@ def _is_arraylike(x: Any) -> bool:
     return isinstance(x, (np.ndarray, jax.Array, np.generic))
 
 
-def _normalize(tree: Any, where: str) -> PyTree:
-    """Arrays for every leaf (lists of numbers become arrays); clear errors for the rest."""
+def as_arrays(tree: Any, where: str) -> PyTree:
+    """Arrays for every leaf (lists of numbers become arrays); clear errors for the rest. Not jit-safe."""
     if isinstance(tree, Mapping):
-        return {k: _normalize(v, f"{where}[{k!r}]") for k, v in tree.items()}
+        return {k: as_arrays(v, f"{where}[{k!r}]") for k, v in tree.items()}
     if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
-        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
+        return tuple(as_arrays(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, tuple):  # NamedTuple
-        return type(tree)(*(_normalize(v, f"{where}.{f}") for f, v in zip(tree._fields, tree)))
+        return type(tree)(*(as_arrays(v, f"{where}.{f}") for f, v in zip(tree._fields, tree)))
     if isinstance(tree, list) and tree and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in tree):
-        return tuple(_normalize(v, f"{where}[{i}]") for i, v in enumerate(tree))
+        return tuple(as_arrays(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, (str, bytes)):
         raise DataError(f"{where} is a string ({tree[:30]!r}); tokenize/encode text to integer ids before "
                         "it reaches the model.")
@@ -48,20 +48,21 @@ def _normalize(tree: Any, where: str) -> PyTree:
                             "(encode strings to ids, pad ragged rows to one length).")
         return arr
     if hasattr(tree, "__array__"):  # e.g. a torch tensor or pandas column
-        return _normalize(np.asarray(tree), where)
+        return as_arrays(np.asarray(tree), where)
     raise DataError(f"{where} is a {type(tree).__name__}, not an array: pass numpy/jax arrays, dicts or "
                     "(x, y) tuples of them.")
 
 
-def _leaves(tree: PyTree, root: str) -> list[tuple[str, Any]]:
+def named_leaves(tree: PyTree, root: str) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` for every leaf, paths spelled from ``root``. Not jit-safe."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [(path_str(p, root), leaf) for p, leaf in flat]
 
 
-def _num_rows(tree: PyTree, where: str) -> int:
-    """The common leading size of every leaf with an axis; DataError when they disagree."""
+def num_rows(tree: PyTree, where: str) -> int:
+    """The common leading size of every leaf with an axis; DataError when they disagree. Not jit-safe."""
     first = None
-    for path, leaf in _leaves(tree, where):
+    for path, leaf in named_leaves(tree, where):
         if np.ndim(leaf) == 0:
             continue
         if first is None:
@@ -83,16 +84,18 @@ def _indexable(a: Any) -> Any:
     return a
 
 
-def _slice(tree: PyTree, s: int, e: int) -> PyTree:
+def slice_rows(tree: PyTree, s: int, e: int) -> PyTree:
+    """Rows ``s:e`` of every leaf with an axis. Not jit-safe."""
     return jax.tree_util.tree_map(lambda a: _indexable(a)[s:e] if np.ndim(a) else a, tree)
 
 
-def _take(tree: PyTree, idx: np.ndarray) -> PyTree:
+def take_rows(tree: PyTree, idx: np.ndarray) -> PyTree:
+    """Rows ``idx`` of every leaf with an axis. Not jit-safe."""
     return jax.tree_util.tree_map(lambda a: _indexable(a)[idx] if np.ndim(a) else a, tree)
 
 
-def _is_data(x: Any) -> bool:
-    """True for in-memory data (an array, a dict or a tuple of arrays), read as one whole split."""
+def is_data(x: Any) -> bool:
+    """True for in-memory data (an array, a dict or a tuple of arrays), read as one whole split. Not jit-safe."""
     if _is_arraylike(x) or isinstance(x, Mapping):
         return True
     return isinstance(x, tuple) and bool(x) and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in x)
@@ -107,10 +110,10 @@ class Stream:
     """
 
     def __init__(self, data: Any, what: str, limit: int | None, *, peek: bool = False):
-        if data is not None and not _is_data(data) and callable(data):
+        if data is not None and not is_data(data) and callable(data):
             data = data()
         self.more = False
-        if _is_data(data):
+        if is_data(data):
             self.is_stream, self._data = False, data
             return
         if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
@@ -151,9 +154,9 @@ class Stream:
 _END = object()
 
 
-def _get(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,
+def apply_handle(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,
          required: bool) -> Any:
-    """Apply a handle (callable, dict key or default lookup) to a batch."""
+    """Apply a handle (callable, dict key or default lookup) to a batch. Not jit-safe."""
     if callable(spec):
         try:
             return spec(batch)
@@ -196,5 +199,6 @@ def _get(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, wha
     return None
 
 
-def _host(x: Any) -> np.ndarray:
+def host_array(x: Any) -> np.ndarray:
+    """``x`` as a numpy array (a copy to the host unless it is one). Not jit-safe."""
     return x if isinstance(x, np.ndarray) else np.asarray(x)

@@ -28,7 +28,8 @@ import jax
 
 from ._compile_cache import enable_compilation_cache
 from ._errors import DoctorOptionError, JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch, replayable
+from ._experiment import Adapted, Experiment
+from ._experiment_data import first_batch, replayable
 from ._findings import Diagnosis, Finding
 from ._frames import is_library_file, source_text
 from ._options import resolve, select_stages

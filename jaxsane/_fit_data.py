@@ -14,7 +14,8 @@ import numpy as np
 
 from ._data import check_data
 from ._errors import DataError
-from ._experiment import Adapted, Experiment, get_inputs, get_labels, is_batch, iter_batches
+from ._experiment import Adapted, Experiment
+from ._experiment_data import get_inputs, get_labels, is_batch, iter_batches
 from ._tree import PyTree
 
 

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ExperimentError
-from ._experiment import Adapted, get_inputs, get_labels
+from ._experiment import Adapted
+from ._experiment_data import get_inputs, get_labels
 from ._findings import Finding
 from ._frames import user_location
 from ._interpret import Interpreter

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ExperimentError, JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch, get_inputs, get_labels, require_experiment
+from ._experiment import Adapted, Experiment, require_experiment
+from ._experiment_data import first_batch, get_inputs, get_labels
 from ._frames import user_location
 from ._interpret import Interpreter
 from ._progress import Progress

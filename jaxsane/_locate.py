@@ -23,14 +23,14 @@ is found by bisection (:func:`bisect_compiled`).
 Nothing here is jit-safe: locate runs on the host, off the hot path, after a failure. On an
 accelerator the replay copies the values it computes to host memory.
 
-The replay engine lives in :mod:`jaxsane._replay`, the report classes in
+Here: the entry points (:func:`locate`, :func:`replay_dump`) and the XLA-only bisection. The replay
+engine lives in :mod:`jaxsane._replay`, the data-flow analysis after it in :mod:`jaxsane._locate_flow`,
+the origins and custom_vjp backward lines in :mod:`jaxsane._locate_origins`, the report classes in
 :mod:`jaxsane._locate_report` and the traceback frames in :mod:`jaxsane._frames`.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -38,233 +38,13 @@ import numpy as np
 from jax._src import core as jcore
 
 from ._adapter import call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects, unwrap
-from ._causes import Cause, explain
-from ._frames import frames_of, is_library_file, source_text, user_frame
+from ._frames import user_frame
 from ._locate_report import LocateReport, Origin
-from ._interpret import all_eqns, closed as open_closed
-from ._replay import EXPANDABLE, Ctx, Node, Replay, Val, flags, raw
+from ._interpret import closed as open_closed
+from ._locate_flow import Analysis, nonfinite_counts
+from ._locate_origins import find_origins, recording_custom_vjp
+from ._replay import Ctx, Replay, Val, flags
 from ._tree import is_inexact, leaves_with_paths
-
-# ----------------------------------------------------------------------------- custom_vjp backward rules
-
-@contextlib.contextmanager
-def _recording_custom_vjp(records: list):
-    """Record every custom_vjp call made while tracing: (user call site, the custom_vjp, arg shapes)."""
-    from jax._src.custom_derivatives import custom_vjp as cls
-    original = cls.__call__
-
-    def call(self, *args, **kwargs):
-        f = sys._getframe(1)
-        while f is not None and is_library_file(f.f_code.co_filename):
-            f = f.f_back
-        try:
-            specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), (args, kwargs))
-        except Exception:  # noqa: BLE001 - non-array arguments: no re-trace later
-            specs = None
-        records.append(((f.f_code.co_filename, f.f_lineno) if f is not None else None, self, specs))
-        return original(self, *args, **kwargs)
-
-    cls.__call__ = call
-    try:
-        yield records
-    finally:
-        cls.__call__ = original
-
-
-def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
-    """The line inside a custom_vjp's backward rule that made ``node`` (jax keeps only the call site)."""
-    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in frames_of(node.eqn)):
-        return None
-    shapes = [tuple(np.shape(raw(x.value))) for x in node.ins]
-    for site, obj, specs in records:
-        if site != node.frame or specs is None or getattr(obj, "nondiff_argnums", ()):
-            continue
-        try:
-            out, res = jax.eval_shape(obj.fwd, *specs[0], **specs[1])
-            bwd = jax.make_jaxpr(obj.bwd)(res, out)
-        except Exception:  # noqa: BLE001 - a rule we cannot re-trace: keep the call site
-            continue
-        best = None
-        for e in all_eqns(bwd.jaxpr):
-            frame = user_frame(e)
-            if e.primitive.name != node.prim or frame is None:
-                continue
-            if [tuple(getattr(v.aval, "shape", ())) for v in e.invars] == shapes:
-                return frame
-            best = best or frame
-        if best is not None:
-            return best
-    return None
-
-
-# ----------------------------------------------------------------------------- analysis
-
-_OUT = "output"
-
-
-class _Analysis:
-    """Backward reachability from the bad outputs over the replay graph, with lazy descent."""
-
-    def __init__(self, replay: Replay, outs: list[Val], out_paths: list[str]):
-        self.replay = replay
-        self.consumers: dict[int, list] = {}
-        self.vals: dict[int, Val] = {}
-        self.out_of: dict[int, list[str]] = {}
-        self.out_order = {p: i for i, p in enumerate(out_paths)}
-        self.births: list[Node] = []
-        self.sources: list[Val] = []
-        self.xla: list[tuple[Node, int]] = []
-        self.retrace: Callable[[], list] | None = None
-        self._records: list | None = None
-        self.reached: set[int] = set()
-        work: list[Val] = []
-        for v, path in zip(outs, out_paths):
-            if v.bad:
-                self.out_of.setdefault(id(v), []).append(path)
-                self._use(v, _OUT)
-                work.append(v)
-        self._walk(work)
-
-    def vjp_records(self) -> list:
-        if self._records is None:
-            try:
-                self._records = self.retrace() if self.retrace is not None else []
-            except Exception:  # noqa: BLE001 - best effort
-                self._records = []
-        return self._records
-
-    def _use(self, v: Val, consumer) -> None:
-        self.vals[id(v)] = v
-        lst = self.consumers.setdefault(id(v), [])
-        if consumer not in lst:
-            lst.append(consumer)
-
-    def _walk(self, work: list[Val]) -> None:
-        seen_vals: set[int] = set()
-        while work:
-            v = work.pop()
-            if id(v) in seen_vals:
-                continue
-            seen_vals.add(id(v))
-            node = v.producer
-            if node is None:
-                self.sources.append(v)
-                continue
-            if not node.link and node.prim in EXPANDABLE and node.inner is None:
-                try:
-                    self.replay.expand(node)
-                except Exception:  # pragma: no cover - descent is best effort; the node stays opaque
-                    node.inner = None
-            if not node.link and node.inner is not None:
-                k = node.outs.index(v)
-                inner = [x for x in node.inner[k] if x.bad]
-                if not inner:
-                    self.xla.append((node, k))
-                    continue
-                link = Node(None, inner, node.ctx, node.order, link=True)
-                link.outs = [v]
-                for x in inner:
-                    self._use(x, link)
-                    work.append(x)
-                continue
-            if id(node) in self.reached:
-                continue
-            self.reached.add(id(node))
-            bad_in = [x for x in node.ins if x.bad]
-            for x in bad_in:
-                self._use(x, node)
-                work.append(x)
-            if node.link:
-                continue
-            out_nan = any(o.nan for o in node.outs)
-            if not bad_in or (out_nan and not any(x.nan for x in bad_in) and not self._from_birth(node)):
-                self.births.append(node)
-
-    def _from_birth(self, node: Node, depth: int = 0) -> bool:
-        """True when some bad input of ``node`` descends from an inf born from finite values (not a source)."""
-        stack, seen = [(x, 0) for x in node.ins if x.bad], set()
-        while stack:
-            v, d = stack.pop()
-            if id(v) in seen or d > 400:
-                continue
-            seen.add(id(v))
-            p = v.producer
-            if p is None:
-                continue
-            if not p.link and p.inner is not None:
-                k = p.outs.index(v) if v in p.outs else -1
-                nxt = [x for x in p.inner[k] if x.bad] if k >= 0 else []
-                stack += [(x, d + 1) for x in nxt]
-                continue
-            bad = [x for x in p.ins if x.bad]
-            if not bad and not p.link:
-                return True
-            stack += [(x, d + 1) for x in bad]
-        return False
-
-    # -- forward questions about a birth
-    def downstream(self, node: Node, limit: int = 64) -> list:
-        """Nodes reached from ``node``'s bad outputs (breadth first), ``_OUT`` included."""
-        seen, order, frontier = set(), [], [o for o in node.outs if o.bad]
-        while frontier and len(order) < limit:
-            nxt = []
-            for v in frontier:
-                for c in self.consumers.get(id(v), []):
-                    if id(c) in seen:
-                        continue
-                    seen.add(id(c))
-                    order.append(c)
-                    if c is not _OUT:
-                        nxt += [o for o in c.outs if o.bad]
-            frontier = nxt
-        return order
-
-    def reaches(self, node: Node | Val) -> list[str]:
-        seen, paths = set(), []
-        frontier = [o for o in node.outs if o.bad] if isinstance(node, Node) else [node]
-        while frontier:
-            nxt = []
-            for v in frontier:
-                if id(v) in seen:
-                    continue
-                seen.add(id(v))
-                paths += [p for p in self.out_of.get(id(v), []) if p not in paths]
-                for c in self.consumers.get(id(v), []):
-                    if c is not _OUT:
-                        nxt += [o for o in c.outs if o.bad]
-            frontier = nxt
-        return sorted(paths, key=lambda p: self.out_order.get(p, len(self.out_order)))
-
-    def only_backward(self, node: Node) -> bool:
-        """True when ``node``'s bad outputs are consumed only by backward-pass computations."""
-        memo: dict[int, bool] = {}
-
-        def rec(n, depth) -> bool:
-            if id(n) in memo:
-                return memo[id(n)]
-            if depth > 200:
-                return False
-            memo[id(n)] = False
-            users = [c for o in n.outs if o.bad for c in self.consumers.get(id(o), [])]
-            ok = bool(users)
-            for c in users:
-                if c is _OUT:
-                    ok = False
-                elif c.link:
-                    ok = ok and rec(c, depth + 1)
-                elif "transpose(" in c.stack:
-                    continue
-                elif "jvp(" in c.stack:
-                    ok = ok and rec(c, depth + 1)
-                else:
-                    ok = False
-                if not ok:
-                    break
-            memo[id(n)] = ok
-            return ok
-
-        return rec(node, 0)
-
 
 # ----------------------------------------------------------------------------- entry point
 
@@ -396,7 +176,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         bad = [i for i, o in enumerate(compiled) if any(flags(o))]
         if not bad:
             return None
-        bad_outputs = [(out_paths[i], *_counts(compiled[i])) for i in bad]
+        bad_outputs = [(out_paths[i], *nonfinite_counts(compiled[i])) for i in bad]
         target, target_env = closed, env
         while (len(target.jaxpr.eqns) == 1 and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
                and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)):
@@ -404,10 +184,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
             target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
         pre = bisect_compiled(target, arrays, env=target_env)
         return _xla_report(bad_outputs, pre, replay.count)
-    analysis = _Analysis(replay, outs, out_paths)
+    analysis = Analysis(replay, outs, out_paths)
     analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
-    bad_outputs = [(p, *_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
-    origins = _origins(analysis)
+    bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
+    origins = find_origins(analysis)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
         sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
@@ -438,7 +218,8 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
     """
     from ._dump import load_dump
     from ._errors import JaxsaneError
-    from ._experiment import Adapted, Experiment, first_batch
+    from ._experiment import Adapted, Experiment
+    from ._experiment_data import first_batch
 
     load = load or load_dump
     exp = target if isinstance(target, Experiment) else None
@@ -477,16 +258,9 @@ def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
     records: list = []
     pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with _recording_custom_vjp(records):
+    with recording_custom_vjp(records):
         jax.make_jaxpr(pure)(*arrays)
     return records
-
-
-def _counts(x) -> tuple[int, int]:
-    a = np.asarray(raw(x))
-    if not is_inexact(a):
-        return 0, 0
-    return int(np.isnan(a).sum()), int(np.isinf(a).sum())
 
 
 def _xla_report(bad_outputs, pre, count) -> LocateReport:
@@ -554,152 +328,6 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
     frame = user_frame(eqn)
     where = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
     return hi, n, f"{eqn.primitive.name} at {where}"
-
-
-# ----------------------------------------------------------------------------- origins
-
-def _origins(analysis: _Analysis) -> list[Origin]:
-    found: list[tuple[tuple, Origin]] = []
-    keys: dict[tuple, int] = {}
-    forward: list[Node] = []   # forward births so far: a later backward birth at their inputs follows from them
-    for node in sorted(analysis.births, key=lambda n: n.order):
-        o = _origin_of(analysis, node)
-        if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
-            continue
-        if o.phase == "forward":
-            forward.append(node)
-        key = (o.primitive, o.file, o.line, o.code, node.eqn is not None and id(node.eqn))
-        if key in keys:
-            continue
-        keys[key] = len(found)
-        found.append((node.order, o))
-    # an infinite constant (a -inf mask) that reaches the outputs as is: name where it enters
-    if not found:
-        for v in analysis.sources:
-            if v.kind not in ("literal", "const"):
-                continue
-            for c in analysis.consumers.get(id(v), []):
-                c = _first_real(analysis, c)
-                if c is None or any(o is c for o in analysis.births):
-                    continue
-                analysis.births.append(c)
-                o = _origin_of(analysis, c)
-                key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
-                if key not in keys:
-                    keys[key] = len(found)
-                    found.append((c.order, o))
-    # a non-finite input is a root cause only when nothing computed is born from it
-    for v in analysis.sources:
-        if v.kind == "input" and (v.nan or not found):
-            o = _input_origin(analysis, v)
-            found.append(((-1,), o))
-    found.sort(key=lambda t: t[0])
-    return [o for _, o in found]
-
-
-def _at_inputs_of(node: Node, origin: Node) -> bool:
-    """True when ``node`` (a backward/update birth) computes on a value at which the forward ``origin``
-    already went non-finite: it shares one of the origin's input values (the same replay value, or an
-    equal array of the same shape), e.g. log's derivative ``ct / x`` at the ``x = 0`` of a forward
-    ``log(0)``. Such a birth is a consequence of the origin, not an independent further origin."""
-    mine = [x for x in node.ins if x.kind not in ("literal", "const")]
-    theirs = [x for x in origin.ins if x.kind not in ("literal", "const")]
-    if any(a is b for a in mine for b in theirs):
-        return True
-    for a in mine:
-        va = np.asarray(raw(a.value))
-        if va.size < 2:
-            continue
-        for b in theirs:
-            vb = np.asarray(raw(b.value))
-            if va.shape == vb.shape and va.dtype == vb.dtype and np.array_equal(va, vb):
-                return True
-    return False
-
-
-def _first_real(analysis: _Analysis, c) -> Node | None:
-    """The first equation (not a link, not the output) reached through ``c``."""
-    seen = 0
-    while c is not _OUT and getattr(c, "link", False) and seen < 50:
-        users = [u for o in c.outs for u in analysis.consumers.get(id(o), [])]
-        c = users[0] if users else _OUT
-        seen += 1
-    return None if c is _OUT or getattr(c, "link", True) else c
-
-
-def _input_origin(analysis: _Analysis, v: Val) -> Origin:
-    n_nan, n_inf = _counts(v.value)
-    return Origin("nonfinite.input", "input", "input", None, None, "", "",
-                  f"{v.name} holds {n_nan} NaN and {n_inf} Inf before any computation",
-                  "the function's input is already non-finite",
-                  "check the data pipeline (jaxsane.check_data) or the state passed in; repair or drop bad rows",
-                  analysis.reaches(v), [])
-
-
-def _origin_of(analysis: _Analysis, node: Node) -> Origin:
-    phase = node.phase
-    deriv = phase == "forward" and "jvp(" in node.stack and analysis.only_backward(node)
-    if deriv:
-        phase = "backward"
-    elif phase == "backward" and node.prim in _COEFF_PRIMS and not any(x.bad for x in node.ins):
-        deriv = _primal_of(node) is not None   # e.g. a derivative recomputed by remat in the backward pass
-    frame = node.frame
-    if phase == "backward":
-        frame = _custom_vjp_bwd_frame(node, analysis.vjp_records()) or frame
-    file, line = (frame if frame else (None, None))
-    reaches = analysis.reaches(node)
-    if phase == "update" and reaches and all(p.startswith(("metrics", "loss")) for p in reaches):
-        phase = "forward"   # computed after the gradients, but only for the reported metrics
-    info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
-    where = list(node.ctx.tags)
-    shard = _shard_index(node)
-    if shard:
-        where.append(shard)
-    if "vmap(" in node.stack:
-        rows = _batch_rows(analysis, node)
-        if rows:
-            where.append("batch index " + ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else ""))
-    code = {"forward": "nonfinite.forward", "backward": "nonfinite.backward",
-            "update": "nonfinite.update"}[phase]
-    return Origin(code, node.prim, phase, file, line, source_text(file, line), node.stack, info.values,
-                  info.cause, info.fix, reaches, where, info.then)
-
-
-_COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
-
-
-def _primal_of(node: Node):
-    from ._causes import _primal
-    p = _primal(node, backward=True)
-    return p if p is not None and p is not node else None
-
-
-def _shard_index(node: Node) -> str:
-    if node.ctx.mesh is None:
-        return ""
-    names, sizes = node.ctx.mesh
-    for o in node.outs:
-        if o.bad:
-            a = np.asarray(raw(o.value))
-            lead = a.reshape(*sizes, -1)
-            bad = ~np.isfinite(lead).all(axis=-1)
-            coords = [tuple(int(c) for c in idx) for idx in np.argwhere(bad)]
-            flat = [int(np.ravel_multi_index(c, sizes)) for c in coords]
-            return "shard " + ", ".join(map(str, flat)) + f" of {int(np.prod(sizes))} (mesh axes {names})"
-    return ""
-
-
-def _batch_rows(analysis: _Analysis, node: Node) -> list[int]:
-    rows: set[int] = set()
-    reached = set(analysis.reaches(node))
-    for vid, paths in analysis.out_of.items():
-        v = analysis.vals.get(vid)
-        if v is None or not set(paths) & reached:
-            continue
-        a = np.asarray(raw(v.value))
-        if a.ndim >= 1:
-            rows |= set(int(i) for i in np.flatnonzero(~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)))
-    return sorted(rows)
 
 
 __all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "replay_dump", "user_frame"]

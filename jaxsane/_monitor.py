@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._experiment import Adapted, get_inputs, require_experiment
+from ._experiment import Adapted, require_experiment
+from ._experiment_data import get_inputs
 from ._findings import Finding
 from ._interpret import Interpreter, bodies
 from ._train_checks import History as History, check_training as check_training

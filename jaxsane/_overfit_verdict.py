@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._experiment import get_inputs, get_labels, get_mask
+from ._experiment_data import get_inputs, get_labels, get_mask
 from ._findings import Finding
 from ._tree import PyTree, host_leaf
 

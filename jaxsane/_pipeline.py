@@ -21,11 +21,11 @@ import jax
 from ._batch import check_batch_independence, check_example_slices
 from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data, judge_masked_nonfinite
-from ._data_read import _is_data
+from ._data_read import is_data
 from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
-from ._experiment import (Adapted, Experiment, axis_text, count_examples, example_view, get_inputs, get_labels, get_mask,
-                          iter_batches,
-                          leading_sizes, slice_examples, sliceable)
+from ._experiment import Adapted, Experiment
+from ._experiment_data import (axis_text, count_examples, example_view, get_inputs, get_labels, get_mask, iter_batches,
+                               leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
 from ._guard import guard
@@ -94,7 +94,7 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
     exp = ctx.experiment
     limit = ctx.options.data_max_batches
     if limit is None:
-        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not _is_data(exp.train) else 20
+        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not is_data(exp.train) else 20
     apply_fn = params = None
     if ctx.adapted is not None and ctx.adapted.apply_fn is not None:
         try:

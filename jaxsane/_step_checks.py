@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import JaxsaneError
-from ._experiment import Adapted, Experiment, first_batch, require_experiment
+from ._experiment import Adapted, Experiment, require_experiment
+from ._experiment_data import first_batch
 from ._findings import Finding
 from ._frames import user_location
 from ._interpret import Interpreter, all_eqns

@@ -8,7 +8,8 @@ import pytest
 
 import jaxsane
 from jaxsane._doctor import doctor
-from jaxsane._experiment import Adapted, iter_batches
+from jaxsane._experiment import Adapted
+from jaxsane._experiment_data import iter_batches
 from jaxsane._monitor import (MODE_BARE, MODE_FULL, MODE_NORMS, History, Monitor, check_training, dead_fractions,
                               depth_order, relu_outputs)
 from jaxsane.examples import digits_optax as D

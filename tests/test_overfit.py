@@ -11,7 +11,7 @@ import pytest
 
 import jaxsane
 from jaxsane import overfit
-from jaxsane._overfit import learning_rate_paths
+from jaxsane._overfit_setup import learning_rate_paths
 from jaxsane.examples import load
 from jaxsane.examples._digits import load_digits_split
 
@@ -238,16 +238,16 @@ def test_states_with_prng_keys_and_python_scalars_stack_and_compile_once():
 def test_host_setup_and_in_program_setup_give_the_same_sweep(monkeypatch):
     """Init scales and learning rates are applied to the stacked states on the host when the parameters
     are forwarded state leaves; otherwise the compiled program applies them. Both give the same sweep."""
-    from jaxsane import _overfit
+    from jaxsane import _overfit, _overfit_setup
 
     exp = _tiny("healthy", inject=True)
     kwargs = dict(seeds=1, learning_rates=[0.0, 1e-2], init_scales=[0.0, 0.5, 1.0], steps=50, early_exit=False)
     adapted = jaxsane._experiment.Adapted(exp)
-    plan = _overfit._host_prepare_plan(adapted, adapted.example_state, lambda path: True,
-                                       set(learning_rate_paths(adapted.example_state)))
+    plan = _overfit_setup.host_prepare_plan(adapted, adapted.example_state, lambda path: True,
+                                            set(learning_rate_paths(adapted.example_state)))
     assert plan is not None and len(plan.scaled) == 4 and len(plan.rates) == 1  # w1, b1, w2, b2; the rate
     on_host = overfit(exp, **kwargs)
-    monkeypatch.setattr(_overfit, "_host_prepare_plan", lambda *a: None)
+    monkeypatch.setattr(_overfit, "host_prepare_plan", lambda *a: None)
     in_program = overfit(exp, **kwargs)
     np.testing.assert_allclose(on_host.losses, in_program.losses, rtol=1e-6, atol=1e-7)
     assert on_host.verdicts == in_program.verdicts and in_program.compiles == 1

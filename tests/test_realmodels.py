@@ -11,7 +11,8 @@ import pytest
 
 import jaxsane
 from jaxsane._errors import ExampleAxisError, ExperimentError
-from jaxsane._experiment import Adapted, count_examples, slice_examples
+from jaxsane._experiment import Adapted
+from jaxsane._experiment_data import count_examples, slice_examples
 from jaxsane._init import classification_of
 from jaxsane._monitor import Monitor
 

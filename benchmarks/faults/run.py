@@ -44,7 +44,8 @@ import jax  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
 import jaxsane  # noqa: E402
-from jaxsane._experiment import Adapted, iter_batches  # noqa: E402
+from jaxsane._experiment import Adapted  # noqa: E402
+from jaxsane._experiment_data import iter_batches  # noqa: E402
 
 LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update")
 BASELINE_STEPS = 10
