@@ -16,6 +16,7 @@ import atexit
 import collections
 import functools
 import os
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -26,9 +27,11 @@ import numpy as np
 from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
 from ._errors import GuardConfigError
 from ._findings import Finding
+from ._frames import user_call_site
 from ._guard_flags import grouped_flags, replica_target, select_state, select_tree
 from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
 from ._guard_host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
+from ._recompile import RecompileTracker, recompile_finding, signature
 from ._tree import finite_flags, leaves_with_paths
 from ._validate import require_policy
 
@@ -53,6 +56,8 @@ class Guarded(HostSide):
       step_count: calls made so far (the step index in findings).
       failures: the :class:`Finding` of every failing step seen so far.
       skipped: how many steps were skipped (``on_nonfinite="skip"``).
+      recompiles: a ``step.recompiles`` :class:`Finding` per compilation after the first, naming the
+        argument that changed (``extra["changes"]``); the first of them is also warned.
     """
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
@@ -78,6 +83,9 @@ class Guarded(HostSide):
         self._consecutive = 0
         self._last_failed_step: int | None = None
         self._pending: collections.deque[PendingStep] = collections.deque()
+        self.recompiles: list[Finding] = []  # step.recompiles, one per compile after the first
+        self._traces = 0  # bumped each time the compiled body is traced: a compile is coming
+        self._recompile = RecompileTracker()
         info = getattr(step, "_jit_info", None)
         self._static_argnums = tuple(getattr(info, "static_argnums", ()) or ())
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
@@ -105,6 +113,7 @@ class Guarded(HostSide):
         policy "skip" only) lets the host replay a failing step without the selection, through the same
         compiled program.
         """
+        self._traces += 1
         in_flags = finite_flags((plain[1:] if layout is None else plain, kwargs))
         args = list(plain)
         for i, value in statics:
@@ -174,7 +183,10 @@ class Guarded(HostSide):
         # input values now (a list of immutable arrays) for dumps and locate.
         nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
         plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
+        traces = self._traces
         out, new_nnx_state, flags = self._run(layout, statics, static_kw, nnx_state, plain, kwargs, plan)
+        if self._traces != traces:  # this call compiled: say why (only here, off the fast path)
+            self._on_compile(plain, statics, static_kw, positions, nnx_state, kwargs)
         replica = None
         if plan:
             flags, fps = flags
@@ -191,6 +203,27 @@ class Guarded(HostSide):
         if self.sync:
             self._poll(block=True)
         return out
+
+    def _on_compile(self, plain, statics, static_kw, positions, nnx_state, kwargs) -> None:
+        """A call traced the body again: diff its arguments' signature against the last compiled call's; at
+        the second compile warn once (``step.recompiles``, ``extra["changes"]``). Not jit-safe."""
+        args = list(plain)
+        for i, value in statics:
+            args[i] = value
+        for k, p in enumerate(positions):  # NNX objects: their split state
+            args[p] = nnx_state[k] if len(positions) > 1 else nnx_state
+        sig = signature(args, {**kwargs, **dict(static_kw)}, names=[self._arg_name(i) for i in range(len(args))],
+                        static_argnums=[i for i, _ in statics], static_argnames=[k for k, _ in static_kw])
+        rec = self._recompile.seen(sig, True, user_call_site())
+        if rec is None:
+            return
+        finding = recompile_finding(rec, "the guarded step", step=self.step_count)
+        self.recompiles.append(finding)
+        if len(self.recompiles) == 1:
+            warning = JaxsaneWarning(f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
+                                     f"every later compilation is listed in guarded.recompiles)")
+            warning.finding = finding
+            warnings.warn(warning, stacklevel=3)
 
     def _replica_plan(self, state) -> tuple:
         """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""
