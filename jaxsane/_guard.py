@@ -62,9 +62,10 @@ class Guarded(HostSide):
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
-                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False):
+                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False,
+                 warn_recompiles: bool = True):
         dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
-                               locate, check_replicas)
+                               locate, check_replicas, warn_recompiles)
         functools.update_wrapper(self, step)
         self.step = step
         self.on_nonfinite = on_nonfinite
@@ -75,6 +76,7 @@ class Guarded(HostSide):
         self.sync = sync
         self.locate_on_failure = locate
         self.check_replicas = check_replicas
+        self.warn_recompiles = warn_recompiles
         self._replica_plans: dict = {}
         self._multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
         self.step_count = 0
@@ -219,7 +221,7 @@ class Guarded(HostSide):
             return
         finding = recompile_finding(rec, "the guarded step", step=self.step_count)
         self.recompiles.append(finding)
-        if len(self.recompiles) == 1:
+        if len(self.recompiles) == 1 and self.warn_recompiles:
             warning = JaxsaneWarning(f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
                                      f"every later compilation is listed in guarded.recompiles)")
             warning.finding = finding
@@ -253,7 +255,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync, locate,
-                check_replicas) -> str | None:
+                check_replicas, warn_recompiles=True) -> str | None:
     """Validate guard's arguments before any work; returns ``dump_dir`` as a ``str`` (or None). Not jit-safe.
 
     Raises:
@@ -280,7 +282,8 @@ def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, ke
         raise bad("max_consecutive_skips", max_consecutive_skips, "an int >= 1 (default 10)")
     if not _is_int(max_lag) or max_lag < 0:
         raise bad("max_lag", max_lag, "an int >= 0 (default 2; 0 reads each step's flags at the next call)")
-    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate)):
+    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate),
+                        ("warn_recompiles", warn_recompiles)):
         if not isinstance(value, (bool, np.bool_)):
             raise bad(name, value, "True or False")
     if not isinstance(check_replicas, (bool, np.bool_)) and not (_is_int(check_replicas) and check_replicas >= 1):
@@ -294,7 +297,7 @@ _SKIP, _NO_SKIP = np.bool_(True), np.bool_(False)  # the traced ``skip`` argumen
 
 def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
           max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True, check_replicas: bool | int = False) -> Guarded:
+          locate: bool = True, check_replicas: bool | int = False, warn_recompiles: bool = True) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -325,6 +328,10 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         step. A divergence is reported as ``dist.replica_divergence`` (raises
         :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise). An int ``N``
         checks every N-th step only (the checksums cost about one pass over the replicated state).
+      warn_recompiles: at the step's second compilation, warn (a :class:`JaxsaneWarning` whose ``.finding``
+        is ``step.recompiles``) naming the argument that changed, old and new value side by side. Every
+        compilation after the first is in ``guarded.recompiles`` either way; ``False`` for a step that is
+        meant to compile a few variants (a static mode argument).
 
     Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
     failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
@@ -352,4 +359,4 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     """
     return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
                    max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                   sync=sync, locate=locate, check_replicas=check_replicas)
+                   sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles)

@@ -288,7 +288,8 @@ def recompile_finding(rec: Recompile, what: str = "the step", step: int | None =
     when = f"call {rec.call}" if step is None else f"step {step}"
     return Finding("step.recompiles", f"{what} compiled again at {when}: {rec.summary()}", rec.hint(),
                    path=rec.changes[0].path if rec.changes else None, step=step, file=file, line=line,
-                   extra={"changes": [c.as_dict() for c in rec.changes], **({"call": rec.call} if step is None else {})})
+                   extra={"changes": [c.as_dict() for c in rec.changes],
+                          **({"call": rec.call} if step is None else {})})
 
 
 def _split_site(site: str | None) -> tuple[str | None, int | None]:

@@ -177,3 +177,17 @@ def test_guard_names_a_changed_static_argument():
         guarded(jnp.ones(2), jnp.ones(3), 3)
     guarded.flush()
     assert guarded.compiles == 2 and len(guarded.recompiles) == 1
+
+
+def test_guard_warn_recompiles_false_keeps_the_findings_without_the_warning():
+    guarded = jaxsane.guard(jax.jit(_train_step), warn_recompiles=False)
+    state = {"w": jnp.zeros(3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jaxsane.JaxsaneWarning)
+        state, _ = guarded(state, BATCH)
+        state, _ = guarded(state, {**BATCH, "y": np.zeros(8, np.int64).astype(np.int16)})
+    guarded.flush()
+    assert [f.message for f in guarded.recompiles] == [
+        "the guarded step compiled again at step 1: batch['y']: dtype int32 -> int16"]
+    with pytest.raises(jaxsane.GuardConfigError, match="warn_recompiles must be True or False"):
+        jaxsane.guard(_train_step, warn_recompiles="yes")
