@@ -174,8 +174,10 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
       parameter, counter or key) is bitwise unchanged across all calls;
     * ``step.rng_reused`` — the step draws random bits (``random_bits`` in its jaxpr) and draws the
       same bits on two consecutive states (a dropout key never split or advanced);
-    * ``step.recompiles`` — any XLA compilation during calls 2..``calls`` with identical shapes
-      (a Python scalar as a static argument, a new ``jax.jit`` per call, dtype drift of the state).
+    * ``step.recompiles`` — any XLA compilation during calls 2..``calls``; the message names the state
+      leaf that changed since the compiled call (``state[0]['scale']: weak_type True -> False``: dtype or
+      weak-type drift of the state) or says the arguments were identical (a Python scalar as a static
+      argument or closed over, a new ``jax.jit`` per call).
 
     Args:
       experiment: the :class:`Experiment` (or its :class:`Adapted` view).
