@@ -197,11 +197,19 @@ def _leaf_diff(path: str, x: tuple, y: tuple) -> list[Change]:
     if x[0] == y[0] == "array":
         out = []
         for k, field in ((1, "shape"), (2, "dtype"), (3, "weak_type"), (4, "sharding")):
-            if x[k] != y[k]:
+            if x[k] != y[k] and not (field == "sharding" and _equivalent(x[k], y[k], len(y[1]))):
                 fmt = _sharding_text if field == "sharding" else (str if field == "dtype" else repr)
                 out.append(Change(path, field, fmt(x[k]), fmt(y[k])))
         return out
     return [Change(path, "type", _leaf_text(x), _leaf_text(y))]
+
+
+def _equivalent(a: Any, b: Any, ndim: int) -> bool:
+    """Shardings that lay an array out alike (``P()`` and ``P(None,)``): jit reuses its program for them."""
+    try:
+        return a is not None and b is not None and bool(a.is_equivalent_to(b, ndim))
+    except Exception:  # noqa: BLE001 - shardings of different kinds or meshes
+        return False
 
 
 def _paths(a: _Arg) -> list[str]:

@@ -191,3 +191,11 @@ def test_guard_warn_recompiles_false_keeps_the_findings_without_the_warning():
         "the guarded step compiled again at step 1: batch['y']: dtype int32 -> int16"]
     with pytest.raises(jaxsane.GuardConfigError, match="warn_recompiles must be True or False"):
         jaxsane.guard(_train_step, warn_recompiles="yes")
+
+
+def test_equivalent_shardings_are_not_reported_beside_the_real_change():
+    mesh = jax.make_mesh((8,), ("data",))
+    old = jax.device_put(jnp.ones(4), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    new = jax.device_put(jnp.ones(4, jnp.int32), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None)))
+    assert [str(c) for c in diff(signature((old,), names=["x"]), signature((new,), names=["x"]))] == \
+        ["x: dtype float32 -> int32"]
