@@ -236,7 +236,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
                       ckpt.complete_steps if ckpt is not None else None)
 
-    guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise", dump_dir=dump_dir)
+    # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning
+    guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
+                    dump_dir=dump_dir, warn_recompiles=False)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None

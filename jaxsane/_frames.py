@@ -140,3 +140,14 @@ def display_location(file: str | None, line: int | None) -> str:
         n = cell_number(file)
         return f"<cell {n}>, line {line}" if n is not None else f"<cell>, line {line}"
     return f"{os.path.basename(file)}:{line}"
+
+
+def user_call_site() -> str | None:
+    """``file:line`` of the innermost frame of the current Python stack outside library code (see
+    :func:`is_library_file`): where the user called into jaxsane. Host-side only, not jit-safe."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not is_library_file(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None

@@ -16,6 +16,7 @@ import atexit
 import collections
 import functools
 import os
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -26,9 +27,11 @@ import numpy as np
 from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
 from ._errors import GuardConfigError
 from ._findings import Finding
+from ._frames import user_call_site
 from ._guard_flags import grouped_flags, replica_target, select_state, select_tree
 from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
 from ._guard_host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
+from ._recompile import RecompileTracker, recompile_finding, signature
 from ._tree import finite_flags, leaves_with_paths
 from ._validate import require_policy
 
@@ -53,13 +56,16 @@ class Guarded(HostSide):
       step_count: calls made so far (the step index in findings).
       failures: the :class:`Finding` of every failing step seen so far.
       skipped: how many steps were skipped (``on_nonfinite="skip"``).
+      recompiles: a ``step.recompiles`` :class:`Finding` per compilation after the first, naming the
+        argument that changed (``extra["changes"]``); the first of them is also warned.
     """
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
-                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False):
+                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False,
+                 warn_recompiles: bool = True):
         dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
-                               locate, check_replicas)
+                               locate, check_replicas, warn_recompiles)
         functools.update_wrapper(self, step)
         self.step = step
         self.on_nonfinite = on_nonfinite
@@ -70,6 +76,7 @@ class Guarded(HostSide):
         self.sync = sync
         self.locate_on_failure = locate
         self.check_replicas = check_replicas
+        self.warn_recompiles = warn_recompiles
         self._replica_plans: dict = {}
         self._multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
         self.step_count = 0
@@ -78,6 +85,9 @@ class Guarded(HostSide):
         self._consecutive = 0
         self._last_failed_step: int | None = None
         self._pending: collections.deque[PendingStep] = collections.deque()
+        self.recompiles: list[Finding] = []  # step.recompiles, one per compile after the first
+        self._traces = 0  # bumped each time the compiled body is traced: a compile is coming
+        self._recompile = RecompileTracker()
         info = getattr(step, "_jit_info", None)
         self._static_argnums = tuple(getattr(info, "static_argnums", ()) or ())
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
@@ -105,6 +115,7 @@ class Guarded(HostSide):
         policy "skip" only) lets the host replay a failing step without the selection, through the same
         compiled program.
         """
+        self._traces += 1
         in_flags = finite_flags((plain[1:] if layout is None else plain, kwargs))
         args = list(plain)
         for i, value in statics:
@@ -174,7 +185,10 @@ class Guarded(HostSide):
         # input values now (a list of immutable arrays) for dumps and locate.
         nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
         plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
+        traces = self._traces
         out, new_nnx_state, flags = self._run(layout, statics, static_kw, nnx_state, plain, kwargs, plan)
+        if self._traces != traces:  # this call compiled: say why (only here, off the fast path)
+            self._on_compile(plain, statics, static_kw, positions, nnx_state, kwargs)
         replica = None
         if plan:
             flags, fps = flags
@@ -191,6 +205,27 @@ class Guarded(HostSide):
         if self.sync:
             self._poll(block=True)
         return out
+
+    def _on_compile(self, plain, statics, static_kw, positions, nnx_state, kwargs) -> None:
+        """A call traced the body again: diff its arguments' signature against the last compiled call's; at
+        the second compile warn once (``step.recompiles``, ``extra["changes"]``). Not jit-safe."""
+        args = list(plain)
+        for i, value in statics:
+            args[i] = value
+        for k, p in enumerate(positions):  # NNX objects: their split state
+            args[p] = nnx_state[k] if len(positions) > 1 else nnx_state
+        sig = signature(args, {**kwargs, **dict(static_kw)}, names=[self._arg_name(i) for i in range(len(args))],
+                        static_argnums=[i for i, _ in statics], static_argnames=[k for k, _ in static_kw])
+        rec = self._recompile.seen(sig, True, user_call_site())
+        if rec is None:
+            return
+        finding = recompile_finding(rec, "the guarded step", step=self.step_count)
+        self.recompiles.append(finding)
+        if len(self.recompiles) == 1 and self.warn_recompiles:
+            warning = JaxsaneWarning(f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
+                                     f"every later compilation is listed in guarded.recompiles)")
+            warning.finding = finding
+            warnings.warn(warning, stacklevel=3)
 
     def _replica_plan(self, state) -> tuple:
         """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""
@@ -220,7 +255,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync, locate,
-                check_replicas) -> str | None:
+                check_replicas, warn_recompiles=True) -> str | None:
     """Validate guard's arguments before any work; returns ``dump_dir`` as a ``str`` (or None). Not jit-safe.
 
     Raises:
@@ -247,7 +282,8 @@ def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, ke
         raise bad("max_consecutive_skips", max_consecutive_skips, "an int >= 1 (default 10)")
     if not _is_int(max_lag) or max_lag < 0:
         raise bad("max_lag", max_lag, "an int >= 0 (default 2; 0 reads each step's flags at the next call)")
-    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate)):
+    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate),
+                        ("warn_recompiles", warn_recompiles)):
         if not isinstance(value, (bool, np.bool_)):
             raise bad(name, value, "True or False")
     if not isinstance(check_replicas, (bool, np.bool_)) and not (_is_int(check_replicas) and check_replicas >= 1):
@@ -261,7 +297,7 @@ _SKIP, _NO_SKIP = np.bool_(True), np.bool_(False)  # the traced ``skip`` argumen
 
 def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
           max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True, check_replicas: bool | int = False) -> Guarded:
+          locate: bool = True, check_replicas: bool | int = False, warn_recompiles: bool = True) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -292,6 +328,10 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         step. A divergence is reported as ``dist.replica_divergence`` (raises
         :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise). An int ``N``
         checks every N-th step only (the checksums cost about one pass over the replicated state).
+      warn_recompiles: at the step's second compilation, warn (a :class:`JaxsaneWarning` whose ``.finding``
+        is ``step.recompiles``) naming the argument that changed, old and new value side by side. Every
+        compilation after the first is in ``guarded.recompiles`` either way; ``False`` for a step that is
+        meant to compile a few variants (a static mode argument).
 
     Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
     failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
@@ -319,4 +359,4 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     """
     return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
                    max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                   sync=sync, locate=locate, check_replicas=check_replicas)
+                   sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles)

@@ -12,19 +12,23 @@ masks, noise; inside ``scan`` bodies once per time step) on two consecutive stat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._adapter import positional_names
 from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch
 from ._findings import Finding
-from ._frames import user_location
+from ._frames import user_call_site, user_location
 from ._interpret import Interpreter, all_eqns
+from ._recompile import Recompile, RecompileTracker, recompile_finding, signature
 from ._tree import PyTree, is_key, leaves_with_paths
 from ._validate import require_bool, require_int
 
@@ -39,8 +43,11 @@ _RANDOM_PRIMS = ("random_bits", "threefry2x32", "random_wrap")
 class CompileCounter:
     """Counts XLA compilations and jaxpr traces while active (a ``jax.monitoring`` listener).
 
-    Use as ``with count_compilations() as c: ...; c.compiles``. Not jit-safe; counts every
-    compilation in the process while active, so run nothing else inside it.
+    Use as ``with count_compilations() as c: ...; c.compiles``. Calls made through
+    :meth:`watch` are also explained: ``c.reasons`` holds a :class:`~._recompile.Recompile` per compile
+    after the first (the argument paths that changed, old and new side by side, the caller's
+    ``file:line``) and ``c.explain()`` writes them out. Not jit-safe; counts every compilation in the
+    process while active, so run nothing else inside it.
     """
 
     def __init__(self):
@@ -48,6 +55,45 @@ class CompileCounter:
         self.traces = 0
         self.active = False
         self._hit = threading.local()  # per compiling thread: a cache hit whose compile event is still to come
+        self._tracker = RecompileTracker()
+
+    @property
+    def reasons(self) -> list[Recompile]:
+        """One :class:`~._recompile.Recompile` per compile of a watched call after the first."""
+        return self._tracker.reasons
+
+    def explain(self) -> str:
+        """What changed at each recompilation of the watched calls, one line each. Not jit-safe."""
+        return self._tracker.explain()
+
+    def watch(self, fn: Callable, names: Sequence[str] | None = None) -> Callable:
+        """``fn`` with each call's argument signature recorded, so a compile during a call is explained
+        against the call that compiled before it. ``names``: the positional arguments' names in paths
+        (default: ``fn``'s parameter names, else ``args[i]``); ``jax.jit``'s static arguments are compared by
+        value. Not jit-safe.
+
+        Example:
+          >>> f = jax.jit(lambda x: x + 1)
+          >>> with count_compilations() as c:
+          ...     g = c.watch(f, names=["x"])
+          ...     _ = g(jnp.ones(2)); _ = g(jnp.ones(3))
+          >>> print(c.reasons[0].summary())
+          x: shape (2,) -> (3,)
+        """
+        names = list(positional_names(fn)) if names is None else list(names)
+        info = getattr(fn, "_jit_info", None)
+        static = (tuple(getattr(info, "static_argnums", ()) or ()), tuple(getattr(info, "static_argnames", ()) or ()))
+
+        @functools.wraps(fn)
+        def watched(*args, **kwargs):
+            sig = signature(args, kwargs, names=names, static_argnums=static[0], static_argnames=static[1])
+            before = self.compiles
+            out = fn(*args, **kwargs)
+            compiled = self.compiles > before
+            self._tracker.seen(sig, compiled, user_call_site() if compiled else None)
+            return out
+
+        return watched
 
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
         if not self.active:
@@ -128,8 +174,10 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
       parameter, counter or key) is bitwise unchanged across all calls;
     * ``step.rng_reused`` — the step draws random bits (``random_bits`` in its jaxpr) and draws the
       same bits on two consecutive states (a dropout key never split or advanced);
-    * ``step.recompiles`` — any XLA compilation during calls 2..``calls`` with identical shapes
-      (a Python scalar as a static argument, a new ``jax.jit`` per call, dtype drift of the state).
+    * ``step.recompiles`` — any XLA compilation during calls 2..``calls``; the message names the state
+      leaf that changed since the compiled call (``state[0]['scale']: weak_type True -> False``: dtype or
+      weak-type drift of the state) or says the arguments were identical (a Python scalar as a static
+      argument or closed over, a new ``jax.jit`` per call).
 
     Args:
       experiment: the :class:`Experiment` (or its :class:`Adapted` view).
@@ -159,17 +207,20 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
 
     snapshots = [_snapshot(state)]
     compiles, traces = [], []
+    tracker, site = RecompileTracker(), user_call_site()
     for i in range(int(calls)):
+        sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
         with count_compilations() as counter:
             state, _ = adapted.step(state, batch)
             jax.block_until_ready(jax.tree_util.tree_leaves(state))
         compiles.append(counter.compiles)
         traces.append(counter.traces)
+        tracker.seen(sig, counter.compiles > 0, site)
         snapshots.append(_snapshot(state))
 
     findings: list[Finding] = []
     findings += _update_findings(snapshots, kinds)
-    findings += _recompile_findings(compiles, traces)
+    findings += _recompile_findings(compiles, traces, tracker.reasons)
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
     return findings
@@ -226,22 +277,24 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     return []
 
 
-def _recompile_findings(compiles: list[int], traces: list[int]) -> list[Finding]:
+def _recompile_findings(compiles: list[int], traces: list[int], reasons: list[Recompile]) -> list[Finding]:
+    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them."""
     later = compiles[1:]
-    if not any(later):
+    if not any(later) or not reasons:
         return []
+    finding = recompile_finding(reasons[0])
     every = all(later)
-    return [Finding(
-        "step.recompiles",
-        f"the step compiled again on later calls with the same shapes: compilations per call {compiles} "
-        f"(traces {traces})",
-        ("it recompiles on every call: a Python value that changes each call is a static argument or is "
-         "closed over (pass it as a jnp array argument instead), or jax.jit is applied anew inside the loop "
-         "(jit once, outside)") if every else
-        ("a later call recompiled once: the state returned by the step differs from the initial one in "
-         "dtype, weak type or sharding (compare jax.tree.map(lambda x: (x.dtype, x.shape), state) before and "
-         "after a step, e.g. init with jnp.float32 arrays instead of Python scalars)"),
-        extra={"compiles": compiles, "traces": traces})]
+    if every and not reasons[0].changes:
+        hint = ("it recompiles on every call with identical arguments: a Python value that changes each call is a "
+                "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "
+                "anew inside the loop (jit once, outside)")
+    else:
+        hint = finding.hint
+    others = [str(r) for r in reasons[1:]]
+    more = f"; and again at {len(others)} later call(s)" if others else ""
+    return [dataclasses.replace(
+        finding, message=f"{finding.message} (compilations per call {compiles}{more})", hint=hint,
+        extra={**finding.extra, "compiles": compiles, "traces": traces, "recompiles": [str(r) for r in reasons]})]
 
 
 def _random_sites(jaxpr) -> list[Any]:

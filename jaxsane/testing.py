@@ -16,7 +16,9 @@ from ._errors import GradCheckError, JaxsaneError
 from ._findings import Finding
 from ._grads import check_grads
 from ._init import check_init
+from ._recompile import recompile_finding
 from ._step_checks import check_step, count_compilations
+from ._tree import same_structure
 
 __all__ = ["CheckFailed", "GradCheckError", "assert_batch_independent", "assert_compiles_once",
            "assert_grads_match", "assert_init_ok", "assert_step_ok", "count_compilations"]
@@ -77,20 +79,30 @@ def assert_batch_independent(apply: Callable, params: Any, inputs: Any, **kwargs
         raise CheckFailed(_message("examples are not independent", bad), findings=bad)
 
 
-def assert_compiles_once(step: Callable, *args: Any, calls: int = 3) -> Any:
-    """Call ``step(*args)`` ``calls`` times with the same arguments and raise :class:`CheckFailed`
-    if any call after the first compiles again. Returns the last output. Not jit-safe.
+def assert_compiles_once(step: Callable, *args: Any, calls: int = 3, thread_state: bool = False) -> Any:
+    """Call ``step(*args)`` ``calls`` times and raise :class:`CheckFailed` if any call after the first
+    compiles again; the message names what changed in the arguments since the last compile (path, old
+    and new shape/dtype/weak type/sharding/static value/key) or says the arguments were identical (a new
+    ``jax.jit`` or closure per call). Returns the last output. Not jit-safe.
+
+    Args:
+      step: the (jitted) step.
+      *args: its positional arguments.
+      calls: how many calls (>= 2).
+      thread_state: feed each call's new state back as the first argument, as a training loop does (the
+        output itself, or ``output[0]`` when the step returns ``(state, metrics)``), so a state whose
+        dtypes or weak types drift across a step is caught.
 
     (optax's own tests make the same assertion about their jitted steps.)
     """
-    out = step(*args)
-    counts = []
-    for _ in range(max(1, calls - 1)):
-        with count_compilations() as counter:
-            out = step(*args)
-        counts.append(counter.compiles)
-    if any(counts):
-        finding = Finding("step.recompiles", f"calls 2..{calls} compiled {counts} time(s) with identical arguments",
-                          "see jaxsane.check_step: static Python values that change, or jax.jit applied per call")
-        raise CheckFailed(_message("the step recompiles", [finding]), findings=[finding])
+    with count_compilations() as counter:
+        watched = counter.watch(step)
+        for _ in range(max(2, calls)):
+            out = watched(*args)
+            if thread_state and args:
+                new = out[0] if isinstance(out, tuple) and len(out) == 2 and same_structure(out[0], args[0]) else out
+                args = (new, *args[1:])
+    if counter.reasons:
+        findings = [recompile_finding(r) for r in counter.reasons]
+        raise CheckFailed(_message("the step recompiles", findings), findings=findings)
     return out
