@@ -31,6 +31,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                       "wrong custom_vjp/custom_jvp rule, wrong sign, missing cotangent factor"),
     "grad.missing": (ERROR, "a trainable float leaf gets an identically zero gradient",
                      "lax.stop_gradient, unused parameter, dead branch, non-float leaf"),
+    "grad.kink": (INFO, "leaves the gradient check could not judge: the point is a kink along the probed direction",
+                  "ReLU/abs/clip/max exactly at 0 or at a tie: zero padding or zero-feature rows through a zero bias"),
     "step.no_update": (ERROR, "parameters are bitwise unchanged after a step",
                        "returning the old state, update not applied, learning rate 0"),
     "step.opt_state_frozen": (ERROR, "optimizer state is bitwise unchanged across steps",

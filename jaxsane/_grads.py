@@ -23,6 +23,7 @@ import numpy as np
 
 from ._errors import JaxsaneError
 from ._findings import Finding
+from ._grads_kink import kink_at_every_step, kink_finding, probe_sub_directions
 from ._interpret import bodies
 from ._tree import leaves_with_paths
 from ._validate import require_bool, require_callable, require_float, require_int
@@ -95,7 +96,8 @@ def _directional(h: Callable, t0: np.ndarray, eps: float) -> float:
 def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order: int = 1,
                 modes: Sequence[str] = ("fwd", "rev"), eps: float | None = None, atol: float | None = None,
                 rtol: float | None = None, dtype: Any = jnp.float64, has_aux: bool = False, seed: int = 0,
-                root: str | Sequence[str] | None = None) -> list[Finding]:
+                root: str | Sequence[str] | None = None, kinks: bool = True,
+                kink_rtol: float | None = None) -> list[Finding]:
     """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
 
     Every real float leaf of the arguments in ``argnums`` is checked on its own with
@@ -112,6 +114,15 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
         1e-6). A leaf that fails is re-checked at eps/10, /100, /1000 (float64; eps/3 otherwise)
         and reported only if it fails at every step and the gap does not shrink with the step
         (ReLU kinks inside the step cause gaps that shrink; wrong derivatives do not).
+        A leaf that still fails is tested for a kink *at* the point (a ReLU/abs/max exactly at 0 or a
+        tie, e.g. zero-filled padding or zero-feature rows through a zero bias), where no step helps:
+        the one-sided quotients ``(f(t+h)-f(t))/h`` and ``(f(t)-f(t-h))/h`` along its direction differ by
+        more than ``atol + kink_rtol * max(|right|, |left|, |autodiff|)`` at both the largest and the
+        smallest step. A wrong derivative on a differentiable path has equal one-sided slopes and stays a
+        ``grad.mismatch``. At a kink, the leaf's coordinates are probed in up to 32 random blocks: a block
+        off the kink (equal one-sided slopes at both steps) where autodiff disagrees with finite
+        differences at both steps is a ``grad.mismatch``; otherwise the leaf is not judged and is named
+        in one ``grad.kink`` (info), never an error (see ``jaxsane._grads_kink``).
       atol, rtol: tolerances of the comparison; default per compute dtype (``GRAD_DEFAULTS``,
         float64: 1e-5, jax.test_util.check_grads' float64 gradient tolerance).
       dtype: precision of the check (default float64, x64 enabled only inside this call);
@@ -120,10 +131,16 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
       seed: seed of the random directions and cotangents.
       root: names of the checked arguments in paths (default ``"params"`` for argument 0,
         ``"args[i]"`` otherwise).
+      kinks: test failing leaves for a kink at the point (above); ``False`` reports every leaf that fails
+        at every step as ``grad.mismatch`` (order 1 only; higher orders are never kink-tested).
+      kink_rtol: relative jump of the one-sided slopes that makes a kink (default the compute dtype's
+        ``rtol``, float64 1e-5: slopes equal within the comparison's own tolerance are one slope).
 
     Returns:
       Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
-      leaf whose gradient is identically zero on these arguments). Empty when all agree. A non-finite
+      leaf whose gradient is identically zero on these arguments; ``extra["kink"]`` when the output changes
+      with it only across a kink at the point, where autodiff's one-sided derivative is 0), and ``grad.kink``
+      (info: leaves not judged, the point is a kink along their direction). Empty when all agree. A non-finite
       value is never a ``grad.mismatch``: a non-finite output at the point skips the comparison and
       gives one ``nonfinite.forward``; non-finite autodiff gradients give one ``nonfinite.backward``
       naming the leaves; an output that goes non-finite within a finite-difference step gives one
@@ -145,6 +162,8 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
         require_float("check_grads", _name, _tol, positive=True, optional=True)
     require_bool("check_grads", "has_aux", has_aux)
     require_int("check_grads", "seed", seed)
+    require_bool("check_grads", "kinks", kinks)
+    require_float("check_grads", "kink_rtol", kink_rtol, positive=True, optional=True)
     if int(order) < 1:
         raise JaxsaneError(f"check_grads: order must be >= 1, got {order}.")
     modes = tuple(modes)
@@ -165,12 +184,14 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
     scope = jax.enable_x64(True) if x64 else contextlib.nullcontext()
     try:
         with scope:
-            return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed)
+            return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed,
+                          kinks, kink_rtol)
     except _MixedPrecision as e:
         # the function pins a dtype of its own (a recurrent cell's float32 initial carry from
         # initialize_carry, a float32 constant in a scan's carry): casting only the arguments to float64
         # breaks it. Check it as written instead, with the tolerances of its own dtype (GRAD_DEFAULTS).
-        findings = _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, None, has_aux, seed)
+        findings = _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, None, has_aux, seed, kinks,
+                          kink_rtol)
         note = (f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
                 f"function does not trace: {e.reason})")
         return [dataclasses.replace(x, message=x.message + note, extra={**x.extra, "precision": "as written"})
@@ -196,7 +217,8 @@ def _cast_host(x: Any, dtype: Any) -> Any:
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
 
-def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed) -> list[Finding]:
+def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed, kinks,
+           kink_rtol) -> list[Finding]:
     args = [jax.tree_util.tree_map(lambda x: _cast_host(x, dtype), a) for a in args]
     rng = np.random.default_rng(seed)
 
@@ -248,6 +270,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     eps = d_eps if eps is None else float(eps)
     atol = d_atol if atol is None else float(atol)
     rtol = d_rtol if rtol is None else float(rtol)
+    kink_rtol = rtol if kink_rtol is None else float(kink_rtol)
 
     def scalar(vals):
         outs = jax.tree_util.tree_leaves(call(vals))
@@ -267,6 +290,12 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         return grads, jvps
 
     value_at = jax.jit(perturbed)
+
+    def value_along(j, sub, t):  # f with leaf j moved by t along ``sub`` (a sub-direction of its direction)
+        vec = np.zeros((n,), tdtype)
+        vec[j] = t
+        return np.asarray(value_at(values, dirs[:j] + [sub] + dirs[j + 1:], vec))
+
     fwd = "fwd" in modes
     try:
         grads, jvps = jax.jit(autodiff, static_argnums=2)(values, dirs, fwd)
@@ -291,6 +320,8 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         return [_nonfinite_loss(v0, n)]
     backward: list[tuple[str, float]] = []   # autodiff non-finite, loss finite
     nearby: list[tuple[str, float]] = []     # the loss itself goes non-finite within a step of the point
+    kinked: list = []                        # (path, KinkVerdict): not judged, the point is a kink
+    ends = (ladder[0], ladder[-1])           # the steps of the kink test
     for j, (a, k) in enumerate(checked):
         path = _display(paths[a][k])
         ad = directional[j]
@@ -314,7 +345,8 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             if not np.isfinite(fd):
                 nearby.append((path, fd))
                 continue
-            findings.append(_missing(path, fd, fd != 0.0, values[j]))
+            kink = fd != 0.0 and kinks and kink_at_every_step(g, ends, 0.0, atol, kink_rtol)[0]
+            findings.append(_missing(path, fd, fd != 0.0, values[j], kink))
             continue
 
         def g_jvp(primals, tangents, j=j):  # jvp is linear in the tangent: scale the compiled one
@@ -343,13 +375,26 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
                                                                       errors[-1] < errors[0] / 10):
             continue  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
         fd = min(fds, key=lambda v: abs(v - ad))
+        where, kink_extra = "", {}
+        if kinks and order == 1:
+            at_kink, right, left = kink_at_every_step(g, ends, ad, atol, kink_rtol)
+            if at_kink:  # no step helps at a kink: judge the sub-directions off it, or not at all
+                verdict = probe_sub_directions(lambda sub, t, j=j: value_along(j, sub, t), grads[j],
+                                               np.asarray(dirs[j]), np.random.default_rng([seed, j]), ends,
+                                               right, left, atol, rtol, kink_rtol)
+                if verdict.wrong is None:
+                    kinked.append((path, verdict))
+                    continue
+                ad, fd, kink_extra = verdict.wrong["autodiff"], verdict.wrong["finite_diff"], verdict.wrong
+                where = (f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
+                         f"{np.size(values[j])} coordinates; {verdict.summary()})")
         rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
         fwd_note = ""
-        if jvps is not None:
+        if jvps is not None and not where:
             fwd_note = f", forward mode {float(jvps[j]):.6g}"
         findings.append(Finding(
             "grad.mismatch",
-            f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g} "
+            f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g}{where} "
             f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
             f"{compute}, order {order}, modes {'/'.join(modes)})",
             "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
@@ -357,11 +402,14 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             "residuals saved in fwd); leaves that check clean sit downstream of the bug",
             path=path,
             extra={"autodiff": ad, "finite_diff": fd, "relative_error": rel, "atol": atol, "rtol": rtol,
-                   "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000]}))
+                   "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000],
+                   **({"kink": kink_extra} if kink_extra else {})}))
     if backward:
         findings.append(_nonfinite_gradient(backward, float(v0.sum())))
     if nearby:
         findings.append(_nonfinite_nearby(nearby, float(v0.sum()), eps))
+    if kinked:
+        findings.append(kink_finding(kinked))
     return findings
 
 
@@ -424,8 +472,15 @@ def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
     return None
 
 
-def _missing(path: str, fd: float, depends: bool, leaf: Any) -> Finding:
-    if depends:
+def _missing(path: str, fd: float, depends: bool, leaf: Any, kink: bool = False) -> Finding:
+    if kink:
+        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient: the output changes "
+                   f"with it only across a kink at this point (finite-difference directional derivative {fd:.4g}, "
+                   "unequal one-sided slopes), where autodiff's one-sided derivative is 0")
+        hint = ("its units sit exactly on a ReLU/abs/max kink (zero weights or zero inputs through a zero bias), so "
+                "training cannot move this leaf until something else moves them off it; initialise the layer's "
+                "weights randomly (a zero-initialised ReLU layer stays dead)")
+    elif depends:
         message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient, yet the output "
                    f"changes with it (finite-difference directional derivative {fd:.4g})")
         hint = ("something on its path blocks the gradient: a jax.lax.stop_gradient on this layer, a custom_vjp "
@@ -436,4 +491,5 @@ def _missing(path: str, fd: float, depends: bool, leaf: Any) -> Finding:
                    "does not depend on it on this batch")
         hint = ("the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
                 "pass) or all its units are dead on this batch; wire it in or delete it")
-    return Finding("grad.missing", message, hint, path=path, extra={"finite_diff": fd, "depends": depends})
+    return Finding("grad.missing", message, hint, path=path,
+                   extra={"finite_diff": fd, "depends": depends, **({"kink": True} if kink else {})})

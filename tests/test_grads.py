@@ -299,3 +299,145 @@ def test_nonfinite_derivatives_are_never_a_mismatch_and_are_reported_once():
     # away from the edge the same function checks clean
     away = {"p": jnp.full(4, 0.5), "w": jnp.ones(4)}
     assert check_grads(lambda p, x: jnp.sum(jnp.log(p["p"])) + jnp.sum(p["w"] * x), away, np.ones(4, np.float32)) == []
+
+
+# ------------------------------------------------------------------ kinks at the point: not a wrong rule
+def _padded_graphs():
+    """A jraph-style padded GraphsTuple dict: rings of 3, 4 and 5 nodes, three real nodes without attributes
+    (all-zero rows) and 4 zero-filled padding nodes in one padding graph that the loss masks out."""
+    rng = np.random.default_rng(0)
+    sizes, senders, receivers, offset = [3, 4, 5], [], [], 0
+    for n in sizes:
+        s = np.arange(n) + offset
+        r = (np.arange(n) + 1) % n + offset
+        senders += [s, r]
+        receivers += [r, s]
+        offset += n
+    nodes = rng.normal(1.0, 0.1, size=(offset, 3))
+    nodes[[1, 5, 9]] = 0.0  # real nodes with no attributes
+    pad_nodes, pad_edges = 4, 6
+    senders = np.concatenate(senders + [np.full(pad_edges, offset)])
+    receivers = np.concatenate(receivers + [np.full(pad_edges, offset)])
+    return {"nodes": np.concatenate([nodes, np.zeros((pad_nodes, 3))]).astype(np.float32),
+            "senders": senders.astype(np.int32), "receivers": receivers.astype(np.int32),
+            "n_node": np.array(sizes + [pad_nodes], np.int32), "labels": np.array([0, 1, 0, 0], np.int32),
+            "graph_mask": np.array([1, 1, 1, 0], np.float32)}
+
+
+def _graph_params():
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    return {"encoder": {"w": jax.random.normal(k1, (3, 8)), "b": jnp.zeros(8)},  # zero-initialised biases
+            "mp": {"w": jax.random.normal(k2, (16, 8)) * 0.3, "b": jnp.zeros(8)},
+            "out": {"w": jax.random.normal(k3, (8, 2)) * 0.3, "b": jnp.zeros(2)}}
+
+
+def _graph_loss(act, mp_act=jax.nn.relu):
+    """Masked per-graph cross-entropy of a ReLU encoder (``act``) + one sum message-passing layer + mean readout."""
+    def loss(params, g):
+        num_nodes, num_graphs = g["nodes"].shape[0], g["n_node"].shape[0]
+        h = act(g["nodes"] @ params["encoder"]["w"] + params["encoder"]["b"])  # zero rows: exactly relu(0)
+        messages = jax.ops.segment_sum(h[g["senders"]], g["receivers"], num_nodes)
+        h = mp_act(jnp.concatenate([h, messages / 2.0], -1) @ params["mp"]["w"] + params["mp"]["b"])
+        graph_of_node = jnp.repeat(jnp.arange(num_graphs), g["n_node"], total_repeat_length=num_nodes)
+        pooled = jax.ops.segment_sum(h, graph_of_node, num_graphs) / jnp.maximum(g["n_node"], 1)[:, None]
+        logits = pooled @ params["out"]["w"] + params["out"]["b"]
+        per_graph = optax.softmax_cross_entropy_with_integer_labels(logits, g["labels"])
+        return jnp.sum(per_graph * g["graph_mask"]) / jnp.sum(g["graph_mask"])
+    return loss
+
+
+def _relu_vjp(bug):
+    """ReLU with a hand-written VJP; ``bug`` plants a wrong backward."""
+
+    @jax.custom_vjp
+    def relu(x):
+        return jnp.maximum(x, 0.0)
+
+    def fwd(x):
+        return relu(x), x
+
+    def bwd(x, g):
+        d = jnp.where(x > 0, g, 0.0)
+        return ({"double": 2.0 * d, "sign": -d}.get(bug, d),)  # BUG("double", "sign")
+
+    relu.defvjp(fwd, bwd)
+    return relu
+
+
+def test_relu_on_zero_rows_of_a_padded_graph_batch_is_not_a_mismatch():
+    """Zero rows through a zero bias put the encoder's ReLU exactly on its kink: autodiff returns one side
+    (relu'(0) = 0), central differences the average at every step. Not judged (info), never an error."""
+    loss, params, graphs = _graph_loss(jax.nn.relu), _graph_params(), _padded_graphs()
+    before = check_grads(loss, params, graphs, kinks=False)  # the step ladder alone: a false alarm
+    assert "params['encoder']['b']" in {f.path for f in before if f.code == "grad.mismatch"}, before
+    findings = check_grads(loss, params, graphs)
+    assert [f.code for f in findings] == ["grad.kink"], findings
+    kink = findings[0]
+    assert kink.severity == "info" and "params['encoder']['b']" in kink.extra["leaves"]
+    verdict = kink.extra["kinks"]["params['encoder']['b']"]
+    assert verdict["wrong"] is None and verdict["right"] != pytest.approx(verdict["left"], rel=1e-3)
+    # the same model with a correct hand-written ReLU checks the same, and a custom ReLU is judged like jax.nn.relu
+    assert [f.code for f in check_grads(_graph_loss(_relu_vjp(None)), params, graphs)] == ["grad.kink"]
+
+
+@pytest.mark.parametrize("bug", ["double", "sign"])
+def test_wrong_custom_relu_on_the_padded_graph_model_is_still_a_mismatch(bug):
+    """The encoder's ReLU has the wrong backward; its weight sees no kink (a zero row times any weight is 0), so
+    it is judged and named, while its bias sits on the kink (not judged) and the layers above are right."""
+    findings = check_grads(_graph_loss(_relu_vjp(bug)), _graph_params(), _padded_graphs())
+    errors = [(f.code, f.path) for f in findings if f.severity == "error"]
+    assert errors == [("grad.mismatch", "params['encoder']['w']")], findings
+    assert findings[0].extra["relative_error"] > 0.1 and "custom_vjp" in findings[0].hint
+    # on every layer: every weight below the wrong rule is named
+    findings = check_grads(_graph_loss(_relu_vjp(bug), _relu_vjp(bug)), _graph_params(), _padded_graphs())
+    assert "params['mp']['w']" in {f.path for f in findings if f.code == "grad.mismatch"}, findings
+
+
+@pytest.mark.parametrize("case", ["relu", "max_tie", "abs"])
+def test_kinks_at_the_point_are_not_judged(case):
+    """The smallest reproductions: relu of zero rows through a zero bias, a jnp.max tie over zero rows, abs(0)."""
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    x[3:] = 0.0  # zero-filled rows
+    params = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(3, 4))), "b": jnp.zeros(4)}
+    loss = {"relu": lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"])),
+            "max_tie": lambda p, x: jnp.sum(jnp.max(x @ p["w"] + p["b"], axis=1)),
+            "abs": lambda p, x: jnp.sum(jnp.abs(p["b"]) + 2.0 * p["b"]) + jnp.sum(jnp.tanh(x @ p["w"]))}[case]
+    assert [f.path for f in check_grads(loss, params, x, kinks=False)] == ["params['b']"]
+    findings = check_grads(loss, params, x)
+    assert [(f.code, f.path) for f in findings] == [("grad.kink", "params['b']")], findings
+    if case == "abs":  # abs'(0) = 0 plus 2 lies between the one-sided slopes 1 and 3 of every coordinate
+        verdict = findings[0].extra["kinks"]["params['b']"]
+        assert verdict["kinked"] == verdict["consistent"] == verdict["blocks"] == 4
+
+
+def test_a_wrong_rule_beside_a_kink_in_the_same_leaf_is_found_on_a_sub_direction():
+    """Half of a leaf sits on a ReLU kink, the other half goes through a wrong VJP: the whole direction
+    crosses the kink, its sub-directions off the kink still show the wrong rule."""
+    def loss(p):
+        return jnp.sum(jax.nn.relu(p["b"][:4])) * 3.0 + jnp.sum(_tanh_vjp("sign")(p["b"][4:] + 0.5))
+
+    findings = check_grads(loss, {"b": jnp.zeros(8)})
+    assert [f.code for f in findings] == ["grad.mismatch"], findings
+    assert "sub-direction off a kink" in findings[0].message and findings[0].extra["kink"]["coordinates"] == 1
+    # the correct rule there: the leaf is not judged, no error
+    ok = lambda p: jnp.sum(jax.nn.relu(p["b"][:4])) * 3.0 + jnp.sum(_tanh_vjp(None)(p["b"][4:] + 0.5))
+    assert [f.code for f in check_grads(ok, {"b": jnp.zeros(8)})] == ["grad.kink"]
+
+
+def test_zero_initialised_relu_layer_is_grad_missing_across_a_kink():
+    """All pre-activations exactly 0: the layer's gradient is identically 0 (relu'(0) = 0) and it never trains,
+    while the output moves on one side: still grad.missing, said to be a kink rather than a stop_gradient."""
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    v = jnp.asarray(np.random.default_rng(1).normal(size=(4,)))
+    findings = check_grads(lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"]) @ v),
+                           {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}, x)
+    assert {f.path for f in findings if f.code == "grad.missing"} == {"params['w']", "params['b']"}, findings
+    assert all(f.extra.get("kink") for f in findings) and "kink" in findings[0].hint
+    assert "stop_gradient" not in findings[0].hint
+
+
+def test_kink_options_are_validated():
+    with pytest.raises(jaxsane.JaxsaneError, match="kink_rtol"):
+        check_grads(lambda p: jnp.sum(p), jnp.ones(3), kink_rtol=-1.0)
+    with pytest.raises(jaxsane.JaxsaneError, match="kinks"):
+        check_grads(lambda p: jnp.sum(p), jnp.ones(3), kinks="yes")

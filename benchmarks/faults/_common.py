@@ -88,10 +88,11 @@ def gelu_mlp_apply(params, x):
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
-def message_passing(layers, graph, max_degree):
-    """Node states after sum message passing over a jraph-style graph dict (GELU, messages / ``max_degree``)."""
-    h = graph["nodes"]
+def message_passing(layers, graph, max_degree, act=jax.nn.gelu, h=None):
+    """Node states after sum message passing over a jraph-style graph dict (``act``, GELU by default; messages /
+    ``max_degree``), from ``h`` (default the node features)."""
+    h = graph["nodes"] if h is None else h
     for layer in layers:
         messages = jax.ops.segment_sum(h[graph["senders"]] * graph["edges"], graph["receivers"], h.shape[0])
-        h = jax.nn.gelu(jnp.concatenate([h, messages / max_degree], -1) @ layer["w"] + layer["b"])
+        h = act(jnp.concatenate([h, messages / max_degree], -1) @ layer["w"] + layer["b"])
     return h

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 import jaxsane
-from benchmarks.faults._common import dense_params, mlp_apply, optax_step
+from benchmarks.faults._common import dense_params, message_passing, mlp_apply, optax_step
 
 EXPECTED = []
 STYLE = "optax"
@@ -71,23 +71,25 @@ def take_graphs(batch, n):
             "graph_mask": batch["graph_mask"][:n]}
 
 
-def batches(seed):
+def batches(seed, make=random_graphs):
+    """An endless stream of padded batches of ``make(rng, GRAPHS)`` graphs."""
     def stream():
         rng = np.random.default_rng(seed)
         while True:
-            yield pad_graphs(random_graphs(rng, GRAPHS))
+            yield pad_graphs(make(rng, GRAPHS))
     return stream
 
 
-def apply(params, graph):
-    num_nodes, num_graphs = graph["nodes"].shape[0], graph["n_node"].shape[0]
-    h = graph["nodes"]
-    for layer in params["mp"]:
-        messages = jax.ops.segment_sum(h[graph["senders"]] * graph["edges"], graph["receivers"], num_nodes)
-        h = jax.nn.relu(jnp.concatenate([h, messages / MAX_DEGREE], -1) @ layer["w"] + layer["b"])
+def graph_mean(h, graph):
+    """Per-graph mean of the node states ``h`` (``segment_sum`` over the node-to-graph ids, as jraph does)."""
+    num_nodes, num_graphs = h.shape[0], graph["n_node"].shape[0]
     graph_of_node = jnp.repeat(jnp.arange(num_graphs), graph["n_node"], total_repeat_length=num_nodes)
-    pooled = jax.ops.segment_sum(h, graph_of_node, num_graphs) / jnp.maximum(graph["n_node"], 1)[:, None]
-    return mlp_apply(params["head"], pooled)
+    return jax.ops.segment_sum(h, graph_of_node, num_graphs) / jnp.maximum(graph["n_node"], 1)[:, None]
+
+
+def apply(params, graph):
+    h = message_passing(params["mp"], graph, MAX_DEGREE, act=jax.nn.relu)
+    return mlp_apply(params["head"], graph_mean(h, graph))
 
 
 def masked_loss(apply_fn):
