@@ -33,6 +33,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                      "lax.stop_gradient, unused parameter, dead branch, non-float leaf"),
     "grad.kink": (INFO, "leaves the gradient check could not judge: the point is a kink along the probed direction",
                   "ReLU/abs/clip/max exactly at 0 or at a tie: zero padding or zero-feature rows through a zero bias"),
+    "grad.sampled": (INFO, "the gradient check ran on a random sample of the float leaves (a big model)",
+                     "more float leaves than check_grads(max_leaves=128); pass max_leaves=None to check all"),
     "step.no_update": (ERROR, "parameters are bitwise unchanged after a step",
                        "returning the old state, update not applied, learning rate 0"),
     "step.opt_state_frozen": (ERROR, "optimizer state is bitwise unchanged across steps",

@@ -23,6 +23,8 @@ import numpy as np
 
 from ._errors import JaxsaneError
 from ._findings import Finding
+from ._grads_findings import (missing_finding, nonfinite_gradient_finding, nonfinite_loss_finding,
+                              nonfinite_nearby_finding, sampled_finding)
 from ._grads_kink import kink_at_every_step, kink_finding, probe_sub_directions
 from ._interpret import bodies
 from ._tree import leaves_with_paths
@@ -97,7 +99,7 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
                 modes: Sequence[str] = ("fwd", "rev"), eps: float | None = None, atol: float | None = None,
                 rtol: float | None = None, dtype: Any = jnp.float64, has_aux: bool = False, seed: int = 0,
                 root: str | Sequence[str] | None = None, kinks: bool = True,
-                kink_rtol: float | None = None) -> list[Finding]:
+                kink_rtol: float | None = None, max_leaves: int | None = 128) -> list[Finding]:
     """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
 
     Every real float leaf of the arguments in ``argnums`` is checked on its own with
@@ -135,6 +137,8 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
         at every step as ``grad.mismatch`` (order 1 only; higher orders are never kink-tested).
       kink_rtol: relative jump of the one-sided slopes that makes a kink (default the compute dtype's
         ``rtol``, float64 1e-5: slopes equal within the comparison's own tolerance are one slope).
+      max_leaves: check at most this many float leaves, drawn at random with ``seed`` (finite differences
+        evaluate ``f`` twice per leaf); a sampled check says so in a ``grad.sampled`` info. None or 0: every leaf.
 
     Returns:
       Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
@@ -164,6 +168,7 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
     require_int("check_grads", "seed", seed)
     require_bool("check_grads", "kinks", kinks)
     require_float("check_grads", "kink_rtol", kink_rtol, positive=True, optional=True)
+    require_int("check_grads", "max_leaves", max_leaves, min=0, optional=True)
     if int(order) < 1:
         raise JaxsaneError(f"check_grads: order must be >= 1, got {order}.")
     modes = tuple(modes)
@@ -185,13 +190,13 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
     try:
         with scope:
             return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed,
-                          kinks, kink_rtol)
+                          kinks, kink_rtol, max_leaves)
     except _MixedPrecision as e:
         # the function pins a dtype of its own (a recurrent cell's float32 initial carry from
         # initialize_carry, a float32 constant in a scan's carry): casting only the arguments to float64
         # breaks it. Check it as written instead, with the tolerances of its own dtype (GRAD_DEFAULTS).
         findings = _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, None, has_aux, seed, kinks,
-                          kink_rtol)
+                          kink_rtol, max_leaves)
         note = (f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
                 f"function does not trace: {e.reason})")
         return [dataclasses.replace(x, message=x.message + note, extra={**x.extra, "precision": "as written"})
@@ -218,7 +223,7 @@ def _cast_host(x: Any, dtype: Any) -> Any:
 
 
 def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed, kinks,
-           kink_rtol) -> list[Finding]:
+           kink_rtol, max_leaves) -> list[Finding]:
     args = [jax.tree_util.tree_map(lambda x: _cast_host(x, dtype), a) for a in args]
     rng = np.random.default_rng(seed)
 
@@ -233,6 +238,11 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
                if _is_real_float(leaf) and hasattr(leaf, "shape")]
     if not checked:
         return []
+    sampled = []
+    if max_leaves and len(checked) > max_leaves:
+        keep = np.sort(np.random.default_rng(seed).choice(len(checked), size=int(max_leaves), replace=False))
+        sampled = [sampled_finding(int(max_leaves), len(checked), seed)]
+        checked = [checked[i] for i in keep]
     n = len(checked)
     values = [flat[a][k] for a, k in checked]
     dirs = [jax.device_put(rng.standard_normal(v.shape).astype(v.dtype)) for v in values]
@@ -332,7 +342,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     t0 = np.asarray(0.0, tdtype)
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
-        return [_nonfinite_loss(v0, n)]
+        return [nonfinite_loss_finding(v0, n)]
     backward: list[tuple[str, float]] = []   # autodiff non-finite, loss finite
     nearby: list[tuple[str, float]] = []     # the loss itself goes non-finite within a step of the point
     kinked: list = []                        # (path, KinkVerdict): not judged, the point is a kink
@@ -361,7 +371,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
                 nearby.append((path, fd))
                 continue
             kink = fd != 0.0 and kinks and kink_at_every_step(g, ends, 0.0, atol, kink_rtol)[0]
-            findings.append(_missing(path, fd, fd != 0.0, values[j], kink))
+            findings.append(missing_finding(path, fd, fd != 0.0, values[j], kink))
             continue
 
         def g_jvp(primals, tangents, j=j):  # jvp is linear in the tangent: scale the compiled one
@@ -420,51 +430,12 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
                    "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000],
                    **({"kink": kink_extra} if kink_extra else {})}))
     if backward:
-        findings.append(_nonfinite_gradient(backward, float(v0.sum())))
+        findings.append(nonfinite_gradient_finding(backward, float(v0.sum())))
     if nearby:
-        findings.append(_nonfinite_nearby(nearby, float(v0.sum()), eps))
+        findings.append(nonfinite_nearby_finding(nearby, float(v0.sum()), eps))
     if kinked:
         findings.append(kink_finding(kinked))
-    return findings
-
-
-def _leaf_list(items: list[tuple[str, float]], limit: int = 4) -> str:
-    names = ", ".join(f"{p} ({v})" for p, v in items[:limit])
-    return names + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _nonfinite_loss(v0: np.ndarray, n: int) -> Finding:
-    value = float(v0.ravel()[~np.isfinite(v0.ravel())][0])
-    return Finding(
-        "nonfinite.forward",
-        f"the function is already {value} at the gradient check point, so none of the {n} leaves' gradients "
-        "could be compared with finite differences (the gradient check was skipped)",
-        "a NaN/Inf is born in the forward pass: run jaxsane.locate on the loss (or a guarded step) to get the "
-        "line; check the labels and the data first (out-of-range labels, NaN inputs, an all-padding mask), "
-        "then log(0), exp overflow and divisions by zero; the gradient check runs once the loss is finite",
-        extra={"loss": value, "leaves": n, "stage": "grads"})
-
-
-def _nonfinite_gradient(items: list[tuple[str, float]], loss: float) -> Finding:
-    return Finding(
-        "nonfinite.backward",
-        f"the autodiff gradient is non-finite for {len(items)} leaf(s) while the function is finite at the point "
-        f"({loss:.6g}): {_leaf_list(items)} (directional derivatives); a NaN gradient is not a wrong "
-        "derivative rule, so these leaves were not compared with finite differences",
-        "a NaN/Inf is born in the backward pass: run jaxsane.locate on the step (or a guarded run) to get the "
-        "line; the usual cause is jnp.where over sqrt/log/arccos (use the double-where fix), or norm/std at 0",
-        path=items[0][0], extra={"autodiff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
-
-
-def _nonfinite_nearby(items: list[tuple[str, float]], loss: float, eps: float) -> Finding:
-    return Finding(
-        "nonfinite.forward",
-        f"the function is finite at the point ({loss:.6g}) but goes non-finite within a finite-difference step "
-        f"(eps={eps:g}) along {len(items)} leaf(s): {_leaf_list(items)}; the parameters sit at the edge of a "
-        "domain (sqrt/log of ~0, a division by ~0), so these leaves were not compared",
-        "run jaxsane.locate on the loss to get the line; keep the argument of sqrt/log/division away from 0 "
-        "(add an epsilon, clip, or use the double-where fix)",
-        path=items[0][0], extra={"finite_diff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
+    return findings + sampled
 
 
 def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
@@ -485,26 +456,3 @@ def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
     except AssertionError as e:
         return str(e)
     return None
-
-
-def _missing(path: str, fd: float, depends: bool, leaf: Any, kink: bool = False) -> Finding:
-    if kink:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient: the output changes "
-                   f"with it only across a kink at this point (finite-difference directional derivative {fd:.4g}, "
-                   "unequal one-sided slopes), where autodiff's one-sided derivative is 0")
-        hint = ("its units sit exactly on a ReLU/abs/max kink (zero weights or zero inputs through a zero bias), so "
-                "training cannot move this leaf until something else moves them off it; initialise the layer's "
-                "weights randomly (a zero-initialised ReLU layer stays dead)")
-    elif depends:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient, yet the output "
-                   f"changes with it (finite-difference directional derivative {fd:.4g})")
-        hint = ("something on its path blocks the gradient: a jax.lax.stop_gradient on this layer, a custom_vjp "
-                "returning zeros for it, or an integer cast; remove the stop_gradient (or freeze the leaf on "
-                "purpose with optax.set_to_zero / multi_transform)")
-    else:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient and the output "
-                   "does not depend on it on this batch")
-        hint = ("the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
-                "pass) or all its units are dead on this batch; wire it in or delete it")
-    return Finding("grad.missing", message, hint, path=path,
-                   extra={"finite_diff": fd, "depends": depends, **({"kink": True} if kink else {})})

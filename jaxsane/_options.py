@@ -68,6 +68,7 @@ class GradsOptions:
     grads_order: int = _opt(1, "derivative order checked", choices=(1, 2))
     grads_modes: tuple[str, ...] = _opt(("fwd", "rev"), "autodiff modes checked", choices=("fwd", "rev"))
     grads_batch_size: int = _opt(32, "examples of the first batch used", minimum=1)
+    grads_max_leaves: int = _opt(128, "float leaves checked, drawn at random beyond it (0: every leaf)", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

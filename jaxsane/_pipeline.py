@@ -208,7 +208,7 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
-                       modes=opts.grads_modes)
+                       modes=opts.grads_modes, max_leaves=opts.grads_max_leaves or None)
 
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -441,3 +441,28 @@ def test_kink_options_are_validated():
         check_grads(lambda p: jnp.sum(p), jnp.ones(3), kink_rtol=-1.0)
     with pytest.raises(jaxsane.JaxsaneError, match="kinks"):
         check_grads(lambda p: jnp.sum(p), jnp.ones(3), kinks="yes")
+
+
+def test_big_models_are_sampled_and_say_so():
+    params = {f"p{i:03d}": jnp.full((3,), 0.1 * (i + 1)) for i in range(200)}
+
+    def loss(p):
+        return sum(jnp.sum(jnp.sin(v)) for v in p.values())
+
+    found = check_grads(loss, params, max_leaves=16)
+    assert [f.code for f in found] == ["grad.sampled"]
+    assert found[0].severity == "info" and found[0].extra["checked"] == 16 and found[0].extra["leaves"] == 200
+
+    @jax.custom_vjp
+    def wrong_sin(x):
+        return jnp.sin(x)
+    wrong_sin.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (2.0 * g * jnp.cos(x),))  # a factor 2 too many
+
+    def bad_loss(p):
+        return sum(jnp.sum(wrong_sin(v)) for v in p.values())
+
+    codes = [f.code for f in check_grads(bad_loss, params, max_leaves=16, modes=("rev",))]
+    assert codes.count("grad.mismatch") == 16 and codes[-1] == "grad.sampled"
+    assert [f.code for f in check_grads(loss, {k: params[k] for k in list(params)[:20]}, max_leaves=16)] == \
+        ["grad.sampled"]
+    assert check_grads(loss, {k: params[k] for k in list(params)[:20]}, max_leaves=None) == []
