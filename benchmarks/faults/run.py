@@ -4,7 +4,7 @@
 Every program in this folder is a small module: ``f*.py`` are faulty, ``c*.py`` are correct. Each
 exposes ``experiment()`` (a ``jaxsane.Experiment``) or, for checks that need several devices,
 ``check()`` (a list of findings); ``EXPECTED`` (the finding codes it must produce; empty for a correct
-program); ``STYLE`` ("optax", "linen", "nnx"); ``STAGES`` (the doctor stages it needs) and optionally
+program); ``STYLE`` ("optax", "linen", "nnx", "equinox"); ``STAGES`` (the doctor stages it needs) and optionally
 ``OPTIONS`` (doctor options). The faulty line carries a ``# FAULT`` comment, so line-exactness of
 ``nonfinite.forward/backward/update`` findings is measured against the marked line, never hard-coded.
 
