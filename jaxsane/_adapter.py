@@ -234,6 +234,23 @@ def combine(arrays: PyTree, static: Static) -> PyTree:
     return jax.tree_util.tree_unflatten(static.treedef, [next(it) if x is _ARRAY else x for x in static.leaves])
 
 
+def uncounted(fn: Callable) -> Callable:
+    """``fn`` without an ``eqx.debug.assert_max_traces`` layer: the function under the outermost one (the
+    ``eqx.filter_jit`` above it is dropped too; jaxsane runs the step under its own ``jax.jit``), else
+    ``fn`` itself. jaxsane's tools trace the user's step in contexts of their own (a smaller batch, a vmapped
+    sweep, a replay); those traces must not spend the user's trace budget, whose purpose (no recompiles in
+    the training loop) the step stage checks itself. Never imports equinox. Not jit-relevant."""
+    f = fn
+    for _ in range(32):  # a wrapper chain, never a cycle
+        kind = type(f)
+        if kind.__name__ == "_AssertMaxTraces" and kind.__module__.startswith("equinox"):
+            return f.__wrapped__
+        f = getattr(f, "__wrapped__", None)
+        if f is None:
+            break
+    return fn
+
+
 # ----------------------------------------------------------------------------- signatures
 
 def unwrap(fn: Callable) -> Callable:

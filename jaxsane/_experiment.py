@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 
 from ._adapter import (arrays_of, call_split, combine, is_nnx_state as is_nnx_state, needs_partition,
-                       nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole)
+                       nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole, uncounted)
 from ._errors import ExperimentError
 from ._tree import PyTree, is_array, is_inexact, same_structure
 from ._validate import show
@@ -234,8 +234,8 @@ class Adapted:
             args = (None,) * (len(self._layout.positions) if self._unpack else 1) + (batch,)
             out, new_state = call_split(exp.step, self._layout, state, args)
             return new_state, out
-        user = self.user_state(state)
-        out = exp.step(*user, batch) if self._spread else exp.step(user, batch)
+        user, step = self.user_state(state), uncounted(exp.step)
+        out = step(*user, batch) if self._spread else step(user, batch)
         if self._spread and isinstance(out, (tuple, list)) and not same_structure(out, user):
             n = len(user)  # (model, opt_state, loss) -> ((model, opt_state), loss)
             if len(out) == n + 1 and same_structure(type(user)(out[:n]), user):

@@ -89,6 +89,12 @@ class KeptCall:
         return combine((self.args(), self.kwargs), self.rest)
 
 
+def _echoes_args(out: Any, plain: tuple) -> bool:
+    """True when ``out`` is ``(*new values of the first k args, metrics)``, k >= 1."""
+    k = len(out) - 1 if isinstance(out, tuple) else 0
+    return 1 <= k <= len(plain) and all(same_structure(out[j], plain[j]) for j in range(k))
+
+
 def _some(paths: list[str], n: int = 4) -> str:
     return ", ".join(paths[:n]) + (f" and {len(paths) - n} more leaves" if len(paths) > n else "")
 
@@ -147,9 +153,10 @@ class HostSide:
         if call.positions:
             root = "metrics" if isinstance(out, (dict, tuple, list)) else "loss"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
-        elif isinstance(out, tuple) and len(out) == 2 and call.plain and same_structure(out[0], call.plain[0]):
-            out_paths += [p for p, _ in leaves_with_paths(out[0], self._arg_name(0))]
-            out_paths += [p for p, _ in leaves_with_paths(out[1], "metrics" if isinstance(out[1], dict) else "loss")]
+        elif _echoes_args(out, call.plain):  # (state, metrics), or (model, opt_state, loss) for step(model, opt_state, ..)
+            for k, part in enumerate(out[:-1]):
+                out_paths += [p for p, _ in leaves_with_paths(part, self._arg_name(k))]
+            out_paths += [p for p, _ in leaves_with_paths(out[-1], "metrics" if isinstance(out[-1], dict) else "loss")]
         else:
             root = self._arg_name(0) if call.plain and same_structure(out, call.plain[0]) else "out"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]

@@ -125,13 +125,13 @@ def _user_steps(module, steps: int):
     state = experiment.init(jax.random.key(0))
     adapted = Adapted(experiment)
     out = None
+    pure = adapted.to_pure(state)
     for batch in iter_batches(experiment.train, steps):
         if adapted.nnx:
             out = experiment.step(*state, batch) if isinstance(state, tuple) else experiment.step(state, batch)
-        else:
-            style = adapted.detect_style(state, batch)
-            out = experiment.step(state, batch)
-            state = out[0] if style == "state_metrics" else out
+        else:  # the user's step on the user's state (an Equinox model whole, a spread (model, opt_state, batch))
+            pure, out = adapted.step(pure, batch)
+            state = pure
     jax.block_until_ready((state, out))
 
 
