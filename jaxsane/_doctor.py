@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import re
 import sys
 import time
 import traceback
@@ -134,6 +135,16 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+_EQX_ERROR = re.compile(r"EquinoxRuntimeError: ([^\n]+)")
+
+
+class _ErrorIf(RuntimeError):
+    """An ``eqx.error_if`` in the user's program fired (its message is the error's)."""
+
+
+_ErrorIf.__name__ = _ErrorIf.__qualname__ = "EquinoxRuntimeError"
+
+
 def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
     """``(exception, file, line)`` when ``exc`` was raised in (or through) the user's own code.
 
@@ -144,6 +155,9 @@ def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
     for e in reversed(_chain(exc)):
         if type(e).__name__ == "UnfilteredStackTrace":  # jax's copy of the traceback, not an error
             continue
+        fired = _EQX_ERROR.search(str(e)) if "EquinoxRuntimeError" in str(e) else None
+        if fired:  # the user's eqx.error_if, raised at run time from a callback: no user frame in the traceback
+            return _ErrorIf(fired.group(1).strip()), None, None
         for frame in reversed(traceback.extract_tb(e.__traceback__)):
             if not is_library_file(frame.filename):
                 return e, frame.filename, frame.lineno
@@ -163,9 +177,14 @@ def _crash_finding(crash: tuple[BaseException, str, int], during: str) -> Findin
         "doctor.user_code_crashed",
         f"your code raised {type(exc).__name__}: {_first_line(exc)} (during {during})"
         + (f"   {src}" if src else ""),
-        f"fix the exception at {file}:{line}; doctor cannot check a program that crashes (call that function "
-        "yourself on the first batch to see the whole traceback)",
+        (f"fix the exception at {file}:{line}" if file else
+         "fix what the check in your code (eqx.error_if) reports") + "; doctor cannot check a program that crashes "
+        "(call that function yourself on the first batch to see the whole traceback)",
         file=file, line=line, extra={"exception": type(exc).__name__, "during": [during]})
+
+
+def _at(file: str | None, line: int | None) -> str:
+    return f" at {file}:{line}" if file else ""
 
 
 class _Triage:
@@ -180,10 +199,10 @@ class _Triage:
         ident = (type(exc).__name__, str(exc), file, line)
         if ident in self.seen:
             self.seen[ident].extra["during"].append(during)
-            return f"your code raised {type(exc).__name__} at {file}:{line} (the crash reported above)"
+            return f"your code raised {type(exc).__name__}{_at(file, line)} (the crash reported above)"
         self.seen[ident] = finding = _crash_finding(crash, during)
         self.diagnosis.add(finding)
-        return f"your code raised {type(exc).__name__}: {_first_line(exc, 120)} at {file}:{line}"
+        return f"your code raised {type(exc).__name__}: {_first_line(exc, 120)}{_at(file, line)}"
 
     def stage(self, name: str, exc: Exception, blocked: tuple[str, str] | None) -> tuple[str, str]:
         """(status, reason) for stage ``name`` that raised ``exc``; adds the finding."""

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._adapter import combine, needs_partition, partition
 from ._dump_format import (FORMAT as FORMAT, MAX_BYTES as MAX_BYTES, MAX_DEPTH as MAX_DEPTH,
                            MAX_JSON_BYTES as _MAX_JSON_BYTES, MAX_NODES as MAX_NODES, PYTHON_SCALARS as _PYTHON,
                            RAW_DTYPES as _RAW, READABLE as _READABLE)
@@ -455,6 +456,9 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
     args_node, kw_node = tree["c"]
     if like is not None:
         like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
+        rest = None
+        if needs_partition(like_args):  # an Equinox model: the dump holds its arrays, like= gives the rest back
+            like_args, rest = partition(like_args)
         try:
             want = _Encoder(None).node(like_args, "like")
         except (DumpError, RecursionError) as e:
@@ -468,6 +472,8 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
             raise DumpError(f"load_dump(like=...) does not match the dump at {path}: like= has "
                             f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}.")
         args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
+        if rest is not None:
+            args = combine(args, rest)
     else:
         args = reader.build(args_node, leaves, "args")
     kwargs = reader.build(kw_node, leaves, "kwargs")

@@ -7,7 +7,11 @@ Supported step styles (all unchanged):
   * Flax NNX in place: ``state = (model, optimizer)``, an ``nnx.jit`` step
     ``step(model, optimizer, batch) -> loss | metrics | None`` that mutates them
     (``step(state, batch)`` with the tuple also works);
-  * a step that returns only the new state, and (NNX) a step that returns only the loss.
+  * a step that returns only the new state, and (NNX) a step that returns only the loss;
+  * Equinox: a state holding ``eqx.Module`` models (activation functions and other non-array leaves
+    included) and an ``eqx.filter_jit`` step; the tools see the state's array part (``_adapter.partition``);
+  * a tuple state spread over the step's arguments: ``step(model, opt_state, batch) ->
+    (model, opt_state, loss | metrics)`` (Equinox's own examples), for any tuple state of 2+ items.
 
 Reading the data an Experiment names (batches, their inputs/labels/mask, examples) is
 :mod:`jaxsane._experiment_data`.
@@ -22,8 +26,8 @@ from typing import Any, Callable
 
 import jax
 
-from ._adapter import (call_split, is_nnx_state as is_nnx_state, nnx_module as _nnx,
-                       positional_arity as _positional_arity, split_whole)
+from ._adapter import (arrays_of, call_split, combine, is_nnx_state as is_nnx_state, needs_partition,
+                       nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole, uncounted)
 from ._errors import ExperimentError
 from ._tree import PyTree, is_array, is_inexact, same_structure
 from ._validate import show
@@ -172,8 +176,18 @@ class Adapted:
             self._layout, _ = split_whole(example, tuple(range(len(example))) if self._unpack else (0,),
                                           packed=not self._unpack)
             self._graphdef = self._layout.graphdef
-        else:
-            self._check_leaves(example)
+        self._static = self._params_static = None
+        self._spread = False
+        if not self.nnx:
+            # Equinox models hold non-array leaves (activations): the tools see the array part, the step gets
+            # the whole state back (_adapter.partition / combine: the one purifier of such trees)
+            if needs_partition(example):
+                self._static = partition(example)[1]
+                self._params_static = partition(self._params_of(example))[1]
+            else:
+                self._check_leaves(example)
+            self._spread = (isinstance(example, (tuple, list)) and len(example) >= 2
+                            and _positional_arity(exp.step, required=True) == len(example) + 1)
         self._example = example
         self._style: str | None = None
 
@@ -181,12 +195,17 @@ class Adapted:
     def to_pure(self, user_state: Any) -> PyTree:
         if self.nnx:
             return _nnx().state(user_state)
+        if self._static is not None:
+            return partition(user_state)[0]
         return user_state
 
     def user_state(self, state: PyTree) -> Any:
-        """The user's own state object (NNX objects are rebuilt with ``nnx.merge``)."""
+        """The user's own state object (NNX objects are rebuilt with ``nnx.merge``, an Equinox state's
+        non-array leaves are put back)."""
         if self.nnx:
             return _nnx().merge(self._graphdef, state)
+        if self._static is not None:
+            return combine(state, self._static)
         return state
 
     def init(self, key: jax.Array) -> PyTree:
@@ -215,7 +234,13 @@ class Adapted:
             args = (None,) * (len(self._layout.positions) if self._unpack else 1) + (batch,)
             out, new_state = call_split(exp.step, self._layout, state, args)
             return new_state, out
-        return None, exp.step(state, batch)
+        user, step = self.user_state(state), uncounted(exp.step)
+        out = step(*user, batch) if self._spread else step(user, batch)
+        if self._spread and isinstance(out, (tuple, list)) and not same_structure(out, user):
+            n = len(user)  # (model, opt_state, loss) -> ((model, opt_state), loss)
+            if len(out) == n + 1 and same_structure(type(user)(out[:n]), user):
+                out = (type(user)(out[:n]), out[n])
+        return None, arrays_of(out)
 
     def step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
         """Run the user's step once, purely. Jit-safe."""
@@ -246,7 +271,8 @@ class Adapted:
             raise ExperimentError(
                 "the step's output does not match the state's structure: expected (new_state, metrics) or "
                 f"new_state with the structure {jax.tree_util.tree_structure(state)}, got {shown}. "
-                "Return the updated state (same pytree as init's) and optionally a metrics dict; "
+                "Return the updated state (same pytree as init's) and optionally a metrics dict (a step "
+                "step(model, opt_state, batch) over a tuple state may return (model, opt_state, loss)); "
                 "a step that returns only the loss is supported for NNX objects updated in place.")
         return self._style
 
@@ -257,6 +283,11 @@ class Adapted:
         if self.nnx:
             nnx = _nnx()
             return nnx.state(self._model_of(nnx.merge(self._graphdef, state)), nnx.Param)
+        return self._params_of(state)
+
+    def _params_of(self, state: PyTree) -> PyTree:
+        """The parameters of a state by the Experiment's rule (pure, or the user's own Equinox state)."""
+        exp = self.experiment
         if exp.params is not None:
             return exp.params(state)
         if hasattr(state, "params"):
@@ -294,6 +325,8 @@ class Adapted:
             return None
         if self.nnx:
             return self._memo("loss", lambda: lambda params, batch: loss(self._model_with(params, training=True), batch))
+        if self._params_static is not None:
+            return self._memo("loss", lambda: lambda params, batch: loss(combine(params, self._params_static), batch))
         return loss
 
     @property
@@ -304,6 +337,9 @@ class Adapted:
             return None
         if self.nnx:
             return self._memo("apply", lambda: lambda params, inputs: apply(self._model_with(params, training=False),
+                                                                            inputs))
+        if self._params_static is not None:
+            return self._memo("apply", lambda: lambda params, inputs: apply(combine(params, self._params_static),
                                                                             inputs))
         return apply
 

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._adapter import call_split, nnx_module as _nnx, nnx_positions, positional_names, split_objects
+from ._adapter import (call_split, combine, needs_partition, nnx_module as _nnx, nnx_positions, partition,
+                       positional_names, split_objects)
 from ._errors import GuardConfigError
 from ._findings import Finding
 from ._frames import user_call_site
@@ -93,9 +94,9 @@ class Guarded(HostSide):
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
         donate = tuple(getattr(info, "donate_argnums", ()) or ()) if not keep_inputs else ()
         self._arg_names = positional_names(step)
-        # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs). A donating step keeps its
-        # memory behaviour only with keep_inputs=False (then the plain args tuple is donated).
-        self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6), donate_argnums=(4,) if donate else ())
+        # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs, replicas, skip, per_leaf, rest).
+        # A donating step keeps its memory behaviour only with keep_inputs=False (then the plain args are donated).
+        self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6, 8, 9), donate_argnums=(4,) if donate else ())
         # the common case (plain pytree args, no static args, no NNX objects, no replica check) skips the
         # static-argument hashing of the general entry point: ~10 us less per call
         self._compiled_plain = jax.jit(self._plain_body, donate_argnums=(0,) if donate else ())
@@ -107,8 +108,12 @@ class Guarded(HostSide):
         return self._arg_names[i] if i < len(self._arg_names) else f"args[{i}]"
 
     # ------------------------------------------------------------------ the compiled body
-    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), skip=None, per_leaf=None):
+    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), skip=None, per_leaf=None,
+              rest=None):
         """Run the step and reduce inputs and outputs to finite flags. Jit-safe.
+
+        ``rest`` (an ``_adapter.Static``) holds the args' non-array leaves (an Equinox model's activations) when
+        ``plain`` and ``kwargs`` are their array parts; then ``out`` is returned as ``(arrays, Static)``.
 
         Inputs are checked except the state (the first argument, or the NNX objects): a non-finite
         state was already caught as the output of the step that produced it. ``skip`` (a traced bool,
@@ -117,13 +122,19 @@ class Guarded(HostSide):
         """
         self._traces += 1
         in_flags = finite_flags((plain[1:] if layout is None else plain, kwargs))
-        args = list(plain)
+        args, kw = plain, kwargs
+        if rest is not None:  # Equinox: the step sees its args whole, the output leaves as arrays and the rest
+            args, kw = combine((plain, kwargs), rest)
+        args = list(args)
         for i, value in statics:
             args[i] = value
+        state_in = (plain[0] if rest is not None else args[0]) if args else None  # the state's array part
         # the input leaves, taken before merge: the step mutates the merged objects (and may mutate
         # the variables nnx_state refers to), while skip needs the values as they came in.
         in_leaves, in_def = jax.tree_util.tree_flatten(nnx_state)
-        out, new_nnx_state = call_split(self.step, layout, nnx_state, args, {**kwargs, **dict(static_kw)})
+        step = self.step if rest is None else (lambda *a, **k: partition(self.step(*a, **k)))
+        out, new_nnx_state = call_split(step, layout, nnx_state, args, {**kw, **dict(static_kw)})
+        out, out_rest = out if rest is not None else (out, None)
         # per-leaf output flags only where the host cannot recompute them on failure (skip returns the old
         # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
         # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
@@ -136,14 +147,16 @@ class Guarded(HostSide):
         replica = None
         if replicas:  # check_replicas: fingerprints of the new state's replicated leaves, compared across devices
             from ._dist import replica_fingerprints
-            replica = replica_fingerprints(replica_target(out, new_nnx_state, args[0] if args else None), replicas)
+            replica = replica_fingerprints(replica_target(out, new_nnx_state, state_in), replicas)
         if self.on_nonfinite == "skip":
             keep = ok if skip is None else ok | ~skip
             if layout is not None:
                 new_nnx_state = select_tree(keep, new_nnx_state, jax.tree_util.tree_unflatten(in_def, in_leaves))
             else:
-                out = select_state(keep, out, args[0] if args else None)
+                out = select_state(keep, out, state_in)
         flags = jnp.concatenate([in_flags, out_flags])
+        if rest is not None:
+            out = (out, out_rest)
         if replica is not None:  # the replica flags ride at the end of the flag vector
             return out, new_nnx_state, (jnp.concatenate([flags, replica[0]]), replica[1])
         return out, new_nnx_state, flags
@@ -152,13 +165,14 @@ class Guarded(HostSide):
         """``_body`` for plain pytree args (no statics, NNX objects or replica check). Jit-safe."""
         return self._body(None, (), (), None, plain, kwargs, (), skip)
 
-    def _run(self, layout, statics, static_kw, nnx_state, plain, kwargs, plan, skip=True):
+    def _run(self, layout, statics, static_kw, nnx_state, plain, kwargs, plan, skip=True, rest=None):
         """The compiled body through the cheapest entry point that fits the call. ``skip=False`` (policy
-        "skip", failure path) replays the step without selecting the old state, same compiled program."""
+        "skip", failure path) replays the step without selecting the old state, same compiled program.
+        With ``rest`` (the args' non-array part) ``out`` comes back as ``(arrays, Static)``."""
         flag = (_SKIP if skip else _NO_SKIP) if self.on_nonfinite == "skip" else None
-        if layout is None and not statics and not static_kw and not plan:
+        if layout is None and not statics and not static_kw and not plan and rest is None:
             return self._compiled_plain(plain, kwargs, flag)
-        return self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs, plan, flag)
+        return self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs, plan, flag, None, rest)
 
     @property
     def compiles(self) -> int:
@@ -180,15 +194,22 @@ class Guarded(HostSide):
             static_pos = {i for i, _ in statics}
             plain = tuple(None if (i in positions or i in static_pos) else a for i, a in enumerate(args))
         layout, nnx_state = split_objects(args, positions)
+        rest = None
+        if not positions and needs_partition((plain, kwargs)):  # Equinox: the arrays go in, the rest is static
+            (plain, kwargs), rest = partition((tuple(plain), kwargs))
         objs = tuple(args[i] for i in positions)
         # nnx.split's state refers to the live variables, which nnx.update below overwrites: keep the
         # input values now (a list of immutable arrays) for dumps and locate.
         nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
         plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
         traces = self._traces
-        out, new_nnx_state, flags = self._run(layout, statics, static_kw, nnx_state, plain, kwargs, plan)
+        out, new_nnx_state, flags = self._run(layout, statics, static_kw, nnx_state, plain, kwargs, plan, rest=rest)
         if self._traces != traces:  # this call compiled: say why (only here, off the fast path)
             self._on_compile(plain, statics, static_kw, positions, nnx_state, kwargs)
+        out_arrays = out
+        if rest is not None:
+            out_arrays, out_rest = out
+            out = combine(out_arrays, out_rest)
         replica = None
         if plan:
             flags, fps = flags
@@ -198,8 +219,8 @@ class Guarded(HostSide):
             _nnx().update(objs, new_nnx_state)
         kept = None
         if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
-            kept = KeptCall(positions, nnx_in, plain, kwargs, new_nnx_state, out, layout[0] if layout else None,
-                         statics, static_kw)
+            kept = KeptCall(positions, nnx_in, plain, kwargs, new_nnx_state, out_arrays, layout[0] if layout else None,
+                            statics, static_kw, rest=rest)
         self._pending.append(PendingStep(self.step_count, flags, kept, replica))
         self.step_count += 1
         if self.sync:
@@ -243,9 +264,15 @@ class Guarded(HostSide):
 
     def _traced_call(self, *args, **kwargs):
         """Under an outer jit/vmap: same checks; the host hears of failures through a callback."""
-        out, _, flags = self._body(None, (), (), None, tuple(args), kwargs, per_leaf=True)
+        rest = None
+        if needs_partition((args, kwargs)):
+            (args, kwargs), rest = partition((tuple(args), kwargs))
+        out, _, flags = self._body(None, (), (), None, tuple(args), kwargs, per_leaf=True, rest=rest)
+        out_arrays = out
+        if rest is not None:
+            out_arrays, out = out[0], combine(*out)
         in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._arg_name(i))]
-        names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out, "out"))
+        names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out_arrays, "out"))
         jax.debug.callback(functools.partial(traced_failure, weakref.ref(self), names), flags)
         return out
 

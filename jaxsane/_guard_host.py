@@ -17,7 +17,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._adapter import nnx_module as _nnx
+from ._adapter import Layout, combine, nnx_module as _nnx
 from ._errors import NonFiniteError
 from ._findings import Finding
 from ._guard_flags import flag_chunks
@@ -68,6 +68,7 @@ class KeptCall:
     statics: tuple = ()     # (position, value) of static positional args
     static_kw: tuple = ()   # (name, value) of static keyword args
     replayed: bool = False  # skip: out/new_nnx_state replaced by the failing step's own (unselected) outputs
+    rest: Any = None        # the args' non-array part (an _adapter.Static) when plain/kwargs/out are array parts
 
     def args(self) -> tuple:
         """The positional args as the step saw them; NNX objects as their pure input ``nnx.State``."""
@@ -79,6 +80,19 @@ class KeptCall:
             for k, p in enumerate(self.positions):
                 args[p] = state[k]
         return tuple(args)
+
+    def user_args(self) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` as the user passed them: :meth:`args` with an Equinox model's non-array leaves
+        put back (NNX objects stay pure states)."""
+        if self.rest is None:
+            return self.args(), self.kwargs
+        return combine((self.args(), self.kwargs), self.rest)
+
+
+def _echoes_args(out: Any, plain: tuple) -> bool:
+    """True when ``out`` is ``(*new values of the first k args, metrics)``, k >= 1."""
+    k = len(out) - 1 if isinstance(out, tuple) else 0
+    return 1 <= k <= len(plain) and all(same_structure(out[j], plain[j]) for j in range(k))
 
 
 def _some(paths: list[str], n: int = 4) -> str:
@@ -139,9 +153,10 @@ class HostSide:
         if call.positions:
             root = "metrics" if isinstance(out, (dict, tuple, list)) else "loss"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
-        elif isinstance(out, tuple) and len(out) == 2 and call.plain and same_structure(out[0], call.plain[0]):
-            out_paths += [p for p, _ in leaves_with_paths(out[0], self._arg_name(0))]
-            out_paths += [p for p, _ in leaves_with_paths(out[1], "metrics" if isinstance(out[1], dict) else "loss")]
+        elif _echoes_args(out, call.plain):  # (state, metrics), or (model, opt_state, loss) for step(model, opt_state, ..)
+            for k, part in enumerate(out[:-1]):
+                out_paths += [p for p, _ in leaves_with_paths(part, self._arg_name(k))]
+            out_paths += [p for p, _ in leaves_with_paths(out[-1], "metrics" if isinstance(out[-1], dict) else "loss")]
         else:
             root = self._arg_name(0) if call.plain and same_structure(out, call.plain[0]) else "out"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
@@ -194,7 +209,7 @@ class HostSide:
         statics = call.statics
 
         def run(plain, kwargs) -> bool:
-            return _all_set(np.asarray(self._run(None, statics, (), None, plain, kwargs, ())[2]))
+            return _all_set(np.asarray(self._run(None, statics, (), None, plain, kwargs, (), rest=call.rest)[2]))
 
         try:
             return replay_shards(run, call.plain, call.kwargs, step=step)
@@ -219,11 +234,14 @@ class HostSide:
         in_flags = flags[:len(in_values)]
         if self.on_nonfinite == "skip" and in_flags.all() and not call.replayed:
             state = jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]) if call.positions else None
-            layout = (call.graphdef, call.positions) if call.positions else None
+            layout = Layout(call.graphdef, call.positions) if call.positions else None
             plan = rec.replica[0] if rec.replica is not None else ()
             try:
                 call.out, call.new_nnx_state, _ = self._run(layout, call.statics, call.static_kw, state, call.plain,
-                                                            call.kwargs, plan, skip=False)
+                                                            call.kwargs, plan, skip=False, rest=call.rest)
+                if call.rest is not None:
+                    call.out = call.out[0]  # (arrays, Static): the flags and names are the arrays'
+
                 call.replayed = True
             except Exception as e:  # the report must never hide the original failure
                 warnings.warn(f"[jaxsane] replaying the skipped step to name its non-finite leaves failed: "
@@ -358,13 +376,14 @@ def _try_locate(step: Callable, call: KeptCall):
         from ._locate import locate
     except ImportError:
         return None
-    args = list(call.args())
+    args, kwargs = call.user_args()
+    args = list(args)
     if call.positions:
         objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
         for p, obj in zip(call.positions, objs):
             args[p] = obj
     try:
-        return locate(step, *args, **call.kwargs)
+        return locate(step, *args, **kwargs)
     except Exception as e:  # locate must never hide the original failure
         warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",
                       JaxsaneWarning)

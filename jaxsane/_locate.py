@@ -37,7 +37,8 @@ import jax
 import numpy as np
 from jax._src import core as jcore
 
-from ._adapter import call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects, unwrap
+from ._adapter import (arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects,
+                       uncounted, unwrap)
 from ._frames import user_frame
 from ._locate_report import LocateReport, Origin
 from ._interpret import closed as open_closed
@@ -75,7 +76,8 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
         for i, a in zip(traced, arrays):
             flat[i] = a
         state, plain_, kw = jax.tree_util.tree_unflatten(treedef, flat)
-        out, new_state = call_split(fn, layout, state, plain_, kw)
+        out, new_state = call_split(uncounted(fn), layout, state, plain_, kw)
+        out = arrays_of(out)  # an Equinox model in the output: its activations are not values of the program
         return (out, new_state) if positions else out
 
     def out_paths(out) -> list[str]:
@@ -108,7 +110,7 @@ def _rename(path: str, names: list[str], positions: list[int], prefix: str = "")
 
 def _named_out_paths(out, args, names, positions) -> list[str]:
     from ._tree import same_structure
-    plain0 = args[0] if args and 0 not in positions else None
+    plain0 = arrays_of(args[0]) if args and 0 not in positions else None
     if plain0 is not None and len(jax.tree_util.tree_leaves(plain0)) < 2:
         plain0 = None   # a single array is not a train state: name the outputs "out"
     if isinstance(out, tuple) and len(out) == 2 and plain0 is not None and same_structure(out[0], plain0):

@@ -70,7 +70,7 @@ def _user_error(exc: BaseException, what: str) -> UsageError:
         crash = user_crash(exc)
         if crash is not None:
             exc, file, line = crash
-            where = f" at {file}:{line}"
+            where = f" at {file}:{line}" if file else ""
     text = " ".join(str(exc).split()) if not isinstance(exc, SyntaxError) else (exc.msg or "")
     return UsageError(f"{what}: {type(exc).__name__}: {text}{where}")
 

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.faults import run as faults  # noqa: E402
 from jaxsane import CODES  # noqa: E402
 
+STYLES = ("optax", "linen", "nnx", "equinox")
 PROGRAMS = faults.discover()
 FAULTY = [n for n in PROGRAMS if n.startswith("f")]
 CORRECT = [n for n in PROGRAMS if n.startswith("c")]
@@ -27,7 +28,7 @@ def test_suite_shape():
     assert len(FAULTY) >= 30 and len(CORRECT) >= 6
     for name in PROGRAMS:
         module = faults.load(name)
-        assert module.STYLE in ("optax", "linen", "nnx"), name
+        assert module.STYLE in STYLES, name
         assert hasattr(module, "experiment") or hasattr(module, "check"), name
         unknown = [c for c in module.EXPECTED if c not in CODES]
         assert not unknown, f"{name} expects unknown codes {unknown}"
@@ -46,7 +47,7 @@ def test_every_error_code_is_covered():
 
 
 def test_all_step_styles_are_used():
-    assert {faults.load(n).STYLE for n in PROGRAMS} == {"optax", "linen", "nnx"}
+    assert {faults.load(n).STYLE for n in PROGRAMS} == set(STYLES)
 
 
 def test_fault_line_is_read_from_the_source(tmp_path):

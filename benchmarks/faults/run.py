@@ -4,7 +4,7 @@
 Every program in this folder is a small module: ``f*.py`` are faulty, ``c*.py`` are correct. Each
 exposes ``experiment()`` (a ``jaxsane.Experiment``) or, for checks that need several devices,
 ``check()`` (a list of findings); ``EXPECTED`` (the finding codes it must produce; empty for a correct
-program); ``STYLE`` ("optax", "linen", "nnx"); ``STAGES`` (the doctor stages it needs) and optionally
+program); ``STYLE`` ("optax", "linen", "nnx", "equinox"); ``STAGES`` (the doctor stages it needs) and optionally
 ``OPTIONS`` (doctor options). The faulty line carries a ``# FAULT`` comment, so line-exactness of
 ``nonfinite.forward/backward/update`` findings is measured against the marked line, never hard-coded.
 
@@ -125,13 +125,13 @@ def _user_steps(module, steps: int):
     state = experiment.init(jax.random.key(0))
     adapted = Adapted(experiment)
     out = None
+    pure = adapted.to_pure(state)
     for batch in iter_batches(experiment.train, steps):
         if adapted.nnx:
             out = experiment.step(*state, batch) if isinstance(state, tuple) else experiment.step(state, batch)
-        else:
-            style = adapted.detect_style(state, batch)
-            out = experiment.step(state, batch)
-            state = out[0] if style == "state_metrics" else out
+        else:  # the user's step on the user's state (an Equinox model whole, a spread (model, opt_state, batch))
+            pure, out = adapted.step(pure, batch)
+            state = pure
     jax.block_until_ready((state, out))
 
 
