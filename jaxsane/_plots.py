@@ -32,14 +32,18 @@ def colours(n: int, name: str = "viridis"):
     return lambda j: cmap(0.85 * j / max(1, n - 1))
 
 
-def legend_outside(ax: Any, more: int = 0, fontsize: float = 7, title: str | None = None) -> None:
-    """The axes' legend to the right of the axes (never over the curves), with "and N more" when ``more``
-    curves were left out of it."""
-    handles, labels = ax.get_legend_handles_labels()
+def legend_outside(ax: Any, more: int = 0, fontsize: float = 7, title: str | None = None,
+                   handles: Sequence[Any] | None = None, more_text: str = "and {n} more (grey)") -> None:
+    """The axes' legend (or one of ``handles``) to the right of the axes, never over the curves, with
+    "and N more" when ``more`` entries were left out of it."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    else:
+        handles, labels = list(handles), [h.get_label() for h in handles]
     if more:
         from matplotlib.lines import Line2D
         handles.append(Line2D([], [], color=OTHERS, lw=1))
-        labels.append(f"and {more} more (grey)")
+        labels.append(more_text.format(n=more))
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
                   fontsize=fontsize, title=title, title_fontsize=fontsize, frameon=False)
