@@ -60,8 +60,14 @@ def top_k(scores: Sequence[float], k: int = MAX_ENTRIES) -> set[int]:
 
 def integer_steps(ax: Any) -> None:
     """Integer ticks on the step axis (a run of one step gets no 0.25-step ticks)."""
-    from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:   # one step (or none): a single tick at it, not 0.25-step ticks around it
+        c = int(round((lo + hi) / 2))
+        ax.set_xlim(c - 1, c + 1)
+        ax.xaxis.set_major_locator(FixedLocator([c]))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def no_finite(ax: Any, what: str) -> None:
@@ -128,7 +134,7 @@ def plot_losses(h: Any, skipped: Sequence[int] = ()):
         ax.plot(h.eval_steps, h.eval_loss, "o-", color="#d62728", lw=2, ms=4, label="eval loss")
     bad = [s for s, v in zip(h.steps, loss) if not np.isfinite(v)]
     for n, s in enumerate(bad):
-        ax.axvline(s, color="#b00020", lw=1, alpha=0.6, label=f"NaN/Inf loss ({len(bad)} steps)" if n == 0 else None)
+        ax.axvline(s, color="#b00020", lw=1, alpha=0.6, label=f"NaN/Inf loss ({len(bad)} step{'s' if len(bad) != 1 else ''})" if n == 0 else None)
     for n, s in enumerate(sorted(skipped)):
         ax.axvline(s, color="#ff7f0e", ls="--", lw=1.2,
                    label=f"skipped batch ({len(skipped)}: {_few(sorted(skipped))})" if n == 0 else None)
