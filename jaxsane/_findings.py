@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from ._errors import FindingError
 from ._root_cause import RootCause as RootCause, link
+from ._run_meta import run_metadata
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _SEVERITY_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -377,12 +378,15 @@ class Diagnosis(Sequence[Finding]):
         return {s: sum(r is None and sev[i] == s for i, r in enumerate(roots)) for s in _SEVERITY_RANK}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``root_causes`` (each with its ``consequences`` nested) and the flat ``findings``."""
+        """JSON-able form: ``root_causes`` (each with its ``consequences`` nested), the flat ``findings``, and
+        the run's ``meta`` (versions, devices, steps, timings: see :mod:`jaxsane._run_meta`) when it has one."""
         return {"name": self.name, "ok": self.ok, "counts": self.counts(), "consequences": len(self.consequences),
                 "root_causes": [{**r.to_dict(), "severity_with_consequences": self.severity_of(r),
                                  "consequences": [c.to_dict() for c in self.consequences_of(r)]}
                                 for r in self.root_causes],
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings],
+                **({"meta": _jsonable(run_metadata(self.artifacts))}
+                   if "meta" in self.artifacts or "timings" in self.artifacts else {})}
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
         """The JSON form; also written to ``path`` when given."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import time
 import warnings
 from typing import Any
 
@@ -35,6 +36,7 @@ from ._findings import Diagnosis
 from ._fit_args import POLICIES as POLICIES, check_dir_arg, check_file_arg, check_fit_arguments
 from ._fit_data import Evaluator, Progress, check_first_labels, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
+from ._fit_report import record_meta, run_checks
 from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
 from ._guard import JaxsaneWarning, guard
 from ._monitor import History, Monitor, check_training
@@ -101,7 +103,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
-        rollback_every: int | None = None) -> FitResult:
+        rollback_every: int | None = None, checks: bool = False) -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
     Args:
@@ -133,9 +135,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       metrics_path: the JSONL metrics file (default ``checkpoint_dir/metrics.jsonl``; None without a dir).
         Append-only with fsync; on resume it is replaced atomically by the history saved in the checkpoint.
       tensorboard_dir: also write scalars there through tensorboardX/torch/tensorflow if installed.
-      progress: a progress bar on stderr (only when stderr is a terminal).
-      report: write a self-contained HTML report of the run there (its directory must exist); written
-        also when fit fails or is interrupted, and the error names it.
+      progress: progress on stderr: steps/s and ETA, a bar on a terminal, plain lines otherwise (CI logs).
+      report: write a self-contained HTML report of the run there (its directory must exist): findings,
+        loss curves, telemetry plots and the run metadata (also in ``diagnosis.artifacts["meta"]`` and the
+        JSON); written also when fit fails or is interrupted, and the error names it.
       dump_dir: where guard dumps the inputs of a failing step.
       thresholds: keyword overrides for :func:`jaxsane.check_training`.
       restore_best: return the state of the best evaluation as ``FitResult.state`` (the last one stays
@@ -149,6 +152,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         the state every this many steps (and at every checkpoint and evaluation). Default
         ``min(checkpoint_every, 20)``: one pipeline sync and one device-to-host copy of the state per 20 steps,
         and at most ~20 batches kept in memory for the replay.
+      checks: first run the overfit sweep and the init-scale sweep on the first train batch (doctor's
+        settings: seconds on a small model; needs ``loss``), so their findings and plots are in the
+        diagnosis and the report. Not on a resumed run (they judge the init).
 
     Returns:
       A :class:`FitResult`.
@@ -185,6 +191,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         metrics_path = os.path.join(checkpoint_dir, "metrics.jsonl")
     if metrics_path is not None:
         check_file_arg("metrics_path", metrics_path, create_parent=True)
+    if not isinstance(checks, bool):
+        raise FitArgumentError(f"fit(checks=...) must be True or False, got {checks!r}.")
+    started, timings = time.perf_counter(), {}
     key = jax.random.key(0) if key is None else key
     adapted = Adapted(experiment, key=key)
     state = adapted.init(key)
@@ -244,6 +253,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
     rollback = on_nonfinite == "rollback"
     snap = [Snapshot(start, state) if rollback else None]   # the last state known finite, on the host
+    if checks and start == 0:
+        run_checks(adapted, diagnosis, timings, progress)
     bar = Progress(progress, steps, start, experiment.name)
     stopped_early = False
     seen_failures = 0
@@ -368,8 +379,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                         checkpoint(position)
                     elif rollback and position % rollback_every == 0:
                         verified(position)
-                    if position % log_every == 0:
-                        bar.update(position, _bar_info(monitor.history))
+                    bar.update(position, lambda: _bar_info(monitor.history))
                     if stop:
                         break
                 verified(position)    # the last steps' flags, and the final checkpoint
@@ -382,7 +392,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     except BaseException as e:    # KeyboardInterrupt too: the report and the metrics are still written
         failure = e
     finally:
-        bar.close()
+        bar.close(lambda: _bar_info(monitor.history))
     for wrap_up in (monitor.pull, lambda: log.sync(monitor.history), ckpt.close if ckpt is not None else None):
         if wrap_up is None:
             continue
@@ -396,6 +406,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     if loop["rollbacks"]:
         diagnosis.artifacts["rollbacks"] = loop["rollbacks"]
         diagnosis.artifacts["skipped_batches"] = sorted(skip_set)
+    record_meta(diagnosis, steps=steps, position=position, started=started, timings=timings,
+                checkpoint_dir=checkpoint_dir, metrics_path=metrics_path, loop=loop, resumed_from=resumed_from,
+                stopped_early=stopped_early, skipped=sorted(skip_set), error=failure)
     if failure is not None:
         raised = _failed(failure, diagnosis, report)
         if raised is failure:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from typing import Callable
 
@@ -25,12 +26,32 @@ from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch, get_inputs, get_labels
 from ._frames import user_location
 from ._interpret import Interpreter
+from ._plots import legend_outside
 from ._progress import Progress
-from ._tree import PyTree, leaf_selector, put_like, scale_selected
+from ._tree import PyTree, leaf_selector, leaves_with_paths, put_like, scale_selected
 from ._validate import require_bool, require_sequence
 
 
 _RECORDED = {"dot_general", "conv_general_dilated"}
+# ops that only move or cast a parameter: its name flows through them to the matrix product that reads it
+_LAYOUT = {"convert_element_type", "transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy",
+           "copy_p", "rev", "reduce_precision"}   # not gather: an embedding lookup's output is an activation
+_PARAM_KEYS = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]|\.(\w+)")
+_TRANSFORMS = re.compile(r"^(?:\w+\()+([^()]*)\)+$")   # vmap(BTNH,BSNH->BNTS) -> BTNH,BSNH->BNTS
+_LEAF_NAMES = {"kernel", "weight", "w", "embedding", "scale", "bias", "b"}
+
+
+def module_path(leaf_path: str) -> str:
+    """``params['block_0']['attn']['query']['kernel']`` -> ``block_0/attn/query`` (the module's path)."""
+    keys = [a or b for a, b in _PARAM_KEYS.findall(leaf_path)]
+    if len(keys) > 1 and keys[-1] in ("value", "raw_value"):   # an NNX Variable's own field
+        keys.pop()
+    if len(keys) > 1 and keys[-1] in _LEAF_NAMES:
+        keys.pop()
+    keys = [k for k in keys if k != "params"]
+    if all(k.isdigit() for k in keys):   # a list of layers: params[0]
+        return "params" + "".join(f"[{k}]" for k in keys) if keys else leaf_path
+    return "/".join(keys)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -39,7 +60,11 @@ class InitScaleSweep:
 
     Attributes:
       scales: the multipliers ``[S]`` applied to the initial parameters.
-      layers: a label per recorded layer (``dot_general 0 f32[16,128] (model.py:12)``), in execution order.
+      layers: a label per recorded layer, in execution order: the primitive, its index, output shape, the
+        module path of the parameter it multiplies (or the name-stack scope) and ``file:line``
+        (``dot_general 3 f32[32,4,32,32] attn/query (model.py:83)``).
+      names: a short label per layer for axes: the module path or scope, else ``file:line``; layers that
+        share one are told apart by their output shape.
       activation_std: ``[S, L]`` std of each layer's output on the batch.
       gradient_std: ``[S, L]`` std of d loss / d layer output (NaN when there is no loss).
       loss: ``[S]`` the loss at init (NaN when there is no loss).
@@ -50,6 +75,7 @@ class InitScaleSweep:
     activation_std: np.ndarray
     gradient_std: np.ndarray
     loss: np.ndarray
+    names: tuple[str, ...] = ()
 
     def table(self) -> str:
         """Plain text: loss and per-layer std for each scale."""
@@ -70,23 +96,24 @@ class InitScaleSweep:
         """Activation std and gradient std against depth, one line per scale; returns the Figure."""
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), layout="constrained")
         depth = np.arange(len(self.layers))
+        names = self.names or tuple(str(k) for k in depth)
         cmap = plt.get_cmap("coolwarm")
         for s, scale in enumerate(self.scales):
-            colour = cmap(s / max(1, len(self.scales) - 1))
+            colour = "black" if scale == 1 else cmap(s / max(1, len(self.scales) - 1))  # the default: boldest
             label = f"x{scale:g}" + ("" if not np.isfinite(self.loss[s]) else f" (loss {self.loss[s]:.3g})")
             axes[0].plot(depth, self.activation_std[s], marker="o", color=colour, label=label)
             axes[1].plot(depth, self.gradient_std[s], marker="o", color=colour, label=f"x{scale:g}")
         for ax, title in zip(axes, ["activation std (layer output)", "gradient std (d loss / d output)"]):
-            ax.set_xlabel("layer (depth)")
-            ax.set_xticks(depth)
+            ax.set_xlabel("layer (execution order)")
+            ax.set_xticks(depth, [n if len(n) <= 28 else "…" + n[-27:] for n in names], rotation=60, ha="right",
+                          fontsize=6 if len(names) > 12 else 7)
             ax.set_title(title, fontsize=10)
             values = self.activation_std if ax is axes[0] else self.gradient_std
             if np.any(np.isfinite(values) & (values > 0)):
                 ax.set_yscale("log")
-        axes[0].legend(fontsize=7, title="init scale", title_fontsize=7)
-        fig.tight_layout()
+        legend_outside(axes[1], handles=axes[0].get_legend_handles_labels()[0], title="init scale (loss)")
         return fig
 
 
@@ -110,15 +137,21 @@ class _Layers(Interpreter):
     def __init__(self, fn: Callable):
         super().__init__()
         self.fn = fn
+        self.params_of: dict = {}   # site -> the parameter leaf path the product reads (from the tags)
 
     def enters(self, eqn, ectx) -> bool:
         return not eqn.primitive.name.startswith("custom_")
 
     def after(self, eqn, invals, outs, tags, out_tags, ectx):
-        if eqn.primitive.name in _RECORDED:
-            out = self.fn(self.site_of(eqn), outs[0])
+        name = eqn.primitive.name
+        if name in _RECORDED:
+            site = self.site_of(eqn)
+            out = self.fn(site, outs[0])
             self.emit(eqn, out)
+            self.params_of[site] = next((t for t in reversed(tags) if t is not None), None)  # (x, kernel)
             outs = [out, *outs[1:]]
+        elif name in _LAYOUT and tags and tags[0] is not None:   # a parameter's name follows its casts
+            out_tags = [tags[0]] * len(outs)
         return outs, out_tags
 
 
@@ -197,12 +230,15 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     flat_args = jax.tree_util.tree_leaves((params, batch))
 
     finder = _Layers(lambda site, out: out)
+    n_params = len(jax.tree_util.tree_leaves(params))
+    param_tags = [module_path(p) for p, _ in leaves_with_paths(params, "params")]
+    param_tags += [None] * (len(flat_args) - len(param_tags))
 
     sites: list[tuple] = []   # in the order the program runs them (a dict output would be key-sorted)
 
     def find(args):
         with finder.collecting() as records:
-            finder.run(closed.jaxpr, closed.consts, args)
+            finder.run(closed.jaxpr, closed.consts, args, tags=param_tags if len(param_tags) == len(args) else None)
         sites[:] = list(records)
         return list(records.values())
 
@@ -211,17 +247,22 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     if not sites:
         raise ExperimentError("init_scale_sweep found no matrix product (dot_general/conv) in the loss; layers "
                               "inside while_loop bodies and cond branches are not measured.")
-    layers = []
+    layers, names = [], []
     for k, site in enumerate(sites):
         eqn, enclosing = finder.sites[site]
         aval = eqn.outvars[0].aval
         where = _where(eqn, enclosing)
+        scope = finder.params_of.get(site) or _TRANSFORMS.sub(r"\1", str(eqn.source_info.name_stack))
         scan = " in a scan body" if found[site].ndim > aval.ndim else ""
-        layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" ({where})" if where else ""))
+        layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" {scope}" if scope else "")
+                      + (f" ({where})" if where else ""))
+        names.append(scope or where or f"{eqn.primitive.name} {k}")
+    shapes = [finder.sites[s][0].outvars[0].aval.str_short(short_dtypes=True) for s in sites]
+    names = [f"{n} {sh}" if names.count(n) > 1 else n for n, sh in zip(names, shapes)]
+    names = [f"{n} #{k}" if names.count(n) > 1 else n for k, n in enumerate(names)]
     slot = {site: k for k, site in enumerate(sites)}
     shapes = [jax.ShapeDtypeStruct(finder.sites[s][0].outvars[0].aval.shape, found[s].dtype) for s in sites]
     select = leaf_selector(scale_leaves)
-    n_params = len(jax.tree_util.tree_leaves(params))
     batch_leaves = flat_args[n_params:]
 
     def stats(scale):
@@ -253,4 +294,4 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
     if not has_loss:
         grad_std = np.full_like(grad_std, np.nan)
         loss = np.full_like(loss, np.nan)
-    return InitScaleSweep(np.asarray(scales_list), tuple(layers), np.asarray(act_std), grad_std, loss)
+    return InitScaleSweep(np.asarray(scales_list), tuple(layers), np.asarray(act_std), grad_std, loss, tuple(names))

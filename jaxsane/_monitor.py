@@ -9,7 +9,8 @@
   ``‖θ_{t+1} − θ_t‖`` and, when the Experiment has ``loss``, per-leaf gradient norms
   (one extra gradient, which XLA partly shares with the step's own);
 * ``2`` — plus the fraction of dead ReLU units per ReLU site, when the Experiment has ``apply``
-  (the ``max(x, 0)`` outputs are captured by evaluating ``apply``'s jaxpr on the batch's inputs
+  (the ReLU-family ``max(x, 0)`` outputs, see :func:`relu_outputs`, are captured by evaluating
+  ``apply``'s jaxpr on the batch's inputs
   with a hook on jaxsane's one interpreter, :mod:`jaxsane._interpret`; inside ``lax.scan``
   bodies over all time steps together).
 
@@ -34,6 +35,7 @@ import numpy as np
 from ._experiment import Adapted, require_experiment
 from ._experiment_data import get_inputs
 from ._findings import Finding
+from ._frames import frames_of, is_library_file, user_location
 from ._interpret import Interpreter, bodies
 from ._train_checks import History as History, check_training as check_training
 from ._tree import PyTree, is_inexact, leaves_with_paths
@@ -59,25 +61,38 @@ def _is_relu(eqn) -> bool:
     return False
 
 
+RELU_FAMILY = ("relu", "relu6", "leaky_relu", "hard_tanh", "hard_sigmoid", "hard_swish", "hard_silu", "elu", "celu",
+               "selu")
+
+
+def _is_activation(eqn, enclosing: Sequence[Any]) -> bool:
+    """A ``max(x, 0)`` that is an activation: inside a ReLU-family function of jax/flax (``jax.nn.relu`` is a
+    ``jit`` named ``relu``), or written in the user's own code (``jnp.maximum(x, 0)``). A clamp made by
+    library code for another purpose (the variance ``max(0, E[x²] - E[x]²)`` of flax's LayerNorm) is not."""
+    if any(e.params.get("name") in RELU_FAMILY for e in enclosing):
+        return True
+    for fr in frames_of(eqn):   # the innermost frame outside jax itself says who wrote the max
+        parts = fr.file_name.replace("\\", "/").split("/")
+        if "jax" in parts or "jaxlib" in parts:
+            continue
+        return not is_library_file(fr.file_name)
+    return True
+
+
 class _Relus(Interpreter):
-    """Records every ReLU output (a hook on the one interpreter). Jit-safe.
+    """Records every ReLU-family activation output (a hook on the one interpreter). Jit-safe.
 
     A ReLU inside a ``scan`` body (an RNN cell) is recorded once per time step, stacked
     ``[time, ...]``; ReLUs inside a traced ``while_loop`` body or ``cond`` branch are not recorded.
     """
 
     def after(self, eqn, invals, outs, tags, out_tags, ectx):
-        if _is_relu(eqn):
+        if _is_relu(eqn) and _is_activation(eqn, self.path):
             self.emit(eqn, outs[0])
         return outs, out_tags
 
 
-def relu_outputs(apply_fn: Callable, params: PyTree, inputs: Any) -> list[jax.Array]:
-    """Every ``max(x, 0)`` output computed by ``apply_fn(params, inputs)``, in program order. Jit-safe.
-
-    A ReLU site inside a ``scan`` body gives one array stacked over the time steps (so its dead
-    fraction counts a unit dead when it is zero for every example at every step).
-    """
+def _relu_records(apply_fn: Callable, params: PyTree, inputs: Any) -> tuple[_Relus, dict]:
     flat, treedef = jax.tree_util.tree_flatten((params, inputs))
 
     def flat_apply(*leaves):
@@ -88,7 +103,40 @@ def relu_outputs(apply_fn: Callable, params: PyTree, inputs: Any) -> list[jax.Ar
     relus = _Relus()
     with relus.collecting() as records:
         relus.run(closed.jaxpr, closed.consts, flat)
-    return list(records.values())
+    return relus, records
+
+
+def relu_outputs(apply_fn: Callable, params: PyTree, inputs: Any) -> list[jax.Array]:
+    """Every ReLU-family activation output computed by ``apply_fn(params, inputs)``, in program order. Jit-safe.
+
+    An activation is a ``max(x, 0)`` inside ``jax.nn.relu``/``relu6``/... or in the user's own code; a
+    library's clamp (LayerNorm's variance) is not one, so a GELU model has no ReLU sites. A ReLU site
+    inside a ``scan`` body gives one array stacked over the time steps (so its dead fraction counts a
+    unit dead when it is zero for every example at every step).
+    """
+    return list(_relu_records(apply_fn, params, inputs)[1].values())
+
+
+def relu_labels(apply_fn: Callable, params: PyTree, inputs: Any) -> list[str]:
+    """A label per ReLU site of :func:`relu_outputs`, in the same order: its name-stack scope when the
+    model gives one, else ``file:line``, and its output shape when several share a line. Not jit-safe
+    (traces ``apply_fn`` abstractly)."""
+    found: list = []
+
+    def trace(p, x):
+        relus, records = _relu_records(apply_fn, p, x)
+        found[:] = [relus.sites[site] for site in records]
+        return 0
+
+    jax.eval_shape(trace, params, inputs)
+    names = []
+    for eqn, enclosing in found:
+        scope = str(eqn.source_info.name_stack) or "/".join(
+            str(e.source_info.name_stack) for e in enclosing if str(e.source_info.name_stack))
+        where = (user_location(eqn, enclosing) or "").replace("\\", "/").rsplit("/", 1)[-1]
+        names.append(scope or where or "relu")
+    shapes = [eqn.outvars[0].aval.str_short(short_dtypes=True) for eqn, _ in found]
+    return [f"{n} {s}" if names.count(n) > 1 else n for n, s in zip(names, shapes)]
 
 
 def dead_fractions(relus: Sequence[jax.Array]) -> jax.Array:
@@ -276,6 +324,11 @@ class Monitor:
         except Exception:  # ordering is a nicety: fall back to tree order
             pass
         h.depth = order
+        if self.dead:
+            try:
+                h.relu_labels = relu_labels(adapted.apply_fn, params, get_inputs(adapted.experiment, batch))
+            except Exception:  # labels are a nicety: the plot falls back to "ReLU #j"
+                h.relu_labels = []
 
     def record(self, i: int, metrics: dict, state: PyTree = None, batch: PyTree = None) -> None:
         """Queue step ``i``'s metrics (device arrays, no sync); pulls every ``log_every`` records."""

@@ -145,34 +145,69 @@ class OverfitResult:
                 f"codes={self.codes})")
 
     def plot(self, ax: Any = None):
-        """Loss against step for every configuration (log scale); returns the matplotlib Figure."""
-        import matplotlib.pyplot as plt
+        """Loss against step for every configuration (log scale); returns the matplotlib Figure.
+
+        Curves are coloured by learning rate (a sequential colormap, low to high; the optimizer's own
+        rate in black), dashed when the init scale is not 1; the default configuration (the optimizer's
+        rate at scale 1) is drawn thickest, on top. Each curve's target, the verdict's criterion
+        ``target x its own initial loss``, is a dotted tick at the right end in the curve's colour. The
+        legend sits outside the axes, one entry per learning rate and per init scale.
+        """
+        from matplotlib.lines import Line2D
+
+        from ._plots import MAX_ENTRIES, OTHERS, colours, integer_steps, legend_outside, new_figure, no_finite
 
         if ax is None:
-            fig, ax = plt.subplots(figsize=(7, 4))
+            fig = new_figure(8.0, 4.2)
+            ax = fig.add_subplot()
         else:
             fig = ax.figure
         steps = np.arange(self.losses.shape[1])
-        cmap = plt.get_cmap("viridis")
         real = list(self.real)
-        for n, i in enumerate(real):
+        rates = sorted({c.learning_rate for c in (self.configs[i] for i in real) if c.learning_rate is not None})
+        pick = colours(len(rates), "plasma")
+        colour = {None: "black", **{r: pick(k) for k, r in enumerate(rates)}}
+        if len(rates) > MAX_ENTRIES:   # colours for the extreme and middle rates only in the legend
+            keep = set(np.linspace(0, len(rates) - 1, MAX_ENTRIES).round().astype(int).tolist())
+        else:
+            keep = set(range(len(rates)))
+        tail = max(1, len(steps) // 8)
+        for i in real:
             c = self.configs[i]
-            colour = cmap(n / max(1, len(real) - 1))
-            ax.plot(steps, self.losses[i], color=colour, lw=1.2, alpha=0.9 if self.reached[i] else 0.5,
-                    label=c.label() + ("" if self.reached[i] else " (fails)"))
+            default = c.learning_rate is None and c.init_scale == 1
+            ax.plot(steps, self.losses[i], color=colour[c.learning_rate], ls="-" if c.init_scale == 1 else "--",
+                    lw=2.6 if default else 1.2, alpha=1.0 if default or self.reached[i] else 0.6,
+                    zorder=4 if default else 2)
+            start = self.losses[i, 0]
+            if np.isfinite(start) and start > 0:
+                goal = self.target * start
+                line, = ax.plot(steps[-tail:], np.full(len(steps[-tail:]), goal), color=colour[c.learning_rate],
+                                ls=":", lw=1.5, zorder=3)
+                line.set_gid(f"target-{i}")
+        handles = [Line2D([], [], color=colour[r], lw=2, label=f"lr={r:.3g}")
+                   for k, r in enumerate(rates) if k in keep]
+        if any(self.configs[i].learning_rate is None for i in real):
+            handles.insert(0, Line2D([], [], color="black", lw=2.6, label="optimizer's lr (default)"))
+        scales = sorted({self.configs[i].init_scale for i in real})
+        if len(scales) > 1:
+            handles += [Line2D([], [], color=OTHERS, ls="-" if s == 1 else "--", label=f"init scale x{s:g}")
+                        for s in scales]
+        handles.append(Line2D([], [], color="grey", ls=":", lw=1.5,
+                              label=f"target: {self.target:g} x each curve's initial loss"))
         if self.baseline is not None:
-            ax.plot(steps, self.losses[self.baseline], color="red", ls="--", lw=1.5, label="constant-input baseline")
-        best = self.best
-        ax.axhline(self.losses[best, 0] * self.target, color="grey", ls=":", lw=1,
-                   label=f"target ({self.target:g} x initial of best)")
+            ax.plot(steps, self.losses[self.baseline], color="red", ls="--", lw=1.5, zorder=3)
+            handles.append(Line2D([], [], color="red", ls="--", lw=1.5, label="constant-input baseline"))
         finite = self.losses[np.isfinite(self.losses) & (self.losses > 0)]
         if finite.size:
             ax.set_yscale("log")
+        else:
+            no_finite(ax, "overfit loss")
         ax.set_xlabel("step")
         ax.set_ylabel("loss on the overfit batch")
+        integer_steps(ax)
+        ax.grid(alpha=0.3)
         verdict = "FAILED" if "overfit.failed" in self.codes else "ok"
-        ax.set_title(f"overfit one batch ({self.batch_size} examples): {verdict}")
-        if len(self.configs) <= 17:
-            ax.legend(fontsize=6, loc="best")
-        fig.tight_layout()
+        ax.set_title(f"overfit one batch ({self.batch_size} examples, {len(real)} configurations): {verdict}")
+        legend_outside(ax, more=len(rates) - len(keep), handles=handles,
+                       more_text="and {n} more learning rates between")
         return fig

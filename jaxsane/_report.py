@@ -21,10 +21,11 @@ import io
 import json
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 
 from ._findings import Diagnosis, Finding
 from ._monitor import History
+from ._plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio
+from ._run_meta import run_metadata
 from ._validate import fail, require_str, require_writable_file
 
 _CSS = """
@@ -41,11 +42,6 @@ tr.consequence td{color:#666;font-size:.85em;background:#fafafa}tr.consequence t
 
 
 # ----------------------------------------------------------------------------- plotting helpers
-
-def _figure(width: float = 7.5, height: float = 3.6):
-    from matplotlib.figure import Figure
-    return Figure(figsize=(width, height), dpi=100, layout="tight")
-
 
 def figure_png(fig: Any) -> bytes:
     """A matplotlib Figure as PNG bytes (Agg; works without a display). Not jit-safe."""
@@ -73,100 +69,6 @@ def as_history(run: Any) -> History | None:
             loss = [float("nan") if v is None else float(v) for v in run["loss"]]
             return History(steps=list(range(len(loss))), loss=loss)
     return None
-
-
-def plot_losses(h: History):
-    """Train loss per step (and its moving median) with eval loss. Returns a Figure or None."""
-    if not h.loss and not h.eval_loss:
-        return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    if h.loss:
-        loss = np.asarray(h.loss, dtype=float)
-        ax.plot(h.steps, loss, color="#1f77b4", alpha=0.35, lw=1, label="train loss")
-        w = max(1, len(loss) // 20)
-        if w > 1:
-            smooth = np.array([np.nanmedian(loss[max(0, i - w):i + 1]) for i in range(len(loss))])
-            ax.plot(h.steps, smooth, color="#1f77b4", lw=2, label=f"train (moving median, {w})")
-    if h.eval_loss:
-        ax.plot(h.eval_steps, h.eval_loss, "o-", color="#d62728", lw=2, ms=4, label="eval loss")
-    finite = np.asarray([v for v in [*h.loss, *h.eval_loss] if np.isfinite(v)])
-    if finite.size and finite.min() > 0 and finite.max() / finite.min() > 50:
-        ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("train and eval loss")
-    ax.legend(loc="best", fontsize=8)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def plot_grad_norms(h: History):
-    """Gradient norm per layer (kernels, input side first) over the sampled steps. Figure or None."""
-    names, g = h.layer_grad_norms()
-    if g.size == 0:
-        return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    cmap = _cmap(len(names))
-    for j, name in enumerate(names):
-        ax.plot(h.grad_steps, np.where(g[:, j] > 0, g[:, j], np.nan), color=cmap(j), lw=1.5, label=name)
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("‖gradient‖")
-    ax.set_title("gradient norm per layer (input side first)")
-    ax.legend(loc="best", fontsize=7, ncol=2 if len(names) > 6 else 1)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def plot_update_ratio(h: History):
-    """‖update‖/‖param‖ per kernel with the sane band. Figure or None."""
-    p, u = h.arrays("param_norm"), h.arrays("update_norm")
-    if p.size == 0:
-        return None
-    idx = [i for i in h.depth if i in set(h.weight_leaves)] or list(range(p.shape[1]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = u[:, idx] / np.where(p[:, idx] > 0, p[:, idx], np.nan)
-    fig = _figure()
-    ax = fig.add_subplot()
-    cmap = _cmap(len(idx))
-    for j, i in enumerate(idx):
-        ax.plot(h.tele_steps, np.where(ratio[:, j] > 0, ratio[:, j], np.nan), color=cmap(j), lw=1.5,
-                label=h.leaf_paths[i] if i < len(h.leaf_paths) else str(i))
-    ax.axhspan(1e-5, 1e-1, color="green", alpha=0.06, label="sane band [1e-5, 1e-1]")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("‖Δθ‖ / ‖θ‖")
-    ax.set_title("update / parameter norm ratio per kernel")
-    ax.legend(loc="best", fontsize=7)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def plot_dead(h: History):
-    d = h.arrays("dead_fraction")
-    if d.size == 0:
-        return None
-    fig = _figure(7.5, 3.0)
-    ax = fig.add_subplot()
-    cmap = _cmap(d.shape[1])
-    for j in range(d.shape[1]):
-        ax.plot(h.dead_steps, d[:, j], "o-", ms=3, color=cmap(j), label=f"ReLU #{j}")
-    ax.axhline(0.7, color="#b00020", ls="--", lw=1, label="70% threshold")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("step")
-    ax.set_ylabel("fraction dead")
-    ax.set_title("dead ReLU units (inactive on the whole batch)")
-    ax.legend(loc="best", fontsize=7)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def _cmap(n: int):
-    import matplotlib
-    cmap = matplotlib.colormaps["viridis"]
-    return lambda j: cmap(0.85 * j / max(1, n - 1))
 
 
 # ----------------------------------------------------------------------------- page
@@ -226,6 +128,35 @@ def _stages_table(d: Diagnosis) -> str:
             f"<th>why it did not run</th></tr></thead><tbody>{rows}</tbody></table></section>") if rows else ""
 
 
+_META_ROWS = (("steps", "steps"), ("steps_requested", "steps asked for"), ("wall_seconds", "wall time (s)"),
+              ("timings", "seconds per stage"), ("resumed_from", "resumed from step"),
+              ("checkpoint_dir", "checkpoint directory"), ("metrics_path", "metrics file"), ("best_step", "best step"),
+              ("best_eval_loss", "best eval loss"), ("stopped_early", "stopped early"), ("rollbacks", "rollbacks"),
+              ("skipped_batches", "skipped batches"), ("error", "ended with"), ("versions", "versions"),
+              ("backend", "backend"), ("devices", "devices"), ("process_count", "processes"))
+
+
+def _meta_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _meta_table(d: Diagnosis) -> str:
+    """The run's metadata (:func:`~jaxsane._run_meta.run_metadata`): steps, wall time, stage seconds,
+    checkpoint directory, best step, versions, backend and devices."""
+    meta = run_metadata(d.artifacts)
+    known = {k for k, _ in _META_ROWS} | {"device_count"}
+    rows = [(label, meta[k]) for k, label in _META_ROWS if k in meta and meta[k] is not None]
+    rows += [(k, v) for k, v in meta.items() if k not in known and v is not None]
+    body = "".join(f'<tr><th>{html.escape(label)}</th><td>{html.escape(_meta_value(v))}</td></tr>' for label, v in rows)
+    return f'<section class="metadata"><h3>Run metadata</h3><table><tbody>{body}</tbody></table></section>'
+
+
 def _section(d: Diagnosis, index: int) -> str:
     name = d.name or f"diagnosis {index + 1}"
     counts = d.counts()
@@ -236,11 +167,13 @@ def _section(d: Diagnosis, index: int) -> str:
     parts = [f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
              f'<p class="summary">{html.escape(summary)}'
              + (' — <span class="ok">no errors</span>' if d.ok else "") + "</p>",
-             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>", _stages_table(d)]
+             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>", _stages_table(d),
+             _meta_table(d)]
     plots = []
     h = as_history(d.artifacts.get("run"))
     if h is not None:
-        for fn, slug, caption in ((plot_losses, "loss-curves", "train and eval loss"),
+        skipped = d.artifacts.get("skipped_batches") or ()
+        for fn, slug, caption in ((lambda h: plot_losses(h, skipped), "loss-curves", "train and eval loss"),
                                   (plot_grad_norms, "grad-norms", "gradient norm per layer"),
                                   (plot_update_ratio, "update-ratio", "update/parameter norm ratio"),
                                   (plot_dead, "dead-relu", "dead ReLU fraction")):
@@ -268,9 +201,17 @@ def _as_list(diagnoses: Diagnosis | Iterable[Diagnosis]) -> list[Diagnosis]:
     return [diagnoses] if isinstance(diagnoses, Diagnosis) else list(diagnoses)
 
 
+def _with_meta(d: Diagnosis) -> dict:
+    out = d.to_dict()
+    if "meta" not in out:
+        out["meta"] = json.loads(json.dumps(run_metadata(d.artifacts), default=str))
+    return out
+
+
 def to_json(diagnoses: Diagnosis | Iterable[Diagnosis], path: str | None = None) -> str:
-    """The JSON form of the report: ``[diagnosis.to_dict(), ...]`` (also written to ``path``)."""
-    text = json.dumps([d.to_dict() for d in _as_list(diagnoses)], indent=2)
+    """The JSON form of the report: ``[diagnosis.to_dict(), ...]``, each with its run ``meta`` (also written
+    to ``path``)."""
+    text = json.dumps([_with_meta(d) for d in _as_list(diagnoses)], indent=2)
     if path is not None:
         with open(path, "w") as fh:
             fh.write(text + "\n")

@@ -32,6 +32,7 @@ class History:
       weight_leaves: indices of leaves with ``ndim >= 2`` (kernels), the ones the layer rules look at.
       tele_steps, param_norm, update_norm, grad_norm: sampled telemetry (``grad_norm`` empty without loss).
       dead_steps, dead_fraction, relu_shapes: sampled dead-ReLU fractions per ReLU site.
+      relu_labels: a label per ReLU site (its module scope or ``file:line``), when the monitor found them.
     """
 
     steps: list = dataclasses.field(default_factory=list)
@@ -51,6 +52,7 @@ class History:
     dead_steps: list = dataclasses.field(default_factory=list)
     dead_fraction: list = dataclasses.field(default_factory=list)
     relu_shapes: list = dataclasses.field(default_factory=list)
+    relu_labels: list = dataclasses.field(default_factory=list)
 
     def arrays(self, name: str) -> np.ndarray:
         """A recorded telemetry field as a float array ``(samples, leaves)`` (``NaN`` for sanitized values)."""
@@ -323,9 +325,10 @@ def _check_dead(h: History, threshold: float) -> list[Finding]:
     bad = [j for j, m in enumerate(med) if np.isfinite(m) and m >= threshold]
     if bad:
         j = max(bad, key=lambda j: med[j])
+        site = f" ({h.relu_labels[j]})" if j < len(h.relu_labels) else ""
         out.append(Finding(
             "train.dead_units",
-            f"{med[j]:.0%} of the units of ReLU #{j} (of {len(med)}, in apply's order) are inactive on every "
+            f"{med[j]:.0%} of the units of ReLU #{j}{site} (of {len(med)}, in apply's order) are inactive on every "
             f"example of the batch (median over {len(d)} samples; threshold {threshold:.0%})",
             "check the bias init (a large negative bias kills ReLUs), lower the learning rate, or use "
             "leaky_relu/gelu", path=f"relu[{j}]", step=h.dead_steps[-1],

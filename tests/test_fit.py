@@ -246,3 +246,50 @@ def test_restore_best_returns_the_state_of_the_best_evaluation(tmp_path):
     # without restore_best the last state is returned, as before
     plain = jaxsane.fit(exp, steps=60, eval_every=2, patience=3, **FIT)
     assert plain.state is plain.last_state and not plain.restored_best
+
+
+def test_fit_records_run_metadata_in_the_report_and_the_json(tmp_path):
+    path = str(tmp_path / "fit.html")
+    result = jaxsane.fit(experiment(n=6), steps=6, eval_every=3, report=path, checkpoint_dir=str(tmp_path / "ck"),
+                         **FIT)
+    meta = result.diagnosis.to_dict()["meta"]
+    assert meta["steps"] == 6 and meta["steps_requested"] == 6 and meta["wall_seconds"] > 0
+    assert meta["checkpoint_dir"] == str(tmp_path / "ck") and meta["best_step"] == result.best_step
+    assert "train" in meta["timings"] and "jax" in meta["versions"] and meta["backend"] == jax.default_backend()
+    page = open(path).read()
+    block = page[page.index('class="metadata"'):]
+    assert "wall time" in block and str(tmp_path / "ck") in block and "optax" in block
+
+
+def test_fit_checks_put_the_overfit_and_init_scale_plots_in_the_report(tmp_path):
+    path = str(tmp_path / "fit.html")
+    result = jaxsane.fit(experiment(n=4), steps=4, eval_every=0, report=path, checks=True, **FIT)
+    assert {"overfit", "init_scales"} <= set(result.diagnosis.artifacts)
+    assert result.diagnosis.by_code("overfit.best")
+    page = open(path).read()
+    assert 'class="plot overfit-sweep"' in page and 'class="plot init-scales"' in page
+    assert {"overfit", "init_scales", "train"} <= set(result.diagnosis.to_dict()["meta"]["timings"])
+    with pytest.raises(jaxsane.FitArgumentError, match="checks"):
+        jaxsane.fit(experiment(n=4), steps=4, checks="yes", progress=False)
+
+
+def test_progress_writes_plain_lines_with_rate_and_eta_when_not_a_terminal(capsys):
+    jaxsane.fit(experiment(n=12), steps=12, eval_every=0, **dict(FIT, progress=True))
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("[jaxsane] fit tiny:")]
+    assert len(lines) >= 2, lines
+    assert "step 1/12" in lines[0] and "stopped at step 12/12" in lines[-1]
+    assert "steps/s" in lines[-1] and "ETA 0:00:00" in lines[-1] and "-:--:--" not in "".join(lines)
+
+
+def test_progress_rate_and_eta_follow_the_steps():
+    import io
+
+    from jaxsane._fit_data import Progress
+    stream = io.StringIO()
+    bar = Progress(True, 100, 0, "demo", stream=stream, every_seconds=0.0)
+    bar.update(1, "loss 2")
+    t0, _ = bar.first
+    bar.first = (t0 - 10.0, 1)  # as if the first step ended 10 s ago: 9 steps in 10 s
+    bar.update(10, lambda: "loss 1")
+    last = stream.getvalue().splitlines()[-1]
+    assert "step 10/100 (10%)" in last and "0.9 steps/s" in last and "ETA 0:01:40" in last and "loss 1" in last

@@ -33,7 +33,7 @@ def test_relu_mlp_std_scales_as_a_power_of_depth():
     assert isinstance(fig, matplotlib.figure.Figure) and len(fig.axes) == 2
     assert len(fig.axes[0].lines) == 3  # one line per scale
     assert "scale 2" in str(sweep)
-    matplotlib.pyplot.close(fig)
+    assert fig.axes[1].get_legend() is not None
 
 
 def test_nnx_and_nested_jit_layers_are_found():

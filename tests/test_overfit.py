@@ -144,7 +144,7 @@ def test_result_table_and_plot():
     fig = result.plot()
     assert isinstance(fig, matplotlib.figure.Figure)
     assert len(fig.axes[0].lines) >= 3  # one real config, the baseline, the target line
-    matplotlib.pyplot.close(fig)
+    assert fig.axes[0].get_legend() is not None  # outside the axes, see tests/test_report.py
 
 
 def test_missing_loss_raises_clear_error():
@@ -251,3 +251,17 @@ def test_host_setup_and_in_program_setup_give_the_same_sweep(monkeypatch):
     in_program = overfit(exp, **kwargs)
     np.testing.assert_allclose(on_host.losses, in_program.losses, rtol=1e-6, atol=1e-7)
     assert on_host.verdicts == in_program.verdicts and in_program.compiles == 1
+
+
+def test_overfit_plot_draws_each_target_at_the_verdicts_criterion():
+    result = overfit(_tiny("healthy"), seeds=2, steps=40)
+    fig = result.plot()
+    ax = fig.axes[0]
+    targets = {line.get_gid(): line for line in ax.get_lines() if (line.get_gid() or "").startswith("target-")}
+    assert set(targets) == {f"target-{i}" for i in result.real}
+    for i in result.real:  # the sweep's test: loss <= target x that configuration's own initial loss
+        np.testing.assert_allclose(targets[f"target-{i}"].get_ydata(), result.target * result.losses[i, 0])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "optimizer's lr (default)" in labels and any("each curve's initial loss" in t for t in labels)
+    thickest = max(ax.get_lines(), key=lambda line: line.get_linewidth())
+    assert thickest.get_color() == "black"  # the default configuration is the most visible
