@@ -90,6 +90,15 @@ class FitResult:
     def losses(self) -> list[float]:
         return list(self.history.loss)
 
+    def __repr__(self) -> str:
+        from ._repr import fit_repr
+        return fit_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ._repr import fit_html
+        from ._report import plot_losses
+        return fit_html(self, plot_losses)
+
 
 # ----------------------------------------------------------------------------- fit
 
