@@ -36,7 +36,7 @@ from ._fit_args import POLICIES as POLICIES, check_dir_arg, check_file_arg, chec
 from ._fit_data import Evaluator, Progress, check_first_labels, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
-from ._guard import JaxsaneWarning, guard
+from ._guard import Guarded, JaxsaneWarning
 from ._monitor import History, Monitor, check_training
 from ._tree import PyTree
 
@@ -245,9 +245,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
                       ckpt.complete_steps if ckpt is not None else None)
 
-    # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning
-    guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
-                    dump_dir=dump_dir, warn_recompiles=False)
+    # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning.
+    # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls; fit keeps its policy
+    guarded = Guarded(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
+                      dump_dir=dump_dir, warn_recompiles=False)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
