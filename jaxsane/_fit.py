@@ -37,6 +37,7 @@ from ._fit_data import Evaluator, Progress, check_first_labels, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
 from ._guard import Guarded, JaxsaneWarning
+from ._metric_writer import require_writer
 from ._monitor import History, Monitor, check_training
 from ._tree import PyTree
 
@@ -108,6 +109,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int | None = None,
         dead_every: int | None = None,
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
+        writer: Any = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
         rollback_every: int | None = None) -> FitResult:
@@ -142,6 +144,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       metrics_path: the JSONL metrics file (default ``checkpoint_dir/metrics.jsonl``; None without a dir).
         Append-only with fsync; on resume it is replaced atomically by the history saved in the checkpoint.
       tensorboard_dir: also write scalars there through tensorboardX/torch/tensorflow if installed.
+      writer: also send the metrics to this object with clu's metric-writer protocol (``write_scalars(step,
+        scalars)``, optional ``flush()``): a ``clu.metric_writers`` writer or your own shim; tags ``train/loss``,
+        ``eval/loss``, ``grad_norm/<leaf>``. The JSONL file is written as before.
       progress: a progress bar on stderr (only when stderr is a terminal).
       report: write a self-contained HTML report of the run there (its directory must exist); written
         also when fit fails or is interrupted, and the error names it.
@@ -184,6 +189,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                         eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
                         log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
     steps = int(steps)
+    writer = require_writer("jaxsane.fit", writer)
     if report is not None:
         check_file_arg("report", report, create_parent=False)
     if dump_dir is not None:
@@ -243,7 +249,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                                    complete) from e
         raise
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
-                      ckpt.complete_steps if ckpt is not None else None)
+                      ckpt.complete_steps if ckpt is not None else None, writer=writer)
 
     # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning.
     # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls; fit keeps its policy
