@@ -187,6 +187,14 @@ class Finding:
         times = f" x{self.count}" if self.count > 1 else ""
         return f"{self.code}{where}{times}: {self.message}"
 
+    def __repr__(self) -> str:
+        from ._repr import finding_repr
+        return finding_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ._repr import finding_html
+        return finding_html(self)
+
     def __str__(self) -> str:
         text = f"[{self.severity}] {self.headline()}"
         if self.hint:
@@ -273,7 +281,12 @@ class Diagnosis(Sequence[Finding]):
         return iter(self.findings)
 
     def __repr__(self) -> str:
-        return f"Diagnosis(name={self.name!r}, findings={self.findings!r})"
+        from ._repr import diagnosis_repr
+        return diagnosis_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ._repr import diagnosis_html
+        return diagnosis_html(self)
 
     def add(self, *findings: Finding | Iterable[Finding]) -> "Diagnosis":
         """Append findings (single ones or iterables of them); returns self.

@@ -38,7 +38,8 @@ from ._fit_data import Evaluator, Progress, check_first_labels, train_stream
 from ._fit_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from ._fit_report import record_meta, run_checks
 from ._fit_state import Snapshot, best_state, dtype_changes, keep_copy
-from ._guard import JaxsaneWarning, guard
+from ._guard import Guarded, JaxsaneWarning
+from ._metric_writer import require_writer
 from ._monitor import History, Monitor, check_training
 from ._tree import PyTree
 
@@ -92,6 +93,15 @@ class FitResult:
     def losses(self) -> list[float]:
         return list(self.history.loss)
 
+    def __repr__(self) -> str:
+        from ._repr import fit_repr
+        return fit_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ._repr import fit_html
+        from ._report import plot_losses
+        return fit_html(self, plot_losses)
+
 
 # ----------------------------------------------------------------------------- fit
 
@@ -101,6 +111,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int | None = None,
         dead_every: int | None = None,
         log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
+        writer: Any = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
         rollback_every: int | None = None, checks: bool = False) -> FitResult:
@@ -135,6 +146,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       metrics_path: the JSONL metrics file (default ``checkpoint_dir/metrics.jsonl``; None without a dir).
         Append-only with fsync; on resume it is replaced atomically by the history saved in the checkpoint.
       tensorboard_dir: also write scalars there through tensorboardX/torch/tensorflow if installed.
+      writer: also send the metrics to this object with clu's metric-writer protocol (``write_scalars(step,
+        scalars)``, optional ``flush()``): a ``clu.metric_writers`` writer or your own shim; tags ``train/loss``,
+        ``eval/loss``, ``grad_norm/<leaf>``. The JSONL file is written as before.
       progress: progress on stderr: steps/s and ETA, a bar on a terminal, plain lines otherwise (CI logs).
       report: write a self-contained HTML report of the run there (its directory must exist): findings,
         loss curves, telemetry plots and the run metadata (also in ``diagnosis.artifacts["meta"]`` and the
@@ -181,6 +195,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                         eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
                         log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
     steps = int(steps)
+    writer = require_writer("jaxsane.fit", writer)
     if report is not None:
         check_file_arg("report", report, create_parent=False)
     if dump_dir is not None:
@@ -243,11 +258,12 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                                    complete) from e
         raise
     log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
-                      ckpt.complete_steps if ckpt is not None else None)
+                      ckpt.complete_steps if ckpt is not None else None, writer=writer)
 
-    # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning
-    guarded = guard(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
-                    dump_dir=dump_dir, warn_recompiles=False)
+    # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning.
+    # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls; fit keeps its policy
+    guarded = Guarded(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
+                      dump_dir=dump_dir, warn_recompiles=False)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None

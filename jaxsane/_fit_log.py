@@ -1,5 +1,5 @@
 """The metric files of :func:`jaxsane.fit`: an append-only ``metrics.jsonl`` (fsync per batch of records,
-replaced atomically at resume) and optional TensorBoard scalars. Nothing here is jit-safe."""
+replaced atomically at resume), optional TensorBoard scalars and a clu-style ``writer``. Nothing here is jit-safe."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from . import _checkpoint as _ckpt
 from ._guard import JaxsaneWarning
+from ._metric_writer import write_scalars
 from ._monitor import History
 
 
@@ -24,8 +25,8 @@ class MetricsLog:
                ("dead_steps", "dead"), ("eval_steps", "eval"))
 
     def __init__(self, path: str | None, tensorboard_dir: str | None, history: History,
-                 ckpt_dir: str | None = None, complete: Any = None):
-        self.path, self.ckpt_dir, self.complete = path, ckpt_dir, complete
+                 ckpt_dir: str | None = None, complete: Any = None, writer: Any = None):
+        self.path, self.ckpt_dir, self.complete, self.writer = path, ckpt_dir, complete, writer
         self.written = {name: len(getattr(history, name)) for name, _ in self._SERIES}
         self.tb = _tensorboard_writer(tensorboard_dir) if tensorboard_dir else None
 
@@ -41,6 +42,8 @@ class MetricsLog:
                                        self.complete() if self.complete else None) from e
         if self.tb is not None:
             self._tensorboard(h, records)
+        if self.writer is not None:  # a clu-style writer (fit(writer=...))
+            write_scalars(self.writer, records, h.leaf_paths)
 
     def new_records(self, h: History) -> list[dict]:
         """The JSONL records of what ``h`` gained since the last call (and marks them written)."""

@@ -34,7 +34,7 @@ from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_
 from ._guard_host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
 from ._recompile import RecompileTracker, recompile_finding, signature
 from ._tree import finite_flags, leaves_with_paths
-from ._validate import require_policy
+from ._validate import policy_from_env, require_policy
 
 POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
 
@@ -336,7 +336,10 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
       on_nonfinite: ``"raise"`` raises :class:`NonFiniteError`; ``"skip"`` returns the failing step's
         input state bitwise (one ``lax.cond`` inside the compiled step; on failure the step is replayed once,
         same compiled program, to name the leaves) and counts it; ``"warn"`` warns. The words mean what they
-        mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``).
+        mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``). The environment variable
+        ``JAXSANE_ON_NONFINITE=raise|skip|warn``, when set, overrides this argument (read here, when the
+        step is wrapped); jaxsane's own loops (``fit``, doctor's run stage) build :class:`Guarded` directly
+        and keep their policies.
       dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no
         pickle) and can be read back with :func:`jaxsane.load_dump`.
       max_consecutive_skips: with ``"skip"``, raise after this many failing steps in a row.
@@ -376,6 +379,7 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     Raises:
       GuardConfigError: (a ``ValueError`` and ``TypeError``) an argument of the wrong type or out of
         range, at the call, naming the valid values.
+        Also when ``JAXSANE_ON_NONFINITE`` holds another word (``breakpoint`` is reserved, not available yet).
 
     Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
 
@@ -384,6 +388,8 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
       >>> guarded = jaxsane.guard(lambda s, b: (s + b, {"loss": jnp.sum(b)}), sync=True)
       >>> state, metrics = guarded(jnp.zeros(2), jnp.ones(2))
     """
+    require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
+    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
     return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
                    max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
                    sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles)

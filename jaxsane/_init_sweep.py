@@ -92,6 +92,10 @@ class InitScaleSweep:
     def __repr__(self) -> str:
         return f"InitScaleSweep(scales={self.scales.tolist()}, layers={len(self.layers)})"
 
+    def _repr_html_(self) -> str:
+        from ._repr import sweep_html
+        return sweep_html(self)
+
     def plot(self):
         """Activation std and gradient std against depth, one line per scale; returns the Figure."""
         import matplotlib.pyplot as plt

@@ -127,3 +127,7 @@ class LocateReport:
     def __repr__(self) -> str:
         return f"LocateReport({self.summary()!r})"
 
+    def _repr_html_(self) -> str:
+        from ._repr import locate_html
+        return locate_html(self)
+

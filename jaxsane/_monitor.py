@@ -37,6 +37,7 @@ from ._experiment_data import get_inputs
 from ._findings import Finding
 from ._frames import frames_of, is_library_file, user_location
 from ._interpret import Interpreter, bodies
+from ._metric_writer import require_writer, write_scalars
 from ._train_checks import History as History, check_training as check_training
 from ._tree import PyTree, is_inexact, leaves_with_paths
 from ._validate import require_bool, require_int
@@ -218,6 +219,9 @@ class Monitor:
       grads: compute per-leaf gradient norms (needs ``loss``) at sampled steps.
       log_every: move queued telemetry to the host every this many recorded steps.
       lag: when pulling, leave this many newest steps queued so the host never waits for running steps.
+      writer: also send what reaches the host (train metrics and gradient norms at each pull, evaluations at
+        :meth:`record_eval`) to this object with clu's ``write_scalars(step, scalars)`` / ``flush()``
+        protocol; None keeps everything in :attr:`history` only.
 
     Not jit-safe to construct. :meth:`step` ``(state, batch, mode) -> (state, metrics)`` dispatches to one
     jitted program per ``mode`` (see :meth:`mode_for`); :attr:`compiled_step` is the same as one jitted
@@ -236,8 +240,9 @@ class Monitor:
     """
 
     def __init__(self, adapted: Adapted, *, every: int = 50, dead_every: int = 250, grads: bool = True,
-                 log_every: int = 100, lag: int = 2):
+                 log_every: int = 100, lag: int = 2, writer: Any = None):
         require_experiment("Monitor", adapted, "adapted")
+        self.writer = require_writer("Monitor", writer)
         adapted = adapted if isinstance(adapted, Adapted) else Adapted(adapted)  # an Experiment is adapted here
         every = require_int("Monitor", "every", every, min=1)
         log_every = require_int("Monitor", "log_every", log_every, min=1)
@@ -386,6 +391,10 @@ class Monitor:
         for i, d in sorted(dead, key=lambda r: r[0]):
             h.dead_steps.append(i)
             h.dead_fraction.append(d.tolist())
+        if self.writer is not None:
+            write_scalars(self.writer, [{"kind": "train", "step": i, "loss": float(loss), **scalars}
+                                        for i, loss, scalars in train]
+                          + [{"kind": "grad", "step": i, "grad_norm": g.tolist()} for i, g in grad], h.leaf_paths)
         return h
 
     def record_eval(self, step: int, loss: float, **metrics: float) -> None:
@@ -395,6 +404,8 @@ class Monitor:
         h.eval_loss.append(float(loss))
         for k, v in metrics.items():
             h.eval_metrics.setdefault(k, []).append(float(v))
+        if self.writer is not None:
+            write_scalars(self.writer, [{"kind": "eval", "step": int(step), "loss": float(loss), **metrics}])
 
     def check(self, **thresholds: Any) -> list[Finding]:
         """Pull, then run :func:`check_training` on the history."""

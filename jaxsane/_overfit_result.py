@@ -144,6 +144,10 @@ class OverfitResult:
         return (f"OverfitResult({len(self.configs)} configs, {fits}/{len(self.real)} fit, steps_run={self.steps_run}, "
                 f"codes={self.codes})")
 
+    def _repr_html_(self) -> str:
+        from ._repr import overfit_html
+        return overfit_html(self)
+
     def plot(self, ax: Any = None):
         """Loss against step for every configuration (log scale); returns the matplotlib Figure.
 

@@ -28,7 +28,7 @@ from ._experiment_data import (axis_text, count_examples, example_view, get_inpu
                                leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
-from ._guard import guard
+from ._guard import Guarded
 from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
 from ._init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from ._init_sweep import init_scale_sweep
@@ -327,7 +327,8 @@ def run_stage(ctx: StageContext) -> Iterable[Finding]:
     adapted = ctx.adapted
     state = adapted.init(ctx.key)
     monitor = Monitor(adapted, every=1, dead_every=opts.run_dead_every, log_every=max(1, opts.run_steps))
-    guarded = guard(monitor.compiled_step, on_nonfinite="raise")
+    # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls, the run stage must raise
+    guarded = Guarded(monitor.compiled_step, on_nonfinite="raise")
     # one compiled step for the whole run: the richest mode any step needs, every step; what a step's own
     # mode would not have measured (dead-ReLU fractions between samples) is dropped before recording, so
     # the history is the one the per-step modes give, for one compile instead of two

@@ -14,18 +14,18 @@ id="jaxsane-findings">``), identical to :func:`to_json`. Not jit-safe.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import html
-import io
 import json
 from typing import Any, Iterable, Sequence
 
 
-from ._findings import Diagnosis, Finding
+from ._findings import Diagnosis
 from ._monitor import History
 from ._plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio
 from ._run_meta import run_metadata
+from ._repr import (figure_img as _img, figure_png as figure_png, findings_table as _findings_table,
+                    stages_table as _stages_table)
 from ._validate import fail, require_str, require_writable_file
 
 _CSS = """
@@ -43,19 +43,6 @@ tr.consequence td{color:#666;font-size:.85em;background:#fafafa}tr.consequence t
 
 # ----------------------------------------------------------------------------- plotting helpers
 
-def figure_png(fig: Any) -> bytes:
-    """A matplotlib Figure as PNG bytes (Agg; works without a display). Not jit-safe."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
-        FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    try:  # figures made through pyplot stay registered until closed
-        import matplotlib.pyplot as plt
-        plt.close(fig)
-    except Exception:
-        pass
-    return buf.getvalue()
 
 
 def as_history(run: Any) -> History | None:
@@ -73,59 +60,12 @@ def as_history(run: Any) -> History | None:
 
 # ----------------------------------------------------------------------------- page
 
-def _img(fig: Any, alt: str, caption: str) -> str:
-    data = base64.b64encode(figure_png(fig)).decode("ascii")
-    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-
 def _artifact_plot(obj: Any):
     plot = getattr(obj, "plot", None)
     if not callable(plot):
         return None
     fig = plot()
     return fig if hasattr(fig, "savefig") else None
-
-
-def _finding_cells(f: Finding, severity: str, consequence: bool, note: str = "") -> str:
-    hint = f'<div class="hint">fix: {html.escape(f.hint)}</div>' if f.hint and not consequence else ""
-    times = f' <span class="count">x{f.count}</span>' if f.count > 1 else ""
-    code = f"<code>{html.escape(f.code)}</code>"
-    if consequence:
-        code = f'<span class="arrow">&#8627;</span> {code}'
-    return (f'<td class="{severity}">{severity}</td><td>{code}{times}</td><td>{html.escape(f.where)}</td>'
-            f"<td>{html.escape(f.message)}{hint}{note}</td>")
-
-
-def _findings_table(d: Diagnosis) -> str:
-    """Root causes first (by their severity with their consequences), each followed by its consequences."""
-    if not len(d):
-        return '<p class="ok">no findings</p>'
-    rows = []
-    for r in d.root_causes:
-        cons = d.consequences_of(r)
-        note = (f'<div class="folded">{len(cons)} consequence{"s" if len(cons) != 1 else ""} below: fixing this '
-                "cause fixes them</div>" if cons else "")
-        rows.append(f'<tr class="finding root" data-code="{html.escape(r.code)}">'
-                    f"{_finding_cells(r, d.severity_of(r), False, note)}</tr>")
-        for c in cons:
-            rows.append(f'<tr class="finding consequence" data-code="{html.escape(c.code)}" '
-                        f'data-caused-by="{html.escape(r.code)}">{_finding_cells(c, c.severity, True)}</tr>')
-    return ("<table class=\"findings\"><thead><tr><th>severity</th><th>code</th><th>where</th>"
-            "<th>finding and fix</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-
-
-def _stages_table(d: Diagnosis) -> str:
-    """doctor's stages (``artifacts["stages"]``): status, seconds, and why a stage did not run."""
-    rows = "".join(
-        f'<tr class="stage" data-stage="{html.escape(s["name"])}"><td>{html.escape(s["name"])}</td>'
-        f'<td class="{"ok" if s["status"] == "ran" else "warning"}">{html.escape(s["status"])}</td>'
-        f'<td>{s["seconds"]:.1f} s' + (f' ({s["compiles"]} compiled, {s.get("compile_seconds", 0):.1f} s)'
-                                        if s.get("compiles") else "")
-        + f'</td><td>{html.escape(s.get("reason") or "")}</td></tr>'
-        for s in d.artifacts.get("stages") or [])
-    return ('<section class="stages"><h3>Stages</h3><table><thead><tr><th>stage</th><th>status</th><th>time</th>'
-            f"<th>why it did not run</th></tr></thead><tbody>{rows}</tbody></table></section>") if rows else ""
 
 
 _META_ROWS = (("steps", "steps"), ("steps_requested", "steps asked for"), ("wall_seconds", "wall time (s)"),

@@ -259,3 +259,36 @@ def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = Ar
              "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy")
     raise error(f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
                 f"Likely cause: {cause}. Fix: pass one of them ({valid}).")
+
+
+#: Overrides guard's ``on_nonfinite`` without code changes (as ``EQX_ON_ERROR`` does for equinox), e.g.
+#: ``JAXSANE_ON_NONFINITE=raise python train.py`` to stop at the first NaN of a run written to skip them.
+ON_NONFINITE_ENV = "JAXSANE_ON_NONFINITE"
+#: Words kept for later features: refused with the reason, never read as a misspelling.
+_RESERVED = {"breakpoint": "stopping in a debugger at the failing step is planned but not available yet"}
+
+
+def policy_from_env(fn: str, value: str, allowed: Sequence[str], error: type = ArgumentError) -> str:
+    """``$JAXSANE_ON_NONFINITE`` when it is set and not empty, else ``value`` (the ``on_nonfinite=`` argument).
+
+    Read when the step is wrapped, so a change of the variable later does not change a wrapped step.
+    Host-side.
+
+    Raises:
+      error: the variable holds a word ``fn`` cannot carry out (``breakpoint`` included: reserved for a
+        later debugger feature), naming the valid words.
+    """
+    setting = os.environ.get(ON_NONFINITE_ENV, "").strip()
+    if not setting:
+        return value
+    valid = ", ".join(map(repr, allowed))
+    unset = f"set {ON_NONFINITE_ENV} to one of {valid}, or unset it to use the on_nonfinite= argument ({value!r})"
+    if setting in _RESERVED:
+        raise error(f"{ON_NONFINITE_ENV}={setting!r} is not available yet in {fn}: {_RESERVED[setting]}. "
+                    f"Fix: {unset}.")
+    if setting not in allowed:
+        cause = (f"{setting!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[setting]}"
+                 if setting in _WHY_NOT else "a misspelt policy")
+        raise error(f"{ON_NONFINITE_ENV}={setting!r} is not a policy of {fn} (valid: {valid}). "
+                    f"Likely cause: {cause}. Fix: {unset}.")
+    return setting

@@ -359,3 +359,41 @@ def test_skip_with_a_step_that_changes_a_dtype_is_a_clear_error():
     same = jaxsane.guard(lambda s, b: ({"w": s["w"] * b}, {"loss": b}), on_nonfinite="skip", sync=True)
     out, _ = same({"w": jnp.ones(3)}, jnp.float32(2))
     assert same.failures == [] and float(out["w"][0]) == 2.0
+
+
+# ----------------------------------------------------------------------------- JAXSANE_ON_NONFINITE (issue 17)
+
+def test_environment_switch_overrides_on_nonfinite_at_construction(monkeypatch):
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "skip")
+    guarded = jaxsane.guard(_nan_params_step, locate=False)          # default "raise", no code change
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "raise")              # read once, when the step was wrapped
+    state = optax_init(jax.random.key(0))
+    new_state, _ = guarded(state, batch())
+    guarded.flush()
+    assert guarded.on_nonfinite == "skip" and guarded.skipped == 1 and _leaves_equal(new_state, state)
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", " warn ")
+    warned = jaxsane.guard(_nan_params_step, on_nonfinite="raise", sync=True, locate=False)  # env beats the argument
+    with pytest.warns(jaxsane.JaxsaneWarning, match="nonfinite.update at step 0"):
+        warned(state, batch())
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "")                   # empty: the argument again
+    assert jaxsane.guard(_nan_params_step, on_nonfinite="warn").on_nonfinite == "warn"
+
+
+@pytest.mark.parametrize("value, text", [
+    ("skp", r"JAXSANE_ON_NONFINITE='skp' is not a policy of jaxsane.guard \(valid: 'raise', 'skip', 'warn'\)"),
+    ("rollback", "another tool's policy"),
+    ("breakpoint", "JAXSANE_ON_NONFINITE='breakpoint' is not available yet in jaxsane.guard"),
+])
+def test_environment_switch_refuses_other_words(monkeypatch, value, text):
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", value)
+    with pytest.raises(jaxsane.GuardConfigError, match=text) as e:
+        jaxsane.guard(_nan_params_step)
+    assert str(e.value).startswith("[jaxsane] ") and "or unset it" in str(e.value)
+
+
+def test_environment_switch_leaves_fit_and_doctor_policies_alone(monkeypatch):
+    import test_fit as T
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "warn")
+    with pytest.warns(jaxsane.JaxsaneWarning, match="rolled back"):
+        result = jaxsane.fit(T.experiment(n=10, poison_at=(4,)), steps=10, eval_every=0, **T.FIT)
+    assert result.rollbacks == 1
