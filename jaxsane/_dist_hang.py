@@ -7,7 +7,8 @@ wall-clock times). A daemon thread per process publishes that record to the key-
 once per check period, and looks for a hang:
 
 * locally: the main thread has been inside one guarded call for more than ``T`` seconds (blocked in a
-  collective, or in the flag read of an earlier step that waits on one);
+  collective, or in the flag read of an earlier step that waits on one), except the first call, which
+  compiles;
 * globally (process 0 only, one directory read per check): some process has not entered the newest
   step any process entered, and that step was entered more than ``T`` seconds ago.
 
@@ -43,7 +44,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ._errors import DistHangError
+from ._errors import DistHangError, JaxsaneError
 from ._findings import Finding
 from ._frames import is_library_file
 
@@ -170,19 +171,27 @@ def hang_finding(request: dict, records: dict[int, dict], stacks: dict[int, dict
                 lines.extend(f'      File "{f[0]}", line {f[1]}, in {f[2]}' + (f"\n        {f[3]}" if f[3] else "")
                              for f in t["frames"])
             per_process[p]["stacks"] = ans["threads"]
-    if missing:
+    cause = request.get("cause")
+    if missing and cause:
+        what = (f"process(es) {_names(missing)} did not enter step {step}, and the step failed on process "
+                f"{request.get('by')} in a collective (it raised {cause})")
+    elif missing:
         what = (f"process(es) {_names(missing)} did not enter step {step} within hang_timeout={timeout:g}s; the "
                 f"others wait for them in a collective")
+    silent = [p for p in missing if p not in stacks]
+    if missing:
         hint = (f"see where process(es) {_names(missing)} are (their stacks above): a data loader that blocks, a "
                 f"branch only some processes take, a host that died. If steps are legitimately this slow "
                 f"(compile, checkpoint, evaluation on one process), raise hang_timeout=.")
+        if silent:
+            hint = (f"process(es) {_names(silent)} did not answer: they most likely died (read their own log and "
+                    f"the scheduler's events: out of memory, preemption, a crash). " + hint.replace("see", "Else see", 1))
     else:
         what = (f"step {step} did not finish within hang_timeout={timeout:g}s although every process entered it: "
                 f"a collective inside it never completes")
         hint = ("the processes run different collectives (a branch or shape that differs by process), or a "
                 "device is stuck; if the step is legitimately this slow, raise hang_timeout=.")
-    cause = request.get("cause")
-    message = what + (f" (the step raised: {cause})" if cause else "")
+    message = what
     report = "\n".join(lines)
     return Finding("dist.hang", message, hint=hint, step=step, file=where[0] if where else None,
                    line=where[1] if where else None,
@@ -238,10 +247,11 @@ class HangWatch:
         self._version += 1
         try:
             out = fn(*args, **kwargs)
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt too: the call is over either way
             self.in_call = False
             self._version += 1
-            self._failed(step, e)
+            if isinstance(e, Exception) and not isinstance(e, JaxsaneError):  # ours (NonFiniteError) are no hang
+                self._failed(step, e)
             raise
         self.finished, self.finished_at, self.in_call = step, time.time(), False
         self._version += 1
@@ -260,21 +270,28 @@ class HangWatch:
         self._thread.start()
 
     def _failed(self, step: int, error: Exception) -> None:
-        """The step raised: if a peer has not entered it, report ``dist.hang`` and raise it from ``error``."""
+        """The step raised: if a peer has not entered it, report ``dist.hang`` and raise it from ``error``.
+        Waits two check periods first, so that every live peer's record is fresh (failure path only)."""
         try:
+            self._publish()
+            time.sleep(2 * self.period)
             records = self._records()
         except Exception:  # the coordination service is gone too: nothing to add
             return
         missing = [p for p in range(self.n) if records.get(p, {}).get("entered", -1) < step]
-        if not missing or isinstance(error, DistHangError):
+        if not missing:
             return
         self._main_raises = True
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        self._post_request({"step": step, "by": self.pid, "at": time.time(), "missing": missing,
-                            "cause": f"{type(error).__name__}: {first}",
-                            "reason": f"step {step} raised on process {self.pid} while process(es) "
-                                      f"{_names(missing)} had not entered it"})
-        self._respond(self._request() or {"step": step, "by": self.pid})
+        try:
+            self._post_request({"step": step, "by": self.pid, "at": time.time(), "missing": missing,
+                                "cause": f"{type(error).__name__}: {first}",
+                                "reason": f"step {step} raised on process {self.pid} while process(es) "
+                                          f"{_names(missing)} had not entered it"})
+            self._respond(self._request() or {"step": step, "by": self.pid})
+        except Exception:  # the service went away meanwhile: the step's own error is all there is
+            self._main_raises = False
+            return
         raise DistHangError(report_text(self.finding), self.finding) from error
 
     # ---------------------------------------------------------------- the watchdog thread
@@ -287,7 +304,9 @@ class HangWatch:
                     self._publish()
                 request = self._request()
                 now = time.time()
-                if request is None and self.in_call and now - self.entered_at > self.timeout:
+                # the first call (compile, gloo's connections) is not timed here: only the global rule
+                # (a process that has not entered it) watches it
+                if request is None and self.in_call and self.finished >= 0 and now - self.entered_at > self.timeout:
                     request = {"step": self.entered, "by": self.pid, "at": now,
                                "reason": f"process {self.pid} waited {now - self.entered_at:.1f}s inside step "
                                          f"{self.entered}"}

@@ -356,9 +356,9 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         Python, and exits with code 75 (``os._exit``, at once where its main thread is blocked in a
         collective, else a second later) so the job fails fast. Each process's record goes through the
         ``jax.distributed`` key-value store from a background thread; the call itself only stores a few
-        numbers (about 1 us). None (default) is off; a single process is never watched. Includes compile
-        time on the first call and any host-side pause a process takes while the others wait (a
-        checkpoint written by process 0 only).
+        numbers (about 1 us). None (default) is off; a single process is never watched. The first call
+        (which compiles) is only watched for processes that never enter it; later calls count any
+        host-side pause a process takes while the others wait (a checkpoint written by process 0 only).
 
     Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
     failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
