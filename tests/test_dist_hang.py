@@ -216,3 +216,30 @@ def test_the_finding_names_the_first_step_not_entered_and_where_the_missing_proc
     assert f.extra["processes"][2]["answered"] is False and f.extra["processes"][1]["stacks"]
     level = hang_finding({"step": 3}, {p: {"entered": 3, "entered_at": 1.0} for p in range(2)}, {}, 2, 3.0, 9.0)
     assert level.step == 3 and level.extra["missing"] == [] and "every process entered it" in level.message
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("processes, given, expected", [(2, "auto", 600.0), (1, "auto", None), (2, None, None),
+                                                        (2, 30, 30.0)])
+def test_fit_turns_the_watch_on_under_jax_distributed(monkeypatch, processes, given, expected):
+    from jaxsane import _fit
+    from jaxsane.examples import load
+
+    class Jax:  # jax as _fit sees it, with this many processes
+        def __getattr__(self, name):
+            return (lambda: processes) if name == "process_count" else getattr(jax, name)
+
+    seen = {}
+
+    def spy(step, **kwargs):
+        seen.update(kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(_fit, "jax", Jax())
+    monkeypatch.setattr(_fit, "guard", spy)
+    with pytest.raises(_Stop):
+        jaxsane.fit(load("digits_optax"), steps=1, eval_every=0, progress=False, hang_timeout=given)
+    assert seen["hang_timeout"] == expected
