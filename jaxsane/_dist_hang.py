@@ -52,7 +52,6 @@ EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): the job failed on a hang, a restart 
 DEFAULT_FIT_TIMEOUT = 600.0  # PyTorch's default NCCL process-group timeout (torch.distributed, 10 minutes)
 GRACE_S = 1.0  # how long a process whose main thread runs Python gets to raise before it exits
 _WATCHES = itertools.count()  # key namespace per watch, in first-call order
-_MAIN_ONLY_FRAMES = 1  # frames shown for a process that is not missing: its main thread's user frame
 
 
 def check_hang_timeout(value: Any, where: str, error: type) -> float | None:
@@ -77,6 +76,7 @@ def check_period(timeout: float) -> float:
 
 
 def _client():
+    """``(client, process_id, num_processes)`` of ``jax.distributed`` (client None when not initialised)."""
     from jax._src.distributed import global_state
     return global_state.client, global_state.process_id, global_state.num_processes
 
@@ -97,7 +97,8 @@ def thread_stacks(skip: int | None = None) -> list[dict]:
 
 
 def user_frame(stack: dict) -> list | None:
-    """The innermost frame of a thread's stack that is the user's code (not jax, jaxsane or the stdlib)."""
+    """The innermost frame of a thread's stack that is the user's code (not jax, jaxsane or the stdlib), else
+    the innermost frame. Not jit-safe."""
     for frame in reversed(stack["frames"]):
         if not is_library_file(frame[0]):
             return frame
