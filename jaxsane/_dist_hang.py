@@ -227,11 +227,11 @@ class HangWatch:
         self.finding: Finding | None = None
         self.entered, self.entered_at, self.finished, self.finished_at = -1, 0.0, -1, 0.0
         self.in_call = False
+        self.exited = False    # the interpreter is exiting (atexit ran)
         self._version = 0      # bumped by the main thread on every change; the publisher compares it
         self._active: bool | None = None  # None: not started; False: single process (a no-op)
         self._respond_lock = threading.Lock()
         self._exit_lock = threading.Lock()
-        self._stop = threading.Event()
         self._main_raises = False
         self._thread: threading.Thread | None = None
 
@@ -298,7 +298,8 @@ class HangWatch:
     # ---------------------------------------------------------------- the watchdog thread
     def _loop(self) -> None:
         published = -1
-        while not self._stop.wait(self.period):
+        while True:
+            time.sleep(self.period)
             try:
                 if self._version != published:
                     published = self._version
@@ -323,16 +324,15 @@ class HangWatch:
                     self._act()
                     return
             except Exception:  # the client was shut down (normal exit) or the service is gone
-                if self._stop.is_set() or _client()[0] is None:
+                if _client()[0] is None:
                     return
 
     def _record(self) -> dict:
         return {"entered": self.entered, "entered_at": self.entered_at, "finished": self.finished,
-                "finished_at": self.finished_at, "in_call": self.in_call}
+                "finished_at": self.finished_at, "in_call": self.in_call, "exited": self.exited}
 
-    def _publish(self, **extra) -> None:
-        self.client.key_value_set(f"{self.prefix}rec/{self.pid}", json.dumps({**self._record(), **extra}),
-                                  allow_overwrite=True)
+    def _publish(self) -> None:
+        self.client.key_value_set(f"{self.prefix}rec/{self.pid}", json.dumps(self._record()), allow_overwrite=True)
 
     def _request(self) -> dict | None:
         try:
@@ -377,13 +377,13 @@ class HangWatch:
 
     def _act(self) -> None:
         """After the report: raise in the main thread where it runs Python, then leave the process."""
-        if not self.in_call and not self._main_raises:
+        if not self.in_call and not self._main_raises and not self.exited:  # (exited: main is in atexit)
             finding = self.finding
             _raise_in_main(type("DistHangError", (DistHangError,),
                                 {"__init__": lambda e: DistHangError.__init__(e, report_text(finding), finding)}))
-            self._stop.wait(GRACE_S)
+            time.sleep(GRACE_S)
         elif self._main_raises:
-            self._stop.wait(GRACE_S)
+            time.sleep(GRACE_S)
         self._exit()
 
     def _exit(self) -> None:
@@ -403,13 +403,13 @@ class HangWatch:
             os._exit(EXIT_CODE)
 
     def _at_exit(self) -> None:
-        """Interpreter exit: after a hang, leave now (not in the shutdown barrier); else say we exited."""
+        """Interpreter exit: after a hang, leave now (not in the shutdown barrier); else say we exited. The
+        watchdog keeps answering while ``jax.distributed``'s shutdown waits for the other processes."""
         if self.finding is not None:
             self._exit()
-        self._stop.set()
+        self.exited = True
+        self._version += 1
         try:
-            self._publish(exited=True)
+            self._publish()
         except Exception:
             pass
-        if self._thread is not None:
-            self._thread.join(timeout=2 * self.period + 1.0)

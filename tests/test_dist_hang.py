@@ -57,6 +57,8 @@ CHILD = textwrap.dedent('''
                 emit(kind="stuck", t=time.time())
                 if scenario == "sleep":
                     time.sleep(120)  # STUCK HERE
+                elif scenario == "sysexit":
+                    sys.exit(3)      # a clean exit: atexit runs, jax.distributed's shutdown waits for the others
                 else:
                     time.sleep(1.0)  # the record of step 4 is published
                     os._exit(3)
@@ -243,3 +245,14 @@ def test_fit_turns_the_watch_on_under_jax_distributed(monkeypatch, processes, gi
     with pytest.raises(_Stop):
         jaxsane.fit(load("digits_optax"), steps=1, eval_every=0, progress=False, hang_timeout=given)
     assert seen["hang_timeout"] == expected
+
+
+def test_a_process_that_exits_cleanly_is_named_and_every_process_ends(tmp_path):
+    results = run_job(tmp_path, 2, "sysexit")
+    left_at = results[1]["reports"]["stuck"]["t"]
+    r = results[0]
+    assert r["rc"] == EXIT_CODE, r["stderr"][-3000:]
+    assert "process(es) 1 did not enter step 5 within hang_timeout=" in r["stderr"]
+    assert "process 1 (missing): last entered step 4 at " in r["stderr"] and "has exited" in r["stderr"]
+    for pid, res in enumerate(results):
+        assert res["ended"] - left_at < HANG_TIMEOUT + SLACK_S, f"process {pid} took {res['ended'] - left_at:.1f}s"
