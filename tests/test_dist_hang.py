@@ -53,7 +53,7 @@ CHILD = textwrap.dedent('''
     w = jax.make_array_from_process_local_data(rep, np.zeros((), np.float32))
     try:
         for i in range(40):
-            if pid == 1 and i == 5:
+            if pid == 1 and i == 5 and scenario != "healthy":
                 emit(kind="stuck", t=time.time())
                 if scenario == "sleep":
                     time.sleep(120)  # STUCK HERE
@@ -256,3 +256,10 @@ def test_a_process_that_exits_cleanly_is_named_and_every_process_ends(tmp_path):
     assert "process 1 (missing): last entered step 4 at " in r["stderr"] and "has exited" in r["stderr"]
     for pid, res in enumerate(results):
         assert res["ended"] - left_at < HANG_TIMEOUT + SLACK_S, f"process {pid} took {res['ended'] - left_at:.1f}s"
+
+
+def test_a_healthy_job_runs_to_its_end_with_the_watch_on(tmp_path):
+    results = run_job(tmp_path, 2, "healthy")
+    for pid, r in enumerate(results):
+        assert r["rc"] == 0 and "finished" in r["reports"], f"process {pid}: rc={r['rc']}\n{r['stderr'][-3000:]}"
+        assert "dist.hang" not in r["stderr"]
