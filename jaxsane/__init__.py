@@ -12,8 +12,8 @@ import importlib as _importlib
 # private module -> the public names it defines, grouped by module
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "_dump": ("Dump", "load_dump", "save_dump"),
-    "_errors": ("ArgumentError", "CheckpointError", "DataError", "DoctorOptionError", "DumpError", "ExperimentError",
-                "FitArgumentError", "GradCheckError", "GuardConfigError", "JaxsaneError", "NonFiniteError"),
+    "_errors": ("ArgumentError", "CheckpointError", "DataError", "DistHangError", "DoctorOptionError", "DumpError",
+                "ExperimentError", "FitArgumentError", "GradCheckError", "GuardConfigError", "JaxsaneError", "NonFiniteError"),
     "_data": ("check_data",),
     "_dist": ("ReplicaDivergenceError", "check_replicas"),
     "_doctor": ("doctor",),
@@ -50,6 +50,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArgumentError", "CODES", "CheckpointError", "FitArgumentError", "GuardConfigError", "DataError", "Diagnosis",
+    "DistHangError",
     "DoctorOptionError", "Dump", "DumpError", "Experiment", "ExperimentError", "Finding",
     "GradCheckError", "Guarded", "JaxsaneError", "JaxsaneWarning", "NonFiniteError", "PureExperiment",
     "ReplicaDivergenceError",

@@ -97,3 +97,17 @@ class GuardConfigError(ArgumentError):
 class ExampleAxisError(DataError):
     """A batch cannot be cut into examples: its leaves disagree on the leading axis (a graph batch,
     packed sequences) and the Experiment does not say what one example is (``Experiment(examples=...)``)."""
+
+
+class DistHangError(JaxsaneError, RuntimeError):
+    """A process of a ``jax.distributed`` job stopped entering the guarded step (``dist.hang``), found by
+    ``guard(step, hang_timeout=...)``. The message names the missing processes, the last step each reached
+    and where their threads are.
+
+    Attributes:
+      finding: the ``dist.hang`` :class:`~jaxsane.Finding`.
+    """
+
+    def __init__(self, message: str, finding: Any = None):
+        super().__init__(message)
+        self.finding = finding

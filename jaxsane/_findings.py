@@ -99,6 +99,8 @@ CODES: dict[str, tuple[str, str, str]] = {
                                 "per-host seeds, missing gradient all-reduce"),
     "dist.nonfinite_shard": (ERROR, "non-finite values confined to some devices/processes",
                              "one host's data shard, one device's overflow"),
+    "dist.hang": (ERROR, "a process stopped entering the step; the others wait for it in a collective",
+                  "a data loader that blocks, a host that died, a branch only some processes take"),
     "doctor.user_code_crashed": (ERROR, "the user's own code (init, step, loss, apply, data) raised, so doctor "
                                  "could not check it", "a bug in the raising function, shown with its file:line"),
     "doctor.step_output": (ERROR, "the step returns no usable new state (e.g. only metrics), so it cannot train",

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 
 from . import _checkpoint as _ckpt
+from ._dist_hang import DEFAULT_FIT_TIMEOUT, check_hang_timeout
 from ._errors import CheckpointError, ExperimentError, FitArgumentError, NonFiniteError
 from ._experiment import Adapted, Experiment
 from ._findings import Diagnosis
@@ -114,7 +115,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         writer: Any = None,
         progress: bool = True, report: str | None = None, dump_dir: str | None = None,
         thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
-        rollback_every: int | None = None, checks: bool = False) -> FitResult:
+        rollback_every: int | None = None, checks: bool = False,
+        hang_timeout: float | None | str = "auto") -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
     Args:
@@ -169,6 +171,11 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
       checks: first run the overfit sweep and the init-scale sweep on the first train batch (doctor's
         settings: seconds on a small model; needs ``loss``), so their findings and plots are in the
         diagnosis and the report. Not on a resumed run (they judge the init).
+      hang_timeout: guard's ``dist.hang`` watchdog (see :func:`jaxsane.guard`): seconds a step may take, or
+        a process may keep the others waiting, before the job is reported stuck and every process exits
+        (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
+        under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
+        and checkpoints run outside the guarded step, so only pauses taken by some processes count.
 
     Returns:
       A :class:`FitResult`.
@@ -196,6 +203,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                         log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
     steps = int(steps)
     writer = require_writer("jaxsane.fit", writer)
+    if hang_timeout != "auto":
+        hang_timeout = check_hang_timeout(hang_timeout, "fit", FitArgumentError)
     if report is not None:
         check_file_arg("report", report, create_parent=False)
     if dump_dir is not None:
@@ -263,7 +272,9 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning.
     # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls; fit keeps its policy
     guarded = Guarded(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
-                      dump_dir=dump_dir, warn_recompiles=False)
+                      dump_dir=dump_dir, warn_recompiles=False,
+                      hang_timeout=(DEFAULT_FIT_TIMEOUT if jax.process_count() > 1 else None)
+                      if hang_timeout == "auto" else hang_timeout)
     positions: list[int] = []     # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._adapter import (call_split, combine, needs_partition, nnx_module as _nnx, nnx_positions, partition,
                        positional_names, split_objects)
+from ._dist_hang import HangWatch, check_hang_timeout
 from ._errors import GuardConfigError
 from ._findings import Finding
 from ._frames import user_call_site
@@ -59,14 +60,16 @@ class Guarded(HostSide):
       skipped: how many steps were skipped (``on_nonfinite="skip"``).
       recompiles: a ``step.recompiles`` :class:`Finding` per compilation after the first, naming the
         argument that changed (``extra["changes"]``); the first of them is also warned.
+      hang: the ``dist.hang`` :class:`Finding` of ``hang_timeout`` once reported (also in ``failures``).
     """
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
                  sync: bool = False, locate: bool = True, check_replicas: bool | int = False,
-                 warn_recompiles: bool = True):
+                 warn_recompiles: bool = True, hang_timeout: float | None = None):
         dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
                                locate, check_replicas, warn_recompiles)
+        hang_timeout = check_hang_timeout(hang_timeout, "jaxsane.guard", GuardConfigError)
         functools.update_wrapper(self, step)
         self.step = step
         self.on_nonfinite = on_nonfinite
@@ -83,6 +86,8 @@ class Guarded(HostSide):
         self.step_count = 0
         self.skipped = 0
         self.failures: list[Finding] = []
+        # hang_timeout: the dist.hang watchdog (_dist_hang); a no-op until a call finds process_count() > 1
+        self._hang = HangWatch(hang_timeout, self.failures.append) if hang_timeout is not None else None
         self._consecutive = 0
         self._last_failed_step: int | None = None
         self._pending: collections.deque[PendingStep] = collections.deque()
@@ -183,6 +188,11 @@ class Guarded(HostSide):
     def __call__(self, *args, **kwargs):
         if _has_tracer((args, kwargs)):
             return self._traced_call(*args, **kwargs)
+        if self._hang is not None:  # records the step's entry and return for the dist.hang watchdog
+            return self._hang.run(self.step_count, self._call, *args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         if self._pending:
             self._poll(block=False)
         positions = nnx_positions(args)
@@ -226,6 +236,11 @@ class Guarded(HostSide):
         if self.sync:
             self._poll(block=True)
         return out
+
+    @property
+    def hang(self) -> Finding | None:
+        """The ``dist.hang`` finding once the ``hang_timeout`` watchdog reported one, else None. Not jit-safe."""
+        return self._hang.finding if self._hang is not None else None
 
     def _on_compile(self, plain, statics, static_kw, positions, nnx_state, kwargs) -> None:
         """A call traced the body again: diff its arguments' signature against the last compiled call's; at
@@ -324,7 +339,8 @@ _SKIP, _NO_SKIP = np.bool_(True), np.bool_(False)  # the traced ``skip`` argumen
 
 def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
           max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True, check_replicas: bool | int = False, warn_recompiles: bool = True) -> Guarded:
+          locate: bool = True, check_replicas: bool | int = False, warn_recompiles: bool = True,
+          hang_timeout: float | None = None) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -362,6 +378,17 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         is ``step.recompiles``) naming the argument that changed, old and new value side by side. Every
         compilation after the first is in ``guarded.recompiles`` either way; ``False`` for a step that is
         meant to compile a few variants (a static mode argument).
+      hang_timeout: under ``jax.distributed`` (``jax.process_count() > 1``), seconds a guarded call may run,
+        or the newest step may wait for a process that has not entered it, before the job is reported
+        stuck (``dist.hang``): which processes did not enter the step, the last step each entered and
+        finished and when, and the Python stacks of the missing processes' threads, printed to stderr on
+        every process. Then each process raises :class:`jaxsane.DistHangError` where its main thread runs
+        Python, and exits with code 75 (``os._exit``, at once where its main thread is blocked in a
+        collective, else a second later) so the job fails fast. Each process's record goes through the
+        ``jax.distributed`` key-value store from a background thread; the call itself only stores a few
+        numbers (about 1 us). None (default) is off; a single process is never watched. The first call
+        (which compiles) is only watched for processes that never enter it; later calls count any
+        host-side pause a process takes while the others wait (a checkpoint written by process 0 only).
 
     Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
     failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
@@ -392,4 +419,5 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
     return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
                    max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                   sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles)
+                   sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles,
+                   hang_timeout=hang_timeout)
