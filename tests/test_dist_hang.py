@@ -241,7 +241,7 @@ def test_fit_turns_the_watch_on_under_jax_distributed(monkeypatch, processes, gi
         raise _Stop
 
     monkeypatch.setattr(_fit, "jax", Jax())
-    monkeypatch.setattr(_fit, "guard", spy)
+    monkeypatch.setattr(_fit, "Guarded", spy)  # fit builds its guard with Guarded (not the env-switched guard())
     with pytest.raises(_Stop):
         jaxsane.fit(load("digits_optax"), steps=1, eval_every=0, progress=False, hang_timeout=given)
     assert seen["hang_timeout"] == expected
