@@ -26,9 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ._findings import Finding
 from ._interpret import LOOPS, Interpreter
+from ._tree import explicit_sharding
 
 FIT_STEPS = 300  # Adam steps on the constant, with a learning rate decaying 100x
 
@@ -149,12 +151,17 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
                             "fits their labels too closely to be a reference")
     at_sites = {s: k for k, s in enumerate(sites)}
     flat = jax.tree_util.tree_leaves((params, batch))
+    mesh = next((sh.mesh for sh in map(explicit_sharding, flat) if sh is not None), None)
+
+    def put(c, dtype=None):  # constants live beside the params: replicated on their Explicit-axis mesh
+        c = jnp.asarray(c, dtype)
+        return c if mesh is None else jax.device_put(c, NamedSharding(mesh, PartitionSpec()))
 
     def f(values):
         it = _Replace(at_sites, values)
         return jnp.asarray(it.run(closed.jaxpr, closed.consts, flat)[0][0], jnp.float32).reshape(())
 
-    init_value = float(jax.jit(f)([jnp.asarray(o) for o in outs]))
+    init_value = float(jax.jit(f)([put(o) for o in outs]))
     label_stats = {}  # shape -> (mean, spread) over the examples
     for x in ([] if labels is None else _float_leaves(labels) + [
             y for y in jax.tree_util.tree_leaves(labels) if jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer)]):
@@ -166,13 +173,13 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
         starts.append([label_stats[o.shape][0].astype(o.dtype) for o in outs])
     scale = [max(float(np.sqrt(np.mean((o - o.mean(0)) ** 2))), label_stats.get(o.shape, (0, 0.0))[1], 1e-3)
              for o in outs]
-    losses = [float(jax.jit(f)([jnp.asarray(c) for c in s])) for s in starts]
+    losses = [float(jax.jit(f)([put(c) for c in s])) for s in starts]
     finite = [i for i, v in enumerate(losses) if np.isfinite(v)]
     if not finite:
         raise CannotCompare("the loss is non-finite at every constant prediction tried")
     start = starts[min(finite, key=lambda i: losses[i])]
     best = float(np.nanmin(losses))
-    fitted = _fit(f, [jnp.asarray(c, jnp.float32) for c in start], scale)
+    fitted = _fit(f, [put(c, jnp.float32) for c in start], scale)
     if np.isfinite(fitted):
         best = min(best, fitted)
     return Baseline(loss=init_value, constant_loss=best, outputs=len(outs), examples=examples)
