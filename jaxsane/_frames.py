@@ -151,3 +151,12 @@ def user_call_site() -> str | None:
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def user_stacklevel() -> int:
+    """The ``warnings.warn(stacklevel=...)`` that points at the innermost frame outside library code, for a
+    warning raised by the caller of this function (however many jaxsane frames sit between). Not jit-safe."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -29,7 +29,7 @@ from ._adapter import (call_split, combine, needs_partition, nnx_module as _nnx,
 from ._dist_hang import HangWatch, check_hang_timeout
 from ._errors import GuardConfigError
 from ._findings import Finding
-from ._frames import user_call_site
+from ._frames import user_call_site, user_stacklevel
 from ._guard_flags import grouped_flags, replica_target, select_state, select_tree
 from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
 from ._guard_host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
@@ -261,7 +261,7 @@ class Guarded(HostSide):
             warning = JaxsaneWarning(f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
                                      f"every later compilation is listed in guarded.recompiles)")
             warning.finding = finding
-            warnings.warn(warning, stacklevel=3)
+            warnings.warn(warning, stacklevel=user_stacklevel())
 
     def _replica_plan(self, state) -> tuple:
         """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""

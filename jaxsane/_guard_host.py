@@ -20,6 +20,7 @@ import numpy as np
 from ._adapter import Layout, combine, nnx_module as _nnx
 from ._errors import NonFiniteError
 from ._findings import Finding
+from ._frames import user_stacklevel
 from ._guard_flags import flag_chunks
 from ._tree import host_finite_flags, leaves_with_paths, same_structure, to_host
 
@@ -182,7 +183,7 @@ class HostSide:
                 f"device/process\n" + "\n".join(f"  {d.message}" for d in divergence)
                 + f"\n  fix: {divergence[0].hint}")
         if self.on_nonfinite != "raise":
-            warnings.warn(text, JaxsaneWarning, stacklevel=4)
+            warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
         self._pending.clear()
         raise ReplicaDivergenceError(text, divergence)
@@ -335,7 +336,7 @@ class HostSide:
             text = (f"[jaxsane] {self._consecutive} consecutive steps skipped (max_consecutive_skips="
                     f"{self.max_consecutive_skips}); the last one:\n{text}")
         elif self.on_nonfinite == "warn":
-            warnings.warn(text, JaxsaneWarning, stacklevel=3)
+            warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
         self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
         raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located,

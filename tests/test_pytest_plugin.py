@@ -41,6 +41,8 @@ def test_guard_fixture(jaxsane_guard):
 def run_pytest(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # this suite's conftest set 8 devices
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # loaded once, by -p, whether or not the installed package's pytest11 entry point would also load it
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "jaxsane.pytest_plugin", "-p", "no:cacheprovider",
                            "-q", "-rs", *args, str(project)], cwd=project, env=env, capture_output=True, text=True,
                           timeout=300)
