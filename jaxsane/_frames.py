@@ -142,21 +142,23 @@ def display_location(file: str | None, line: int | None) -> str:
     return f"{os.path.basename(file)}:{line}"
 
 
+def _first_user_frame(frame: Any) -> tuple[Any, int]:
+    """``(frame, depth)``: the first frame from ``frame`` outwards that is not library code, and how many
+    frames out it is (1 for ``frame`` itself); ``(None, depth)`` when every frame is library code."""
+    level = 1
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return frame, level
+
+
 def user_call_site() -> str | None:
     """``file:line`` of the innermost frame of the current Python stack outside library code (see
     :func:`is_library_file`): where the user called into jaxsane. Host-side only, not jit-safe."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if not is_library_file(frame.f_code.co_filename):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
+    frame, _ = _first_user_frame(sys._getframe(1))
+    return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def user_stacklevel() -> int:
     """The ``warnings.warn(stacklevel=...)`` that points at the innermost frame outside library code, for a
     warning raised by the caller of this function (however many jaxsane frames sit between). Not jit-safe."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and is_library_file(frame.f_code.co_filename):
-        frame, level = frame.f_back, level + 1
-    return level
+    return _first_user_frame(sys._getframe(1))[1]
