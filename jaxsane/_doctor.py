@@ -50,7 +50,7 @@ class DoctorDiagnosis(Diagnosis):
     user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``) and
     ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage);
     ``artifacts["timings"]`` maps each stage to its seconds; ``artifacts["compiles"]`` counts those
-    before the first stage (``setup``) and of the background compile of the overfit sweep. All are in
+    before the first stage (``setup``) and in doctor's background thread (later stages' programs). All are in
     the JSON and the terminal summary. Not jit-safe.
     """
 
@@ -397,17 +397,17 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
         log.__exit__()
         raise
 
-    # start the largest compile (the overfit sweep) in the background while the earlier stages run; a stage
-    # that counts compilations (exclusive) waits for it, and what fails there is left to its stage to report
+    # compile the later stages' largest programs (the overfit and init-scale sweeps, the run stage's telemetry)
+    # in the background while the earlier stages run; what fails there is left to its stage to report
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=_BACKGROUND)
     prepared: dict[str, dict[str, Any]] = {}
     if adapted is not None and not blocked:
         for name, prepare in PREPARE.items():
             if name in chosen:
-                prepared[name] = prepare(adapted, batch, opts[name], pool)
-    background = [f for p in prepared.values() for f in p.values() if isinstance(f, concurrent.futures.Future)]
+                prepared[name] = prepare(StageContext(experiment, adapted, key, batch, eval_batch, opts[name],
+                                                      diagnosis.artifacts), pool)
     try:
-        _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared, background,
+        _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared,
                     diagnosis, triage, blocked, progress, log)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -420,7 +420,7 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
 
 def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
                 opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
-                prepared: dict[str, dict[str, Any]], background: list, diagnosis: DoctorDiagnosis, triage: _Triage,
+                prepared: dict[str, dict[str, Any]], diagnosis: DoctorDiagnosis, triage: _Triage,
                 blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
@@ -433,8 +433,6 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
         log.stage = stage.name
         status, reason = FAILED, "interrupted"
         try:
-            if stage.exclusive:
-                concurrent.futures.wait(background)
             if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
                 blocked["step"] = _step_output_problem(adapted, batch, triage)
             failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)

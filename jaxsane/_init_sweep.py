@@ -213,6 +213,50 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
       >>> sweep = init_scale_sweep(load("digits_optax"), scales=(0.5, 1, 2))  # doctest: +SKIP
       >>> fig = sweep.plot()  # doctest: +SKIP
     """
+    plan = plan_init_scale_sweep(experiment, batch, scales=scales, key=key, scale_leaves=scale_leaves,
+                                 progress=progress)
+    return plan.run(progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSweepPlan:
+    """A planned init-scale sweep: ``compile()`` (safe in a background thread) then ``run()``.
+
+    ``run`` calls the same jitted program, so after ``compile`` it finds the compiled executable in jax's
+    cache. Not jit-safe.
+    """
+
+    program: Callable
+    scales_arg: jax.Array
+    scales: tuple[float, ...]
+    layers: tuple[str, ...]
+    names: tuple[str, ...]
+    has_loss: bool
+
+    def compile(self) -> None:
+        """Compile the vmapped program ahead of :meth:`run` (in another thread, while other work runs)."""
+        self.program.lower(self.scales_arg).compile()
+
+    def run(self, progress: bool = False) -> InitScaleSweep:
+        """Run the sweep (compiling it unless :meth:`compile` already did) and return its result."""
+        with Progress(progress, "init_scale_sweep") as show:
+            show.say(f"compiling and running {len(self.scales)} scale(s) x {len(self.layers)} layer(s), vmapped")
+            act_std, grad_std, loss = self.program(self.scales_arg)
+            act_std = jax.block_until_ready(act_std)
+            show.say("done")
+        grad_std, loss = np.asarray(grad_std), np.asarray(loss)
+        if not self.has_loss:
+            grad_std = np.full_like(grad_std, np.nan)
+            loss = np.full_like(loss, np.nan)
+        return InitScaleSweep(np.asarray(self.scales), self.layers, np.asarray(act_std), grad_std, loss, self.names)
+
+
+def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = None, *,
+                          scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0), key: jax.Array | None = None,
+                          scale_leaves: str | Callable[[str], bool] | None = None,
+                          progress: bool = True) -> ScaleSweepPlan:
+    """:func:`init_scale_sweep` up to its compile: the layers found and the vmapped program, not yet run.
+    Same arguments and errors. Not jit-safe (traces the loss)."""
     require_experiment("init_scale_sweep", experiment)
     require_sequence("init_scale_sweep", "scales", scales, min=0.0)
     leaf_selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
@@ -288,14 +332,5 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
         grad_std = jnp.stack([jnp.std(g.astype(jnp.float32)) for g in grads])
         return act_std, grad_std, value
 
-    with Progress(progress, "init_scale_sweep") as show:
-        show.say(f"compiling and running {len(scales_list)} scale(s) x {len(layers)} layer(s), vmapped")
-        act_std, grad_std, loss = jax.jit(jax.vmap(stats))(put_like(np.asarray(scales_list, np.float32),
-                                                                    flat_args))
-        act_std = jax.block_until_ready(act_std)
-        show.say("done")
-    grad_std, loss = np.asarray(grad_std), np.asarray(loss)
-    if not has_loss:
-        grad_std = np.full_like(grad_std, np.nan)
-        loss = np.full_like(loss, np.nan)
-    return InitScaleSweep(np.asarray(scales_list), tuple(layers), np.asarray(act_std), grad_std, loss, tuple(names))
+    return ScaleSweepPlan(jax.jit(jax.vmap(stats)), put_like(np.asarray(scales_list, np.float32), flat_args),
+                          tuple(scales_list), tuple(layers), tuple(names), has_loss)

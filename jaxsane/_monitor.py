@@ -194,14 +194,16 @@ def _norm(x: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(n), n, -1.0)
 
 
-def _norms(tree: PyTree) -> jax.Array:
+def leaf_norms(tree: PyTree) -> jax.Array:
+    """Per float leaf of ``tree``: its L2 norm in float32 (-1 where it is not finite). Jit-safe."""
     leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
     if not leaves:
         return jnp.zeros((0,), jnp.float32)
     return jnp.stack([_norm(x) for x in leaves])
 
 
-def _sanitize(x: jax.Array) -> jax.Array:
+def finite_or_minus_one(x: jax.Array) -> jax.Array:
+    """``x`` with its non-finite entries replaced by -1 (telemetry never trips a guard). Jit-safe."""
     return jnp.where(jnp.isfinite(x), x, -1.0)
 
 
@@ -283,7 +285,7 @@ class Monitor:
         grad_norm = handle_loss = None
         if self.grads:
             handle_loss, grads = jax.value_and_grad(adapted.loss_fn)(p0, batch)
-            grad_norm = _norms(grads)
+            grad_norm = leaf_norms(grads)
         new_state, metrics = adapted.step(state, batch)
         if "loss" not in metrics and handle_loss is not None:
             # a step that reports no loss (it returns only the state): record Experiment.loss before
@@ -291,13 +293,13 @@ class Monitor:
             metrics = {**metrics, "loss": handle_loss}
         p1 = adapted.params(new_state)
         leaves1 = [x for x in jax.tree_util.tree_leaves(p1) if is_inexact(x)]
-        tel = {"param_norm": _norms(leaves0),
-               "update_norm": _norms([a - b for a, b in zip(leaves1, leaves0)])}
+        tel = {"param_norm": leaf_norms(leaves0),
+               "update_norm": leaf_norms([a - b for a, b in zip(leaves1, leaves0)])}
         if grad_norm is not None:
             tel["grad_norm"] = grad_norm
         if mode == MODE_FULL and self.dead:
             inputs = get_inputs(adapted.experiment, batch)
-            tel["dead_fraction"] = _sanitize(dead_fractions(relu_outputs(adapted.apply_fn, p0, inputs)))
+            tel["dead_fraction"] = finite_or_minus_one(dead_fractions(relu_outputs(adapted.apply_fn, p0, inputs)))
         return new_state, {**metrics, "telemetry": tel}
 
     # ------------------------------------------------------------------ host side

@@ -22,17 +22,17 @@ from ._batch import check_batch_independence, check_example_slices
 from ._sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from ._data import check_data, judge_masked_nonfinite
 from ._data_read import is_data
-from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError, NonFiniteError
+from ._errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment
-from ._experiment_data import (axis_text, count_examples, example_view, get_inputs, get_labels, get_mask, iter_batches,
+from ._experiment_data import (axis_text, count_examples, example_view, get_inputs, get_labels, get_mask,
                                leading_sizes, slice_examples, sliceable)
 from ._findings import Finding
 from ._grads import check_grads
-from ._guard import Guarded
 from ._init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
 from ._init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
-from ._init_sweep import init_scale_sweep
-from ._monitor import MODE_BARE, MODE_NORMS, Monitor, check_training
+from ._doctor_run import prepare_run, run_stage
+from ._train_checks import check_training
+from ._init_sweep import init_scale_sweep, plan_init_scale_sweep
 from ._options import (OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions,
                        RunOptions, StepOptions)
 from ._overfit import plan_overfit
@@ -72,15 +72,14 @@ class Stage:
 
     ``needs`` lists ``"state"`` (a working ``Experiment.init``) and ``"step"`` (a step whose
     output is usable as ``(new_state, metrics)``); the runner skips a stage whose needs failed.
-    ``exclusive`` stages count compilations process-wide, so the runner lets background compiles
-    finish before they start.
+    Stages run while doctor compiles later stages' programs in a background thread, so a stage that
+    counts compilations counts only its own thread's (``count_compilations(this_thread=True)``).
     """
 
     name: str
     run: Callable[[StageContext], Iterable[Finding]]
     options: type
     needs: tuple[str, ...]
-    exclusive: bool = False  # counts the process's compilations: no background compile may run during it
 
     @property
     def description(self) -> str:
@@ -293,85 +292,45 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     try:
-        ctx.artifacts["init_scales"] = init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
-                                                        progress=False)
+        scales = _prepared_result(ctx.prepared.get("scales"))
+        ctx.artifacts["init_scales"] = (scales.run() if scales is not None else
+                                        init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
+                                                         progress=False))
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
 
 
-def prepare_overfit(adapted: Adapted, batch: Any, opts: OverfitOptions,
-                    pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """Plan and compile the overfit stage's sweep in ``pool`` while the earlier stages run (its program is
-    the largest doctor compiles). Returns ``{"sweep": its arguments, "future": future of (plan, (compiled,
-    seconds))}``; the stage uses it only for the same arguments, and when it failed, plans again itself and
-    reports why. Not jit-safe."""
+def _prepared_result(future: concurrent.futures.Future | None) -> Any:
+    """What a background preparation made, or None when there was none or it failed (the stage then does the
+    work itself, where a failure is reported)."""
+    try:
+        return None if future is None else future.result()
+    except Exception:
+        return None
+
+
+def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Plan and compile the overfit stage's sweep (the largest program doctor compiles) and its init-scale
+    sweep in ``pool`` while the earlier stages run. Returns ``{"sweep": its arguments, "future": future of
+    (plan, (compiled, seconds)), "scales": future of the compiled ScaleSweepPlan}``; the stage uses them only
+    for the same arguments, and when one failed, plans again itself and reports why. Not jit-safe."""
+    opts: OverfitOptions = ctx.options
+    if sliceable(ctx.experiment, ctx.batch) is not None:
+        return {}
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
     sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
                  init_scales=opts.overfit_init_scales)
 
     def plan_and_compile():
-        plan = plan_overfit(adapted, slice_examples(adapted.experiment, batch, opts.overfit_batch_size), **sweep,
-                            progress=False)
+        plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)
         return plan, plan.compile()
-    return {"sweep": sweep, "future": pool.submit(plan_and_compile)}
 
-
-def run_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: a short monitored, guarded run on the train data (:class:`RunOptions`).
-
-    NaNs are caught (and located); the dynamics are judged by :func:`check_training` on the
-    recorded history, stored in ``artifacts["run"]`` (``History.to_dict()``) for the report.
-    Evaluations use the first eval batch, when the Experiment has ``eval`` and ``loss``.
-    """
-    opts: RunOptions = ctx.options
-    adapted = ctx.adapted
-    state = adapted.init(ctx.key)
-    monitor = Monitor(adapted, every=1, dead_every=opts.run_dead_every, log_every=max(1, opts.run_steps))
-    # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls, the run stage must raise
-    guarded = Guarded(monitor.compiled_step, on_nonfinite="raise")
-    # one compiled step for the whole run: the richest mode any step needs, every step; what a step's own
-    # mode would not have measured (dead-ReLU fractions between samples) is dropped before recording, so
-    # the history is the one the per-step modes give, for one compile instead of two
-    modes = {monitor.mode_for(i) for i in range(opts.run_steps)}
-    mode = max(modes)
-    eval_loss = None
-    if ctx.eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
-        eval_loss = adapted.jitted("loss")
-    findings: list[Finding] = []
-    failed = False
-    try:
-        if eval_loss is not None:
-            monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
-        for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
-            state, metrics = guarded(state, batch, mode)
-            if monitor.mode_for(i) != mode:
-                metrics = _as_mode(metrics, monitor.mode_for(i))
-            monitor.record(i, metrics, state, batch)
-            if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
-                guarded.flush()
-                monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), ctx.eval_batch)))
-        guarded.flush()
-    except NonFiniteError as e:
-        findings.append(e.finding)
-        failed = True
-    history = monitor.pull()
-    ctx.artifacts["run"] = history.to_dict()
-    if not failed:  # after a NaN the dynamics are moot: the NaN is the story
-        findings.extend(check_training(history, **opts.run_thresholds))
-    return findings
-
-
-def _as_mode(metrics: dict[str, Any], mode: int) -> dict[str, Any]:
-    """The metrics a step run in the richer mode would have reported in ``mode``: dead-ReLU fractions
-    only in the full mode, no telemetry in the bare one. Not jit-safe (host dicts of arrays)."""
-    tel = metrics.get("telemetry")
-    if not isinstance(tel, dict):
-        return metrics
-    if mode == MODE_BARE:
-        return {k: v for k, v in metrics.items() if k != "telemetry"}
-    if mode == MODE_NORMS:
-        return {**metrics, "telemetry": {k: v for k, v in tel.items() if k != "dead_fraction"}}
-    return metrics
+    def plan_scales():
+        plan = plan_init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
+        plan.compile()
+        return plan
+    return {"sweep": sweep, "future": pool.submit(plan_and_compile), "scales": pool.submit(plan_scales)}
 
 
 # ----------------------------------------------------------------------------- the list
@@ -380,13 +339,14 @@ STAGES: tuple[Stage, ...] = (
     Stage("data", data_stage, DataOptions, needs=()),
     Stage("init", init_stage, InitOptions, needs=("state",)),
     Stage("grads", grads_stage, GradsOptions, needs=("state",)),
-    Stage("step", step_stage, StepOptions, needs=("state", "step"), exclusive=True),
+    Stage("step", step_stage, StepOptions, needs=("state", "step")),
     Stage("batch", batch_stage, BatchOptions, needs=("state",)),
     Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
     Stage("run", run_stage, RunOptions, needs=("state", "step")),
 )
 # stages whose work doctor starts ahead, in the background, before the first stage runs
-PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"overfit": prepare_overfit}
+# (``prepare(ctx, pool) -> ctx.prepared``), in this order
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"overfit": prepare_overfit, "run": prepare_run}
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 

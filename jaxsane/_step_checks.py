@@ -47,10 +47,12 @@ class CompileCounter:
     :meth:`watch` are also explained: ``c.reasons`` holds a :class:`~._recompile.Recompile` per compile
     after the first (the argument paths that changed, old and new side by side, the caller's
     ``file:line``) and ``c.explain()`` writes them out. Not jit-safe; counts every compilation in the
-    process while active, so run nothing else inside it.
+    process while active (or, with ``thread``, only those made by that thread: jax compiles on the
+    calling thread, so compiles running in other threads at the same time are not counted).
     """
 
-    def __init__(self):
+    def __init__(self, thread: int | None = None):
+        self.thread = thread
         self.compiles = 0
         self.traces = 0
         self.active = False
@@ -96,7 +98,7 @@ class CompileCounter:
         return watched
 
     def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
-        if not self.active:
+        if not self.active or (self.thread is not None and threading.get_ident() != self.thread):
             return
         # a cache hit is recorded inside the compile; jax may or may not then record the backend-compile
         # event of the same program right after it (nothing in between): count the pair once either way
@@ -108,8 +110,11 @@ class CompileCounter:
 
 
 @contextlib.contextmanager
-def count_compilations() -> Iterator[CompileCounter]:
+def count_compilations(*, this_thread: bool = False) -> Iterator[CompileCounter]:
     """Context manager counting XLA compilations (and traces) inside it. Not jit-safe.
+
+    With ``this_thread=True`` only the compilations and traces made by the calling thread count, so work
+    compiling in other threads at the same time (a background precompile) is not mistaken for its own.
 
     Example:
       >>> f = jax.jit(lambda x: x + 1)
@@ -118,7 +123,7 @@ def count_compilations() -> Iterator[CompileCounter]:
       >>> c.compiles
       1
     """
-    counter = CompileCounter()
+    counter = CompileCounter(threading.get_ident() if this_thread else None)
     jax.monitoring.register_event_duration_secs_listener(counter._listener)
     counter.active = True
     try:
@@ -210,7 +215,7 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
     tracker, site = RecompileTracker(), user_call_site()
     for i in range(int(calls)):
         sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
-        with count_compilations() as counter:
+        with count_compilations(this_thread=True) as counter:  # doctor compiles other stages' programs meanwhile
             state, _ = adapted.step(state, batch)
             jax.block_until_ready(jax.tree_util.tree_leaves(state))
         compiles.append(counter.compiles)
