@@ -390,11 +390,14 @@ def test_like_with_another_structure_is_refused_naming_the_path(tmp_path):
         (({"w": 0, "b": 0}, [0, 0]), r"args\[1\]: like= has list, the dump has tuple"),
         (({"w": 0, "b": 0}, Cmd((0, 0))), r"args\[1\]: like= has namedtuple Cmd"),
         (({"w": 0, "b": 0}, (0, (0,))), r"args\[1\]\[1\]: like= has tuple, the dump has a leaf"),
-        (({"w": 0, "b": 0},), r"args: like= has tuple, the dump has tuple \(1 vs 2 children\)"),
+        (({"w": 0, "b": 0}, (0, 0), 0), r"args: like= has tuple, the dump has tuple \(3 vs 2 children\)"),
     ]
     for like, match in cases:
         with pytest.raises(DumpError, match=match):
             jaxsane.load_dump(d, like=like)
+    # fewer templates than args: the ones left out at the end come from the dump's own data
+    short = jaxsane.load_dump(d, like=({"w": 0, "b": 0},))
+    assert jax.tree.structure(short.args) == jax.tree.structure(args)
 
 
 def test_save_into_an_impossible_directory_is_a_dump_error(tmp_path):
