@@ -21,6 +21,7 @@ from ._adapter import Layout, combine, nnx_module as _nnx
 from ._errors import NonFiniteError
 from ._findings import Finding
 from ._frames import user_stacklevel
+from ._chex import chex_asserts_off, locate_target
 from ._guard_flags import flag_chunks
 from ._tree import host_finite_flags, leaves_with_paths, same_structure, to_host
 
@@ -386,7 +387,8 @@ def _try_locate(step: Callable, call: KeptCall):
         for p, obj in zip(call.positions, objs):
             args[p] = obj
     try:
-        return locate(step, *args, **kwargs)
+        with chex_asserts_off():  # a chexified step: replay the step under it, chex's assertions off
+            return locate(locate_target(step), *args, **kwargs)
     except Exception as e:  # locate must never hide the original failure
         warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",
                       JaxsaneWarning)

@@ -39,6 +39,7 @@ from jax._src import core as jcore
 
 from ._adapter import (arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects,
                        uncounted, unwrap)
+from ._chex import chex_asserts_off, locate_target
 from ._dump_nnx import standin_message
 from ._frames import user_frame
 from ._locate_report import LocateReport, Origin
@@ -166,9 +167,11 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     message = standin_message(args)
     if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
         raise DumpError(message)
+    fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
     pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
     try:
-        closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+        with chex_asserts_off():
+            closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
         raise JaxsaneError(f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
                            f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
@@ -304,7 +307,7 @@ def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
     records: list = []
     pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with recording_custom_vjp(records):
+    with recording_custom_vjp(records), chex_asserts_off():
         jax.make_jaxpr(pure)(*arrays)
     return records
 
