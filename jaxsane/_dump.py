@@ -30,6 +30,7 @@ from ._adapter import combine, needs_partition, partition
 from ._dump_format import (FORMAT as FORMAT, MAX_BYTES as MAX_BYTES, MAX_DEPTH as MAX_DEPTH,
                            MAX_JSON_BYTES as _MAX_JSON_BYTES, MAX_NODES as MAX_NODES, PYTHON_SCALARS as _PYTHON,
                            RAW_DTYPES as _RAW, READABLE as _READABLE)
+from ._dump_nnx import nnx_templates, objects_error, read_records, standin
 from ._dump_save import Encoder as _Encoder, save_dump as save_dump
 from ._errors import DumpError, DumpShapeError
 
@@ -325,12 +326,15 @@ class Dump:
       meta: the JSON description (step index, finding, paths, dtypes).
       generic: ``{path: recorded type}`` of custom pytree nodes rebuilt as generic shapes (a
         namedtuple with the same field names, or a dict); pass ``like=`` to get your own classes.
+      objects: ``{position: class name}`` of the positional args that were Flax NNX objects (recorded
+        as data, never imported); without ``like=`` they come back as their ``nnx.State``.
     """
 
     args: tuple
     kwargs: dict
     meta: dict
     generic: dict = dataclasses.field(default_factory=dict)
+    objects: dict = dataclasses.field(default_factory=dict)
 
     @property
     def step(self) -> int | None:
@@ -404,9 +408,13 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
 
     Args:
       path: the dump directory (holding ``arrays.npz`` and ``tree.json``).
-      like: optional pytree with the structure of the step's positional args, used to rebuild
-        custom pytree nodes (TrainState, nnx.State) as your own classes; it must have the dump's
-        structure. Without it those nodes come back as generic shapes (see ``Dump.generic``).
+      like: optional templates of the step's positional args (a tuple, or one arg), used to rebuild
+        custom pytree nodes (TrainState, nnx.State) as your own classes; they must have the dump's
+        structure. Live Flax NNX objects are templates too: ``like=(model, optimizer, batch)`` merges
+        the dumped state into fresh copies (``nnx.merge``; ``model`` and ``optimizer`` are not
+        modified), so ``args`` holds real objects. Fewer templates than args: the rest come from the
+        dump's data (``like=(model, optimizer)``). Without it custom nodes come back as generic shapes
+        (see ``Dump.generic``) and NNX objects as their state, refusing to be used as the object.
       max_bytes: refuse dumps whose arrays inflate to more bytes than this (default 4 GiB).
       max_depth, max_nodes: refuse trees nested deeper, or with more containers and leaves.
 
@@ -454,30 +462,41 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
             a = _read_npy(zf, array_file, f"leaf_{i}") if f"leaf_{i}" in stored else None
             leaves.append(_decode_leaf(a, m, f"{path}: leaf {i} ({m.get('path') or '?'})"))
     args_node, kw_node = tree["c"]
+    objects = read_records(meta, args_node, tree_file)
+    args = [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"])] if like is None else []
     if like is not None:
         like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
-        rest = None
+        like_args, finish = nnx_templates(like_args, args_node)  # live NNX objects: their state is the template
+        rest, k = None, len(like_args)
         if needs_partition(like_args):  # an Equinox model: the dump holds its arrays, like= gives the rest back
             like_args, rest = partition(like_args)
         try:
             want = _Encoder(None).node(like_args, "like")
         except (DumpError, RecursionError) as e:
             raise DumpError(f"like= cannot be described as a dump structure: {e}") from None
-        diff = _first_difference(want, args_node, "args")
+        head = {**args_node, "c": args_node["c"][:k]} if k < len(args_node["c"]) else args_node  # the rest: data
+        diff = _first_difference(want, head, "args")
         if diff:
             raise DumpError(f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
-                            "with the structure of the dumped step's positional args, or no like= at all.")
-        n_args = sum(1 for _ in _leaf_indices(args_node))
+                            "with the structure of the dumped step's (first) positional args, or no like= at all.")
+        n_args = sum(1 for _ in _leaf_indices(head))
         if jax.tree_util.tree_structure(like_args).num_leaves != n_args:
             raise DumpError(f"load_dump(like=...) does not match the dump at {path}: like= has "
                             f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}.")
         args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
         if rest is not None:
             args = combine(args, rest)
-    else:
-        args = reader.build(args_node, leaves, "args")
+        args = finish(list(args)) + [reader.build(c, leaves, f"args[{j}]")
+                                     for j, c in enumerate(args_node["c"][k:], k)]
+    missing = {p: c for p, c in objects.items() if like is None or p >= len(like_args)}
+    if missing:  # NNX objects without a template: their states, refusing to stand in for the objects
+        names = meta.get("arg_names") if isinstance(meta.get("arg_names"), list) else None
+        message = str(objects_error(path, missing, names))
+        for p in missing:
+            args[p] = standin(args[p], message)
+            reader.generic[f"args[{p}]"] = f"{missing[p]} (an NNX object; its nnx.State is here)"
     kwargs = reader.build(kw_node, leaves, "kwargs")
-    return Dump(tuple(args), kwargs, meta, reader.generic)
+    return Dump(tuple(args), kwargs, meta, reader.generic, objects)
 
 
 def _leaf_indices(node: dict):

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._dump_format import (FORMAT, INT64_RANGE as _INT64, MAX_DEPTH, NATIVE_KINDS as _NATIVE_KINDS,
                            RAW_DTYPES as _RAW)
+from ._dump_nnx import split_for_dump
 from ._errors import DumpError
 from ._tree import is_key as _is_key
 
@@ -129,14 +130,18 @@ def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict 
     """Write ``args``/``kwargs`` (host or device arrays) under directory ``path``; returns it. Not jit-safe.
 
     ``arrays.npz`` is written without pickle and ``tree.json`` last, each atomically, so a directory
-    with a ``tree.json`` holds a complete dump.
+    with a ``tree.json`` holds a complete dump. Flax NNX objects among ``args`` are written as their
+    ``nnx.State`` and recorded (position and class name, as data) under ``meta["nnx"]``; a caller that
+    passes the states itself (the guard) records the objects there.
 
     Raises:
       DumpError: a leaf has no exact pickle-free form (an object array, an arbitrary Python object),
         a dict has keys other than all-str or all-int, the tree is deeper than ``MAX_DEPTH``, or the
         directory cannot be written (the message carries the OS error).
     """
-    payload = (tuple(args), dict(kwargs or {}))
+    args, records = split_for_dump(tuple(args))  # live NNX objects: their nnx.State, their class recorded
+    meta = {**(meta or {}), **({"nnx": records} if records else {})}
+    payload = (args, dict(kwargs or {}))
     leaves: list = []
     enc = Encoder(leaves, root_names=("args", "kwargs"))
     try:

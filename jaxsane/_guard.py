@@ -27,9 +27,11 @@ import numpy as np
 from ._adapter import (call_split, combine, needs_partition, nnx_module as _nnx, nnx_positions, partition,
                        positional_names, split_objects)
 from ._dist_hang import HangWatch, check_hang_timeout
-from ._errors import GuardConfigError
+from ._errors import GuardConfigError, NonFiniteError
 from ._findings import Finding
 from ._frames import user_call_site, user_stacklevel
+from ._chex import FINITE_ASSERTIONS, failed_assertion, is_chexified
+from ._guard_chex import chex_failure, flags_of
 from ._guard_flags import grouped_flags, replica_target, select_state, select_tree
 from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
 from ._guard_host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
@@ -106,6 +108,11 @@ class Guarded(HostSide):
         # static-argument hashing of the general entry point: ~10 us less per call
         self._compiled_plain = jax.jit(self._plain_body, donate_argnums=(0,) if donate else ())
         self._plain_ok = not self._static_argnums and not self._static_argnames
+        self._chex = is_chexified(step)  # chex.chexify(step): called as it is, chex stays the outermost transform
+        if self._chex and self.on_nonfinite == "skip":
+            raise GuardConfigError("[jaxsane] guard(chex.chexify(step), on_nonfinite='skip'): a chexified step runs "
+                                   "outside guard's compiled program, so guard cannot select the old state inside "
+                                   "it. Use on_nonfinite='raise' or 'warn', or guard the step under chexify.")
         atexit.register(flush_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ naming
@@ -192,7 +199,63 @@ class Guarded(HostSide):
             return self._hang.run(self.step_count, self._call, *args, **kwargs)
         return self._call(*args, **kwargs)
 
+    def _chex_call(self, *args, **kwargs):
+        """A ``chex.chexify``-ed step: called as it is, its flags read by a small program of guard's own; a
+        failed chex finite assertion becomes a NonFiniteError (see ``_guard_chex``). Not jit-safe."""
+        if self._pending:
+            self._chex_poll(block=False)
+        try:
+            out = self.step(*args, **kwargs)
+        except AssertionError as e:
+            self._on_chex_assertion(e, (self.step_count, args, kwargs))
+        flags = flags_of(tuple(args[1:]), kwargs, out)
+        kept = KeptCall((), None, tuple(args), kwargs, None, out, None) if self.keep_inputs else None
+        self._pending.append(PendingStep(self.step_count, flags, kept))
+        self.step_count += 1
+        if self.sync:
+            self._chex_poll(block=True)
+        return out
+
+    def _chex_poll(self, block: bool) -> None:
+        """``_poll`` for a chexified step: when guard's own flags report a failure, chex's pending checks are
+        drained, so its error for the same NaN becomes the report's cause instead of a traceback at exit."""
+        try:
+            self._poll(block)
+        except NonFiniteError as err:
+            try:
+                self.step.wait_checks()
+            except AssertionError as e:
+                if failed_assertion(e) is None:
+                    raise
+                err.__cause__ = e
+            raise
+
+    def _on_chex_assertion(self, e: AssertionError, current: tuple | None) -> None:
+        """Raise chex's failed finite assertion ``e`` as a NonFiniteError (its cause); others as they are."""
+        if failed_assertion(e) not in FINITE_ASSERTIONS:
+            raise e
+        held = [(r.step, *r.call.user_args()) for r in self._pending if r.call is not None]
+        held += [current] if current is not None else []
+        try:
+            self._poll(block=True)  # guard's own flags first: a NaN in the outputs has its step and dump
+        except NonFiniteError as err:
+            raise err from e
+        self._pending.clear()
+        raise chex_failure(self, e, held) from e
+
+    def flush(self) -> None:
+        """Wait for every dispatched step's flags (and a chexified step's pending chex checks) and handle
+        failures (may raise). Not jit-safe."""
+        if self._chex:
+            try:
+                self.step.wait_checks()
+            except AssertionError as e:
+                self._on_chex_assertion(e, None)
+        super().flush()
+
     def _call(self, *args, **kwargs):
+        if self._chex:
+            return self._chex_call(*args, **kwargs)
         if self._pending:
             self._poll(block=False)
         positions = nnx_positions(args)

@@ -21,6 +21,7 @@ from ._adapter import Layout, combine, nnx_module as _nnx
 from ._errors import NonFiniteError
 from ._findings import Finding
 from ._frames import user_stacklevel
+from ._chex import chex_asserts_off, locate_target
 from ._guard_flags import flag_chunks
 from ._tree import host_finite_flags, leaves_with_paths, same_structure, to_host
 
@@ -305,7 +306,9 @@ class HostSide:
             try:
                 if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
                     save_dump(dump_path, host_inputs[0], host_inputs[1],
-                              meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths}})
+                              meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths},
+                                    "arg_names": [self._arg_name(i) for i in range(len(host_inputs[0]))],
+                                    **_nnx_records(call)})
                 message += f" (inputs dumped to {dump_path})"
             except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
                 dump_error, dump_path = str(e), None
@@ -384,11 +387,24 @@ def _try_locate(step: Callable, call: KeptCall):
         for p, obj in zip(call.positions, objs):
             args[p] = obj
     try:
-        return locate(step, *args, **kwargs)
+        with chex_asserts_off():  # a chexified step: replay the step under it, chex's assertions off
+            return locate(locate_target(step), *args, **kwargs)
     except Exception as e:  # locate must never hide the original failure
         warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",
                       JaxsaneWarning)
         return None
+
+
+def _nnx_records(call: KeptCall) -> dict:
+    """``{"nnx": records}`` naming the NNX objects of a failing call (position, class) for its dump, or {}."""
+    if not call.positions:
+        return {}
+    from ._dump_nnx import records_for
+    try:
+        objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
+    except Exception:  # the names are for messages only: never let them cost the dump
+        return {"nnx": [{"arg": int(p), "class": "an NNX object"} for p in call.positions]}
+    return {"nnx": records_for(call.positions, objs)}
 
 
 def flush_at_exit(ref) -> None:

@@ -39,6 +39,8 @@ from jax._src import core as jcore
 
 from ._adapter import (arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects,
                        uncounted, unwrap)
+from ._chex import chex_asserts_off, locate_target
+from ._dump_nnx import standin_message
 from ._frames import user_frame
 from ._locate_report import LocateReport, Origin
 from ._interpret import closed as open_closed
@@ -150,6 +152,8 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
 
     Raises:
       JaxsaneError: ``fn`` is not callable or does not trace on the given inputs.
+      DumpError: an argument is an NNX object's state read from a dump without its template
+        (``load_dump(path)`` without ``like=``); the message says how to rebuild the objects.
 
     Example:
       >>> import jax.numpy as jnp, jaxsane
@@ -157,12 +161,17 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       >>> report.origins[0].primitive, report.origins[0].code
       ('log', 'nonfinite.forward')
     """
-    from ._errors import JaxsaneError
+    from ._errors import DumpError, JaxsaneError
     if not callable(fn):
         raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
+    message = standin_message(args)
+    if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
+        raise DumpError(message)
+    fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
     pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
     try:
-        closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+        with chex_asserts_off():
+            closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
         raise JaxsaneError(f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
                            f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
@@ -204,7 +213,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     return LocateReport(origins, bad_outputs, equations=replay.count)
 
 
-def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateReport | None:
+def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any = None) -> LocateReport | None:
     """Run :func:`locate` on the inputs a guarded step dumped (``guard(..., dump_dir=...)``). Not jit-safe.
 
     Args:
@@ -212,13 +221,23 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
       target: the step function, an :class:`~jaxsane.Experiment`, or a zero-argument callable returning
         one. For an Experiment the step runs through ``Adapted(experiment).step`` on the dumped
         ``(state, batch)``; a dump of an NNX step's ``(model, optimizer, batch)`` is merged back into
-        the Experiment's NNX objects.
+        the Experiment's NNX objects. A step whose dump holds NNX objects, given without ``like``, takes
+        its templates from an Experiment in the step's own module (an ``Experiment`` object, or a
+        zero-argument callable named ``experiment``).
       load: the dump reader (default :func:`jaxsane.load_dump`).
+      like: templates of the dumped positional args (NNX objects included), or a zero-argument callable
+        returning them (``jaxsane replay DUMP --step m:train_step --like m:make_objects``); args it leaves
+        out at the end come from the dump's data.
 
     Returns:
       The :class:`LocateReport`, or None when the step's outputs are finite on the dumped inputs.
+
+    Raises:
+      DumpError: the dump is damaged, or it holds NNX objects and nothing can rebuild them (the message
+        says how: ``like=``, ``--step module:experiment`` or ``--like module:make_objects``).
     """
     from ._dump import load_dump
+    from ._dump_nnx import objects_error
     from ._errors import JaxsaneError
     from ._experiment import Adapted, Experiment
     from ._experiment_data import first_batch
@@ -230,22 +249,32 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
         exp = made if isinstance(made, Experiment) else None
         if exp is None:
             raise JaxsaneError(f"{target!r}() returned a {type(made).__name__}, not an Experiment or a step.")
+    if like is not None:
+        templates = like() if callable(like) and positional_arity(like) == 0 else like
+        dump = load(path, like=tuple(templates) if isinstance(templates, (tuple, list)) else (templates,))
+        step = target if exp is None else exp.step if Adapted(exp).nnx else Adapted(exp).step
+        return locate(step, *dump.args, **dump.kwargs)
     if exp is None:
         if not callable(target):
             raise JaxsaneError(f"--step must name a step function or an Experiment, got {type(target).__name__}")
         dump = load(path)
+        if not dump.objects:
+            return locate(target, *dump.args, **dump.kwargs)
+        found = _module_experiment(target)
+        if found is None:
+            raise objects_error(path, dump.objects, positional_names(target))
+        objs = found.init(jax.random.key(0))
+        dump = load(path, like=tuple(objs) if isinstance(objs, (tuple, list)) else (objs,))
         return locate(target, *dump.args, **dump.kwargs)
     adapted = Adapted(exp)
     batch = first_batch(exp.train)
     n_args = len(load(path).args)
     if adapted.nnx:
-        nnx = nnx_module()
         objs = exp.init(jax.random.key(0))
         objs = tuple(objs) if isinstance(objs, (tuple, list)) else (objs,)
         if n_args == len(objs) + 1:
-            dump = load(path, like=(*[nnx.state(o) for o in objs], batch))
-            rebuilt = [nnx.merge(nnx.graphdef(o), st) for o, st in zip(objs, dump.args[:-1])]
-            return locate(exp.step, *rebuilt, dump.args[-1], **dump.kwargs)
+            dump = load(path, like=objs)  # the objects from templates, the batch from the dump's data
+            return locate(exp.step, *dump.args, **dump.kwargs)
     if n_args != 2:
         raise JaxsaneError(f"the dump at {path} holds {n_args} positional arguments; an Experiment's step "
                            "replays (state, batch). Pass the step function itself with --step instead.")
@@ -256,11 +285,29 @@ def replay_dump(path: str, target: Any, load: Callable | None = None) -> LocateR
     return locate(adapted.step, *dump.args, **dump.kwargs)
 
 
+def _module_experiment(step: Callable) -> Any:
+    """The Experiment in ``step``'s own module (already imported): one whose step is ``step``, else the only
+    ``Experiment`` there, else what a zero-argument ``experiment()`` there returns; None when none is."""
+    from ._experiment import Experiment
+    namespace = getattr(unwrap(step), "__globals__", None)
+    if not isinstance(namespace, dict):
+        return None
+    found = [v for v in list(namespace.values()) if isinstance(v, Experiment)]
+    mine = [e for e in found if unwrap(e.step) is unwrap(step)]
+    if mine or len(found) == 1:
+        return (mine or found)[0]
+    make = namespace.get("experiment")
+    if not found and callable(make) and positional_arity(make, required=True) == 0:
+        made = make()
+        return made if isinstance(made, Experiment) else None
+    return None
+
+
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
     records: list = []
     pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with recording_custom_vjp(records):
+    with recording_custom_vjp(records), chex_asserts_off():
         jax.make_jaxpr(pure)(*arrays)
     return records
 

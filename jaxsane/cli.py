@@ -1,7 +1,7 @@
 """The command line, thin over the library.
 
   jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...] [--no-cache]
-  jaxsane replay DUMP_DIR --step MODULE:ATTR     (exit 1: a NaN origin was found, 0: finite)
+  jaxsane replay DUMP_DIR --step MODULE:ATTR [--like MODULE:ATTR]   (exit 1: a NaN origin was found, 0: finite)
 
 Exit codes (a CI gate): 0 every requested stage ran and found no error; 1 error findings, or a
 requested stage that could not run (skipped, or crashed in the user's code); 2 usage errors (bad
@@ -206,8 +206,9 @@ def _replay(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dump):
         raise UsageError(f"no such dump directory: {args.dump}")
     target = load_target(args.step, raw=True)
+    like = load_target(args.like, raw=True) if args.like else None
     try:
-        report = replay_dump(args.dump, target, load=load_dump)
+        report = replay_dump(args.dump, target, load=load_dump, like=like)
     except (DumpError, DumpShapeError) as e:  # a damaged or hostile dump, or a class it cannot rebuild
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
@@ -245,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dump", metavar="DUMP_DIR", help="a dump directory written by guard(..., dump_dir=...)")
     p.add_argument("--step", required=True, metavar="MODULE:ATTR",
                    help="the step function, or an Experiment (or a zero-argument callable returning one)")
+    p.add_argument("--like", metavar="MODULE:ATTR",
+                   help="a zero-argument function returning the step's first positional args as templates "
+                        "(NNX objects: (model, optimizer)); the rest come from the dump")
     p.set_defaults(func=_replay)
     return parser
 

@@ -123,3 +123,53 @@ def nnx_classifier_experiment(module, x, y, *, lr=1e-3, apply=lambda m, x: m(x),
         return value
 
     return jaxsane.Experiment(init=init, step=step, train={"x": x, "y": y}, apply=apply, num_classes=num_classes)
+
+
+# ---- an NNX step whose forward pass makes a NaN (log of a negative activation), as a user's module file
+NNX_LOG_MODULE = '''
+import jax.numpy as jnp, optax
+from flax import nnx
+
+class LogMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(3, 4, rngs=rngs)
+        self.l2 = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jnp.log(self.l1(x)))  # NAN_LINE
+
+def make_objects():
+    model = LogMLP(nnx.Rngs(0))
+    return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+def batch():
+    return {"x": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), "y": jnp.ones((2, 1))}
+
+@nnx.jit
+def train_step(model, optimizer, batch):
+    model.train()
+    loss_fn = lambda m: jnp.mean((m(batch["x"]) - batch["y"]) ** 2)
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+'''
+
+
+def nnx_log_dump(directory, extra: str = "", name: str = "user_nnx_step"):
+    """Write :data:`NNX_LOG_MODULE` (+ ``extra``) as ``directory/name.py``, import it, run its guarded step
+    with ``dump_dir`` and return ``(module, NonFiniteError)``."""
+    import importlib.util
+    import os
+    file = os.path.join(str(directory), f"{name}.py")
+    with open(file, "w") as fh:
+        fh.write(NNX_LOG_MODULE + extra)
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, optimizer = module.make_objects()
+    guarded = jaxsane.guard(module.train_step, dump_dir=os.path.join(str(directory), "dumps"), sync=True)
+    try:
+        guarded(model, optimizer, module.batch())
+    except jaxsane.NonFiniteError as e:
+        return module, e
+    raise AssertionError("the NNX log step did not fail")

@@ -160,3 +160,43 @@ def test_skipped_stage_does_not_pass_the_gate(tmp_path):
     from jaxsane.cli import main
     assert main(["doctor", f"{path}:EXP", "--stages", "data", "grads", "-q"]) == 1  # grads needs Experiment.loss
     assert main(["doctor", f"{path}:EXP", "--stages", "data", "-q"]) == 0
+
+
+# ---- jaxsane replay on a guarded NNX step's dump (in process: the dump is written by the same test)
+
+_EXPERIMENT = '''
+import jaxsane
+EXP = jaxsane.Experiment(init=lambda key: make_objects(), step=train_step, train=batch())
+'''
+
+
+@pytest.mark.parametrize("form", ["like", "module_experiment", "experiment_function", "step_experiment"])
+def test_replay_of_an_nnx_dump_finds_the_live_origin(tmp_path, capsys, form):
+    from jaxsane import cli
+    from _programs import nnx_log_dump
+    extra = {"like": "", "module_experiment": _EXPERIMENT, "step_experiment": _EXPERIMENT,
+             "experiment_function": _EXPERIMENT.replace("EXP = ", "def experiment():\n    return ")}[form]
+    module, err = nnx_log_dump(tmp_path, extra)
+    origin = err.located.origins[0]
+    file = os.path.join(str(tmp_path), "user_nnx_step.py")
+    args = ["replay", err.dump_path, "--step", f"{file}:{'EXP' if form == 'step_experiment' else 'train_step'}"]
+    if form == "like":
+        args += ["--like", f"{file}:make_objects"]
+    assert cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert f"log (forward) at user_nnx_step.py:{origin.line}" in out, out
+
+
+def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_saying_how(tmp_path, capsys):
+    from jaxsane import cli
+    from _programs import nnx_log_dump
+    module, err = nnx_log_dump(tmp_path)
+    file = os.path.join(str(tmp_path), "user_nnx_step.py")
+    assert cli.main(["replay", err.dump_path, "--step", f"{file}:train_step"]) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.startswith(
+        f"[jaxsane] the dump at {err.dump_path} holds NNX objects (args[0]: user_nnx_step.LogMLP, args[1]: "
+        "flax.nnx.Optimizer); their classes cannot be rebuilt from data (a dump never imports a class). Pass "
+        "like=(model, optimizer, batch) built as in your training script to jaxsane.load_dump, or replay with "
+        "--step module:experiment, or --like module:make_objects"), err_text
+    assert "Traceback" not in err_text

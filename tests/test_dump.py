@@ -390,11 +390,14 @@ def test_like_with_another_structure_is_refused_naming_the_path(tmp_path):
         (({"w": 0, "b": 0}, [0, 0]), r"args\[1\]: like= has list, the dump has tuple"),
         (({"w": 0, "b": 0}, Cmd((0, 0))), r"args\[1\]: like= has namedtuple Cmd"),
         (({"w": 0, "b": 0}, (0, (0,))), r"args\[1\]\[1\]: like= has tuple, the dump has a leaf"),
-        (({"w": 0, "b": 0},), r"args: like= has tuple, the dump has tuple \(1 vs 2 children\)"),
+        (({"w": 0, "b": 0}, (0, 0), 0), r"args: like= has tuple, the dump has tuple \(3 vs 2 children\)"),
     ]
     for like, match in cases:
         with pytest.raises(DumpError, match=match):
             jaxsane.load_dump(d, like=like)
+    # fewer templates than args: the ones left out at the end come from the dump's own data
+    short = jaxsane.load_dump(d, like=({"w": 0, "b": 0},))
+    assert jax.tree.structure(short.args) == jax.tree.structure(args)
 
 
 def test_save_into_an_impossible_directory_is_a_dump_error(tmp_path):
@@ -508,3 +511,97 @@ def test_a_full_disk_leaves_no_partial_dump_and_guard_still_raises_the_finding(t
     with pytest.raises(jaxsane.NonFiniteError, match="nonfinite.forward at step 0") as info:
         guarded({"w": jnp.ones(3)}, {"x": jnp.array([1.0, 0.0, 2.0])})
     assert info.value.dump_path is None and "No space left" in info.value.dump_error
+
+
+# ----------------------------------------------------------------------------- NNX objects in guard dumps
+
+def _origin(report):
+    o = report.origins[0]
+    return o.code, o.primitive, os.path.basename(o.file), o.line
+
+
+def test_a_guarded_nnx_dump_replays_through_like_objects_to_the_live_origin(tmp_path):
+    from flax import nnx
+    from _programs import nnx_log_dump
+    module, err = nnx_log_dump(tmp_path)
+    live = _origin(err.located)
+    assert live[:2] == ("nonfinite.forward", "log")
+    model, optimizer = module.make_objects()
+    before = [np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    dump = jaxsane.load_dump(err.dump_path, like=(model, optimizer, module.batch()))
+    assert isinstance(dump.args[0], module.LogMLP) and isinstance(dump.args[1], nnx.Optimizer)
+    assert dump.args[0] is not model and dump.args[1] is not optimizer
+    assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(nnx.state(model, nnx.Param))))
+    assert _origin(jaxsane.locate(module.train_step, *dump.args)) == live
+    # the batch left out of like= comes from the dump's data
+    short = jaxsane.load_dump(err.dump_path, like=(model, optimizer))
+    assert isinstance(short.args[0], module.LogMLP) and isinstance(short.args[2], dict)
+    assert _origin(jaxsane.locate(module.train_step, *short.args)) == live
+    dumped = jax.tree.leaves(nnx.state(dump.args[0]))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(err.inputs[0][0]), dumped))
+
+
+def test_an_nnx_dump_without_templates_says_how_to_rebuild_the_objects(tmp_path):
+    from _programs import nnx_log_dump
+    module, err = nnx_log_dump(tmp_path)
+    dump = jaxsane.load_dump(err.dump_path)
+    assert dump.objects == {0: "user_nnx_step.LogMLP", 1: "flax.nnx.Optimizer"}
+    assert dump.generic["args[0]"].startswith("user_nnx_step.LogMLP (an NNX object")
+    assert np.shape(jax.tree.leaves(dump.args[0]["l1"]["kernel"])[0]) == (3, 4)   # the state is still there to read
+    expected = (f"[jaxsane] the dump at {err.dump_path} holds NNX objects (args[0]: user_nnx_step.LogMLP, "
+                "args[1]: flax.nnx.Optimizer); their classes cannot be rebuilt from data (a dump never imports a "
+                "class). Pass like=(model, optimizer, batch) built as in your training script to "
+                "jaxsane.load_dump, or replay with --step module:experiment, or --like module:make_objects")
+    with pytest.raises(DumpError) as info:
+        jaxsane.locate(module.train_step, *dump.args)
+    assert str(info.value).startswith(expected)
+    with pytest.raises(DumpShapeError, match="holds NNX objects"):
+        dump.args[0].train()
+    with pytest.raises(DumpShapeError, match="called as the object"):
+        dump.args[0](np.ones((2, 3)))
+    assert jax.tree.structure(jax.tree.map(lambda x: x, dump.args[0])) == jax.tree.structure(dump.args[0])
+
+
+def test_save_dump_of_live_nnx_objects_records_them_and_leaves_them_untouched(tmp_path):
+    from flax import nnx
+    from _programs import nnx_init
+    model, optimizer = nnx_init(jax.random.key(0))
+    d = str(tmp_path / "d")
+    jaxsane.save_dump(d, (model, optimizer, batch()))
+    assert isinstance(model, nnx.Module) and _tree(d)["nnx"] == [
+        {"arg": 0, "class": "_programs.NNXMLP"}, {"arg": 1, "class": "flax.nnx.Optimizer"}]
+    back = jaxsane.load_dump(d, like=nnx_init(jax.random.key(1)))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(back.args[0])),
+                                                    jax.tree.leaves(nnx.state(model))))
+
+
+@pytest.mark.parametrize("record", [
+    [{"arg": 0, "class": "os:system"}], [{"arg": 5, "class": "x"}], [{"arg": 0}], {"arg": 0}, [{"arg": 1, "class": "x"}],
+])
+def test_nnx_records_are_data_never_imported(tmp_path, record):
+    from _programs import nnx_init
+    from flax import nnx
+    marker = tmp_path / "imported"
+    evil = tmp_path / "evil_nnx_mod.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
+    model, optimizer = nnx_init(jax.random.key(0))
+    d = str(tmp_path / "d")
+    jaxsane.save_dump(d, (nnx.state(model), np.ones(2)))
+    meta = _tree(d)
+    meta["nnx"] = [{"arg": 0, "class": "evil_nnx_mod.Evil"}]
+    _write_tree(d, meta)
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        dump = jaxsane.load_dump(d)
+        assert dump.objects == {0: "evil_nnx_mod.Evil"} and not marker.exists()
+        meta["nnx"] = record
+        _write_tree(d, meta)
+        if record == [{"arg": 0, "class": "os:system"}]:
+            assert jaxsane.load_dump(d).objects == {0: "os:system"}
+        else:  # a position out of range, no class, not a list, a record for an arg that is not a State
+            with pytest.raises(DumpError, match="malformed at nnx"):
+                jaxsane.load_dump(d)
+        assert not marker.exists() and "evil_nnx_mod" not in sys.modules
+    finally:
+        sys.path.remove(str(tmp_path))
