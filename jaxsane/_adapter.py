@@ -32,12 +32,14 @@ def nnx_module():
     return nnx
 
 
-@functools.cache
+class _NoNnx:
+    """Stands for ``nnx.Pytree`` while Flax NNX is not imported: nothing is an instance of it."""
+
+
 def _nnx_object_type() -> type:
-    try:
-        return nnx_module().Pytree
-    except ImportError:  # pragma: no cover
-        return type(None)
+    # an object can only be an NNX object once flax.nnx is imported: a program without Flax never pays its import
+    nnx = sys.modules.get("flax.nnx")
+    return getattr(nnx, "Pytree", _NoNnx) if nnx is not None else _NoNnx
 
 
 def is_nnx_object(x: Any) -> bool:
