@@ -190,6 +190,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
     bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
     origins = find_origins(analysis)
+    inputs = dict(zip(in_paths, arrays))
+    for o in origins:   # for the debugger (post_mortem): the inputs by path and the call, by reference
+        if o.context is not None:
+            o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
         sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
