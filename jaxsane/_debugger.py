@@ -140,7 +140,8 @@ def _origin_vars(origin: Origin, ctx: OriginContext) -> dict[str, Any]:
     out.update({f"in{i}": v for i, v in enumerate(operands)})
     out.update(operands=operands, result=bad[0] if bad else (results[0] if results else None), primitive=ctx.primitive,
                params=dict(ctx.params), phase=origin.phase, origin=origin,
-               iteration=ctx.iterations[-1][1] if ctx.iterations else None, inputs=dict(ctx.inputs))
+               iteration=ctx.iterations[-1][1] if ctx.iterations else None,
+               inputs={k: _host(v) for k, v in ctx.inputs.items()})
     if len(results) > 1:
         out["results"] = results
     if len(ctx.iterations) > 1:
@@ -276,7 +277,8 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
     chain = list(ctx.chain) or [(chosen.file or "<jaxsane: no user frame>", chosen.line or 1, "<traced code>",
                                  chosen.line or 1)]
     innermost = _origin_vars(chosen, ctx)
-    frame_vars = [_step_vars(ctx, fr) for fr in chain[:-1]] + [innermost]
+    frame_vars = [_step_vars(ctx, fr) for fr in chain]
+    frame_vars[-1] = {**frame_vars[-1], **innermost}   # the line's own operand names win over stale arguments
     common = {"np": np, "origin": chosen, "report": report, "phase": chosen.phase, "primitive": ctx.primitive,
               "iteration": innermost["iteration"], "inputs": innermost["inputs"]}
     tb = _traceback(chain, frame_vars, common)
