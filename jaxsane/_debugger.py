@@ -289,6 +289,8 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
           f"  locals: {names}\n"
           f"  'where' lists your call chain, 'up'/'down' walk it, 'l' shows the source, 'c' leaves.", file=out)
     debugger = pdb.Pdb(stdin=stdin, stdout=stdout, nosigint=True)
+    if stdin is not None:
+        debugger.use_rawinput = False   # pdb reads a given stdin only when it does not use input()
     debugger.reset()
     try:
         debugger.interaction(None, tb)

@@ -383,7 +383,13 @@ def _stop_at_origin(text: str, located: Any, code: str) -> None:
         print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: no debugger opened: {why}; raising NonFiniteError.",
               flush=True)
         return
-    if post_mortem(located):
+    try:
+        opened = post_mortem(located)
+    except Exception as e:  # noqa: BLE001 - no terminal (stdin captured, closed): the failure is still raised
+        print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: the debugger could not run ({type(e).__name__}: {e}); "
+              "raising NonFiniteError.", flush=True)
+        return
+    if opened:
         print("[jaxsane] leaving the debugger: raising NonFiniteError (JAXSANE_ON_NONFINITE=breakpoint).", flush=True)
 
 

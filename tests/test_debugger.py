@@ -157,6 +157,30 @@ def test_breakpoint_is_only_read_from_the_environment():
         jaxsane.guard(_forward_step, on_nonfinite="breakpoint")
 
 
+def test_stdin_alone_is_read_and_the_session_prints_to_stdout(capsys):
+    report = jaxsane.locate(_forward_step, jnp.zeros(3), jnp.float32(2.0))
+    assert jaxsane.post_mortem(report.origins[0], stdin=io.StringIO("p in0.shape\nc\n"))
+    assert "(Pdb) (3,)" in capsys.readouterr().out
+
+
+class _NoTerminal:
+    def readline(self, *a):
+        raise OSError("reading from stdin while output is captured")
+
+    def isatty(self):
+        return False
+
+
+def test_breakpoint_without_a_terminal_still_raises(monkeypatch, capsys):
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "breakpoint")
+    monkeypatch.setattr(sys, "stdin", _NoTerminal())
+    guarded = jaxsane.guard(_forward_step, sync=True)
+    with pytest.raises(jaxsane.NonFiniteError) as e:
+        guarded(jnp.ones(3), jnp.float32(0.0))
+    assert e.value.finding.extra["policy"] == "breakpoint"
+    assert "the debugger could not run (OSError" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- end to end, a real stdin
 
 def run(script: str, commands: str, *argv: str, cwd=None, env=None) -> subprocess.CompletedProcess:
