@@ -212,35 +212,30 @@ def test_debug_origin_reads_the_terminal(tmp_path):
     assert frame_files(out) == {str(script)} and out.rstrip().endswith("DONE")
 
 
-def test_cli_replay_pdb_on_a_guard_dump(tmp_path):
+def test_cli_replay_pdb_on_a_guard_dump(tmp_path, monkeypatch, capsys):
     (tmp_path / "mystep.py").write_text(STEP)
-    writer = tmp_path / "write.py"
-    writer.write_text(textwrap.dedent("""
-        import jax.numpy as jnp, jaxsane
-        from mystep import step
-        g = jaxsane.guard(step, dump_dir="dumps", sync=True, locate=False)
-        try:
-            g(jnp.ones(2), {"x": jnp.array([1.0, 0.0])})
-        except jaxsane.NonFiniteError as e:
-            print("DUMP", e.dump_path)
-    """))
-    made = run(str(writer), "", cwd=tmp_path)
-    assert "DUMP dumps/step_000000" in made.stdout, made.stdout + made.stderr
-    proc = run("", "p h\np iteration\nwhere\nc\n", "-m", "jaxsane.cli", "replay", "dumps/step_000000",
-               "--step", "mystep:step", "--pdb", cwd=tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    from mystep import step
+    guarded = jaxsane.guard(step, dump_dir="dumps", sync=True, locate=False)     # a real dump, written by guard
+    with pytest.raises(jaxsane.NonFiniteError) as e:
+        guarded(jnp.ones(2), {"x": jnp.array([1.0, 0.0])})
+    dump = e.value.dump_path
+    proc = run("", "p h\np iteration\nwhere\nc\n", "-m", "jaxsane.cli", "replay", dump, "--step", "mystep:step",
+               "--pdb", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "origin: log (forward) at mystep.py:6" in proc.stdout                 # the report first
     assert f"> {tmp_path / 'mystep.py'}(6)step()" in proc.stdout
     assert "(Pdb) array([1., 0.], dtype=float32)\n(Pdb) None" in proc.stdout
-    finite = run("", "p 1\n", "-m", "jaxsane.cli", "replay", "dumps/step_000000", "--step", "mystep:fine", "--pdb",
-                 cwd=tmp_path)
-    assert finite.returncode == 0 and "no origin, so no debugger opened" in finite.stdout
-    assert "(Pdb)" not in finite.stdout
+    from jaxsane.cli import main
+    monkeypatch.setattr(sys, "stdin", _NoTerminal())                            # no debugger may read it
+    assert main(["replay", dump, "--step", "mystep:fine", "--pdb"]) == 0
+    out = capsys.readouterr().out
+    assert "no origin, so no debugger opened" in out and "(Pdb)" not in out
 
 
-def test_environment_breakpoint_stops_in_a_guarded_loop_then_raises(tmp_path):
-    script = tmp_path / "loop.py"
-    script.write_text(STEP + textwrap.dedent("""
+def test_environment_breakpoint_stops_in_a_guarded_loop_then_raises(tmp_path, monkeypatch, capsys):
+    loop = textwrap.dedent("""
         g = jaxsane.guard(step)
         w = jnp.ones(2)
         try:
@@ -249,7 +244,9 @@ def test_environment_breakpoint_stops_in_a_guarded_loop_then_raises(tmp_path):
             g.flush()
         except jaxsane.NonFiniteError as e:
             print("RAISED", e.finding.code, e.finding.step, e.finding.extra["policy"])
-    """))
+    """)
+    script = tmp_path / "loop.py"
+    script.write_text(STEP + loop)
     proc = run(str(script), "p batch['x']\np float(h[1]), iteration\nwhere\nc\n",
                env={"JAXSANE_ON_NONFINITE": "breakpoint"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -257,7 +254,10 @@ def test_environment_breakpoint_stops_in_a_guarded_loop_then_raises(tmp_path):
     assert f"> {script}(6)step()" in out and "(Pdb) array([1., 0.], dtype=float32)\n(Pdb) (0.0, None)" in out
     assert frame_files(out) == {str(script)}
     assert out.rstrip().endswith("RAISED nonfinite.forward 2 breakpoint")
-    (tmp_path / "loop2.py").write_text(script.read_text().replace("[1.0, 0.0]", "[1.0, float('nan')]"))
-    bad_input = run(str(tmp_path / "loop2.py"), "p 1\n", env={"JAXSANE_ON_NONFINITE": "breakpoint"})
-    assert "no debugger opened" in bad_input.stdout and "(Pdb)" not in bad_input.stdout
-    assert bad_input.stdout.rstrip().endswith("RAISED nonfinite.input 2 breakpoint"), bad_input.stdout
+    # a NaN in the batch: nothing computed made it, so no debugger (here, in this process: it must not read stdin)
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "breakpoint")
+    monkeypatch.setattr(sys, "stdin", _NoTerminal())
+    exec(compile(STEP + loop.replace("[1.0, 0.0]", "[1.0, float('nan')]"), str(tmp_path / "loop2.py"), "exec"), {})
+    out = capsys.readouterr().out
+    assert "no debugger opened: the step's inputs already hold NaN/Inf" in out and "(Pdb)" not in out
+    assert out.rstrip().endswith("RAISED nonfinite.input 2 breakpoint"), out
