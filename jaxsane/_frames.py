@@ -1,5 +1,5 @@
 """Frames: the one "is this library code" predicate, the user's ``file:line`` behind a jaxpr
-equation, and its source text.
+equation, its source text, and the user's call chain behind it (for the debugger at an origin).
 
 Library code is jax, jaxlib, flax, optax, chex, equinox, orbax, numpy, jaxsane itself (not its
 examples) and the Python stdlib. Everything else is the user's, including a user's own package
