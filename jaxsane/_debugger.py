@@ -41,6 +41,7 @@ from ._errors import NonFiniteError
 from ._frames import display_location
 from ._locate import locate
 from ._locate_report import LocateReport, Origin, OriginContext
+from ._validate import fail, require_int
 
 # call name in the user's source -> the primitives it makes (default: the same name)
 _CALLS = {"divide": ("div",), "true_divide": ("div",), "multiply": ("mul",), "subtract": ("sub",),
@@ -258,12 +259,19 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
     Returns:
       True when a session was opened; False (after printing why, a ``[jaxsane]`` line) when there is
       no origin to stop at: finite outputs, a NaN only the compiled program makes, or a non-finite input.
+
+    Raises:
+      ArgumentError: ``report`` is none of those, or ``origin`` is not an int >= 0.
     """
     out = stdout if stdout is not None else sys.stdout
+    if report is not None and not isinstance(report, (LocateReport, Origin, NonFiniteError)):
+        raise fail("jaxsane.post_mortem", "report", "a LocateReport, an Origin, a NonFiniteError or None", report,
+                   fix="pass what jaxsane.locate returned (or the NonFiniteError a guarded step raised)")
+    origin = require_int("jaxsane.post_mortem", "origin", origin, min=0)
     report, chosen = _report_of(report)
     if chosen is None:
         reason = no_origin_reason(report)
-        if reason is None and not 0 <= origin < len(report.origins):
+        if reason is None and origin >= len(report.origins):
             reason = f"origin={origin} is out of range: the report has {len(report.origins)} origin(s)"
         if reason is not None:
             print(f"[jaxsane] post_mortem: no debugger opened: {reason}.", file=out)
@@ -283,7 +291,7 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
               "iteration": innermost["iteration"], "inputs": innermost["inputs"]}
     tb = _traceback(chain, frame_vars, common)
     where = f" [{', '.join(chosen.where)}]" if chosen.where else ""
-    names = ", ".join(k for k in innermost if k not in ("origin", "inputs")) + ", origin, inputs, np"
+    names = ", ".join(k for k in frame_vars[-1] if k not in ("origin", "inputs")) + ", origin, inputs, np"
     print(f"[jaxsane] post-mortem at the origin: {chosen.primitive} ({chosen.phase}) at "
           f"{display_location(chosen.file, chosen.line)}{where}: {chosen.values}\n"
           f"  locals: {names}\n"

@@ -142,6 +142,17 @@ def test_no_origin_no_debugger():
     assert not opened and "not reproduced outside XLA" in text and "(Pdb)" not in text
 
 
+def test_bad_arguments_are_jaxsane_errors():
+    with pytest.raises(jaxsane.ArgumentError, match=r"\[jaxsane\] jaxsane.post_mortem\(report=...\): expected a "
+                                                    r"LocateReport"):
+        jaxsane.post_mortem("report.txt")
+    report = jaxsane.locate(_forward_step, jnp.zeros(3), jnp.float32(2.0))
+    with pytest.raises(jaxsane.ArgumentError, match="origin"):
+        jaxsane.post_mortem(report, origin=-1)
+    opened, text = session(report, "c\n", origin=5)
+    assert not opened and "origin=5 is out of range: the report has 1 origin(s)" in text
+
+
 def test_source_names_are_never_guessed():
     from jaxsane._debugger import source_names
     assert source_names("return jnp.log(x)", "log", 1) == {"x": 0}
