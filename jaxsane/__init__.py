@@ -22,6 +22,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "_fit": ("FitResult", "fit"),
     "_guard": ("Guarded", "JaxsaneWarning", "guard"),
     "_locate": ("LocateReport", "Origin", "locate"),
+    "_debugger": ("debug_origin", "post_mortem"),
     "_monitor": ("History", "Monitor", "check_training"),
     "_init_sweep": ("InitScaleSweep", "init_scale_sweep"),
     "_overfit": ("OverfitConfig", "OverfitResult", "overfit"),
@@ -57,7 +58,7 @@ __all__ = [
     "check_data", "check_replicas", "doctor", "guard", "load_dump", "save_dump",
     "InitScaleSweep", "OverfitConfig", "OverfitResult", "init_scale_sweep", "overfit",
     "FitResult", "History", "Monitor", "check_training", "fit", "write_html",
-    "LocateReport", "Origin", "locate",
+    "LocateReport", "Origin", "locate", "debug_origin", "post_mortem",
     "LayerStats", "activation_stats", "check_batch_independence", "check_grads", "check_init", "check_step",
     "count_compilations", "check_causal", "check_padding_in_loss",
 ]

@@ -1,5 +1,5 @@
 """Frames: the one "is this library code" predicate, the user's ``file:line`` behind a jaxpr
-equation, and its source text.
+equation, its source text, and the user's call chain behind it (for the debugger at an origin).
 
 Library code is jax, jaxlib, flax, optax, chex, equinox, orbax, numpy, jaxsane itself (not its
 examples) and the Python stdlib. Everything else is the user's, including a user's own package
@@ -77,6 +77,35 @@ def user_frame(eqn) -> tuple[str, int] | None:
         if not is_library_file(fr.file_name):
             return fr.file_name, fr.line_num
     return None
+
+
+def _is_jaxsane_file(path: str) -> bool:
+    p = os.path.abspath(path) if path and not path.startswith("<") else ""
+    return p.startswith(_PKG_DIR + os.sep) and not p.startswith(_EXAMPLES_DIR + os.sep)
+
+
+def user_chain(eqn, enclosing: Sequence[Any] = ()) -> list[tuple[str, int, str, int]]:
+    """The user's call chain behind ``eqn``: ``(file, line, function, function start line)`` per user frame,
+    outermost first, inside the traced function only (the walk outwards stops at jaxsane's own frames, the
+    ``locate`` that traced it). Library frames (jax's ``jit``/``grad``/``vmap`` wrappers) are left out. A
+    traceback that stops short (jax records a loop body's without the code around it) is continued with the
+    chains of the ``enclosing`` equations (the loop/call equations around ``eqn``, outermost first). Host-side
+    only, not jit-safe."""
+    chain: list[tuple[str, int, str, int]] = []
+    for candidate in (eqn, *reversed(tuple(enclosing))):
+        complete = False
+        for fr in frames_of(candidate) if candidate is not None else []:
+            if _is_jaxsane_file(fr.file_name):
+                complete = True
+                break
+            if is_library_file(fr.file_name):
+                continue
+            entry = (fr.file_name, fr.line_num, fr.function_name, fr.function_start_line)
+            if entry not in chain:
+                chain.append(entry)
+        if complete:
+            break
+    return chain[::-1]
 
 
 def user_location(eqn, enclosing: Sequence[Any] = ()) -> str | None:

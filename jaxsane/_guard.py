@@ -40,6 +40,7 @@ from ._tree import finite_flags, leaves_with_paths
 from ._validate import policy_from_env, require_policy
 
 POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
+ENV_ONLY = ("breakpoint",)  # and of _validate.ENV_ONLY_POLICIES (JAXSANE_ON_NONFINITE only)
 
 try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
     from jax._src.core import trace_state_clean as _trace_state_clean
@@ -63,6 +64,8 @@ class Guarded(HostSide):
       recompiles: a ``step.recompiles`` :class:`Finding` per compilation after the first, naming the
         argument that changed (``extra["changes"]``); the first of them is also warned.
       hang: the ``dist.hang`` :class:`Finding` of ``hang_timeout`` once reported (also in ``failures``).
+      breakpoint: True when ``guard`` read ``JAXSANE_ON_NONFINITE=breakpoint``: the first failure opens the
+        debugger at its origin, then raises as ``"raise"`` (``on_nonfinite`` is ``"raise"``).
     """
 
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
@@ -83,6 +86,7 @@ class Guarded(HostSide):
         self.locate_on_failure = locate
         self.check_replicas = check_replicas
         self.warn_recompiles = warn_recompiles
+        self.breakpoint = False  # set by guard() from JAXSANE_ON_NONFINITE=breakpoint
         self._replica_plans: dict = {}
         self._multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
         self.step_count = 0
@@ -254,6 +258,8 @@ class Guarded(HostSide):
         super().flush()
 
     def _call(self, *args, **kwargs):
+        if self.breakpoint and self._multiprocess is None:
+            self._refuse_breakpoint_across_processes()
         if self._chex:
             return self._chex_call(*args, **kwargs)
         if self._pending:
@@ -299,6 +305,17 @@ class Guarded(HostSide):
         if self.sync:
             self._poll(block=True)
         return out
+
+    def _refuse_breakpoint_across_processes(self) -> None:
+        """JAXSANE_ON_NONFINITE=breakpoint under jax.distributed: refused at the first call, on every process
+        alike (read here, not when wrapping: jax.distributed.initialize may come after guard()). Not jit-safe."""
+        self._multiprocess = jax.process_count() > 1
+        if self._multiprocess:
+            raise GuardConfigError(
+                f"[jaxsane] JAXSANE_ON_NONFINITE='breakpoint' cannot be used under jax.distributed "
+                f"({jax.process_count()} processes) in jaxsane.guard: a debugger stopped on one process leaves the "
+                "others waiting in the step's collectives until the job hangs. Fix: unset it (or use raise) and "
+                "pass dump_dir=...; then debug the dump in one process: jaxsane replay DUMP --step module:step --pdb.")
 
     @property
     def hang(self) -> Finding | None:
@@ -418,7 +435,11 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
         mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``). The environment variable
         ``JAXSANE_ON_NONFINITE=raise|skip|warn``, when set, overrides this argument (read here, when the
         step is wrapped); jaxsane's own loops (``fit``, doctor's run stage) build :class:`Guarded` directly
-        and keep their policies.
+        and keep their policies. ``JAXSANE_ON_NONFINITE=breakpoint`` (only through the variable: written
+        into code, a debugger stop would leave an unattended job waiting) is ``"raise"`` with a stop first:
+        at the first failing step the origin is located on its inputs and :func:`jaxsane.post_mortem` opens
+        ``pdb`` in the user's line of it; after ``c`` the ``NonFiniteError`` is raised. A step called under
+        an outer ``jit``/``vmap`` (reported through a callback, no inputs kept) raises without a stop.
       dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no
         pickle) and can be read back with :func:`jaxsane.load_dump`.
       max_consecutive_skips: with ``"skip"``, raise after this many failing steps in a row.
@@ -469,7 +490,9 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
     Raises:
       GuardConfigError: (a ``ValueError`` and ``TypeError``) an argument of the wrong type or out of
         range, at the call, naming the valid values.
-        Also when ``JAXSANE_ON_NONFINITE`` holds another word (``breakpoint`` is reserved, not available yet).
+        Also when ``JAXSANE_ON_NONFINITE`` holds another word; and at the first call with
+        ``JAXSANE_ON_NONFINITE=breakpoint`` under ``jax.distributed`` with more than one process (a debugger on
+        one process would leave the others waiting in the step's collectives).
 
     Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
 
@@ -479,8 +502,12 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
       >>> state, metrics = guarded(jnp.zeros(2), jnp.ones(2))
     """
     require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    return Guarded(step, on_nonfinite=on_nonfinite, dump_dir=dump_dir,
-                   max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                   sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles,
-                   hang_timeout=hang_timeout)
+    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError,
+                                   env_only=ENV_ONLY)
+    debug = on_nonfinite == "breakpoint"  # "raise", with a debugger at the origin first
+    guarded = Guarded(step, on_nonfinite="raise" if debug else on_nonfinite, dump_dir=dump_dir,
+                      max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
+                      sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles,
+                      hang_timeout=hang_timeout)
+    guarded.breakpoint = debug
+    return guarded

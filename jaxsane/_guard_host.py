@@ -315,7 +315,9 @@ class HostSide:
                 message += (f" (warning: the inputs could not be dumped: {dump_error}; they are still in "
                             "NonFiniteError.inputs)")
         finding = Finding(code, message, hint, path=paths[0] if paths else None, step=rec.step, file=file,
-                          line=line, extra={"paths": paths, "policy": self.on_nonfinite,
+                          line=line, extra={"paths": paths,
+                                            "policy": "breakpoint" if getattr(self, "breakpoint", False)
+                                            else self.on_nonfinite,
                                             **({"dump": dump_path} if dump_path else {}),
                                             **({"dump_error": dump_error} if dump_error else {}),
                                             **({"nonfinite_shard": {"message": shard.message, **shard.extra}}
@@ -342,6 +344,8 @@ class HostSide:
             warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
         self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
+        if getattr(self, "breakpoint", False):  # JAXSANE_ON_NONFINITE=breakpoint: stop at the origin, then raise
+            _stop_at_origin(text, located, code)
         raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located,
                              dump_error=dump_error)
 
@@ -368,6 +372,28 @@ def traced_failure(ref, names, flags) -> None:
         warnings.warn(f"[jaxsane] {finding}", JaxsaneWarning)
     else:
         self.skipped += 1
+
+
+def _stop_at_origin(text: str, located: Any, code: str) -> None:
+    """JAXSANE_ON_NONFINITE=breakpoint: print the failure and open the debugger at its origin (or say why
+    there is none: bad inputs, locate=False, a NaN only the compiled program makes). Not jit-safe."""
+    from ._debugger import post_mortem
+    print(text, flush=True)
+    if located is None:
+        why = ("the step's inputs already hold NaN/Inf: nothing the step computed made it"
+               if code == "nonfinite.input" else "the failing step was not located (locate=False, keep_inputs=False, "
+                                                 "or locate failed)")
+        print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: no debugger opened: {why}; raising NonFiniteError.",
+              flush=True)
+        return
+    try:
+        opened = post_mortem(located)
+    except Exception as e:  # noqa: BLE001 - no terminal (stdin captured, closed): the failure is still raised
+        print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: the debugger could not run ({type(e).__name__}: {e}); "
+              "raising NonFiniteError.", flush=True)
+        return
+    if opened:
+        print("[jaxsane] leaving the debugger: raising NonFiniteError (JAXSANE_ON_NONFINITE=breakpoint).", flush=True)
 
 
 def _try_locate(step: Callable, call: KeptCall):

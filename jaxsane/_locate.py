@@ -26,7 +26,8 @@ accelerator the replay copies the values it computes to host memory.
 Here: the entry points (:func:`locate`, :func:`replay_dump`) and the XLA-only bisection. The replay
 engine lives in :mod:`jaxsane._replay`, the data-flow analysis after it in :mod:`jaxsane._locate_flow`,
 the origins and custom_vjp backward lines in :mod:`jaxsane._locate_origins`, the report classes in
-:mod:`jaxsane._locate_report` and the traceback frames in :mod:`jaxsane._frames`.
+:mod:`jaxsane._locate_report`, the traceback frames in :mod:`jaxsane._frames` and the post-mortem debugger
+at an origin in :mod:`jaxsane._debugger`.
 """
 from __future__ import annotations
 
@@ -142,6 +143,11 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     Not jit-safe: it replays ``fn`` on the host, equation by equation (``scan``/``while``/``cond``/
     ``shard_map`` run whole and are only opened when they hand a NaN/Inf towards the outputs).
 
+    To stop in a debugger at the origin use :func:`jaxsane.debug_origin` (same call) or
+    :func:`jaxsane.post_mortem` on the report: ``locate`` takes no options of its own (no ``breakpoint=``),
+    so every keyword, whatever its name, reaches ``fn``. Each origin keeps the replay's values there
+    (``origin.context``) for that debugger.
+
     Args:
       fn: the function that produced non-finite outputs.
       *args, **kwargs: its exact inputs.
@@ -199,6 +205,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
     bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
     origins = find_origins(analysis)
+    inputs = dict(zip(in_paths, arrays))
+    for o in origins:   # for the debugger (post_mortem): the inputs by path and the call, by reference
+        if o.context is not None:
+            o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
         sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)

@@ -15,11 +15,11 @@ import sys
 import jax
 import numpy as np
 
-from ._causes import Cause, explain
-from ._frames import frames_of, is_library_file, source_text, user_frame
+from ._causes import Cause, explain, primal_eqn
+from ._frames import frames_of, is_library_file, source_text, user_chain, user_frame
 from ._interpret import all_eqns
 from ._locate_flow import OUT, Analysis, nonfinite_counts
-from ._locate_report import Origin
+from ._locate_report import Origin, OriginContext
 from ._replay import Node, Val, raw
 
 
@@ -180,14 +180,36 @@ def _origin_of(analysis: Analysis, node: Node) -> Origin:
     code = {"forward": "nonfinite.forward", "backward": "nonfinite.backward",
             "update": "nonfinite.update"}[phase]
     return Origin(code, node.prim, phase, file, line, source_text(file, line), node.stack, info.values,
-                  info.cause, info.fix, reaches, where, info.then)
+                  info.cause, info.fix, reaches, where, info.then,
+                  context=_context_of(node, phase, frame))
+
+
+def _context_of(node: Node, phase: str, frame) -> OriginContext:
+    """What the replay holds at ``node`` for the debugger: values by reference, the user's call chain
+    (the innermost frame is the origin's own line, e.g. inside a custom_vjp backward rule), the
+    forward equation of a backward origin and the loop iterations around it."""
+    chain = user_chain(node.eqn, node.ctx.eqns)
+    if frame is not None and (not chain or tuple(chain[-1][:2]) != tuple(frame)):
+        chain.append((frame[0], frame[1], "<backward rule>" if phase == "backward" else "<traced code>", frame[1]))
+    primal = None
+    if phase == "backward":
+        p = primal_eqn(node, backward="transpose(" in node.stack)
+        if p is not None and p is not node:
+            primal = (p.prim, [raw(x.value) for x in p.ins], [raw(o.value) for o in p.outs])
+    iterations = []
+    for tag in node.ctx.tags:
+        kind, _, index = str(tag).partition(" iteration ")
+        if index.isdigit():
+            iterations.append((kind, int(index)))
+    return OriginContext(node.prim, dict(node.eqn.params) if node.eqn is not None else {},
+                         [raw(x.value) for x in node.ins], [raw(o.value) for o in node.outs], chain, primal,
+                         iterations)
 
 
 _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
 
 
 def _primal_of(node: Node):
-    from ._causes import primal_eqn
     p = primal_eqn(node, backward=True)
     return p if p is not None and p is not node else None
 

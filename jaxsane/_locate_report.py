@@ -1,10 +1,41 @@
-"""The report of :func:`jaxsane.locate`: :class:`LocateReport` and its :class:`Origin` entries."""
+"""The report of :func:`jaxsane.locate`: :class:`LocateReport`, its :class:`Origin` entries and what the
+replay held at each origin (:class:`OriginContext`, read by the debugger, :mod:`jaxsane._debugger`)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ._findings import Finding
 from ._frames import display_location
+
+
+@dataclasses.dataclass
+class OriginContext:
+    """The replay's values at an origin, kept (by reference, no copies) for :func:`jaxsane.post_mortem`.
+
+    Attributes:
+      primitive, params: the failing equation's primitive name and parameters.
+      operands, results: its input and output values (host arrays; under ``shard_map`` the mesh axes lead).
+      chain: the user's frames of the call chain that made it, outermost first, as
+        ``(file, line, function, function start line)``.
+      primal: for a backward origin, ``(primitive, operands, results)`` of the forward equation whose
+        derivative blew up (e.g. the ``sqrt`` at 0), when the replay holds it.
+      iterations: ``[(loop, index)]`` of the ``scan``/``while`` iterations around it, outermost first.
+      inputs: the traced function's input leaves by path (``batch['x']``), set by ``locate``.
+      call: ``(fn, args, kwargs)`` as passed to ``locate``.
+    """
+    primitive: str
+    params: dict
+    operands: list
+    results: list
+    chain: list
+    primal: tuple | None = None
+    iterations: list = dataclasses.field(default_factory=list)
+    inputs: dict = dataclasses.field(default_factory=dict)
+    call: Any = None
+
+    def __repr__(self) -> str:
+        return f"OriginContext({self.primitive}, {len(self.operands)} operands, {len(self.chain)} user frames)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +52,8 @@ class Origin:
       cause, fix: the likely cause and what to change.
       reaches: the output leaf paths it flows into.
       where: extra coordinates (scan iteration, shard, batch index under vmap).
+      context: the replay's values there (:class:`OriginContext`, for :func:`jaxsane.post_mortem`; None for
+        a non-finite input); not compared, not in the repr.
     """
     code: str
     primitive: str
@@ -35,6 +68,7 @@ class Origin:
     reaches: list[str]
     where: list[str] = dataclasses.field(default_factory=list)
     then: str = ""
+    context: OriginContext | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def location(self) -> str:

@@ -62,6 +62,7 @@ class Ctx:
     tags: tuple = ()
     order: tuple = ()
     in_optax: bool = False
+    eqns: tuple = ()             # the call/loop equations around this jaxpr, outermost first
 
 
 class Node:
@@ -346,7 +347,8 @@ class Replay(Interpreter):
         ctx = node.ctx
         return Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
                     mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
-                    in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)))
+                    in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)),
+                    eqns=ctx.eqns + ((node.eqn,) if node.eqn is not None else ()))
 
     # -- lazy descent into compiled calls
     def expand(self, node: Node) -> None:

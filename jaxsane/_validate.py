@@ -248,47 +248,60 @@ _WHY_NOT = {
 }
 
 
+#: Words a tool takes only through ``JAXSANE_ON_NONFINITE`` (like equinox's ``EQX_ON_ERROR=breakpoint``), never as
+#: an ``on_nonfinite=`` argument: a debugger stop is a choice for one interactive run; written into the code it would
+#: leave an unattended job waiting for input.
+ENV_ONLY_POLICIES = {
+    "breakpoint": "open a post-mortem debugger (pdb) at the origin of the first non-finite step, in the user's own "
+                  "line, then raise NonFiniteError as 'raise' does",
+}
+
+
 def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = ArgumentError) -> str:
     """``value`` if it is one of ``allowed`` on_nonfinite policies, else ``error`` naming each allowed word
     and its meaning (and, for a word another tool accepts, why this one does not). Host-side."""
     if isinstance(value, str) and value in allowed:
         return value
     valid = "; ".join(f"{p!r}: {NONFINITE_POLICIES[p]}" for p in allowed)
-    cause = (f"{value!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[value]}"
-             if isinstance(value, str) and value in _WHY_NOT else
-             "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy")
+    if isinstance(value, str) and value in ENV_ONLY_POLICIES:
+        cause = (f"{value!r} is taken only from the environment, {ON_NONFINITE_ENV}={value} (for one interactive "
+                 "run: written into the code, a debugger stop would leave an unattended job waiting for input)")
+    elif isinstance(value, str) and value in _WHY_NOT:
+        cause = f"{value!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[value]}"
+    else:
+        cause = "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy"
     raise error(f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
                 f"Likely cause: {cause}. Fix: pass one of them ({valid}).")
 
 
 #: Overrides guard's ``on_nonfinite`` without code changes (as ``EQX_ON_ERROR`` does for equinox), e.g.
-#: ``JAXSANE_ON_NONFINITE=raise python train.py`` to stop at the first NaN of a run written to skip them.
+#: ``JAXSANE_ON_NONFINITE=raise python train.py`` to stop at the first NaN of a run written to skip them, or
+#: ``JAXSANE_ON_NONFINITE=breakpoint python train.py`` to debug it where it is born.
 ON_NONFINITE_ENV = "JAXSANE_ON_NONFINITE"
-#: Words kept for later features: refused with the reason, never read as a misspelling.
-_RESERVED = {"breakpoint": "stopping in a debugger at the failing step is planned but not available yet"}
 
 
-def policy_from_env(fn: str, value: str, allowed: Sequence[str], error: type = ArgumentError) -> str:
+def policy_from_env(fn: str, value: str, allowed: Sequence[str], error: type = ArgumentError,
+                    env_only: Sequence[str] = ()) -> str:
     """``$JAXSANE_ON_NONFINITE`` when it is set and not empty, else ``value`` (the ``on_nonfinite=`` argument).
 
     Read when the step is wrapped, so a change of the variable later does not change a wrapped step.
+    ``env_only``: the words of :data:`ENV_ONLY_POLICIES` that ``fn`` carries out (``guard``: ``breakpoint``).
     Host-side.
 
     Raises:
-      error: the variable holds a word ``fn`` cannot carry out (``breakpoint`` included: reserved for a
-        later debugger feature), naming the valid words.
+      error: the variable holds a word ``fn`` cannot carry out, naming the valid words.
     """
     setting = os.environ.get(ON_NONFINITE_ENV, "").strip()
     if not setting:
         return value
-    valid = ", ".join(map(repr, allowed))
+    if setting in env_only:
+        return setting
+    valid = ", ".join(map(repr, (*allowed, *env_only)))
     unset = f"set {ON_NONFINITE_ENV} to one of {valid}, or unset it to use the on_nonfinite= argument ({value!r})"
-    if setting in _RESERVED:
-        raise error(f"{ON_NONFINITE_ENV}={setting!r} is not available yet in {fn}: {_RESERVED[setting]}. "
-                    f"Fix: {unset}.")
     if setting not in allowed:
         cause = (f"{setting!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[setting]}"
-                 if setting in _WHY_NOT else "a misspelt policy")
+                 if setting in _WHY_NOT else
+                 f"{fn} does not stop in a debugger" if setting in ENV_ONLY_POLICIES else "a misspelt policy")
         raise error(f"{ON_NONFINITE_ENV}={setting!r} is not a policy of {fn} (valid: {valid}). "
                     f"Likely cause: {cause}. Fix: {unset}.")
     return setting

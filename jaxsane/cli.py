@@ -1,7 +1,8 @@
 """The command line, thin over the library.
 
   jaxsane doctor [MODULE:ATTR | FILE.py:ATTR ...] [--json FILE] [--stages ...] [--skip ...] [--no-cache]
-  jaxsane replay DUMP_DIR --step MODULE:ATTR [--like MODULE:ATTR]   (exit 1: a NaN origin was found, 0: finite)
+  jaxsane replay DUMP_DIR --step MODULE:ATTR [--like MODULE:ATTR] [--pdb]   (exit 1: a NaN origin was found,
+                 0: finite; --pdb: then a post-mortem pdb session at the origin)
 
 Exit codes (a CI gate): 0 every requested stage ran and found no error; 1 error findings, or a
 requested stage that could not run (skipped, or crashed in the user's code); 2 usage errors (bad
@@ -198,7 +199,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    """``jaxsane replay DUMP_DIR --step MODULE:ATTR``: re-run :func:`jaxsane.locate` on a guard dump."""
+    """``jaxsane replay DUMP_DIR --step MODULE:ATTR [--pdb]``: re-run :func:`jaxsane.locate` on a guard dump and,
+    with ``--pdb``, open :func:`jaxsane.post_mortem` at its origin."""
     from ._dump import load_dump
     from ._errors import DumpError, DumpShapeError, JaxsaneError
     from ._locate import replay_dump
@@ -216,9 +218,13 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     if report is None:
         print("[jaxsane] replay: every output of the step is finite on the dumped inputs (the failure did not "
-              "reproduce; compare devices, dtypes and XLA flags with the failing run)")
+              "reproduce; compare devices, dtypes and XLA flags with the failing run)"
+              + ("; no origin, so no debugger opened" if args.pdb else ""))
         return EXIT_OK
-    print(report)
+    print(report, flush=True)
+    if args.pdb:
+        from ._debugger import post_mortem
+        post_mortem(report)
     return EXIT_ERRORS
 
 
@@ -249,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--like", metavar="MODULE:ATTR",
                    help="a zero-argument function returning the step's first positional args as templates "
                         "(NNX objects: (model, optimizer)); the rest come from the dump")
+    p.add_argument("--pdb", action="store_true",
+                   help="after the report, open a post-mortem pdb session in your own line at the origin "
+                        "(jaxsane.post_mortem)")
     p.set_defaults(func=_replay)
     return parser
 

@@ -380,15 +380,35 @@ def test_environment_switch_overrides_on_nonfinite_at_construction(monkeypatch):
 
 
 @pytest.mark.parametrize("value, text", [
-    ("skp", r"JAXSANE_ON_NONFINITE='skp' is not a policy of jaxsane.guard \(valid: 'raise', 'skip', 'warn'\)"),
+    ("skp", r"JAXSANE_ON_NONFINITE='skp' is not a policy of jaxsane.guard "
+            r"\(valid: 'raise', 'skip', 'warn', 'breakpoint'\)"),
     ("rollback", "another tool's policy"),
-    ("breakpoint", "JAXSANE_ON_NONFINITE='breakpoint' is not available yet in jaxsane.guard"),
 ])
 def test_environment_switch_refuses_other_words(monkeypatch, value, text):
     monkeypatch.setenv("JAXSANE_ON_NONFINITE", value)
     with pytest.raises(jaxsane.GuardConfigError, match=text) as e:
         jaxsane.guard(_nan_params_step)
     assert str(e.value).startswith("[jaxsane] ") and "or unset it" in str(e.value)
+
+
+def test_environment_breakpoint_is_raise_with_a_debugger_first(monkeypatch):
+    # the debugger session itself is driven in tests/test_debugger.py (a subprocess with a scripted stdin)
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "breakpoint")
+    guarded = jaxsane.guard(_nan_params_step, on_nonfinite="skip", locate=False)    # env beats the argument
+    assert guarded.breakpoint and guarded.on_nonfinite == "raise"
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "")
+    assert not jaxsane.guard(_nan_params_step).breakpoint
+    with pytest.raises(jaxsane.GuardConfigError, match=r"taken only from the environment"):   # not an argument
+        jaxsane.guard(_nan_params_step, on_nonfinite="breakpoint")
+
+
+def test_environment_breakpoint_is_refused_across_processes(monkeypatch):
+    monkeypatch.setenv("JAXSANE_ON_NONFINITE", "breakpoint")
+    guarded = jaxsane.guard(_nan_params_step, locate=False)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(jaxsane.GuardConfigError, match=r"cannot be used under jax.distributed \(2 processes\).*"
+                                                       r"replay DUMP --step module:step --pdb"):
+        guarded(optax_init(jax.random.key(0)), batch())
 
 
 def test_environment_switch_leaves_fit_and_doctor_policies_alone(monkeypatch):
