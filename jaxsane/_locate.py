@@ -314,10 +314,12 @@ def _module_experiment(step: Callable) -> Any:
 
 
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
-    """Trace ``fn``'s Python again (bypassing jit's trace cache) and record its custom_vjp calls."""
+    """Trace ``fn``'s Python again and record its custom_vjp calls. Jit is disabled meanwhile, so that the
+    jitted functions ``fn`` calls (the user's jitted step inside a wrapper) run their Python again instead of
+    taking their jaxpr from jit's trace cache."""
     records: list = []
     pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with recording_custom_vjp(records), chex_asserts_off():
+    with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
         jax.make_jaxpr(pure)(*arrays)
     return records
 
