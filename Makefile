@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/guard_overhead.py
+
+# re-execute notebooks/*.ipynb (JAXSANE_NB_SMALL=1, as the tests run them) and save them with their outputs
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/execute.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

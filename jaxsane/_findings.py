@@ -175,7 +175,8 @@ class Finding:
         if self.path:
             parts.append(self.path)
         if self.file:
-            parts.append(f"{self.file}:{self.line}" if self.line is not None else self.file)
+            from ._frames import shown_location
+            parts.append(shown_location(self.file, self.line))
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -160,6 +160,19 @@ def cell_number(file: str) -> int | None:
     return number if isinstance(number, int) else None
 
 
+def is_cell_file(file: str | None) -> bool:
+    """Whether ``file`` is the code of a notebook/IPython cell (``/tmp/ipykernel_PID/HASH.py``)."""
+    return bool(file) and bool(_IPYTHON_INPUT.match(file) or _IPYKERNEL_CELL.search(file))
+
+
+def shown_location(file: str | None, line: int | None) -> str:
+    """``file:line`` for a finding's text: a notebook cell as ``<cell 3>, line 6`` (its temporary path names the
+    kernel's process id, which no reader can use), any other file as given."""
+    if is_cell_file(file):
+        return display_location(file, line)
+    return "" if not file else f"{file}:{line}" if line is not None else file
+
+
 def display_location(file: str | None, line: int | None) -> str:
     """``file:line`` as a user reads it: ``<cell 3>, line 6`` for a notebook cell (``<cell>, line 6``
     when its execution count is unknown), else the file's base name and the line."""

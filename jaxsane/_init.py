@@ -20,7 +20,7 @@ from ._errors import ExperimentError
 from ._experiment import Adapted
 from ._experiment_data import get_inputs, get_labels
 from ._findings import Finding
-from ._frames import user_location
+from ._frames import shown_location, user_location
 from ._interpret import Interpreter
 from ._tree import PyTree, leaves_with_paths
 from ._validate import require_callable, require_float, require_int, require_same_rows
@@ -345,7 +345,8 @@ def _line_of(location: str | None) -> int | None:
 
 
 def _where(layer: LayerStats) -> str:
-    return f"{layer.name} ({layer.kind} -> {layer.shape}{', at ' + layer.location if layer.location else ''})"
+    at = f", at {shown_location(_file_of(layer.location), _line_of(layer.location))}" if layer.location else ""
+    return f"{layer.name} ({layer.kind} -> {layer.shape}{at})"
 
 
 def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0, per_layer_factor: float = 2.0,

@@ -24,7 +24,7 @@ import numpy as np
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch, get_inputs, get_labels
-from ._frames import user_location
+from ._frames import display_location, is_cell_file, user_location
 from ._interpret import Interpreter
 from ._plots import legend_outside
 from ._progress import Progress
@@ -122,12 +122,12 @@ class InitScaleSweep:
 
 
 def _where(eqn, enclosing=()) -> str:
-    """``basename:line`` of the user's code that made this equation, or ''."""
+    """``basename:line`` of the user's code that made this equation (``<cell 3>, line 6`` in a notebook), or ''."""
     where = user_location(eqn, enclosing)
     if not where:
         return ""
     file, line = where.rsplit(":", 1)
-    return f"{os.path.basename(file)}:{line}"
+    return display_location(file, int(line)) if is_cell_file(file) else f"{os.path.basename(file)}:{line}"
 
 
 class _Layers(Interpreter):

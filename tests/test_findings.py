@@ -347,3 +347,23 @@ def test_train_findings_follow_a_nan_only_when_the_run_met_it():
     assert root_of(Finding("nonfinite.forward", "nan", file="m.py", line=3),
                    Finding("train.diverging", "went non-finite", step=20, extra={"nonfinite_from": 20})
                    )["train.diverging"] == "nonfinite.forward"
+
+
+def test_where_names_a_notebook_cell_not_its_temporary_path():
+    # ipykernel compiles each cell to /tmp/ipykernel_<pid>/<hash>.py: a path no reader can open, and one that
+    # changes with every kernel (so executed notebooks would differ run to run)
+    cell = Finding("init.scale", "m", file="/tmp/ipykernel_4242/667549009.py", line=6, path="params[1]")
+    assert cell.where == "params[1], <cell>, line 6"
+    assert "ipykernel" not in str(cell)
+    assert Finding("init.scale", "m", file="/src/model.py", line=6).where == "/src/model.py:6"  # files: as given
+
+
+def test_init_scale_message_names_a_notebook_cell():
+    from jaxsane._init import LayerStats, check_activations
+
+    def layer(i, rms):
+        return LayerStats(i, f"params[{i}]", "dense", f"/tmp/ipykernel_4242/12345.py:{10 + i}", (8, 16), 16, "relu",
+                          False, 0.0, rms, rms, 0.0, rms, 0.5, float("nan"), 1.0)
+
+    (f,) = check_activations([layer(i, 0.1 ** i) for i in range(4)])
+    assert f.code == "init.scale" and "ipykernel" not in str(f) and "<cell>, line 11" in f.message  # the first largest jump
