@@ -22,6 +22,7 @@ class MLP(nn.Module):
 model = MLP()
 
 
+@jax.jit  # one compiled program instead of an eager model.init, op by op
 def init(key):
     params = model.init(key, jax.numpy.zeros((1, 64)))["params"]
     return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(3e-3))
