@@ -1,8 +1,10 @@
 """Compile once, reuse everywhere: the persistent compilation cache in doctor (and off in the suite),
 compile counts that see cache hits, programs shared through Adapted, one compiled step in the run stage."""
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,8 +16,6 @@ import pytest
 import jaxsane
 from jaxsane import _compile_cache
 from jaxsane._experiment import Adapted
-from jaxsane._monitor import MODE_BARE, MODE_FULL, MODE_NORMS
-from jaxsane._pipeline import _as_mode
 from jaxsane._step_checks import count_compilations
 
 from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
@@ -105,15 +105,31 @@ def test_adapted_jitted_names_its_choices():
         init=lambda k: {"w": jnp.ones(2)}, step=lambda s, b: s, train={"x": np.ones((2, 2))})).jitted("loss") is None
 
 
-def test_as_mode_drops_what_the_step_mode_would_not_measure():
-    metrics = {"loss": 1.0, "telemetry": {"grad_norm": 2.0, "dead_fraction": 0.5}}
-    assert _as_mode(metrics, MODE_FULL) == metrics
-    assert _as_mode(metrics, MODE_NORMS) == {"loss": 1.0, "telemetry": {"grad_norm": 2.0}}
-    assert _as_mode(metrics, MODE_BARE) == {"loss": 1.0}
-    assert _as_mode({"loss": 1.0}, MODE_NORMS) == {"loss": 1.0}
+def test_run_stage_runs_the_step_the_step_stage_compiled(caplog):
+    import logging
+    from _programs import optax_step
+    step = jax.jit(lambda state, batch: optax_step(state, batch))  # a step no earlier test compiled
+    exp = dataclasses.replace(optax_experiment(), step=step)
+    jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)  # compiles the user's step
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+        d = jaxsane.doctor(exp, stages=["run"], run_steps=6, progress=False, compile_cache=False)
+    assert d.complete and len(d.artifacts["run"]["loss"]) == 6
+    compiled = re.findall(r"Finished XLA compilation of (\S+)", caplog.text)
+    assert compiled, caplog.text
+    # only the small telemetry programs: neither the step again nor a guarded, monitored copy of it
+    assert not [name for name in compiled if "lambda" in name or "_body" in name], compiled
 
 
-def test_run_stage_compiles_one_monitored_step_and_samples_dead_units_as_asked():
+def test_run_stage_measures_a_step_that_donates_its_state():
+    from _programs import optax_step
+    exp = dataclasses.replace(optax_experiment(), step=jax.jit(optax_step, donate_argnums=0))
+    d = jaxsane.doctor(exp, stages=["run"], run_steps=5, progress=False, compile_cache=False)
+    assert d.complete and d.passed, [str(f) for f in d]
+    update = np.asarray(d.artifacts["run"]["update_norm"])
+    assert update.shape[0] == 5 and np.all(update > 0), update  # the inputs were kept before the step took them
+
+
+def test_run_stage_samples_dead_units_as_asked_and_reuses_its_programs():
     exp = optax_experiment()
     with count_compilations() as c:
         d = jaxsane.doctor(exp, stages=["run"], run_steps=8, run_dead_every=4, run_eval_every=0, progress=False,
@@ -196,7 +212,7 @@ def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
     assert d.complete
     assert len(calls) == 1 and calls[0].startswith("jaxsane-precompile"), calls  # planned once, off the main thread
     assert d.artifacts["overfit"].compiles == 1
-    # the step stage counts compilations process-wide: the background compile had finished before it began
+    # the step stage counts only its own thread's compilations: the background compiles are not its own
     assert "step.recompiles" not in {f.code for f in d}
 
 
@@ -223,8 +239,8 @@ def test_compiles_per_stage_in_the_json_and_the_summary():
     payload = json.loads(d.to_json())
     by_name = {s["name"]: s for s in payload["stages"]}
     assert by_name["step"]["compiles"] >= 1 and by_name["step"]["compile_seconds"] > 0
-    assert payload["compiles"]["background"] == 1  # the overfit sweep, compiled while the step stage waited
-    assert "compiles per stage: step " in str(d) and "1 in the background" in str(d)
+    assert payload["compiles"]["background"] == 2  # the overfit and init-scale sweeps, while the step stage ran
+    assert "compiles per stage: step " in str(d) and "2 in the background" in str(d)
     with count_compilations() as c:  # the accounting sees what a compile counter sees
         again = jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
     assert sum(s["compiles"] for s in again.stages) + again.artifacts["compiles"]["setup"] == c.compiles
