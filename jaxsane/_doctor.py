@@ -399,7 +399,8 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
 
     # compile the later stages' largest programs (the overfit and init-scale sweeps, the run stage's telemetry)
     # in the background while the earlier stages run; what fails there is left to its stage to report
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=_BACKGROUND)
+    # two threads: the first stage's work (the gradient check) and the largest compile (the overfit sweep) at once
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
     prepared: dict[str, dict[str, Any]] = {}
     if adapted is not None and not blocked:
         for name, prepare in PREPARE.items():

@@ -107,8 +107,11 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     eval_loss = _eval_loss(adapted, eval_batch, opts)
 
     def compile_all() -> None:
-        params = adapted.params(adapted.example_state)
+        state = adapted.example_state
+        params = adapted.params(state)
         programs.before.lower(params, batch).compile()
+        new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
+        programs.after.lower(state, new_state, metrics, batch).compile()
         if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
@@ -117,8 +120,10 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
 
 
 def _copy(tree: PyTree) -> PyTree:
-    return jax.tree_util.tree_map(lambda x: jax.device_put(x, may_alias=False) if isinstance(x, jax.Array) else x,
-                                  tree)
+    """A copy of every array in ``tree`` (no compile), on the same devices with the same sharding, committed
+    only where the original is (jit's cache tells the two apart: the programs compiled ahead would miss)."""
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, x.sharding if x.committed else None, may_alias=False)
+                                  if isinstance(x, jax.Array) else x, tree)
 
 
 def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, metrics: Any) -> Finding:

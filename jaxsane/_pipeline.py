@@ -198,7 +198,12 @@ def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, wh
 
 
 def grads_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`)."""
+    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`).
+
+    doctor starts it in its background thread (:func:`prepare_grads`), so its compiles overlap the data and
+    init stages; the stage then waits for those findings, and a crash there is the stage's crash."""
+    if "future" in ctx.prepared:
+        return ctx.prepared["future"].result()
     opts: GradsOptions = ctx.options
     adapted = ctx.adapted
     if adapted.loss_fn is None:
@@ -208,6 +213,11 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
                        modes=opts.grads_modes, max_leaves=opts.grads_max_leaves or None)
+
+
+def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Start the whole grads stage in ``pool``: ``{"future": its findings}``. Not jit-safe."""
+    return {"future": pool.submit(lambda: list(grads_stage(ctx)))}
 
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -346,7 +356,8 @@ STAGES: tuple[Stage, ...] = (
 )
 # stages whose work doctor starts ahead, in the background, before the first stage runs
 # (``prepare(ctx, pool) -> ctx.prepared``), in this order
-PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"overfit": prepare_overfit, "run": prepare_run}
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"grads": prepare_grads, "overfit": prepare_overfit,
+                                                     "run": prepare_run}
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 

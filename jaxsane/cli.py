@@ -171,6 +171,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from ._errors import JaxsaneError
     from ._findings import Diagnosis
 
+    if not args.no_cache:  # before the targets load: their imports and Experiment.init compile too
+        from ._compile_cache import enable_compilation_cache
+        enable_compilation_cache()
     if args.targets:
         experiments = [load_target(t) for t in args.targets]
     else:
