@@ -69,7 +69,7 @@ class RunPrograms:
 
     def _after(self, state: PyTree, new_state: PyTree, metrics: Any, batch: PyTree) -> tuple[jax.Array, jax.Array]:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
-        finite = jnp.all(grouped_finite_flags((state, new_state, metrics, batch)))
+        finite = jnp.all(grouped_finite_flags((new_state, metrics)))  # inputs count only when an output is bad
         return leaf_norms([a - b for a, b in zip(after, before)]), finite
 
     def _dead(self, params: PyTree, inputs: Any) -> jax.Array:
@@ -126,9 +126,17 @@ def _copy(tree: PyTree) -> PyTree:
                                   if isinstance(x, jax.Array) else x, tree)
 
 
-def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, metrics: Any) -> Finding:
-    """The finding guard gives for step ``step`` on these inputs (the step runs once more under it)."""
-    guarded = Guarded(adapted.step, on_nonfinite="raise", sync=True)
+def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, metrics: Any,
+                   reports_loss: bool) -> Finding:
+    """The finding guard gives for step ``step`` on these inputs (the step runs once more under it). A step that
+    reports no loss runs with Experiment.loss before it as its loss, the loss the run recorded for it."""
+    step_fn = adapted.step
+    if not reports_loss and adapted.loss_fn is not None:
+        def step_fn(state, batch):
+            loss = adapted.loss_fn(adapted.params(state), batch)  # first, as the run computed it: before the step
+            new_state, out = adapted.step(state, batch)
+            return new_state, {**out, "loss": loss}
+    guarded = Guarded(step_fn, on_nonfinite="raise", sync=True)
     guarded.step_count = step
     try:
         guarded(state, batch)
@@ -174,6 +182,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         params = adapted.params(kept)
         tel = programs.before(params, batch) if mode != MODE_BARE else {}
         new_state, metrics = programs.step(state, batch)
+        reports_loss = "loss" in metrics
         if copy_inputs:
             copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
         update_norm, finite = programs.after(kept, new_state, metrics, batch)
@@ -187,7 +196,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
             metrics = {**metrics, "telemetry": tel}
         monitor.record(i, metrics, kept, batch)
         if not bool(finite):  # recorded, so the report marks it; guard names it
-            findings.append(_guard_finding(adapted, kept, batch, i, metrics))
+            findings.append(_guard_finding(adapted, kept, batch, i, metrics, reports_loss))
             failed = True
             break
         state = new_state
