@@ -60,8 +60,9 @@ def main() -> None:
     print(f"# doctor speed, first run (empty cache) vs second run (cache filled by the first); load {load:.1f}")
     stages = ["data", "init", "grads", "step", "batch", "overfit", "run"]
     print("# 'outside' is the process's time outside the stages (imports, loading the target, init); the row"
-          "\n# under each run counts its compilations per stage (setup: before the first stage; bg: doctor's"
-          "\n# background compile of the overfit sweep), programs loaded from the cache included")
+          "\n# under each run counts its compilations per stage (setup: before the first stage; bg: in doctor's"
+          "\n# background threads: the gradient check, both sweeps, the run stage's telemetry, while earlier stages"
+          "\n# ran; a stage's seconds are then mostly its wait), programs loaded from the cache included")
     print(f"{'target':14s} {'run':6s} {'total':>7s} {'outside':>7s}  " + " ".join(f"{s:>7s}" for s in stages)
           + "  exit  errors")
     for name in args.targets.split(","):

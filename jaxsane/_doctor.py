@@ -48,7 +48,8 @@ class DoctorDiagnosis(Diagnosis):
     ``artifacts["stages"]`` is a list of ``{"name", "status", "reason", "seconds"}`` in checklist
     order (status ``ran``, ``not applicable`` (a handle it needs is missing), ``skipped``, ``crashed`` (the
     user's code) or ``failed`` (jaxsane)), each with ``requested`` (named in ``stages=``) and
-    ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage);
+    ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage) and
+    ``background_seconds`` (what doctor ran for it ahead, in its background threads, while earlier stages ran);
     ``artifacts["timings"]`` maps each stage to its seconds; ``artifacts["compiles"]`` counts those
     before the first stage (``setup``) and in doctor's background thread (later stages' programs). All are in
     the JSON and the terminal summary. Not jit-safe.
@@ -73,8 +74,8 @@ class DoctorDiagnosis(Diagnosis):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["complete"] = self.complete
-        d["stages"] = [dict(s, seconds=round(s["seconds"], 4), compile_seconds=round(s.get("compile_seconds", 0.0), 4))
-                       for s in self.stages]
+        d["stages"] = [dict(s, seconds=round(s["seconds"], 4), compile_seconds=round(s.get("compile_seconds", 0.0), 4),
+                            background_seconds=round(s.get("background_seconds", 0.0), 4)) for s in self.stages]
         d["compiles"] = self.artifacts.get("compiles", {})
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
         d["compile_cache"] = self.artifacts.get("compile_cache")
@@ -86,8 +87,12 @@ class DoctorDiagnosis(Diagnosis):
         lines = []
         if ran:
             total = sum(s["seconds"] for s in self.stages)
-            lines.append("stages run: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in ran)
-                         + f" (total {total:.1f} s)")
+            ahead = any(s.get("background_seconds", 0) >= 0.05 for s in ran)
+            lines.append("stages run: " + ", ".join(
+                f"{s['name']} {s['seconds']:.1f} s" + (f" (+{s['background_seconds']:.1f} s ahead)"
+                                                       if s.get("background_seconds", 0) >= 0.05 else "")
+                for s in ran) + f" (total {total:.1f} s" + ("; ahead: run in the background while earlier stages ran)"
+                                                             if ahead else ")"))
             compiled = [s for s in ran if s.get("compiles")]
             if compiled:
                 background = self.artifacts.get("compiles", {}).get("background", 0)
@@ -284,6 +289,22 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _BACKGROUND = "jaxsane-precompile"
 
 
+class _TimedPool:
+    """``pool`` for one stage's :data:`PREPARE` function: each submitted job's seconds add to ``seconds[name]``."""
+
+    def __init__(self, pool: concurrent.futures.Executor, name: str, seconds: dict[str, float]):
+        self.pool, self.name, self.seconds = pool, name, seconds
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        def timed() -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[self.name] = self.seconds.get(self.name, 0.0) + time.perf_counter() - start
+        return self.pool.submit(timed)
+
+
 class _CompileLog:
     """Compilations (XLA compiles and persistent-cache loads) and their seconds, per doctor stage; those of
     doctor's background thread apart. A ``jax.monitoring`` listener while active. Not jit-safe."""
@@ -402,14 +423,15 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     # two threads: the first stage's work (the gradient check) and the largest compile (the overfit sweep) at once
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
     prepared: dict[str, dict[str, Any]] = {}
+    ahead: dict[str, float] = {}  # per stage: seconds its work took in the background
     if adapted is not None and not blocked:
         for name, prepare in PREPARE.items():
             if name in chosen:
                 prepared[name] = prepare(StageContext(experiment, adapted, key, batch, eval_batch, opts[name],
-                                                      diagnosis.artifacts), pool)
+                                                      diagnosis.artifacts), _TimedPool(pool, name, ahead))
     try:
         _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared,
-                    diagnosis, triage, blocked, progress, log)
+                    diagnosis, triage, blocked, progress, log, ahead)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         log.__exit__()
@@ -422,7 +444,8 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
 def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
                 opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
                 prepared: dict[str, dict[str, Any]], diagnosis: DoctorDiagnosis, triage: _Triage,
-                blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog) -> None:
+                blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog,
+                ahead: dict[str, float]) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
@@ -454,6 +477,7 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
             timings[stage.name] = time.perf_counter() - start
             compiles, compile_seconds = log.of(stage.name)
             record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name],
-                      "requested": stages is not None, "compiles": compiles, "compile_seconds": compile_seconds}
+                      "requested": stages is not None, "compiles": compiles, "compile_seconds": compile_seconds,
+                      "background_seconds": ahead.get(stage.name, 0.0)}
             records.append(record)
             show.end(record)

@@ -170,6 +170,8 @@ def stages_table(d: Any) -> str:
         f'<td class="{"ok" if s["status"] == "ran" else "warning"}">{html.escape(s["status"])}</td>'
         f'<td>{s["seconds"]:.1f} s' + (f' ({s["compiles"]} compiled, {s.get("compile_seconds", 0):.1f} s)'
                                         if s.get("compiles") else "")
+        + (f'; +{s["background_seconds"]:.1f} s ahead, in the background' if s.get("background_seconds", 0) >= 0.05
+           else "")
         + f'</td><td>{html.escape(s.get("reason") or "")}</td></tr>'
         for s in d.artifacts.get("stages") or [])
     return ('<section class="stages"><h3>Stages</h3><table><thead><tr><th>stage</th><th>status</th><th>time</th>'
