@@ -102,8 +102,9 @@ class OverfitOptions:
     overfit_init_scales: tuple[float, ...] | None = _opt(None, "init scale multipliers swept (default: 1)",
                                                          minimum=0)
     overfit_batch_size: int = _opt(16, "examples of the first batch to overfit", minimum=1)
-    init_scales: tuple[float, ...] = _opt((0.5, 1.0, 2.0), "scales of the init-scale sweep drawn in the "
-                                          "report", minimum=0)
+    init_scales: tuple[float, ...] | None = _opt((0.5, 1.0, 2.0), "scales of the init-scale sweep drawn in the "
+                                                 "HTML report (None: no sweep; the CLI passes None unless it writes "
+                                                 "--html)", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -301,6 +301,8 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
+    if opts.init_scales is None:  # nothing will draw it
+        return list(result.findings)
     try:
         scales = _prepared_result(ctx.prepared.get("scales"))
         ctx.artifacts["init_scales"] = (scales.run() if scales is not None else
@@ -340,7 +342,8 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
         plan = plan_init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
         plan.compile()
         return plan
-    return {"sweep": sweep, "future": pool.submit(plan_and_compile), "scales": pool.submit(plan_scales)}
+    return {"sweep": sweep, "future": pool.submit(plan_and_compile),
+            **({"scales": pool.submit(plan_scales)} if opts.init_scales is not None else {})}
 
 
 # ----------------------------------------------------------------------------- the list

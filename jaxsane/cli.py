@@ -158,6 +158,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from ._options import select_stages
 
     options = _parse_options(args.option)
+    if not args.html:  # the init-scale sweep is drawn only in the HTML report: without one, nothing would read it
+        options.setdefault("init_scales", None)
     try:
         select_stages(args.stages, args.skip or ())
     except DoctorOptionError as e:

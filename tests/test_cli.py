@@ -200,3 +200,21 @@ def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_sayin
         "like=(model, optimizer, batch) built as in your training script to jaxsane.load_dump, or replay with "
         "--step module:experiment, or --like module:make_objects"), err_text
     assert "Traceback" not in err_text
+
+
+def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_path, monkeypatch):
+    from jaxsane import _pipeline, cli
+    calls = []
+    real = _pipeline.plan_init_scale_sweep
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_pipeline, "plan_init_scale_sweep", spy)
+    target = "jaxsane.examples.digits_optax:experiment"
+    common = ["doctor", target, "--stages", "overfit", "-o", "overfit_steps=25", "-q", "--no-cache"]
+    assert cli.main([*common, "--json", str(tmp_path / "d.json")]) == 0
+    assert calls == []  # nothing would have drawn it
+    page = tmp_path / "r.html"
+    assert cli.main([*common, "--html", str(page)]) == 0
+    assert calls and 'class="plot init-scales"' in page.read_text()
