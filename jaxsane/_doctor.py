@@ -51,7 +51,7 @@ class DoctorDiagnosis(Diagnosis):
     ``compiles``/``compile_seconds`` (XLA compilations and persistent-cache loads during the stage) and
     ``background_seconds`` (what doctor ran for it ahead, in its background threads, while earlier stages ran);
     ``artifacts["timings"]`` maps each stage to its seconds; ``artifacts["compiles"]`` counts those
-    before the first stage (``setup``) and in doctor's background thread (later stages' programs). All are in
+    before the first stage (``setup``) and in doctor's background threads (later stages' work). All are in
     the JSON and the terminal summary. Not jit-safe.
     """
 
@@ -418,9 +418,9 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
         log.__exit__()
         raise
 
-    # compile the later stages' largest programs (the overfit and init-scale sweeps, the run stage's telemetry)
-    # in the background while the earlier stages run; what fails there is left to its stage to report
-    # two threads: the first stage's work (the gradient check) and the largest compile (the overfit sweep) at once
+    # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
+    # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
+    # programs; what fails there is left to its stage to report
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
     prepared: dict[str, dict[str, Any]] = {}
     ahead: dict[str, float] = {}  # per stage: seconds its work took in the background
