@@ -288,16 +288,13 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
     sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
                  init_scales=opts.overfit_init_scales)
-    plan = precompiled = None
-    if ctx.prepared.get("sweep") == sweep:  # planned and compiled in the background while the earlier stages ran
-        try:
-            plan, compiled = ctx.prepared["future"].result()
-        except Exception:  # planned again here, where what failed is reported as the user's crash or a skip
-            plan = None
-        else:
-            precompiled = concurrent.futures.Future()
-            precompiled.set_result(compiled)
-    if plan is None:
+    precompiled = None
+    ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
+    if ahead is not None:
+        plan, compiled = ahead
+        precompiled = concurrent.futures.Future()
+        precompiled.set_result(compiled)
+    else:  # planned here, where what failed ahead is reported as the user's crash or a skip
         plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
@@ -324,9 +321,9 @@ def _prepared_result(future: concurrent.futures.Future | None) -> Any:
 
 def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
     """Plan and compile the overfit stage's sweep (the largest program doctor compiles) and its init-scale
-    sweep in ``pool`` while the earlier stages run. Returns ``{"sweep": its arguments, "future": future of
-    (plan, (compiled, seconds)), "scales": future of the compiled ScaleSweepPlan}``; the stage uses them only
-    for the same arguments, and when one failed, plans again itself and reports why. Not jit-safe."""
+    sweep in ``pool`` while the earlier stages run. Returns ``{"future": future of (plan, (compiled, seconds)),
+    "scales": future of the compiled ScaleSweepPlan}``; when one failed, the stage does that work again itself
+    and reports why. Not jit-safe."""
     opts: OverfitOptions = ctx.options
     if sliceable(ctx.experiment, ctx.batch) is not None:
         return {}
@@ -342,7 +339,7 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
         plan = plan_init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
         plan.compile()
         return plan
-    return {"sweep": sweep, "future": pool.submit(plan_and_compile),
+    return {"future": pool.submit(plan_and_compile),
             **({"scales": pool.submit(plan_scales)} if opts.init_scales is not None else {})}
 
 
