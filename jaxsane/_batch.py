@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment_data import batch_size
 from ._findings import Finding
@@ -147,7 +148,7 @@ def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen,
 
 
 def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[int, np.ndarray]:
-    run = jax.jit(lambda xs: apply(params, jax.tree_util.tree_unflatten(treedef, xs)))
+    run = quick_jit(lambda xs: apply(params, jax.tree_util.tree_unflatten(treedef, xs)), runs=1 + len(chosen))
     base = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(leaves))]
     leaks = {}
     for i in chosen:
@@ -188,7 +189,7 @@ def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Call
     """
     require_callable("check_example_slices", "apply", apply, signature="(params, inputs) -> outputs")
     cuts = sorted({k for k in (cuts if cuts is not None else (count // 2, count - 1)) if 0 < k < count})
-    run = jax.jit(apply)
+    run = quick_jit(apply, runs=1 + len(cuts))
     full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch)))
             if _is_float(o)]
     if not full or any(o.ndim < 1 or o.shape[0] != count for o in full):

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._data_findings import compare_splits, split_findings
 from ._data_match import find_duplicates, find_leakage
 from ._data_scan import scan_split
@@ -212,7 +213,7 @@ def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, param
             continue
         try:
             batch = next((b for b in iter_batches(data, max_batches, what) if _holds_nonfinite(b)), None)
-            value = None if batch is None else float(jax.jit(loss)(params, batch))
+            value = None if batch is None else float(quick_jit(loss)(params, batch))
         except Exception:  # a loss that cannot run on this batch decides nothing here
             value = None
         if value is not None and math.isfinite(value):

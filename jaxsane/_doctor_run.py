@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ._adapter import uncounted
+from ._compile_level import quick_jit
 from ._errors import NonFiniteError
 from ._experiment import Adapted
 from ._experiment_data import get_inputs, iter_batches
@@ -52,12 +53,13 @@ def _floats(tree: PyTree) -> list:
 class RunPrograms:
     """The run stage's step and its telemetry programs, for one :class:`Monitor`. Not jit-safe to build."""
 
-    def __init__(self, adapted: Adapted, monitor: Monitor):
+    def __init__(self, adapted: Adapted, monitor: Monitor, steps: int):
         self.adapted, self.monitor = adapted, monitor
+        monitor_runs = steps  # each telemetry program runs about once per step of the run
         self.step = host_step(adapted)
-        self.before = jax.jit(self._before)
-        self.after = jax.jit(self._after)
-        self.dead = jax.jit(self._dead)
+        self.before = quick_jit(self._before, runs=monitor_runs)
+        self.after = quick_jit(self._after, runs=monitor_runs)
+        self.dead = quick_jit(self._dead, runs=monitor_runs)
         self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
 
     def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
@@ -103,7 +105,7 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     stage's StageContext). Returns ``{"programs": RunPrograms, "future": ...}``; what fails in the background
     is compiled again by the stage, which reports it. Not jit-safe."""
     adapted, batch, eval_batch, opts = ctx.adapted, ctx.batch, ctx.eval_batch, ctx.options
-    programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps))
+    programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
     eval_loss = _eval_loss(adapted, eval_batch, opts)
 
     def compile_all() -> None:
@@ -162,7 +164,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     adapted = ctx.adapted
     programs = ctx.prepared.get("programs")
     if programs is None:
-        programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps))
+        programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
     else:  # wait for the background compile, never compile the same program twice at once
         concurrent.futures.wait([ctx.prepared["future"]])
     monitor = programs.monitor

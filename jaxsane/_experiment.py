@@ -28,6 +28,7 @@ import jax
 
 from ._adapter import (arrays_of, call_split, combine, is_nnx_state as is_nnx_state, needs_partition,
                        nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole, uncounted)
+from ._compile_level import quick_jit
 from ._errors import ExperimentError
 from ._tree import PyTree, is_array, is_inexact, same_structure
 from ._validate import show
@@ -353,12 +354,16 @@ class Adapted:
         """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
         :attr:`apply_fn`, :meth:`step`), shared by every check of this Adapted so that no check
         compiles what another already compiled (one program per input shape); None when the
-        Experiment has no such handle. Call it outside jit (it is already jitted)."""
+        Experiment has no such handle. Call it outside jit (it is already jitted); not jit-safe."""
         fns = {"loss": lambda: self.loss_fn, "apply": lambda: self.apply_fn, "step": lambda: self.step}
         if name not in fns:
             raise ValueError(f"[jaxsane] Adapted.jitted: unknown function {name!r}; choose one of {sorted(fns)}.")
         fn = fns[name]()
-        return None if fn is None else self._memo("jit:" + name, lambda: jax.jit(fn))
+        if fn is None:
+            return None
+        # loss and apply are jaxsane's analysis calls, a few per stage: compiled for a quick compile where
+        # that pays (_compile_level); the step is the user's program and compiles as jax.jit does
+        return self._memo("jit:" + name, lambda: jax.jit(fn) if name == "step" else quick_jit(fn, runs=8))
 
     def with_params(self, state: PyTree, params: PyTree) -> PyTree:
         """A pure state whose parameters are replaced by ``params`` (same structure). Jit-safe."""

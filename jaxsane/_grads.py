@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._errors import JaxsaneError
 from ._findings import Finding
 from ._grads_findings import (missing_finding, nonfinite_gradient_finding, nonfinite_loss_finding,
@@ -303,7 +304,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             return grads, jvp(jnp.ones((n,), tdtype))
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
 
-    value_at = jax.jit(perturbed)
+    value_at = quick_jit(perturbed, runs=2 * len(checked) * 4 + 1)
 
     def value_along(j, sub, t):  # f with leaf j moved by t along ``sub`` (a sub-direction of its direction)
         vec = np.zeros((n,), tdtype)
@@ -311,7 +312,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         return np.asarray(value_at(values, dirs[:j] + [sub] + dirs[j + 1:], vec))
 
     fwd = "fwd" in modes
-    derivatives = jax.jit(autodiff, static_argnums=2)
+    derivatives = quick_jit(autodiff, runs=1, static_argnums=2)
     try:
         grads, jvps = derivatives(values, dirs, "sum" if fwd else None)
     except TypeError as e:  # forward mode cannot go through a jax.custom_vjp: check in reverse mode only

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._errors import ExperimentError
 from ._experiment import Adapted
 from ._experiment_data import get_inputs, get_labels
@@ -37,13 +38,13 @@ def initial_loss(adapted: Adapted, state: Any, batch: Any) -> tuple[float | None
     exp = adapted.experiment
     params = adapted.params(state)
     if adapted.loss_fn is not None:
-        return float(jax.jit(adapted.loss_fn)(params, batch)), "Experiment.loss"
+        return float(adapted.jitted("loss")(params, batch)), "Experiment.loss"
     if adapted.apply_fn is not None:
-        logits = jax.jit(adapted.apply_fn)(params, get_inputs(exp, batch))
+        logits = adapted.jitted("apply")(params, get_inputs(exp, batch))
         labels = jnp.asarray(get_labels(exp, batch))
         if logits.ndim == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
             return float(softmax_cross_entropy(logits, labels)), "cross-entropy of Experiment.apply"
-    _, metrics = jax.jit(adapted.step)(state, batch)
+    _, metrics = quick_jit(adapted.step)(state, batch)
     if "loss" in metrics:
         return float(np.asarray(metrics["loss"])), "the loss the step reports on its first call"
     return None, "no loss handle"
@@ -321,7 +322,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
         return results
 
     flat = jax.tree_util.tree_leaves((params, inputs))
-    values = [np.asarray(v, np.float64) for v in jax.jit(run)(flat)]
+    values = [np.asarray(v, np.float64) for v in quick_jit(run)(flat)]
     layers = []
     for k, (site, v) in enumerate(zip(kept, values)):
         m = cap.meta[site]
@@ -450,7 +451,7 @@ def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None,
         require_float("check_init", _name, _v, min=_lo, max=_hi)
     findings: list[Finding] = []
     if loss is None and labels is not None:
-        logits = jax.jit(apply)(params, inputs)
+        logits = quick_jit(apply)(params, inputs)
         labels = jnp.asarray(labels)
         if getattr(logits, "ndim", 0) == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
             loss = float(softmax_cross_entropy(logits, labels))

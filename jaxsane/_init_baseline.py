@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._compile_level import quick_jit
 from ._findings import Finding
 from ._interpret import LOOPS, Interpreter
 from ._tree import explicit_sharding
@@ -102,7 +103,7 @@ def output_sites(loss: Callable, apply: Callable, params: Any, batch: Any, input
     :class:`CannotCompare` when an output does not appear (the loss draws noise or dropout that
     apply does not, runs the model in another mode, or does not call apply). Not jit-safe.
     """
-    outs = [np.asarray(x) for x in _float_leaves(jax.jit(apply)(params, inputs))]
+    outs = [np.asarray(x) for x in _float_leaves(quick_jit(apply)(params, inputs))]
     if not outs:
         raise CannotCompare("apply's outputs hold no float array to replace by a constant")
     closed = jax.make_jaxpr(loss)(params, batch)
@@ -116,7 +117,7 @@ def output_sites(loss: Callable, apply: Callable, params: Any, batch: Any, input
         order[:] = list(records)
         return [records[s] for s in order]
 
-    values = jax.jit(run)(jax.tree_util.tree_leaves((params, batch)))
+    values = quick_jit(run)(jax.tree_util.tree_leaves((params, batch)))
     sites = []
     for k, out in enumerate(outs):
         tol = 1e-5 * (float(np.max(np.abs(out))) + 1e-30) if out.size else 0.0
@@ -161,7 +162,8 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
         it = _Replace(at_sites, values)
         return jnp.asarray(it.run(closed.jaxpr, closed.consts, flat)[0][0], jnp.float32).reshape(())
 
-    init_value = float(jax.jit(f)([put(o) for o in outs]))
+    loss_with = quick_jit(f, runs=4)
+    init_value = float(loss_with([put(o) for o in outs]))
     label_stats = {}  # shape -> (mean, spread) over the examples
     for x in ([] if labels is None else _float_leaves(labels) + [
             y for y in jax.tree_util.tree_leaves(labels) if jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer)]):
@@ -173,7 +175,7 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
         starts.append([label_stats[o.shape][0].astype(o.dtype) for o in outs])
     scale = [max(float(np.sqrt(np.mean((o - o.mean(0)) ** 2))), label_stats.get(o.shape, (0, 0.0))[1], 1e-3)
              for o in outs]
-    losses = [float(jax.jit(f)([put(c) for c in s])) for s in starts]
+    losses = [float(loss_with([put(c) for c in s])) for s in starts]
     finite = [i for i, v in enumerate(losses) if np.isfinite(v)]
     if not finite:
         raise CannotCompare("the loss is non-finite at every constant prediction tried")

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._errors import ExperimentError, JaxsaneError
 from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch, get_inputs, get_labels
@@ -332,5 +333,5 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
         grad_std = jnp.stack([jnp.std(g.astype(jnp.float32)) for g in grads])
         return act_std, grad_std, value
 
-    return ScaleSweepPlan(jax.jit(jax.vmap(stats)), put_like(np.asarray(scales_list, np.float32), flat_args),
+    return ScaleSweepPlan(quick_jit(jax.vmap(stats)), put_like(np.asarray(scales_list, np.float32), flat_args),
                           tuple(scales_list), tuple(layers), tuple(names), has_loss)

@@ -41,6 +41,7 @@ from jax._src import core as jcore
 from ._adapter import (arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects,
                        uncounted, unwrap)
 from ._chex import chex_asserts_off, locate_target
+from ._compile_level import quick_jit
 from ._dump_nnx import standin_message
 from ._frames import user_frame
 from ._locate_report import LocateReport, Origin
@@ -129,7 +130,7 @@ def _named_out_paths(out, args, names, positions) -> list[str]:
 
 def _run_compiled(closed, args: Sequence) -> list:
     """Run a ClosedJaxpr compiled by XLA. Tests replace this to simulate compiler-only NaNs."""
-    return list(jax.jit(jcore.jaxpr_as_fun(closed))(*args))
+    return list(quick_jit(jcore.jaxpr_as_fun(closed))(*args))
 
 
 def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from ._compile_level import quick_jit
 from ._errors import ExperimentError
 from ._findings import Finding
 from ._validate import require_callable, require_count_or_list, require_float, require_int
@@ -109,7 +110,7 @@ def check_causal(apply: Callable, params: PyTree, inputs: Any, *, probes: int | 
     if T is None or T < 2:
         raise ExperimentError(f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
                               f"{[x.shape for x in host]}); the causal check needs sequence inputs.")
-    run = jax.jit(lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))))
+    run = quick_jit(lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))), runs=1 + len(_probe_positions(T, probes)))
     base = [np.asarray(o) for o in run(params, host)]
     outs = [k for k, o in enumerate(base) if o.ndim >= 2 and o.shape[:2] == (n, T) and o.dtype.kind in "fc"]
     if not outs:
@@ -208,7 +209,7 @@ def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: A
     groups = {k: v for k, v in groups.items() if v}
     if not groups:
         return []
-    run = jax.jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)))
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=1 + len(groups))
     host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
     base = float(run(params, host))
     if not np.isfinite(base):
@@ -253,7 +254,7 @@ def loss_reads_first_target(loss: Callable, params: PyTree, batch: PyTree, label
     at = [i for i, x in enumerate(leaves) if x is lab[0]]
     if len(at) != 1 or any(x is lab[0] for x in jax.tree_util.tree_leaves(inputs)):
         return None
-    run = jax.jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)))
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2)
     host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
     base = float(run(params, host))
     first = np.zeros(np.shape(lab[0]), bool)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adapter import positional_names
+from ._compile_level import quick_jit
 from ._errors import JaxsaneError
 from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch
@@ -367,16 +368,15 @@ def _dead_code_eliminated(fn, flat_args):
         from jax._src.core import eval_jaxpr
         from jax._src.interpreters.partial_eval import dce_jaxpr
     except ImportError:  # pragma: no cover - private API moved: compile everything
-        return jax.jit(fn)
+        return quick_jit(fn, runs=2)
     closed = jax.make_jaxpr(fn)(flat_args)
     jaxpr, used = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     consts = closed.consts
 
-    @jax.jit
     def run(args):
         return eval_jaxpr(jaxpr, consts, *[a for a, u in zip(args, used) if u])
 
-    return run
+    return quick_jit(run, runs=2)
 
 
 def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._compile_level import compiler_options
 from ._tree import PyTree, host_leaf
 
 
@@ -179,7 +180,8 @@ def _stack_host(xs: Sequence[Any]) -> np.ndarray:
 
 def compile_sweep(spec: SweepSpec, layout: GroupLayout, *, example_state: PyTree, batch_for: Callable[[int], PyTree],
                   traces: list[int]) -> tuple[Any, float]:
-    """``(compiled group program, seconds)``: traced and compiled ahead of time for the abstract shapes of
+    """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
+    :func:`~jaxsane._compile_level.compiler_options` picks for its chunks) for the abstract shapes of
     ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
     t = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -190,7 +192,8 @@ def compile_sweep(spec: SweepSpec, layout: GroupLayout, *, example_state: PyTree
                 jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
                 jax.ShapeDtypeStruct((size,), f32), jax.ShapeDtypeStruct((size,), f32),
                 jax.ShapeDtypeStruct((size,), bool), jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), bool))
-    compiled = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).lower(*abstract).compile()
+    traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
+    compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
     return compiled, time.perf_counter() - t
 
 
