@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 from jax._src import core as jcore
@@ -44,35 +44,56 @@ def _sub_jaxprs(params: dict) -> Iterator[tuple[Any, float]]:
                 yield jaxpr, float(params.get("length", 1))
 
 
-def _equation_work(eqn: Any) -> float:
-    """Elements one equation with no sub-jaxpr touches, its largest operand or result; 0 for the
-    matrix products and convolutions, which XLA:CPU hands to the same precompiled library kernels at
-    every optimization level (only the code XLA generates itself runs slower at level 0)."""
-    if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
-        return 0.0
+class ProgramCost(NamedTuple):
+    """What a program costs, from its jaxpr: ``equations`` (its size, what its compile grows with),
+    ``work`` (elements the code XLA generates touches, see :func:`_equation_work`) and ``flops``
+    (multiply-adds of its matrix products and convolutions, counted twice, plus ``work``)."""
+
+    equations: int
+    work: float
+    flops: float
+
+
+def _equation_cost(eqn: Any) -> tuple[float, float]:
+    """``(work, flops)`` of one equation with no sub-jaxpr. A matrix product or convolution has no
+    work: XLA:CPU hands it to the same precompiled library kernels at every optimization level (only
+    the code XLA generates itself runs slower at level 0)."""
+    name = eqn.primitive.name
+    out_size = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    if name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 0.0, 2.0 * out_size * math.prod(lhs[d] for d in lhs_contract)
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        out_features = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+        return 0.0, 2.0 * out_size * math.prod(rhs) / max(out_features, 1)
     sizes = [math.prod(getattr(v.aval, "shape", ())) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval")]
-    return float(max(sizes, default=0))
+    work = float(max(sizes, default=0))
+    return work, work
 
 
-def program_cost(jaxpr: Any) -> tuple[int, float]:
-    """``(equations, work)`` of a (closed) jaxpr, sub-jaxprs included: ``work`` sums the elements each
-    equation touches (see :func:`_equation_work`); a scan's body counts ``length`` times, a cond its
-    costliest branch, a while body once. Not jit-safe (host only)."""
+def program_cost(jaxpr: Any) -> ProgramCost:
+    """The :class:`ProgramCost` of a (closed) jaxpr, sub-jaxprs included: a scan's body counts ``length``
+    times, a cond its costliest branch, a while body once. Not jit-safe (host only)."""
     jaxpr = jaxpr.jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jaxpr
-    equations, work = 0, 0.0
+    equations, work, flops = 0, 0.0, 0.0
     for eqn in jaxpr.eqns:
         equations += 1
         subs = list(_sub_jaxprs(eqn.params))
         if not subs:
-            work += _equation_work(eqn)
+            w, f = _equation_cost(eqn)
+            work, flops = work + w, flops + f
             continue
         costs = [(program_cost(sub), times) for sub, times in subs]
-        equations += sum(e for (e, _), _ in costs)
+        equations += sum(c.equations for c, _ in costs)
         if eqn.primitive.name == "cond":
-            work += max(w for (_, w), _ in costs)
+            work += max(c.work for c, _ in costs)
+            flops += max(c.flops for c, _ in costs)
         else:
-            work += sum(w * times for (_, w), times in costs)
-    return equations, work
+            work += sum(c.work * times for c, times in costs)
+            flops += sum(c.flops * times for c, times in costs)
+    return ProgramCost(equations, work, flops)
 
 
 def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dict[str, Any] | None:
@@ -81,8 +102,8 @@ def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dic
     else None (XLA's defaults). Not jit-safe."""
     if (backend or jax.default_backend()) != "cpu":
         return None
-    equations, work = program_cost(jaxpr)
-    return dict(QUICK) if work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(equations, 1) else None
+    cost = program_cost(jaxpr)
+    return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
 
 
 class QuickJit:

@@ -95,7 +95,8 @@ class OverfitOptions:
 
     stage: ClassVar[str] = "overfit"
     description: ClassVar[str] = "overfit one small batch (vmapped sweep)"
-    overfit_seeds: int | tuple[int, ...] = _opt(2, "number of seeds, or the seeds themselves")
+    overfit_seeds: int | tuple[int, ...] | None = _opt(None, "number of seeds, or the seeds themselves (default: 2, "
+                                                       "or 1 for a model too large for 2 in the sweep's budget)")
     overfit_steps: int = _opt(300, "steps per configuration", minimum=1)
     overfit_learning_rates: tuple[float, ...] | None = _opt(None, "learning rates swept (default: 0.1, 1 and 10 x the "
                                                             "optimizer's own rate)", minimum=0)

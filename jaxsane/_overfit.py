@@ -26,8 +26,8 @@ from ._experiment import Adapted, Experiment, require_experiment
 from ._experiment_data import first_batch, slice_examples
 from ._findings import Finding
 from ._overfit_result import OverfitConfig, OverfitResult
-from ._overfit_setup import (accuracy_fn, constant_input_batch, current_learning_rate, host_prepare_plan,
-                             inputs_or_none, learning_rate_paths, set_learning_rate)
+from ._overfit_setup import (accuracy_fn, budget_seeds, constant_input_batch, current_learning_rate,
+                             host_prepare_plan, inputs_or_none, learning_rate_paths, set_learning_rate)
 from ._overfit_verdict import batch_ceiling, judge, normalised_outputs, targets_follow_inputs
 from ._progress import Progress
 from ._sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
@@ -48,7 +48,7 @@ def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     return out
 
 
-def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
+def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] | None = 4,
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
             baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
@@ -68,6 +68,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       experiment: an :class:`Experiment` (or its :class:`PureExperiment` view).
       batch: the batch to overfit (default: the first ``batch_size`` examples of the train data).
       seeds: a number of seeds (``0..seeds-1``) or a list of seeds; each seed is ``init(jax.random.key(seed))``.
+        None: 2, or 1 for a model whose one configuration would cost more than the budget of
+        ``_overfit_setup.budget_seeds`` (an ``overfit.budget`` info finding then says so; doctor's default).
       learning_rates: learning rates to try. They need an optimizer built with
         ``optax.inject_hyperparams`` (the rate is then set per configuration in the optimizer state);
         default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters only seeds are
@@ -121,7 +123,7 @@ class OverfitPlan(NamedTuple):
     run: Callable[..., "OverfitResult"]
 
 
-def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] = 4,
+def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] | None = 4,
             learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
             steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
             baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
@@ -133,7 +135,8 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     Not jit-safe."""
     fn = "overfit"
     require_experiment(fn, experiment)
-    require_count_or_list(fn, "seeds", seeds)
+    if seeds is not None:
+        require_count_or_list(fn, "seeds", seeds)
     require_sequence(fn, "learning_rates", learning_rates, min=0.0, optional=True)
     require_sequence(fn, "init_scales", init_scales, min=0.0, optional=True)
     require_int(fn, "steps", steps, min=1)
@@ -158,14 +161,20 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
     from ._experiment_data import count_examples
     n_examples = count_examples(exp, batch)
-    seed_list = _as_seeds(seeds)
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
         raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
 
     example = adapted.example_state
-    lr_paths = set(learning_rate_paths(example))
     findings: list[Finding] = []
+    if seeds is None:  # as many as the model's size affords
+        step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
+        seeds, budget = budget_seeds(step_jaxpr, steps)
+        findings += [budget] if budget is not None else []
+    else:
+        _, metrics_shape = jax.eval_shape(adapted.step, example, batch)
+    seed_list = _as_seeds(seeds)
+    lr_paths = set(learning_rate_paths(example))
     default_lr = current_learning_rate(example) if lr_paths else None
     if lr_paths:
         lrs = ([default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None
@@ -196,7 +205,6 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
             configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
 
     # -- what the loss is: the step's reported loss, else Experiment.loss on the params before the step
-    _, metrics_shape = jax.eval_shape(adapted.step, example, batch)
     step_reports_loss = "loss" in metrics_shape
     loss_fn = adapted.loss_fn
     if not step_reports_loss and loss_fn is None:

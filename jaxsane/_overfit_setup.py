@@ -2,7 +2,8 @@
 (found, read and set: :func:`learning_rate_paths`, :func:`current_learning_rate`,
 :func:`set_learning_rate`), the constant-input baseline batch and the accuracy function, and the
 host-side plan that scales init leaves and sets learning rates on the stacked states before the
-sweep compiles (:func:`host_prepare_plan`).
+sweep compiles (:func:`host_prepare_plan`), and how many seeds a large model's sweep can afford
+(:func:`budget_seeds`).
 
 :func:`set_learning_rate` is jit-safe; the rest runs on the host.
 """
@@ -17,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from ._compile_level import program_cost
 from ._errors import DataError
 from ._experiment import Adapted, Experiment
 from ._experiment_data import get_inputs, get_labels, get_mask
+from ._findings import Finding
 from ._tree import PyTree, host_leaf, is_inexact, path_str
 
 
@@ -178,3 +181,31 @@ def host_prepare_plan(adapted: Adapted, example: PyTree, select: Callable[[str],
             scaled.append(i)
     rates = [i for i, (p, _) in enumerate(flat) if p in lr_paths]
     return HostPrepare(tuple(scaled), tuple(rates))
+
+
+# ----------------------------------------------------------------------------- the seed budget
+
+DEFAULT_SEEDS = 2
+LARGE_CONFIGURATION_FLOPS = 3e10
+"""Flops of one configuration (one step's x the steps) above which ``seeds=None`` sweeps one seed on the
+CPU backend: about 2 s of a CPU core at the 15 GFLOP/s the small causal LM's sweep ran at. On GPU and
+TPU the budget is 1000x larger."""
+
+
+def budget_seeds(step_jaxpr: Any, steps: int, backend: str | None = None) -> tuple[int, Finding | None]:
+    """``(seeds, finding)`` for ``overfit(seeds=None)``: :data:`DEFAULT_SEEDS`, or one seed when one
+    configuration would cost more than :data:`LARGE_CONFIGURATION_FLOPS` (x1000 off the CPU), with an
+    ``overfit.budget`` info finding that says so. From the step's jaxpr; deterministic. Not jit-safe."""
+    backend = backend or jax.default_backend()
+    per_step = program_cost(step_jaxpr).flops
+    budget = LARGE_CONFIGURATION_FLOPS * (1 if backend == "cpu" else 1000)
+    if per_step * steps <= budget:
+        return DEFAULT_SEEDS, None
+    return 1, Finding(
+        "overfit.budget",
+        f"the sweep ran 1 seed, not {DEFAULT_SEEDS}: one step of this model is about {per_step / 1e9:.2g} GFLOP, "
+        f"so one configuration of {steps} steps is {per_step * steps / 1e12:.2g} TFLOP, above the "
+        f"{budget / 1e12:.2g} TFLOP a configuration may take on {backend}",
+        f"to sweep {DEFAULT_SEEDS} seeds anyway, pass overfit_seeds={DEFAULT_SEEDS} "
+        f"(jaxsane doctor -o overfit_seeds={DEFAULT_SEEDS}) or seeds={DEFAULT_SEEDS} to overfit",
+        extra={"step_flops": per_step, "steps": steps, "budget_flops": budget, "backend": backend})

@@ -14,14 +14,17 @@ def _mlp_loss(w, x):
 
 def test_program_cost_counts_scan_bodies_length_times_and_leaves_matrix_products_out():
     x = jnp.ones((8, 16))
-    _, one = program_cost(jax.make_jaxpr(lambda x: jnp.tanh(x) + 1.0)(x))
-    _, looped = program_cost(jax.make_jaxpr(
-        lambda x: jax.lax.scan(lambda c, _: (jnp.tanh(c) + 1.0, None), x, None, length=10)[0])(x))
+    one = program_cost(jax.make_jaxpr(lambda x: jnp.tanh(x) + 1.0)(x)).work
+    looped = program_cost(jax.make_jaxpr(
+        lambda x: jax.lax.scan(lambda c, _: (jnp.tanh(c) + 1.0, None), x, None, length=10)[0])(x)).work
     assert one == 2 * 8 * 16 and looped == 10 * one
-    _, dot = program_cost(jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((64, 64)), jnp.ones((64, 64))))
-    assert dot == 0.0  # a library kernel at every level
+    dot = program_cost(jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((64, 32)), jnp.ones((32, 16))))
+    assert dot.work == 0.0 and dot.flops == 2 * 64 * 32 * 16  # a library kernel at every level
+    conv = program_cost(jax.make_jaxpr(lambda x, k: jax.lax.conv(x, k, (1, 1), "SAME"))(
+        jnp.ones((2, 3, 8, 8)), jnp.ones((4, 3, 3, 3))))
+    assert conv.work == 0.0 and conv.flops == 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)
     cond = jax.make_jaxpr(lambda p, x: jax.lax.cond(p, lambda x: jnp.tanh(jnp.exp(x)), lambda x: x * 2.0, x))
-    equations, work = program_cost(cond(True, x))
+    equations, work, _ = program_cost(cond(True, x))
     assert 2 * 8 * 16 <= work < 2 * 8 * 16 + 8 and equations >= 4  # the costlier branch (+ the predicate), all equations
 
 

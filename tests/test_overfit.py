@@ -265,3 +265,30 @@ def test_overfit_plot_draws_each_target_at_the_verdicts_criterion():
     assert "optimizer's lr (default)" in labels and any("each curve's initial loss" in t for t in labels)
     thickest = max(ax.get_lines(), key=lambda line: line.get_linewidth())
     assert thickest.get_color() == "black"  # the default configuration is the most visible
+
+
+def test_seeds_none_sweeps_two_seeds_and_one_for_a_model_beyond_the_budget(monkeypatch):
+    import jaxsane._overfit_setup as setup
+
+    exp = load("digits_optax")
+    small = overfit(exp, seeds=None, steps=50, progress=False)
+    assert sorted({c.seed for c in small.configs}) == [0, 1] and "overfit.budget" not in small.codes
+    monkeypatch.setattr(setup, "LARGE_CONFIGURATION_FLOPS", 1e6)  # the digits MLP is then "large"
+    large = overfit(exp, seeds=None, steps=50, progress=False)
+    assert {c.seed for c in large.configs} == {0}
+    budget = next(f for f in large.findings if f.code == "overfit.budget")
+    assert budget.severity == "info" and "overfit_seeds=2" in budget.hint
+    assert budget.extra["step_flops"] * 50 > 1e6
+
+
+def test_budget_seeds_reads_the_step_flops_of_the_jaxpr():
+    from jaxsane._overfit_setup import LARGE_CONFIGURATION_FLOPS, budget_seeds
+
+    def step(w, x):
+        return jnp.tanh(x @ w) @ w.T
+
+    jaxpr = jax.make_jaxpr(step)(jnp.ones((1024, 1024)), jnp.ones((64, 1024)))  # ~2.7e8 flops
+    assert budget_seeds(jaxpr, steps=10, backend="cpu") == (2, None)
+    seeds, finding = budget_seeds(jaxpr, steps=300, backend="cpu")
+    assert seeds == 1 and finding.code == "overfit.budget" and finding.extra["budget_flops"] == LARGE_CONFIGURATION_FLOPS
+    assert budget_seeds(jaxpr, steps=300, backend="gpu") == (2, None)
