@@ -15,12 +15,14 @@ a float (the order of fused operations), never more.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Iterator
 from typing import Any, Callable, NamedTuple
 
 import jax
+import numpy as np
 from jax._src import core as jcore
 
 QUICK = {"xla_backend_optimization_level": 0}
@@ -96,11 +98,22 @@ def program_cost(jaxpr: Any) -> ProgramCost:
     return ProgramCost(equations, work, flops)
 
 
+@functools.lru_cache(maxsize=None)
+def _quick_compiles() -> bool:
+    """Whether this jax and XLA take :data:`QUICK` (an XLA that renamed the option refuses it): one tiny
+    compile, once per process."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=QUICK).lower(np.float32(0)).compile()
+        return True
+    except Exception:  # any refusal: compile at XLA's defaults, as before this module
+        return False
+
+
 def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dict[str, Any] | None:
     """The compiler options for a program that runs ``runs`` times (for a ``while_loop`` program, its
     trip count): :data:`QUICK` on the CPU backend when the estimated run is short against the compile,
     else None (XLA's defaults). Not jit-safe."""
-    if (backend or jax.default_backend()) != "cpu":
+    if (backend or jax.default_backend()) != "cpu" or not _quick_compiles():
         return None
     cost = program_cost(jaxpr)
     return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None

@@ -97,3 +97,17 @@ def test_the_overfit_sweep_compiles_quick_for_a_short_budget_and_fully_for_a_lon
         jaxsane.overfit(exp, batch, seeds=1, steps=steps, chunk=25, progress=False, groups=1)
     (short_runs, short), (long_runs, long) = chosen
     assert (short_runs, long_runs) == (2, 10**7 // 25) and short == QUICK and long is None
+
+
+def test_an_xla_that_refuses_the_quick_option_compiles_at_its_defaults(monkeypatch):
+    import jaxsane._compile_level as level
+
+    jaxpr = jax.make_jaxpr(jnp.sin)(1.0)
+    assert level._quick_compiles() and compiler_options(jaxpr, 1, backend="cpu") == QUICK
+    monkeypatch.setattr(level, "QUICK", {"xla_no_such_option_anywhere": 0})
+    level._quick_compiles.cache_clear()
+    try:
+        assert compiler_options(jaxpr, 1, backend="cpu") is None
+    finally:
+        monkeypatch.undo()
+        level._quick_compiles.cache_clear()
