@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import jaxsane
+from jaxsane._compile_level import _quick_compiles, quick_jit
 from jaxsane import _compile_cache
 from jaxsane._experiment import Adapted
 from jaxsane._step_checks import count_compilations
@@ -91,10 +92,13 @@ def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
     assert adapted.jitted("loss") is adapted.jitted("loss")
     params = adapted.params(adapted.example_state)
     batch = {"x": jnp.ones((4, 4)), "y": jnp.zeros(4, jnp.int32)}
+    _quick_compiles()  # the once-per-process check that XLA takes the quick option is a compile of its own
     with count_compilations() as c:
         a = adapted.jitted("loss")(params, batch)
-        b = jax.jit(adapted.loss_fn)(params, batch)  # another check's jit of the same function: shared
-    assert c.compiles == 1 and float(a) == float(b)
+        b = adapted.jitted("loss")(params, batch)
+        # another check's jit of the same function, compiled for the same level: shared
+        q = quick_jit(adapted.loss_fn, runs=8)(params, batch)
+    assert c.compiles == 1 and float(a) == float(b) == float(q)
 
 
 def test_adapted_jitted_names_its_choices():
