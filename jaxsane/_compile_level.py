@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, NamedTuple
 
@@ -49,7 +48,7 @@ def _sub_jaxprs(params: dict) -> Iterator[tuple[Any, float]]:
 
 class ProgramCost(NamedTuple):
     """What a program costs, from its jaxpr: ``equations`` (its size, what its compile grows with),
-    ``work`` (elements the code XLA generates touches, see :func:`_equation_work`) and ``flops``
+    ``work`` (elements the code XLA generates touches, see :func:`_equation_cost`) and ``flops``
     (multiply-adds of its matrix products and convolutions, counted twice, plus ``work``)."""
 
     equations: int
@@ -120,25 +119,6 @@ def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dic
     return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
 
 
-_JITS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
-_JITS_LOCK = threading.Lock()
-
-
-def _shared_jit(fn: Callable, options: dict | None, jit_kwargs: dict) -> Any:
-    """One ``jax.jit(fn, compiler_options=options, **jit_kwargs)`` per function and choice, so two
-    QuickJits of one function share their compiled programs as two plain jits of it do (a jit with
-    compiler options keeps its trace cache to itself)."""
-    key = (tuple(sorted((options or {}).items())), tuple(sorted((k, repr(v)) for k, v in jit_kwargs.items())))
-    with _JITS_LOCK:
-        try:
-            per_fn = _JITS.setdefault(fn, {})
-        except TypeError:  # not weak-referenceable: not shared
-            return jax.jit(fn, compiler_options=options, **jit_kwargs)
-        if key not in per_fn:
-            per_fn[key] = jax.jit(fn, compiler_options=options, **jit_kwargs)
-        return per_fn[key]
-
-
 class QuickJit:
     """``jax.jit(fn, **jit_kwargs)`` whose compiler options are picked by :func:`compiler_options` for a
     program that runs about ``runs`` times, from the jaxpr of its first call (or ``lower``); later calls
@@ -154,7 +134,8 @@ class QuickJit:
         with self._lock:
             if self._jitted is None:
                 traced = jax.jit(self._fn, **self._kwargs).trace(*args, **kwargs)
-                self._jitted = _shared_jit(self._fn, compiler_options(traced.jaxpr, self._runs), self._kwargs)
+                options = compiler_options(traced.jaxpr, self._runs)
+                self._jitted = jax.jit(self._fn, compiler_options=options, **self._kwargs)
             return self._jitted
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

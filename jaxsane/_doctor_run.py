@@ -55,11 +55,10 @@ class RunPrograms:
 
     def __init__(self, adapted: Adapted, monitor: Monitor, steps: int):
         self.adapted, self.monitor = adapted, monitor
-        monitor_runs = steps  # each telemetry program runs about once per step of the run
         self.step = host_step(adapted)
-        self.before = quick_jit(self._before, runs=monitor_runs)
-        self.after = quick_jit(self._after, runs=monitor_runs)
-        self.dead = quick_jit(self._dead, runs=monitor_runs)
+        self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
+        self.after = quick_jit(self._after, runs=steps)
+        self.dead = quick_jit(self._dead, runs=steps)
         self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
 
     def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:

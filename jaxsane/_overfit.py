@@ -68,8 +68,8 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       experiment: an :class:`Experiment` (or its :class:`PureExperiment` view).
       batch: the batch to overfit (default: the first ``batch_size`` examples of the train data).
       seeds: a number of seeds (``0..seeds-1``) or a list of seeds; each seed is ``init(jax.random.key(seed))``.
-        None: 2, or 1 for a model whose one configuration would cost more than the budget of
-        ``_overfit_setup.budget_seeds`` (an ``overfit.budget`` info finding then says so; doctor's default).
+        None (doctor's default): 2, or 1 for a model whose one configuration (one step's flops x ``steps``)
+        would cost more than 3e10 flops on the CPU, 3e13 on GPU/TPU; an ``overfit.budget`` info finding says so.
       learning_rates: learning rates to try. They need an optimizer built with
         ``optax.inject_hyperparams`` (the rate is then set per configuration in the optimizer state);
         default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters only seeds are
