@@ -87,10 +87,10 @@ class DoctorDiagnosis(Diagnosis):
         lines = []
         if ran:
             total = sum(s["seconds"] for s in self.stages)
-            ahead = any(s.get("background_seconds", 0) >= 0.05 for s in ran)
+            ahead = {s["name"] for s in ran if s.get("background_seconds", 0) >= 0.05}  # worth a mention
             lines.append("stages run: " + ", ".join(
                 f"{s['name']} {s['seconds']:.1f} s" + (f" (+{s['background_seconds']:.1f} s ahead)"
-                                                       if s.get("background_seconds", 0) >= 0.05 else "")
+                                                       if s["name"] in ahead else "")
                 for s in ran) + f" (total {total:.1f} s" + ("; ahead: run in the background while earlier stages ran)"
                                                              if ahead else ")"))
             compiled = [s for s in ran if s.get("compiles")]

@@ -304,7 +304,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
             return grads, jvp(jnp.ones((n,), tdtype))
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
 
-    value_at = quick_jit(perturbed, runs=2 * len(checked) * 4 + 1)
+    value_at = quick_jit(perturbed, runs=2 * len(checked) * 4 + 1)  # at most: 2 points x 4 steps per leaf, + base
 
     def value_along(j, sub, t):  # f with leaf j moved by t along ``sub`` (a sub-direction of its direction)
         vec = np.zeros((n,), tdtype)

@@ -167,12 +167,10 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
 
     example = adapted.example_state
     findings: list[Finding] = []
+    step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
     if seeds is None:  # as many as the model's size affords
-        step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
         seeds, budget = budget_seeds(step_jaxpr, steps)
         findings += [budget] if budget is not None else []
-    else:
-        _, metrics_shape = jax.eval_shape(adapted.step, example, batch)
     seed_list = _as_seeds(seeds)
     lr_paths = set(learning_rate_paths(example))
     default_lr = current_learning_rate(example) if lr_paths else None
