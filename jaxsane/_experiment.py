@@ -25,11 +25,13 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from ._adapter import (arrays_of, call_split, combine, is_nnx_state as is_nnx_state, needs_partition,
                        nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole, uncounted)
 from ._compile_level import quick_jit
 from ._errors import ExperimentError
+from ._trace_cache import TracedOnce
 from ._tree import PyTree, is_array, is_inexact, same_structure
 from ._validate import show
 
@@ -143,6 +145,27 @@ def _as_metrics(out: Any) -> dict[str, Any]:
     return {"out": out}
 
 
+def _key_fingerprint(key: Any) -> tuple | None:
+    """A hashable stand-in for a concrete PRNG key (typed or raw uint32), or None (a tracer, or not a key)."""
+    if isinstance(key, jax.core.Tracer) or not hasattr(key, "dtype"):
+        return None
+    try:
+        typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+        data = np.asarray(jax.random.key_data(key) if typed else key)
+    except (TypeError, ValueError):
+        return None
+    return (str(jax.random.key_impl(key)) if typed else None, data.dtype.str, data.shape, data.tobytes())
+
+
+def _fresh_tree(tree: PyTree) -> PyTree:
+    """The same leaves in new containers (for NNX, new Variables). Jit-safe."""
+    return jax.tree_util.tree_map(lambda x: x, tree)
+
+
+def _any_deleted(tree: PyTree) -> bool:
+    return any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array))
+
+
 class Adapted:
     """An Experiment seen through one pure interface, whatever its step style (public as
     ``jaxsane.PureExperiment``; every tool that takes an Experiment also takes this view of one).
@@ -191,6 +214,9 @@ class Adapted:
                             and _positional_arity(exp.step, required=True) == len(example) + 1)
         self._example = example
         self._style: str | None = None
+        # the last init(key), as (key fingerprint, detached pure state): the stages ask for the same state often
+        self._last_init: tuple[Any, PyTree] | None = None
+        self._remember_init(key, example)
 
     # -- conversions
     def to_pure(self, user_state: Any) -> PyTree:
@@ -210,8 +236,24 @@ class Adapted:
         return state
 
     def init(self, key: jax.Array) -> PyTree:
-        """Pure state from a PRNG key. Not jit-safe for NNX (builds objects)."""
-        return self.to_pure(self.experiment.init(key))
+        """Pure state from a PRNG key. Not jit-safe for NNX (builds objects).
+
+        The user's init runs once for a run of calls with the same key: each call gets a new tree (new NNX
+        Variables) over the same immutable arrays, so no caller sees another's in-place changes; the user's
+        init runs again once a donating step has deleted those arrays."""
+        fingerprint = _key_fingerprint(key)
+        last = self._last_init
+        if fingerprint is not None and last is not None and last[0] == fingerprint and not _any_deleted(last[1]):
+            return _fresh_tree(last[1])
+        user_state = self.experiment.init(key)
+        return self._remember_init(key, user_state, fingerprint)
+
+    def _remember_init(self, key: jax.Array, user_state: Any, fingerprint: Any = None) -> PyTree:
+        state = self.to_pure(user_state)
+        fingerprint = _key_fingerprint(key) if fingerprint is None else fingerprint
+        if fingerprint is not None:
+            self._last_init = (fingerprint, _fresh_tree(state))  # detached from the user's objects
+        return state
 
     @property
     def example_state(self) -> PyTree:
@@ -325,10 +367,12 @@ class Adapted:
         if loss is None:
             return None
         if self.nnx:
-            return self._memo("loss", lambda: lambda params, batch: loss(self._model_with(params, training=True), batch))
+            return self._memo("loss", lambda: TracedOnce(
+                lambda params, batch: loss(self._model_with(params, training=True), batch)))
         if self._params_static is not None:
-            return self._memo("loss", lambda: lambda params, batch: loss(combine(params, self._params_static), batch))
-        return loss
+            return self._memo("loss", lambda: TracedOnce(
+                lambda params, batch: loss(combine(params, self._params_static), batch)))
+        return self._memo("loss", lambda: TracedOnce(loss))
 
     @property
     def apply_fn(self) -> Callable | None:
@@ -337,12 +381,12 @@ class Adapted:
         if apply is None:
             return None
         if self.nnx:
-            return self._memo("apply", lambda: lambda params, inputs: apply(self._model_with(params, training=False),
-                                                                            inputs))
+            return self._memo("apply", lambda: TracedOnce(
+                lambda params, inputs: apply(self._model_with(params, training=False), inputs)))
         if self._params_static is not None:
-            return self._memo("apply", lambda: lambda params, inputs: apply(combine(params, self._params_static),
-                                                                            inputs))
-        return apply
+            return self._memo("apply", lambda: TracedOnce(
+                lambda params, inputs: apply(combine(params, self._params_static), inputs)))
+        return self._memo("apply", lambda: TracedOnce(apply))
 
     def _memo(self, name: str, make: Callable[[], Any]) -> Any:
         memo = self.__dict__.setdefault("_memo_table", {})

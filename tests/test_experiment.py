@@ -123,3 +123,39 @@ def test_init_with_wrong_signature():
     exp = jaxsane.Experiment(init=lambda: None, step=lambda s, b: s, train=batch())
     with pytest.raises(jaxsane.ExperimentError, match=r"init\(key\) failed"):
         Adapted(exp)
+
+
+def _counting(fn):
+    calls = []
+
+    def counted(key):
+        calls.append(1)
+        return fn(key)
+    return counted, calls
+
+
+def test_init_runs_once_per_key_and_hands_out_fresh_trees():
+    init, calls = _counting(nnx_init)
+    adapted = Adapted(jaxsane.Experiment(init=init, step=nnx_step, loss=nnx_loss, train=batch()))
+    assert len(calls) == 1
+    first, second = adapted.init(jax.random.key(0)), adapted.init(jax.random.key(0))
+    assert len(calls) == 1, "the same key: the user's init is not run again"
+    a, b = jax.tree.leaves(first, is_leaf=lambda x: hasattr(x, "get_value")), \
+        jax.tree.leaves(second, is_leaf=lambda x: hasattr(x, "get_value"))
+    assert all(x is not y for x, y in zip(a, b)), "each caller gets its own NNX Variables"
+    a[0].set_value(a[0].get_value() + 1.0)  # one caller's in-place change...
+    third = adapted.init(jax.random.key(0))
+    np.testing.assert_array_equal(jax.tree.leaves(third)[0], jax.tree.leaves(second)[0])  # ...is not seen by others
+    adapted.init(jax.random.key(1))
+    assert len(calls) == 2, "another key: init runs"
+
+
+def test_init_runs_again_after_a_donating_step_deleted_its_arrays():
+    init, calls = _counting(optax_init)
+    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()))
+    state = adapted.init(jax.random.key(0))
+    jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(state)
+    assert any(x.is_deleted() for x in jax.tree.leaves(state))
+    again = adapted.init(jax.random.key(0))
+    assert len(calls) == 2 and not any(x.is_deleted() for x in jax.tree.leaves(again))
+    np.testing.assert_array_equal(jax.tree.leaves(again)[0], jax.tree.leaves(optax_init(jax.random.key(0)))[0])
