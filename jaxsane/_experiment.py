@@ -367,12 +367,12 @@ class Adapted:
         if loss is None:
             return None
         if self.nnx:
-            return self._memo("loss", lambda: TracedOnce(
+            return self.memo("loss", lambda: TracedOnce(
                 lambda params, batch: loss(self._model_with(params, training=True), batch)))
         if self._params_static is not None:
-            return self._memo("loss", lambda: TracedOnce(
+            return self.memo("loss", lambda: TracedOnce(
                 lambda params, batch: loss(combine(params, self._params_static), batch)))
-        return self._memo("loss", lambda: TracedOnce(loss))
+        return self.memo("loss", lambda: TracedOnce(loss))
 
     @property
     def apply_fn(self) -> Callable | None:
@@ -381,14 +381,16 @@ class Adapted:
         if apply is None:
             return None
         if self.nnx:
-            return self._memo("apply", lambda: TracedOnce(
+            return self.memo("apply", lambda: TracedOnce(
                 lambda params, inputs: apply(self._model_with(params, training=False), inputs)))
         if self._params_static is not None:
-            return self._memo("apply", lambda: TracedOnce(
+            return self.memo("apply", lambda: TracedOnce(
                 lambda params, inputs: apply(combine(params, self._params_static), inputs)))
-        return self._memo("apply", lambda: TracedOnce(apply))
+        return self.memo("apply", lambda: TracedOnce(apply))
 
-    def _memo(self, name: str, make: Callable[[], Any]) -> Any:
+    def memo(self, name: str, make: Callable[[], Any]) -> Any:
+        """One ``make()`` per ``name`` for this Adapted: the checks' shared functions (so jit and
+        :class:`~jaxsane._trace_cache.TracedOnce` caches see one object). Not jit-safe to build."""
         memo = self.__dict__.setdefault("_memo_table", {})
         if name not in memo:
             memo[name] = make()
@@ -407,7 +409,7 @@ class Adapted:
             return None
         # loss and apply are jaxsane's analysis calls, a few per stage: compiled for a quick compile where
         # that pays (_compile_level); the step is the user's program and compiles as jax.jit does
-        return self._memo("jit:" + name, lambda: jax.jit(fn) if name == "step" else quick_jit(fn, runs=8))
+        return self.memo("jit:" + name, lambda: jax.jit(fn) if name == "step" else quick_jit(fn, runs=8))
 
     def with_params(self, state: PyTree, params: PyTree) -> PyTree:
         """A pure state whose parameters are replaced by ``params`` (same structure). Jit-safe."""

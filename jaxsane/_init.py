@@ -23,6 +23,7 @@ from ._experiment_data import get_inputs, get_labels
 from ._findings import Finding
 from ._frames import shown_location, user_location
 from ._interpret import Interpreter
+from ._trace_cache import TracedOnce
 from ._tree import PyTree, leaves_with_paths
 from ._validate import require_callable, require_float, require_int, require_same_rows
 
@@ -491,4 +492,4 @@ def traceable(adapted: Adapted, which: str) -> Callable | None:
         rest = jax.tree_util.tree_map(copy, adapted._model_rest)
         return user(adapted._model_with(params, training=which == "loss", rest=rest), arg)
 
-    return call
+    return adapted.memo("traceable:" + which, lambda: TracedOnce(call))  # traced once per input signature
