@@ -276,9 +276,9 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
         result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, (), (), target,
                                target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
                                traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
+        params, inputs = adapted.params(example), inputs_or_none(exp, batch)
         verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
-                                 normalised=normalised_outputs(adapted.jitted("apply"), adapted.params(example),
-                                                               inputs_or_none(exp, batch)),
+                                 normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
                                  ignores_input_ratio=ignores_input_ratio)
         result = dataclasses.replace(result, verdicts=verdicts)
         return dataclasses.replace(result, findings=(*findings, *judged))

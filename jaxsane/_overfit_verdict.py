@@ -20,6 +20,7 @@ Everything here is host-side numpy. Not jit-safe.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -185,11 +186,14 @@ def curve_verdict(losses: np.ndarray, reached: bool) -> str:
     return "unsettled"
 
 
-def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, normalised: bool,
+def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, normalised: Callable[[], bool],
           ignores_input_ratio: float) -> tuple[tuple[str, ...], list[Finding]]:
     """Verdicts per configuration and the sweep's findings (``overfit.failed``, ``overfit.unsettled``,
     ``overfit.floor``, ``model.ignores_input``, ``overfit.best``, and ``doctor.skipped`` when the
-    constant-input baseline cannot judge the program). Not jit-safe."""
+    constant-input baseline cannot judge the program). ``normalised()`` says whether the model's outputs are
+    already probabilities (:func:`normalised_outputs`); it runs (once) only when a verdict depends on it, as
+    it runs the model. Not jit-safe."""
+    normalised = functools.lru_cache(maxsize=1)(normalised)
     losses, real = result.losses, result.real
     verdicts = tuple("baseline" if c.baseline else curve_verdict(losses[i], bool(result.reached[i]))
                      for i, c in enumerate(result.configs))
@@ -214,7 +218,7 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
     def failed(message: str, hint: str) -> Finding:
         return Finding("overfit.failed", message, hint, extra=extra)
 
-    if normalised and not fell_by_half:
+    if not fell_by_half and normalised():
         fitting = []
         out.append(failed(
             f"the model's outputs are already probabilities (every row in [0, 1] and summing to 1), and the loss "
@@ -250,7 +254,7 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
                 "or init scales"))
     b = result.baseline
     # outputs that are already probabilities fit no batch, real or constant: the baseline says nothing then
-    if b is not None and not fitting and len(real) and not normalised:
+    if b is not None and not fitting and len(real) and not normalised():
         finite = losses[real, -1][np.isfinite(losses[real, -1])]
         real_final = float(finite.min()) if finite.size else float("inf")
         base_final = float(losses[b, -1])
