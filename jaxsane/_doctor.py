@@ -408,7 +408,7 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
             blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
         if "data" not in blocked:
             try:
-                adapted = Adapted(experiment, key=key)
+                adapted = Adapted(experiment, key=key, reuse_init=True)
             except Exception as e:
                 crash = user_crash(e)
                 if crash is None:

@@ -170,7 +170,8 @@ class Adapted:
     """An Experiment seen through one pure interface, whatever its step style (public as
     ``jaxsane.PureExperiment``; every tool that takes an Experiment also takes this view of one).
 
-    * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree);
+    * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree; with
+      ``Adapted(exp, reuse_init=True)`` the user's init runs once per key);
     * ``state, metrics = adapted.step(state, batch)`` — pure and jit-safe; ``metrics`` is a dict;
     * ``adapted.params(state)`` — the trainable parameters;
     * ``adapted.user_state(state)`` — back to the user's own objects (NNX: ``nnx.merge``);
@@ -178,7 +179,7 @@ class Adapted:
       on pure params, or None when the Experiment has no such handle.
     """
 
-    def __init__(self, experiment: Experiment, *, key: jax.Array | None = None):
+    def __init__(self, experiment: Experiment, *, key: jax.Array | None = None, reuse_init: bool = False):
         self.experiment = exp = experiment
         key = jax.random.key(0) if key is None else key
         try:
@@ -214,7 +215,9 @@ class Adapted:
                             and _positional_arity(exp.step, required=True) == len(example) + 1)
         self._example = example
         self._style: str | None = None
-        # the last init(key), as (key fingerprint, detached pure state): the stages ask for the same state often
+        # reuse_init (doctor: its stages ask for the same state often): the last init(key), as (key fingerprint,
+        # detached pure state). Off by default: a training loop would keep its initial state alive to the end.
+        self._reuse_init = reuse_init
         self._last_init: tuple[Any, PyTree] | None = None
         self._remember_init(key, example)
 
@@ -238,9 +241,9 @@ class Adapted:
     def init(self, key: jax.Array) -> PyTree:
         """Pure state from a PRNG key. Not jit-safe for NNX (builds objects).
 
-        The user's init runs once for a run of calls with the same key: each call gets a new tree (new NNX
-        Variables) over the same immutable arrays, so no caller sees another's in-place changes; the user's
-        init runs again once a donating step has deleted those arrays."""
+        With ``reuse_init=True`` the user's init runs once for a run of calls with the same key: each call gets
+        a new tree (new NNX Variables) over the same immutable arrays, so no caller sees another's in-place
+        changes; the user's init runs again once a donating step has deleted those arrays."""
         fingerprint = _key_fingerprint(key)
         last = self._last_init
         if fingerprint is not None and last is not None and last[0] == fingerprint and not _any_deleted(last[1]):
@@ -250,6 +253,8 @@ class Adapted:
 
     def _remember_init(self, key: jax.Array, user_state: Any, fingerprint: Any = None) -> PyTree:
         state = self.to_pure(user_state)
+        if not self._reuse_init:
+            return state
         fingerprint = _key_fingerprint(key) if fingerprint is None else fingerprint
         if fingerprint is not None:
             self._last_init = (fingerprint, _fresh_tree(state))  # detached from the user's objects

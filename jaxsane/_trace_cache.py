@@ -4,13 +4,14 @@ The doctor's checks call the user's ``loss`` and ``apply`` inside many programs 
 gradient check, the batch probes, the overfit sweep, the run's telemetry...): each program traces them
 afresh, and tracing a Flax model costs far more than the primitives it records (module machinery, NNX graph
 merges). :class:`TracedOnce` traces the function to a jaxpr the first time it sees an input signature (the
-pytree structure and each leaf's abstract value) and afterwards evaluates that jaxpr with
-``jax.core.eval_jaxpr``: the calling trace records the very equations direct tracing would
-record (same primitives, parameters, nested ``jit`` calls and source lines), so checks that read jaxprs, and
-the compiled programs, are unchanged. An eager call (no trace active) runs the function itself, op by op
-as the user's code runs: replaying a jaxpr eagerly would dispatch its inlined parts one by one, whose
-float results can differ in the last bit from the user's own eager call. A signature the function cannot be traced for (a Python branch on a
-value, a non-array input or output) is remembered and always runs the function itself.
+pytree structure, each leaf's abstract value, jax's trace context) and afterwards evaluates that jaxpr
+with ``jax.core.eval_jaxpr``: the calling trace records the very equations direct tracing would record
+(same primitives, parameters, nested ``jit`` calls and source lines), so checks that read jaxprs, and the
+compiled programs, are unchanged. An eager call (no trace active) runs the function itself, op by op as
+the user's code runs: replaying a jaxpr eagerly would dispatch its inlined parts one by one, whose float
+results can differ in the last bit from the user's own eager call. A signature the function cannot be
+traced for (a Python branch on a value, a non-array input or output) is remembered and always runs the
+function itself.
 
 Jit-safe: call it anywhere the function could be called.
 """
@@ -51,7 +52,7 @@ class TracedOnce:
         functools.update_wrapper(self, fn)  # jit names its program after fn; signatures read through
         self.fn = fn
         self._jaxprs: dict[tuple, Any] = {}
-        self._lock = threading.Lock()  # doctor's background threads trace the same functions
+        self._lock = threading.RLock()  # doctor's background threads trace the same functions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jcore.trace_state_clean():  # an eager call runs the function itself: op by op, exactly as the user's

@@ -136,7 +136,7 @@ def _counting(fn):
 
 def test_init_runs_once_per_key_and_hands_out_fresh_trees():
     init, calls = _counting(nnx_init)
-    adapted = Adapted(jaxsane.Experiment(init=init, step=nnx_step, loss=nnx_loss, train=batch()))
+    adapted = Adapted(jaxsane.Experiment(init=init, step=nnx_step, loss=nnx_loss, train=batch()), reuse_init=True)
     assert len(calls) == 1
     first, second = adapted.init(jax.random.key(0)), adapted.init(jax.random.key(0))
     assert len(calls) == 1, "the same key: the user's init is not run again"
@@ -152,10 +152,17 @@ def test_init_runs_once_per_key_and_hands_out_fresh_trees():
 
 def test_init_runs_again_after_a_donating_step_deleted_its_arrays():
     init, calls = _counting(optax_init)
-    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()))
+    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()), reuse_init=True)
     state = adapted.init(jax.random.key(0))
     jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(state)
     assert any(x.is_deleted() for x in jax.tree.leaves(state))
     again = adapted.init(jax.random.key(0))
     assert len(calls) == 2 and not any(x.is_deleted() for x in jax.tree.leaves(again))
     np.testing.assert_array_equal(jax.tree.leaves(again)[0], jax.tree.leaves(optax_init(jax.random.key(0)))[0])
+
+
+def test_init_is_not_reused_by_default():
+    init, calls = _counting(optax_init)
+    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()))
+    adapted.init(jax.random.key(0)), adapted.init(jax.random.key(0))
+    assert len(calls) == 3 and adapted._last_init is None, "a training loop's Adapted keeps no initial state alive"
