@@ -419,14 +419,21 @@ def _stack_jit(trees: list) -> PyTree:
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
 
 
+_FETCH_EACH_MAX_LEAVES = 4096  # up to this many arrays in all (a short run), fetching each beats compiling a stack
+
+
 def _stacked(trees: list) -> PyTree:
     """Stack same-structure metric trees on the device and fetch them in one transfer per leaf.
 
-    Lists are padded to a power of two so that only a few stacking programs are ever compiled.
+    Lists are padded to a power of two so that only a few stacking programs are ever compiled. A short
+    history (doctor's run) is fetched leaf by leaf and stacked on the host: the same values, no compile.
     Falls back to a per-leaf fetch for leaves that cannot be stacked. Not jit-safe.
     """
     n = len(trees)
     size = 1 << max(0, (n - 1).bit_length())
+    if n * len(jax.tree_util.tree_leaves(trees[0])) <= _FETCH_EACH_MAX_LEAVES:
+        host = jax.device_get(list(trees))
+        return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
     try:
         out = jax.device_get(_stack_jit(list(trees) + [trees[-1]] * (size - n)))
         return jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], out)

@@ -279,3 +279,19 @@ def test_state_only_step_gets_no_loss_finding_from_the_run_stage():
     d = doctor(exp, stages=["run"], progress=False, run_steps=12)
     assert not [f for f in d if f.code in ("train.diverging", "train.plateau", "train.oscillating")], str(d)
     assert all(np.isnan(v) for v in d.artifacts["run"]["loss"] if v is not None)
+
+
+def test_a_short_history_is_stacked_on_the_host_without_a_compile(monkeypatch):
+    from jaxsane import _monitor
+    trees = [{"loss": jnp.float32(i), "norms": jnp.arange(3.0) * i} for i in range(6)]
+    with jaxsane.count_compilations(this_thread=True) as c:
+        short = _monitor._stacked(trees)
+    assert c.compiles == 0
+    np.testing.assert_array_equal(short["norms"], np.arange(3.0)[None] * np.arange(6.0)[:, None])
+    monkeypatch.setattr(_monitor, "_FETCH_EACH_MAX_LEAVES", 8)  # 6 trees x 2 leaves: now a long history
+    with jaxsane.count_compilations(this_thread=True) as c:
+        long = _monitor._stacked(trees)
+    assert c.compiles == 1, "a long history is stacked on the device"
+    for k in ("loss", "norms"):
+        np.testing.assert_array_equal(long[k], short[k])
+        assert long[k].dtype == short[k].dtype
