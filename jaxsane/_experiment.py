@@ -244,20 +244,19 @@ class Adapted:
         With ``reuse_init=True`` the user's init runs once for a run of calls with the same key: each call gets
         a new tree (new NNX Variables) over the same immutable arrays, so no caller sees another's in-place
         changes; the user's init runs again once a donating step has deleted those arrays."""
-        fingerprint = _key_fingerprint(key)
-        last = self._last_init
-        if fingerprint is not None and last is not None and last[0] == fingerprint and not _any_deleted(last[1]):
-            return _fresh_tree(last[1])
-        user_state = self.experiment.init(key)
-        return self._remember_init(key, user_state, fingerprint)
-
-    def _remember_init(self, key: jax.Array, user_state: Any, fingerprint: Any = None) -> PyTree:
-        state = self.to_pure(user_state)
         if not self._reuse_init:
-            return state
-        fingerprint = _key_fingerprint(key) if fingerprint is None else fingerprint
+            return self.to_pure(self.experiment.init(key))
+        last = self._last_init
+        if last is not None and last[0] == _key_fingerprint(key) and not _any_deleted(last[1]):
+            return _fresh_tree(last[1])
+        return self._remember_init(key, self.experiment.init(key))
+
+    def _remember_init(self, key: jax.Array, user_state: Any) -> PyTree:
+        """``user_state`` as a pure state, kept (detached from the user's objects) when ``reuse_init``."""
+        state = self.to_pure(user_state)
+        fingerprint = _key_fingerprint(key) if self._reuse_init else None
         if fingerprint is not None:
-            self._last_init = (fingerprint, _fresh_tree(state))  # detached from the user's objects
+            self._last_init = (fingerprint, _fresh_tree(state))
         return state
 
     @property
@@ -368,30 +367,26 @@ class Adapted:
 
         The same function object on every access, so ``jax.jit`` calls of it in different checks
         share one trace and one compiled program per input shape."""
-        loss = self.experiment.loss
-        if loss is None:
-            return None
-        if self.nnx:
-            return self.memo("loss", lambda: TracedOnce(
-                lambda params, batch: loss(self._model_with(params, training=True), batch)))
-        if self._params_static is not None:
-            return self.memo("loss", lambda: TracedOnce(
-                lambda params, batch: loss(combine(params, self._params_static), batch)))
-        return self.memo("loss", lambda: TracedOnce(loss))
+        return self._on_pure_params("loss", self.experiment.loss, training=True)
 
     @property
     def apply_fn(self) -> Callable | None:
         """``(params, inputs) -> outputs`` on pure params, or None. Jit-safe (same object on every access)."""
-        apply = self.experiment.apply
-        if apply is None:
+        return self._on_pure_params("apply", self.experiment.apply, training=False)
+
+    def _on_pure_params(self, name: str, fn: Callable | None, training: bool) -> Callable | None:
+        """``fn(model_or_params, x)`` as ``(pure params, x) -> ...``, traced once per input signature, one
+        object per ``name``; None when ``fn`` is None. Jit-safe to call."""
+        if fn is None:
             return None
-        if self.nnx:
-            return self.memo("apply", lambda: TracedOnce(
-                lambda params, inputs: apply(self._model_with(params, training=False), inputs)))
-        if self._params_static is not None:
-            return self.memo("apply", lambda: TracedOnce(
-                lambda params, inputs: apply(combine(params, self._params_static), inputs)))
-        return self.memo("apply", lambda: TracedOnce(apply))
+
+        def make() -> TracedOnce:
+            if self.nnx:
+                return TracedOnce(lambda params, x: fn(self._model_with(params, training=training), x))
+            if self._params_static is not None:
+                return TracedOnce(lambda params, x: fn(combine(params, self._params_static), x))
+            return TracedOnce(fn)
+        return self.memo(name, make)
 
     def memo(self, name: str, make: Callable[[], Any]) -> Any:
         """One ``make()`` per ``name`` for this Adapted: the checks' shared functions (so jit and

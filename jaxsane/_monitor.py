@@ -430,16 +430,19 @@ def _stacked(trees: list) -> PyTree:
     Falls back to a per-leaf fetch for leaves that cannot be stacked. Not jit-safe.
     """
     n = len(trees)
-    size = 1 << max(0, (n - 1).bit_length())
     if n * len(jax.tree_util.tree_leaves(trees[0])) <= _FETCH_EACH_MAX_LEAVES:
-        host = jax.device_get(list(trees))
-        return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
+        return _stacked_on_host(trees)
+    size = 1 << max(0, (n - 1).bit_length())
     try:
         out = jax.device_get(_stack_jit(list(trees) + [trees[-1]] * (size - n)))
         return jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], out)
     except Exception:  # e.g. a metric whose shape changes between steps
-        host = jax.device_get(list(trees))
-        return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
+        return _stacked_on_host(trees)
+
+
+def _stacked_on_host(trees: list) -> PyTree:
+    host = jax.device_get(list(trees))
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
 
 
 def _rebuild(params: PyTree, float_leaves: list) -> PyTree:
