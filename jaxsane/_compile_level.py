@@ -109,11 +109,19 @@ def _quick_compiles() -> bool:
         return False
 
 
+def quick_options(backend: str | None = None) -> dict[str, Any] | None:
+    """:data:`QUICK` on the CPU backend (when this XLA takes it), else None: the options of a program that runs
+    once, whatever its size. Not jit-safe."""
+    if (backend or jax.default_backend()) != "cpu" or not _quick_compiles():
+        return None
+    return dict(QUICK)
+
+
 def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dict[str, Any] | None:
     """The compiler options for a program that runs ``runs`` times (for a ``while_loop`` program, its
     trip count): :data:`QUICK` on the CPU backend when the estimated run is short against the compile,
     else None (XLA's defaults). Not jit-safe."""
-    if (backend or jax.default_backend()) != "cpu" or not _quick_compiles():
+    if quick_options(backend) is None:
         return None
     cost = program_cost(jaxpr)
     return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
@@ -145,6 +153,10 @@ class QuickJit:
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         return self._resolve(args, kwargs).lower(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        """Programs compiled so far, as ``jax.jit``'s ``_cache_size`` (0 before the first call)."""
+        return 0 if self._jitted is None else self._jitted._cache_size()
 
 
 def quick_jit(fn: Callable, *, runs: float = 1, **jit_kwargs: Any) -> QuickJit:

@@ -137,7 +137,7 @@ def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, me
             loss = adapted.loss_fn(adapted.params(state), batch)  # first, as the run computed it: before the step
             new_state, out = adapted.step(state, batch)
             return new_state, {**out, "loss": loss}
-    guarded = Guarded(step_fn, on_nonfinite="raise", sync=True)
+    guarded = Guarded(step_fn, on_nonfinite="raise", sync=True, runs=1)  # one call: a quick compile
     guarded.step_count = step
     try:
         guarded(state, batch)

@@ -31,6 +31,7 @@ from ._errors import GuardConfigError, NonFiniteError
 from ._findings import Finding
 from ._frames import user_call_site, user_stacklevel
 from ._chex import FINITE_ASSERTIONS, failed_assertion, is_chexified
+from ._compile_level import quick_jit
 from ._guard_chex import chex_failure, flags_of
 from ._guard_flags import grouped_flags, replica_target, select_state, select_tree
 from ._guard_host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
@@ -71,7 +72,11 @@ class Guarded(HostSide):
     def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
                  max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
                  sync: bool = False, locate: bool = True, check_replicas: bool | int = False,
-                 warn_recompiles: bool = True, hang_timeout: float | None = None):
+                 warn_recompiles: bool = True, hang_timeout: float | None = None, runs: float | None = None):
+        """``runs``: about how many calls this guard will see, when the caller knows it is few (doctor's one re-run
+        of a failing step: 1); guard's program is then compiled for that many runs (:func:`~._compile_level.quick_jit`,
+        on XLA:CPU its quick level, as jaxsane's other one-off programs). None (the default, and what
+        :func:`guard` passes): XLA's defaults, as for a training loop. The other arguments are :func:`guard`'s."""
         dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
                                locate, check_replicas, warn_recompiles)
         hang_timeout = check_hang_timeout(hang_timeout, "jaxsane.guard", GuardConfigError)
@@ -107,10 +112,11 @@ class Guarded(HostSide):
         self._arg_names = positional_names(step)
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs, replicas, skip, per_leaf, rest).
         # A donating step keeps its memory behaviour only with keep_inputs=False (then the plain args are donated).
-        self._compiled = jax.jit(self._body, static_argnums=(0, 1, 2, 6, 8, 9), donate_argnums=(4,) if donate else ())
+        jit = jax.jit if runs is None else functools.partial(quick_jit, runs=runs)
+        self._compiled = jit(self._body, static_argnums=(0, 1, 2, 6, 8, 9), donate_argnums=(4,) if donate else ())
         # the common case (plain pytree args, no static args, no NNX objects, no replica check) skips the
         # static-argument hashing of the general entry point: ~10 us less per call
-        self._compiled_plain = jax.jit(self._plain_body, donate_argnums=(0,) if donate else ())
+        self._compiled_plain = jit(self._plain_body, donate_argnums=(0,) if donate else ())
         self._plain_ok = not self._static_argnums and not self._static_argnames
         self._chex = is_chexified(step)  # chex.chexify(step): called as it is, chex stays the outermost transform
         if self._chex and self.on_nonfinite == "skip":

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from ._compile_level import quick_options
 from ._frames import in_optax, user_frame
 from ._interpret import CALLS, LOOPS, RULES, Interpreter, closed
 from ._tree import is_inexact
@@ -122,6 +123,27 @@ def _last_grad_index(jaxpr) -> int:
 EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
 
 
+# primitives numpy does not replay that only move, pick or add values: each runs as one program compiled at
+# XLA:CPU's quick level (it runs once, on one shape), which gives the values eager dispatch gives
+QUICK_BOUND = frozenset({"gather", "scatter", "scatter-add", "split", "dynamic_slice", "dynamic_update_slice",
+                         "concatenate", "pad"})
+_QUICK_PROGRAMS: dict = {}   # (primitive, params) -> its jitted bind
+
+
+def _quick_bind(primitive, params: dict) -> Any:
+    """A ``jax.jit`` of ``primitive.bind(*xs, **params)`` compiled at the quick level, one per primitive and
+    params; None where it does not apply (not the CPU backend, unhashable params)."""
+    options = quick_options()
+    try:
+        key = (primitive, tuple(sorted(params.items())))
+        program = _QUICK_PROGRAMS.get(key) if options is not None else None
+    except TypeError:  # params jax itself would not cache by (an unhashable value)
+        return None
+    if program is None and options is not None:
+        program = _QUICK_PROGRAMS[key] = jax.jit(lambda *xs: primitive.bind(*xs, **params), compiler_options=options)
+    return program
+
+
 def _bind(eqn, values: list, mesh=None) -> list:
     bp = eqn.primitive.get_bind_params(eqn.params)
     subfuns, params = bp if isinstance(bp, tuple) else ((), bp)
@@ -131,6 +153,11 @@ def _bind(eqn, values: list, mesh=None) -> list:
         return list(out) if eqn.primitive.multiple_results else [out]
 
     if mesh is None:
+        if eqn.primitive.name in QUICK_BOUND and not subfuns:
+            program = _quick_bind(eqn.primitive, params)
+            if program is not None:
+                out = program(*values)
+                return list(out) if eqn.primitive.multiple_results else [out]
         return call(*values)
     names, _ = mesh
     stacked = [isinstance(v, _Stacked) for v in values]
