@@ -417,3 +417,27 @@ def test_environment_switch_leaves_fit_and_doctor_policies_alone(monkeypatch):
     with pytest.warns(jaxsane.JaxsaneWarning, match="rolled back"):
         result = jaxsane.fit(T.experiment(n=10, poison_at=(4,)), steps=10, eval_every=0, **T.FIT)
     assert result.rollbacks == 1
+
+
+def test_a_guard_for_one_run_compiles_quickly_and_reports_as_guard_does():
+    """Guarded(..., runs=1), doctor's re-run of a failing step: its program is compiled at XLA:CPU's quick
+    level, and the failure it reports is the one the default guard reports."""
+    from jaxsane._compile_level import QUICK
+    from jaxsane._guard import Guarded
+
+    def step(w, x):
+        return w * jnp.log(x), {"loss": jnp.sum(w)}
+
+    w, x = jnp.ones(3), jnp.array([1.0, 0.0, -1.0])
+    findings = []
+    for guarded in (Guarded(step, sync=True), Guarded(step, sync=True, runs=1)):
+        with pytest.raises(jaxsane.NonFiniteError) as err:
+            guarded(w, x)
+        findings.append((err.value.finding.code, err.value.finding.message))
+        assert guarded.compiles == 1
+    assert findings[0] == findings[1]
+    from jaxsane._compile_level import QuickJit, compiler_options
+    assert isinstance(Guarded(step, runs=1)._compiled_plain, QuickJit)
+    assert not isinstance(Guarded(step)._compiled_plain, QuickJit)   # a training loop's guard: XLA's defaults
+    traced = jax.jit(lambda w, x: step(w, x)).trace(w, x)
+    assert compiler_options(traced.jaxpr, 1) == QUICK                # what one run of such a step is given

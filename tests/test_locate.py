@@ -639,3 +639,24 @@ def test_locate_in_an_ipython_cell_names_the_cell():
         assert origin.location == f"<cell {result.execution_count}>, line 2", origin.location
     finally:
         shell_mod.InteractiveShell.clear_instance()
+
+
+def test_a_replayed_gather_runs_as_a_quick_program_with_eager_values():
+    """The replay binds gather (as scatter-add, split...) through one quick-compiled program per (primitive, params): the
+    values are those of eager dispatch, and the NaN an embedding lookup passes on is still located."""
+    table = jnp.array([[1.0, 2.0], [6.0, 3.0], [4.0, 5.0]])
+    ids = jnp.array([0, 2, 2, 1])
+
+    def loss(t):
+        return jnp.sum(jnp.log(t[ids] - 1.0))  # <embedlog>
+
+    closed = jax.make_jaxpr(jax.grad(loss))(table)
+    eqns = {e.primitive.name: e for e in closed.jaxpr.eqns}
+    for name, args in (("gather", (table, ids[:, None])),):
+        eqn = eqns[name]
+        params = eqn.params
+        quick = _replay._bind(eqn, list(args))
+        eager = eqn.primitive.bind(*args, **params)
+        np.testing.assert_array_equal(np.asarray(quick[0]), np.asarray(eager))
+    assert any(key[0].name == "gather" for key in _replay._QUICK_PROGRAMS)
+    assert_at(origin(loss, table), "embedlog", "nonfinite.forward")   # log(1 - 1), after the gather
