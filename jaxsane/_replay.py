@@ -134,12 +134,14 @@ def _quick_bind(primitive, params: dict) -> Any:
     """A ``jax.jit`` of ``primitive.bind(*xs, **params)`` compiled at the quick level, one per primitive and
     params; None where it does not apply (not the CPU backend, unhashable params)."""
     options = quick_options()
+    if options is None:
+        return None
+    key = (primitive, tuple(sorted(params.items())))
     try:
-        key = (primitive, tuple(sorted(params.items())))
-        program = _QUICK_PROGRAMS.get(key) if options is not None else None
+        program = _QUICK_PROGRAMS.get(key)
     except TypeError:  # params jax itself would not cache by (an unhashable value)
         return None
-    if program is None and options is not None:
+    if program is None:
         program = _QUICK_PROGRAMS[key] = jax.jit(lambda *xs: primitive.bind(*xs, **params), compiler_options=options)
     return program
 
@@ -147,17 +149,14 @@ def _quick_bind(primitive, params: dict) -> Any:
 def _bind(eqn, values: list, mesh=None) -> list:
     bp = eqn.primitive.get_bind_params(eqn.params)
     subfuns, params = bp if isinstance(bp, tuple) else ((), bp)
+    quick = (_quick_bind(eqn.primitive, params)
+             if mesh is None and not subfuns and eqn.primitive.name in QUICK_BOUND else None)
 
     def call(*xs):
-        out = eqn.primitive.bind(*subfuns, *xs, **params)
+        out = quick(*xs) if quick is not None else eqn.primitive.bind(*subfuns, *xs, **params)
         return list(out) if eqn.primitive.multiple_results else [out]
 
     if mesh is None:
-        if eqn.primitive.name in QUICK_BOUND and not subfuns:
-            program = _quick_bind(eqn.primitive, params)
-            if program is not None:
-                out = program(*values)
-                return list(out) if eqn.primitive.multiple_results else [out]
         return call(*values)
     names, _ = mesh
     stacked = [isinstance(v, _Stacked) for v in values]
