@@ -21,7 +21,7 @@ import tracemalloc
 import numpy as np
 
 import jaxsane
-from jaxsane._row_hash import hash_rows
+from jaxsane._data.row_hash import hash_rows
 
 
 def make_data(rows: int, eval_rows: int, features: int, leaks: int, dups: int, seed: int = 0):

@@ -32,7 +32,7 @@ def child(pid: int, n: int, port: str, steps: int) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jaxsane
-    from jaxsane._dist_hang import HangWatch
+    from jaxsane._dist.hang import HangWatch
     sys.path.insert(0, HERE)
     import guard_sharded_overhead as base
 

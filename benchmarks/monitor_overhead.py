@@ -28,8 +28,8 @@ import numpy as np
 import optax
 
 import jaxsane
-from jaxsane._experiment import Adapted
-from jaxsane._monitor import Monitor
+from jaxsane._experiment.contract import Adapted
+from jaxsane._monitor.monitor import Monitor
 
 
 def mlp_experiment(sizes=(784, 1024, 1024, 10), batch=256):

@@ -36,7 +36,7 @@ from flax import nnx  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
 import jaxsane  # noqa: E402
-from jaxsane._locate import _prepare  # noqa: E402
+from jaxsane._locate.locate import _prepare  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 PROGRAMS: list[tuple[str, str, Callable]] = []   # (name, expected phase or "clean", builder)

@@ -32,8 +32,8 @@ import numpy as np
 import optax
 
 import jaxsane
-from jaxsane._experiment import Adapted
-from jaxsane._overfit_setup import constant_input_batch, learning_rate_paths, set_learning_rate
+from jaxsane._experiment.contract import Adapted
+from jaxsane._overfit.setup import constant_input_batch, learning_rate_paths, set_learning_rate
 from jaxsane.examples._digits import load_digits_split
 
 SEEDS = (0, 1, 2)

@@ -67,7 +67,7 @@ def _user_error(exc: BaseException, what: str) -> UsageError:
     if isinstance(exc, SyntaxError) and exc.filename:
         where = f" at {exc.filename}:{exc.lineno}"
     else:
-        from ._doctor import user_crash
+        from ._doctor.doctor import user_crash
         crash = user_crash(exc)
         if crash is not None:
             exc, file, line = crash
@@ -82,7 +82,7 @@ def load_target(target: str, raw: bool = False) -> Any:
     With ``raw=True`` the attribute itself is returned (e.g. a step function). A module that does
     not import (syntax error, exception at import) or a factory that needs arguments or raises is a
     :class:`UsageError` naming the user's exception and file:line."""
-    from ._experiment import Experiment
+    from ._experiment.contract import Experiment
     check_target(target)
     module_name, attr = _split_target(target)
     try:
@@ -125,8 +125,8 @@ def load_target(target: str, raw: bool = False) -> Any:
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     """``-o NAME=VALUE`` pairs, each value read per the option's declared type. No jax import."""
-    from ._errors import DoctorOptionError
-    from ._options import parse_text
+    from ._core.errors import DoctorOptionError
+    from ._doctor.options import parse_text
 
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -154,8 +154,8 @@ def _check_output(path: str | None, flag: str) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     # everything about the arguments is checked before jax is imported
-    from ._errors import DoctorOptionError
-    from ._options import select_stages
+    from ._core.errors import DoctorOptionError
+    from ._doctor.options import select_stages
 
     options = _parse_options(args.option)
     if not args.html:  # the init-scale sweep is drawn only in the HTML report: without one, nothing would read it
@@ -169,12 +169,12 @@ def _doctor(args: argparse.Namespace) -> int:
     for target in args.targets:
         check_target(target)
 
-    from ._doctor import doctor
-    from ._errors import JaxsaneError
-    from ._findings import Diagnosis
+    from ._doctor.doctor import doctor
+    from ._core.errors import JaxsaneError
+    from ._core.finding import Diagnosis
 
     if not args.no_cache:  # before the targets load: their imports and Experiment.init compile too
-        from ._compile_cache import enable_compilation_cache
+        from ._jaxpr.compile_cache import enable_compilation_cache
         enable_compilation_cache()
     if args.targets:
         experiments = [load_target(t) for t in args.targets]
@@ -198,7 +198,7 @@ def _doctor(args: argparse.Namespace) -> int:
         with open(args.json, "w") as fh:
             json.dump(payload if len(payload) > 1 else payload[0], fh, indent=2)
     if args.html:
-        from ._report import write_html
+        from ._render.html import write_html
         write_html(args.html, results)
     return EXIT_OK if all(getattr(d, "passed", d.ok) for d in results) else EXIT_ERRORS
 
@@ -206,9 +206,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """``jaxsane replay DUMP_DIR --step MODULE:ATTR [--pdb]``: re-run :func:`jaxsane.locate` on a guard dump and,
     with ``--pdb``, open :func:`jaxsane.post_mortem` at its origin."""
-    from ._dump import load_dump
-    from ._errors import DumpError, DumpShapeError, JaxsaneError
-    from ._locate import replay_dump
+    from ._dump.dump import load_dump
+    from ._core.errors import DumpError, DumpShapeError, JaxsaneError
+    from ._locate.locate import replay_dump
 
     if not os.path.isdir(args.dump):
         raise UsageError(f"no such dump directory: {args.dump}")
@@ -228,7 +228,7 @@ def _replay(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(report, flush=True)
     if args.pdb:
-        from ._debugger import post_mortem
+        from ._locate.debugger import post_mortem
         post_mortem(report)
     return EXIT_ERRORS
 
@@ -236,7 +236,7 @@ def _replay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from ._options import OPTIONS, STAGE_NAMES, type_name
+    from ._doctor.options import OPTIONS, STAGE_NAMES, type_name
     epilog = "stages: " + ", ".join(STAGE_NAMES) + "\noptions (-o NAME=VALUE):\n" + "\n".join(
         f"  {spec.name} ({type_name(spec.type)}, default {spec.default!r}): {spec.doc}" for spec in OPTIONS.values())
     p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)",

@@ -91,14 +91,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def jaxsane_check():
     """:mod:`jaxsane.testing`: ``jaxsane_check.assert_grads_match(f, *args)`` and its siblings."""
-    from jaxsane import testing
+    from . import testing
     return testing
 
 
 @pytest.fixture
 def jaxsane_guard():
     """``jaxsane_guard(step, **kw)`` -> a guarded step (``sync=True`` unless given); flushed at teardown."""
-    from jaxsane import guard
+    from . import guard
     made: list[Any] = []
 
     def make(step: Callable, **kwargs: Any):

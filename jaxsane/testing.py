@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Sequence
 
-from ._batch import check_batch_independence
-from ._errors import GradCheckError, JaxsaneError
-from ._findings import Finding
-from ._grads import check_grads
-from ._init import check_init
-from ._recompile import recompile_finding
-from ._step_checks import check_step, count_compilations
-from ._tree import same_structure
+from ._checks.batch import check_batch_independence
+from ._core.errors import GradCheckError, JaxsaneError
+from ._core.finding import Finding
+from ._checks.grads import check_grads
+from ._checks.init import check_init
+from ._jaxpr.recompile import recompile_finding
+from ._checks.step import check_step, count_compilations
+from ._core.tree import same_structure
 
 __all__ = ["CheckFailed", "GradCheckError", "assert_batch_independent", "assert_compiles_once",
            "assert_grads_match", "assert_init_ok", "assert_step_ok", "count_compilations"]

@@ -1,4 +1,4 @@
-"""The adapter layer's one NNX purifier (jaxsane._adapter) and its shared helpers."""
+"""The adapter layer's one NNX purifier (jaxsane._experiment.purify) and its shared helpers."""
 
 import functools
 
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsane._adapter import (call_split, is_nnx_object, is_nnx_state, nnx_positions, positional_arity,
+from jaxsane._experiment.purify import (call_split, is_nnx_object, is_nnx_state, nnx_positions, positional_arity,
                               positional_names, split_objects, split_whole, unwrap)
-from jaxsane._tree import is_key
+from jaxsane._core.tree import is_key
 
 
 class Counter(nnx.Module):
@@ -108,12 +108,12 @@ def test_the_pure_view_is_public_and_every_tool_takes_it():
     import doctest
 
     import jaxsane
-    from jaxsane import _monitor
-    from jaxsane._experiment import Adapted
+    from jaxsane._monitor.monitor import monitor as _monitor
+    from jaxsane._experiment.contract import Adapted
 
     assert "PureExperiment" in jaxsane.__all__ and jaxsane.PureExperiment is Adapted
     assert "jaxsane.PureExperiment" in (Adapted.__doc__ or "")
-    assert "jaxsane._experiment" not in (_monitor.Monitor.__doc__ + _monitor.__doc__)
+    assert "jaxsane._experiment.contract" not in (_monitor.Monitor.__doc__ + _monitor.__doc__)
     # the Monitor's own example runs on public names only
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for test in doctest.DocTestFinder().find(_monitor.Monitor, "Monitor", globs={"jax": jax}):
@@ -125,9 +125,9 @@ def test_one_on_nonfinite_vocabulary_for_guard_and_fit():
     import pytest
 
     from jaxsane import FitArgumentError
-    from jaxsane._fit import POLICIES as FIT
-    from jaxsane._guard import POLICIES as GUARD
-    from jaxsane._validate import NONFINITE_POLICIES, require_policy
+    from jaxsane._fit.fit import POLICIES as FIT
+    from jaxsane._guard.guard import POLICIES as GUARD
+    from jaxsane._core.validate import NONFINITE_POLICIES, require_policy
 
     assert set(FIT) | set(GUARD) == set(NONFINITE_POLICIES)  # every word either tool takes is defined once
     for p in FIT:

@@ -17,8 +17,8 @@ from _programs import TX, batch, optax_apply, optax_experiment, optax_init, opta
 
 import jaxsane
 from jaxsane import ArgumentError, DataError, ExperimentError, JaxsaneError, check_data
-from jaxsane._data_scan import DEFAULT_MAX_BATCHES
-from jaxsane._experiment import Adapted
+from jaxsane._data.scan import DEFAULT_MAX_BATCHES
+from jaxsane._experiment.contract import Adapted
 
 X = batch()["x"]                       # (8, 4) float32
 Y = batch()["y"]                       # (8,) int32 in [0, 3)

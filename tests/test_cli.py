@@ -203,7 +203,7 @@ def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_sayin
 
 
 def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_path, monkeypatch):
-    from jaxsane import _pipeline, cli
+    from jaxsane._doctor.doctor import pipeline as _pipeline, cli
     calls = []
     real = _pipeline.plan_init_scale_sweep
 

@@ -1,11 +1,11 @@
-"""The optimization level jaxsane compiles its own analysis programs at (jaxsane._compile_level)."""
+"""The optimization level jaxsane compiles its own analysis programs at (jaxsane._jaxpr.compile_level)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsane._compile_level import QUICK, compiler_options, program_cost, quick_jit
+from jaxsane._jaxpr.compile_level import QUICK, compiler_options, program_cost, quick_jit
 
 
 def _mlp_loss(w, x):
@@ -69,7 +69,7 @@ def test_the_overfit_sweep_compiles_quick_for_a_short_budget_and_fully_for_a_lon
     import optax
 
     import jaxsane
-    import jaxsane._sweep as sweep
+    import jaxsane._overfit.sweep as sweep
 
     chosen = []
 
@@ -100,7 +100,7 @@ def test_the_overfit_sweep_compiles_quick_for_a_short_budget_and_fully_for_a_lon
 
 
 def test_an_xla_that_refuses_the_quick_option_compiles_at_its_defaults(monkeypatch):
-    import jaxsane._compile_level as level
+    import jaxsane._jaxpr.compile_level as level
 
     jaxpr = jax.make_jaxpr(jnp.sin)(1.0)
     assert level._quick_compiles() and compiler_options(jaxpr, 1, backend="cpu") == QUICK

@@ -9,7 +9,7 @@ import pytest
 
 import jaxsane
 from jaxsane import DataError, check_data
-from jaxsane._row_hash import hash_rows
+from jaxsane._data.row_hash import hash_rows
 from jaxsane.examples._digits import load_digits_split, train_eval
 
 

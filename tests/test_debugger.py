@@ -154,7 +154,7 @@ def test_bad_arguments_are_jaxsane_errors():
 
 
 def test_source_names_are_never_guessed():
-    from jaxsane._debugger import source_names
+    from jaxsane._locate.debugger import source_names
     assert source_names("return jnp.log(x)", "log", 1) == {"x": 0}
     assert source_names("z = a / b  # ratio", "div", 2) == {"a": 0, "b": 1}
     assert source_names("return jnp.log(a) - jnp.log(b)", "log", 1) == {}          # two spots: no name

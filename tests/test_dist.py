@@ -11,8 +11,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane
-from jaxsane._dist import fingerprint, replica_fingerprints, replica_plan
-from jaxsane._dist_shards import nonfinite_shards
+from jaxsane._dist.replicas import fingerprint, replica_fingerprints, replica_plan
+from jaxsane._dist.shards import nonfinite_shards
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
 
@@ -274,7 +274,7 @@ def test_guard_shard_map_step_nan_is_caught_and_attributed():
 
 # ----------------------------------------------------------------------------- locate and doctor
 def test_locate_names_the_line_in_a_sharded_step():
-    locate = pytest.importorskip("jaxsane._locate").locate
+    locate = pytest.importorskip("jaxsane._locate.locate").locate
     mesh = mesh1()
 
     @jax.jit

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import jaxsane
-from jaxsane import _options, _pipeline
-from jaxsane._doctor import DoctorDiagnosis, user_crash
-from jaxsane._errors import DoctorOptionError, JaxsaneError
+from jaxsane._doctor.doctor import options as _options, _pipeline
+from jaxsane._doctor.doctor import DoctorDiagnosis, user_crash
+from jaxsane._core.errors import DoctorOptionError, JaxsaneError
 
 X = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
 TRAIN = {"x": X, "y": (np.arange(16) % 2).astype(np.int32)}
@@ -204,7 +204,7 @@ def test_the_option_names_of_earlier_releases_still_work():
 def test_pipeline_lists_functions_and_frozen_documented_options():
     assert [s.name for s in _pipeline.STAGES] == ["data", "init", "grads", "step", "batch", "overfit", "run"]
     for stage in _pipeline.STAGES:
-        assert inspect.isfunction(stage.run) and stage.run.__module__ in ("jaxsane._pipeline", "jaxsane._doctor_run")
+        assert inspect.isfunction(stage.run) and stage.run.__module__ in ("jaxsane._doctor.pipeline", "jaxsane._doctor.run_stage")
         assert dataclasses.is_dataclass(stage.options) and stage.options.__dataclass_params__.frozen
         for f in dataclasses.fields(stage.options):
             assert f.metadata["doc"], f.name

@@ -15,8 +15,8 @@ import pytest
 
 import jaxsane
 from jaxsane import DumpError
-from jaxsane._dump import _RAW
-from jaxsane._errors import DumpShapeError
+from jaxsane._dump.dump import _RAW
+from jaxsane._core.errors import DumpShapeError
 from _programs import batch, linen_init
 
 
@@ -60,7 +60,7 @@ def test_a_class_named_in_the_dump_is_never_imported_or_called(tmp_path, fmt, ta
     assert not os.path.exists(marker)
     (got,) = dump.args
     assert tuple(got) == (payload.format(marker=marker),)      # the data, as a generic shape
-    assert type(got).__module__ == "jaxsane._dump" and type(got).__name__ == target.rpartition(":")[2]
+    assert type(got).__module__ == "jaxsane._dump.dump" and type(got).__name__ == target.rpartition(":")[2]
 
 
 def test_a_sleep_class_does_not_hang_the_loader(tmp_path):
@@ -435,7 +435,7 @@ def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path, monkeypa
     import errno
 
     import test_fit as T
-    from jaxsane import _dump_save as _dump  # the writer (save_dump) lives in _dump_save
+    from jaxsane._dump.dump import save as _dump  # the writer (save_dump) lives in _dump_save
     (tmp_path / "afile").write_text("x")
     with pytest.raises(jaxsane.FitArgumentError, match="dump_dir"):  # unusable from the start: refused up front
         jaxsane.fit(T.experiment(n=12), steps=12, dump_dir=str(tmp_path / "afile" / "dumps"), **T.FIT)
@@ -498,7 +498,7 @@ def test_nnx_state_dumps_round_trip_through_like(tmp_path):
 
 def test_a_full_disk_leaves_no_partial_dump_and_guard_still_raises_the_finding(tmp_path, monkeypatch):
     import errno
-    import jaxsane._dump as dump_module
+    import jaxsane._dump.dump as dump_module
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import jaxsane
-from jaxsane._adapter import combine, needs_partition, partition
+from jaxsane._experiment.purify import combine, needs_partition, partition
 
 eqx = pytest.importorskip("equinox")
 
@@ -66,7 +66,7 @@ def test_partition_keeps_equinox_paths_and_round_trips():
     assert needs_partition(model) and not needs_partition({"w": jnp.ones(2), "n": 3})
     arrays, rest = partition(model)
     assert all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(arrays))
-    paths = [p for p, _ in jaxsane._tree.leaves_with_paths(arrays, "model")]
+    paths = [p for p, _ in jaxsane._core.tree.leaves_with_paths(arrays, "model")]
     assert paths[:2] == ["model.layers[0].weight", "model.layers[0].bias"]
     assert rest == partition(init(jax.random.key(1))[0])[1] and hash(rest) == hash(partition(model)[1])
     back = combine(arrays, rest)

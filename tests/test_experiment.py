@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import jaxsane
-from jaxsane._experiment import Adapted
-from jaxsane._experiment_data import first_batch, get_inputs, get_labels, iter_batches
+from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.batches import first_batch, get_inputs, get_labels, iter_batches
 
 from _programs import (batch, linen_init, linen_loss, linen_step, nnx_init, nnx_loss, nnx_step, nnx_step_tuple,
                        optax_init, optax_loss, optax_step, optax_step_state_only)

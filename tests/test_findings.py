@@ -96,7 +96,7 @@ def test_one_bug_is_one_root_error_with_its_consequences_folded():
     root = d.root_causes[0]
     folded = d.consequences_of(root)
     assert [f.code for f in folded] == ["init.loss"] + ["grad.mismatch"] * 6 + ["overfit.failed", "nonfinite.forward"]
-    assert all(f.caused_by == jaxsane._findings.RootCause("data.label_range", "train labels") for f in folded)
+    assert all(f.caused_by == jaxsane._core.finding.RootCause("data.label_range", "train labels") for f in folded)
     assert not d.ok and d.counts() == {"error": 1, "warning": 0, "info": 1}
     # every finding is still there, in order, for code that filters by code
     assert len(d) == 11 and len(d.errors) == 10 and [f.code for f in d][0] == "data.label_range"
@@ -122,7 +122,7 @@ def test_one_bug_is_one_root_error_with_its_consequences_folded():
 
 
 def test_ok_and_exit_code_are_decided_by_root_causes():
-    from jaxsane._root_cause import link_consequences
+    from jaxsane._core.root_cause import link_consequences
     # a warning root whose consequence is an error fails the gate, once
     nan_loss = Finding("init.loss", "the loss at init is nan", extra={"loss": float("nan")})
     assert nan_loss.severity == "warning"
@@ -146,7 +146,7 @@ def test_cli_exit_code_follows_the_root_causes(monkeypatch, tmp_path):
     from jaxsane import cli
     diagnoses = {"bug": Diagnosis(_label_bug_findings(), name="bug"),
                  "clean": Diagnosis([Finding("overfit.best", "lr 3e-3")], name="clean")}
-    monkeypatch.setattr("jaxsane._doctor.doctor", lambda exp, **kw: diagnoses[exp])
+    monkeypatch.setattr("jaxsane._doctor.doctor.doctor", lambda exp, **kw: diagnoses[exp])
     monkeypatch.setattr(cli, "load_target", lambda target, raw=False: target.split(":")[1])
     monkeypatch.setattr(cli, "check_target", lambda target: None)
     out = tmp_path / "r.json"
@@ -198,7 +198,7 @@ def test_rules_link_only_what_a_root_can_cause():
     d = Diagnosis([Finding("grad.mismatch", "x", path="params['w']"), Finding("nonfinite.forward", "nan", step=0)])
     assert [f.code for f in d.root_causes] == ["nonfinite.forward"]
     # a preset caused_by is kept and resolved to the root
-    from jaxsane._findings import RootCause
+    from jaxsane._core.finding import RootCause
     d = Diagnosis([Finding("data.label_range", "bad", path="y"), Finding("nonfinite.forward", "nan", step=0),
                    Finding("batch.cross_talk", "x", caused_by=RootCause("nonfinite.forward", "step 0"))])
     assert d[2].caused_by == RootCause("data.label_range", "y") and len(d.root_causes) == 1
@@ -229,7 +229,7 @@ def test_identical_findings_at_many_steps_are_one_finding_with_a_count():
 
 
 def test_html_findings_table_leads_with_roots_and_folds_consequences():
-    from jaxsane._report import render_html
+    from jaxsane._render.html import render_html
     page = render_html([Diagnosis(_label_bug_findings(), name="labels")])
     table = page.split('<table class="findings">')[1].split("</table>")[0]
     rows = table.split("<tr ")[1:]
@@ -322,7 +322,7 @@ def test_a_layer_without_gradient_is_one_root():
 
 
 def test_bad_values_get_jaxsane_errors():
-    from jaxsane._errors import FindingError
+    from jaxsane._core.errors import FindingError
     with pytest.raises(FindingError, match=r"^\[jaxsane\] Finding.count must be >= 1"):
         Finding("grad.mismatch", "x", count=0)
     with pytest.raises(FindingError, match=r"Diagnosis.add takes Finding objects"):
@@ -359,7 +359,7 @@ def test_where_names_a_notebook_cell_not_its_temporary_path():
 
 
 def test_init_scale_message_names_a_notebook_cell():
-    from jaxsane._init import LayerStats, check_activations
+    from jaxsane._checks.init import LayerStats, check_activations
 
     def layer(i, rms):
         return LayerStats(i, f"params[{i}]", "dense", f"/tmp/ipykernel_4242/12345.py:{10 + i}", (8, 16), 16, "relu",

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import jaxsane
-from jaxsane import _checkpoint
+from jaxsane._fit.fit import checkpoint as _checkpoint
 from jaxsane import CheckpointError, FitArgumentError
-from jaxsane._experiment import Adapted
+from jaxsane._experiment.contract import Adapted
 
 import test_fit as T
 

@@ -333,7 +333,7 @@ def test_skip_nnx_names_the_failing_parameter():
 def test_bad_arguments_are_clear_errors(kwargs, match):
     with pytest.raises(jaxsane.JaxsaneError, match=r"^\[jaxsane\] " + match) as info:
         jaxsane.guard(optax_step, **kwargs)
-    assert isinstance(info.value, jaxsane._errors.GuardConfigError)
+    assert isinstance(info.value, jaxsane._core.errors.GuardConfigError)
     assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
     assert "jaxsane.guard" in str(info.value)
 
@@ -422,8 +422,8 @@ def test_environment_switch_leaves_fit_and_doctor_policies_alone(monkeypatch):
 def test_a_guard_for_one_run_compiles_quickly_and_reports_as_guard_does():
     """Guarded(..., runs=1), doctor's re-run of a failing step: its program is compiled at XLA:CPU's quick
     level, and the failure it reports is the one the default guard reports."""
-    from jaxsane._compile_level import QUICK
-    from jaxsane._guard import Guarded
+    from jaxsane._jaxpr.compile_level import QUICK
+    from jaxsane._guard.guard import Guarded
 
     def step(w, x):
         return w * jnp.log(x), {"loss": jnp.sum(w)}
@@ -436,7 +436,7 @@ def test_a_guard_for_one_run_compiles_quickly_and_reports_as_guard_does():
         findings.append((err.value.finding.code, err.value.finding.message))
         assert guarded.compiles == 1
     assert findings[0] == findings[1]
-    from jaxsane._compile_level import QuickJit, compiler_options
+    from jaxsane._jaxpr.compile_level import QuickJit, compiler_options
     assert isinstance(Guarded(step, runs=1)._compiled_plain, QuickJit)
     assert not isinstance(Guarded(step)._compiled_plain, QuickJit)   # a training loop's guard: XLA's defaults
     traced = jax.jit(lambda w, x: step(w, x)).trace(w, x)

@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 
 import jaxsane
-from jaxsane._experiment import Adapted
-from jaxsane._frames import is_library_file
-from jaxsane._init import activation_stats, check_init
-from jaxsane._interpret import Interpreter
-from jaxsane._monitor import MODE_FULL, Monitor
-from jaxsane._step_checks import check_step
+from jaxsane._experiment.contract import Adapted
+from jaxsane._core.frames import is_library_file
+from jaxsane._checks.init import activation_stats, check_init
+from jaxsane._jaxpr.interpret import Interpreter
+from jaxsane._monitor.monitor import MODE_FULL, Monitor
+from jaxsane._checks.step import check_step
 
 B, T, F, H, C = 6, 5, 4, 8, 3
 
@@ -200,7 +200,7 @@ def test_monitor_telemetry_on_a_scan_rnn(bias):
 
 
 def test_doctor_run_stage_on_a_scan_rnn_does_not_crash():
-    from jaxsane._doctor import doctor
+    from jaxsane._doctor.doctor import doctor
     diagnosis = doctor(_pure_experiment(_rnn_params, rnn_apply), stages=["run"], progress=False, run_steps=6,
                        run_dead_every=2)
     assert [f.message for f in diagnosis if f.code == "doctor.skipped"] == []

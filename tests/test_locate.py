@@ -14,8 +14,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane
-from jaxsane import _locate, _replay
-from jaxsane._locate import bisect_compiled, locate, replay_dump
+from jaxsane._locate.locate import locate as _locate, _replay
+from jaxsane._locate.locate import bisect_compiled, locate, replay_dump
 
 HERE = os.path.abspath(__file__)
 with open(HERE) as _fh:
@@ -527,7 +527,7 @@ def _tiny_experiment():
 
 
 def test_replay_dump_with_an_experiment(tmp_path):
-    from jaxsane._experiment import Adapted
+    from jaxsane._experiment.contract import Adapted
     exp = _tiny_experiment()
     state = Adapted(exp).init(jax.random.key(0))
     jaxsane.save_dump(str(tmp_path / "d"), (state, exp.train), {})
@@ -593,7 +593,7 @@ def test_independent_origins_are_still_all_reported():
 def test_double_where_fix_is_valid_python_that_runs(prim):
     import importlib
     import re
-    from jaxsane._causes import _where_fix
+    from jaxsane._locate.nan_causes import _where_fix
     text = _where_fix(prim)
     code = re.search(r'\): (.*), so the untaken branch', text).group(1)
     importlib.import_module("jax.scipy.special")  # named by some fixes
@@ -616,7 +616,7 @@ def test_the_derivative_fix_names_the_users_operator():
 
 def test_notebook_cells_are_named_by_their_execution_count(monkeypatch):
     import types
-    from jaxsane._frames import cell_number, display_location
+    from jaxsane._core.frames import cell_number, display_location
     assert display_location("/work/model.py", 41) == "model.py:41"
     assert display_location("<ipython-input-7-3f2a9c>", 6) == "<cell 7>, line 6"
     cell = "/tmp/ipykernel_31337/667549009.py"

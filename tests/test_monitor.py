@@ -7,10 +7,10 @@ import optax
 import pytest
 
 import jaxsane
-from jaxsane._doctor import doctor
-from jaxsane._experiment import Adapted
-from jaxsane._experiment_data import iter_batches
-from jaxsane._monitor import (MODE_BARE, MODE_FULL, MODE_NORMS, History, Monitor, check_training, dead_fractions,
+from jaxsane._doctor.doctor import doctor
+from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.batches import iter_batches
+from jaxsane._monitor.monitor import (MODE_BARE, MODE_FULL, MODE_NORMS, History, Monitor, check_training, dead_fractions,
                               depth_order, relu_outputs)
 from jaxsane.examples import digits_optax as D
 from jaxsane.examples import load
@@ -282,7 +282,7 @@ def test_state_only_step_gets_no_loss_finding_from_the_run_stage():
 
 
 def test_a_short_history_is_stacked_on_the_host_without_a_compile(monkeypatch):
-    from jaxsane import _monitor
+    from jaxsane._monitor.monitor import monitor as _monitor
     trees = [{"loss": jnp.float32(i), "norms": jnp.arange(3.0) * i} for i in range(6)]
     with jaxsane.count_compilations(this_thread=True) as c:
         short = _monitor._stacked(trees)

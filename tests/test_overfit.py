@@ -11,7 +11,7 @@ import pytest
 
 import jaxsane
 from jaxsane import overfit
-from jaxsane._overfit_setup import learning_rate_paths
+from jaxsane._overfit.setup import learning_rate_paths
 from jaxsane.examples import load
 from jaxsane.examples._digits import load_digits_split
 
@@ -92,7 +92,7 @@ def test_model_ignoring_input_is_reported():
 
 def test_learning_rates_are_set_per_configuration_and_compile_once():
     exp = _tiny("healthy", inject=True)
-    adapted = jaxsane._experiment.Adapted(exp)
+    adapted = jaxsane._experiment.contract.Adapted(exp)
     assert len(learning_rate_paths(adapted.example_state)) == 1
     result = overfit(adapted, seeds=2, learning_rates=[0.0, 1e-2], init_scales=[0.0, 1.0], steps=75,
                      chunk=25, early_exit=False)
@@ -169,7 +169,7 @@ def test_doctor_overfit_stage():
 
 
 def test_group_layout_puts_a_real_configuration_in_every_group():
-    from jaxsane._sweep import group_layout
+    from jaxsane._overfit.sweep import group_layout
 
     layout = group_layout(n_real=5, baseline=5, groups=2)
     assert layout.groups == 2 and layout.size == 3
@@ -238,11 +238,11 @@ def test_states_with_prng_keys_and_python_scalars_stack_and_compile_once():
 def test_host_setup_and_in_program_setup_give_the_same_sweep(monkeypatch):
     """Init scales and learning rates are applied to the stacked states on the host when the parameters
     are forwarded state leaves; otherwise the compiled program applies them. Both give the same sweep."""
-    from jaxsane import _overfit, _overfit_setup
+    from jaxsane._overfit.overfit import overfit as _overfit, _overfit_setup
 
     exp = _tiny("healthy", inject=True)
     kwargs = dict(seeds=1, learning_rates=[0.0, 1e-2], init_scales=[0.0, 0.5, 1.0], steps=50, early_exit=False)
-    adapted = jaxsane._experiment.Adapted(exp)
+    adapted = jaxsane._experiment.contract.Adapted(exp)
     plan = _overfit_setup.host_prepare_plan(adapted, adapted.example_state, lambda path: True,
                                             set(learning_rate_paths(adapted.example_state)))
     assert plan is not None and len(plan.scaled) == 4 and len(plan.rates) == 1  # w1, b1, w2, b2; the rate
@@ -268,7 +268,7 @@ def test_overfit_plot_draws_each_target_at_the_verdicts_criterion():
 
 
 def test_seeds_none_sweeps_two_seeds_and_one_for_a_model_beyond_the_budget(monkeypatch):
-    import jaxsane._overfit_setup as setup
+    import jaxsane._overfit.setup as setup
 
     exp = load("digits_optax")
     small = overfit(exp, seeds=None, steps=50, progress=False)
@@ -282,7 +282,7 @@ def test_seeds_none_sweeps_two_seeds_and_one_for_a_model_beyond_the_budget(monke
 
 
 def test_budget_seeds_reads_the_step_flops_of_the_jaxpr():
-    from jaxsane._overfit_setup import LARGE_CONFIGURATION_FLOPS, budget_seeds
+    from jaxsane._overfit.setup import LARGE_CONFIGURATION_FLOPS, budget_seeds
 
     def step(w, x):
         return jnp.tanh(x @ w) @ w.T

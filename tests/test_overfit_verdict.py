@@ -11,7 +11,7 @@ import pytest
 
 import jaxsane
 from jaxsane import overfit
-from jaxsane._overfit_verdict import batch_ceiling, curve_verdict
+from jaxsane._overfit.verdict import batch_ceiling, curve_verdict
 from jaxsane.examples._digits import load_digits_split
 
 STEPS = np.arange(300)

@@ -10,11 +10,11 @@ import optax
 import pytest
 
 import jaxsane
-from jaxsane._errors import ExampleAxisError, ExperimentError
-from jaxsane._experiment import Adapted
-from jaxsane._experiment_data import count_examples, slice_examples
-from jaxsane._init import classification_of
-from jaxsane._monitor import Monitor
+from jaxsane._core.errors import ExampleAxisError, ExperimentError
+from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.batches import count_examples, slice_examples
+from jaxsane._checks.init import classification_of
+from jaxsane._monitor.monitor import Monitor
 
 
 def _codes(diagnosis):

@@ -13,7 +13,7 @@ import pytest
 
 import jaxsane
 from jaxsane import check_step, count_compilations
-from jaxsane._recompile import IDENTICAL, diff, signature
+from jaxsane._jaxpr.recompile import IDENTICAL, diff, signature
 from jaxsane.testing import CheckFailed, assert_compiles_once
 
 BATCH = {"x": np.ones((8, 5), np.float32), "y": np.zeros(8, np.int32)}

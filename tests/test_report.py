@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 import numpy as np
 
 from jaxsane import Diagnosis, Finding
-from jaxsane._monitor import History
-from jaxsane._report import render_html, to_json, write_html
+from jaxsane._monitor.monitor import History
+from jaxsane._render.html import render_html, to_json, write_html
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
@@ -158,7 +158,7 @@ def test_cli_doctor_writes_html_and_json(tmp_path):
 
 # ----------------------------------------------------------------------------- plots that read (issue 18)
 
-from jaxsane._plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio  # noqa: E402
+from jaxsane._render.plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio  # noqa: E402
 
 
 def _drawn(fig):
@@ -234,7 +234,7 @@ def test_gelu_model_has_no_relu_sites_and_relu_models_do():
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxsane._monitor import relu_labels, relu_outputs
+    from jaxsane._monitor.monitor import relu_labels, relu_outputs
 
     class Block(nnx.Module):
         def __init__(self, act, rngs):

@@ -175,7 +175,7 @@ def test_targets_equal_to_inputs_with_a_loss_that_shifts_inside_are_not_flagged(
         per = optax.softmax_cross_entropy_with_integer_labels(causal(p, b["tokens"]), b["labels"])
         return jnp.sum(per * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
 
-    from jaxsane._sequence import loss_reads_first_target
+    from jaxsane._checks.sequence import loss_reads_first_target
     assert loss_reads_first_target(hf_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is False
     assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["labels"], batch["tokens"]) is True
     assert loss_reads_first_target(copy_loss, PARAMS, batch, batch["tokens"], batch["tokens"]) is None  # shared

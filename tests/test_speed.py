@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import jaxsane
-from jaxsane._compile_level import _quick_compiles, quick_jit
-from jaxsane import _compile_cache
-from jaxsane._experiment import Adapted
-from jaxsane._step_checks import count_compilations
+from jaxsane._jaxpr.compile_level import _quick_compiles, quick_jit
+from jaxsane._jaxpr import compile_cache as _compile_cache
+from jaxsane._experiment.contract import Adapted
+from jaxsane._checks.step import count_compilations
 
 from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
 
@@ -68,7 +68,7 @@ def test_a_program_loaded_from_the_persistent_cache_counts_as_one_compilation(pe
 
 
 def test_compile_counter_counts_a_cache_hit_once_whatever_jax_records():
-    from jaxsane._step_checks import CompileCounter, _CACHE_HIT_EVENT, _COMPILE_EVENT
+    from jaxsane._checks.step import CompileCounter, _CACHE_HIT_EVENT, _COMPILE_EVENT
     counter = CompileCounter()
     counter.active = True
     counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit followed by jax's backend-compile event: one
@@ -173,7 +173,7 @@ def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
 
 def test_progress_writes_plain_lines_off_a_terminal_and_nothing_when_off():
     import io
-    from jaxsane._progress import Progress
+    from jaxsane._render.progress import Progress
     out = io.StringIO()
     with Progress(True, "overfit", stream=out) as p:
         p.say("compiling")
@@ -203,7 +203,7 @@ def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
 
 def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
     import threading
-    from jaxsane import _pipeline
+    from jaxsane._doctor.doctor import pipeline as _pipeline
     calls = []
     real = _pipeline.plan_overfit
 
@@ -221,7 +221,7 @@ def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
 
 
 def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatch):
-    from jaxsane import _pipeline
+    from jaxsane._doctor.doctor import pipeline as _pipeline
     real, failures = _pipeline.plan_overfit, []
 
     def flaky(*args, **kwargs):
@@ -251,7 +251,7 @@ def test_compiles_per_stage_in_the_json_and_the_summary():
 
 
 def test_html_stage_table_shows_what_each_stage_compiled():
-    from jaxsane._report import _stages_table
+    from jaxsane._render.html import _stages_table
 
     class D:
         artifacts = {"stages": [{"name": "step", "status": "ran", "seconds": 1.0, "reason": "", "compiles": 2,

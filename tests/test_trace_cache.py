@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsane._trace_cache import TracedOnce
+from jaxsane._jaxpr.trace_cache import TracedOnce
 
 
 def _counted(fn):

@@ -44,8 +44,8 @@ import jax  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
 import jaxsane  # noqa: E402
-from jaxsane._experiment import Adapted  # noqa: E402
-from jaxsane._experiment_data import iter_batches  # noqa: E402
+from jaxsane._experiment.contract import Adapted  # noqa: E402
+from jaxsane._experiment.batches import iter_batches  # noqa: E402
 
 LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update")
 BASELINE_STEPS = 10
@@ -100,7 +100,7 @@ class Row:
 
 
 def _stages_for(module, full: bool) -> tuple[list[str] | None, list[str]]:
-    from jaxsane._pipeline import STAGES
+    from jaxsane._doctor.pipeline import STAGES
     known = [stage.name for stage in STAGES]
     wanted = known if full else list(getattr(module, "STAGES", known))
     return [s for s in wanted if s in known], [s for s in wanted if s not in known]

@@ -6,7 +6,7 @@ import optax
 from flax.training import train_state
 
 import jaxsane
-from jaxsane.examples._digits import NUM_CLASSES, train_eval
+from ._digits import NUM_CLASSES, train_eval
 
 
 class MLP(nn.Module):

@@ -4,7 +4,7 @@ import optax
 from flax import nnx
 
 import jaxsane
-from jaxsane.examples._digits import NUM_CLASSES, train_eval
+from ._digits import NUM_CLASSES, train_eval
 
 
 class MLP(nnx.Module):

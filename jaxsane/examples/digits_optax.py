@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxsane
-from jaxsane.examples._digits import NUM_CLASSES, train_eval
+from ._digits import NUM_CLASSES, train_eval
 
 SIZES = (64, 128, 128, NUM_CLASSES)
 tx = optax.adam(3e-3)

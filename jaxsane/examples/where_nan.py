@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import optax
 
 import jaxsane
-from jaxsane.examples._digits import NUM_CLASSES, train_eval
-from jaxsane.examples.digits_optax import init_params
+from ._digits import NUM_CLASSES, train_eval
+from .digits_optax import init_params
 
 tx = optax.adam(3e-3)
 

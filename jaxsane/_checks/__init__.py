@@ -1,0 +1,1 @@
+"""_checks: see the package map in jaxsane/__init__.py."""

@@ -1,0 +1,221 @@
+"""Batch independence (``batch.cross_talk``): in eval mode, example i's output must depend on
+example i's input only — Karpathy's "use backprop to chart dependencies".
+
+For a probe example i, one VJP of ``apply`` with a random cotangent on example i's output (zeros
+elsewhere) gives the gradient of that output w.r.t. the WHOLE input batch; it must be exactly zero
+outside example i. A few probes cost a few VJPs, not a Jacobian. Integer inputs (tokens), which
+have no gradient, are probed forward instead: every other example is replaced and example i's
+output must not move. BatchNorm in train mode is not cross talk as long as ``apply`` runs in eval
+mode (running averages), which is what ``Experiment.apply`` is for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._jaxpr.compile_level import quick_jit
+from .._core.errors import ExperimentError, JaxsaneError
+from .._experiment.batches import batch_size
+from .._core.finding import Finding
+from .._core.tree import PyTree, like_sharding, put_like
+from .._core.validate import require_callable, require_count_or_list, require_float, require_int
+
+
+def _is_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    try:
+        return dtype is not None and bool(jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
+def _probes(n: int, probes: int | Sequence[int]) -> list[int]:
+    if not isinstance(probes, int):
+        chosen = [int(i) for i in probes]
+        bad = [i for i in chosen if not 0 <= i < n]
+        if bad:
+            raise JaxsaneError(f"check_batch_independence: probe examples {bad} outside the batch of {n}.")
+        return chosen
+    picks = [0, n - 1, n // 2, 1, n - 2]
+    return list(dict.fromkeys(i for i in picks if 0 <= i < n))[:max(1, probes)]
+
+
+def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 2,
+                             rtol: float = 1e-6, seed: int = 0, max_pairs: int = 8) -> list[Finding]:
+    """``batch.cross_talk`` when example i's output depends on another example's input.
+
+    Args:
+      apply: ``(params, inputs) -> outputs`` in EVAL mode (no dropout, BatchNorm on running averages).
+      params: parameters.
+      inputs: a batch (array or pytree of arrays with a leading batch axis, at least 2 examples).
+      probes: how many examples to probe (default 2: the first and the last), or their indices.
+      rtol: relative leak allowed, ``|d out_i / d x_j| / |d out_i / d x_i|`` (default 1e-6; a
+        batch-independent model gives exact zeros, since no path carries the cotangent across).
+      seed: seed of the random cotangents.
+      max_pairs: offending (output, input) example pairs listed in the message.
+
+    Returns:
+      One ``batch.cross_talk`` finding naming the offending example pairs, or nothing.
+
+    Not jit-safe (one compiled VJP per probe set).
+    """
+    fn = "check_batch_independence"
+    require_callable(fn, "apply", apply, signature="(params, inputs) -> outputs")
+    require_count_or_list(fn, "probes", probes)
+    require_float(fn, "rtol", rtol, min=0.0)
+    require_int(fn, "seed", seed)
+    require_int(fn, "max_pairs", max_pairs, min=1)
+    try:
+        n = batch_size(inputs)
+    except Exception as e:
+        raise ExperimentError(f"check_batch_independence: the inputs have no batch axis ({e}).") from e
+    if n < 2:
+        return []
+    chosen = _probes(n, probes)
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    batched = [getattr(x, "ndim", 0) >= 1 and x.shape[0] == n for x in leaves]
+    float_idx = [i for i, x in enumerate(leaves) if batched[i] and _is_float(x)]
+    out_shape = jax.eval_shape(apply, params, inputs)
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if not any(getattr(o, "ndim", 0) >= 1 and o.shape[0] == n for o in out_leaves):
+        raise ExperimentError(f"check_batch_independence: apply's outputs have no leading batch axis of size {n} "
+                              f"(shapes {[getattr(o, 'shape', None) for o in out_leaves]}).")
+    if float_idx:
+        leaks = _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed)
+        how = "VJP of its output w.r.t. the whole input batch"
+    else:
+        leaks = _forward_leaks(apply, params, leaves, treedef, batched, n, chosen)
+        how = "forward probe (inputs are not float: other examples replaced)"
+    pairs = [(i, j, r) for i, row in leaks.items() for j, r in enumerate(row) if j != i and r > rtol]
+    if not pairs:
+        return []
+    pairs.sort(key=lambda p: -p[2])
+    shown = ", ".join(f"output {i} <- input {j} ({r:.2g})" for i, j, r in pairs[:max_pairs])
+    affected = sorted({i for i, _, _ in pairs})
+    return [Finding(
+        "batch.cross_talk",
+        f"in eval mode, the output of example(s) {affected} depends on other examples' inputs "
+        f"({len(pairs)} pairs; {how}; relative leak): {shown}",
+        "something mixes examples along the batch axis: a softmax/mean/normalisation over axis 0 instead of "
+        "the feature axis, a reshape or transpose that moves the batch axis, or BatchNorm still using batch "
+        "statistics in apply (use_running_average=True / model.eval()); find it by bisecting apply",
+        path=f"example {pairs[0][0]} <- example {pairs[0][1]}",
+        extra={"pairs": [(i, j, float(r)) for i, j, r in pairs], "probes": chosen})]
+
+
+def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    cots = []
+    for o in out_leaves:
+        if getattr(o, "ndim", 0) >= 1 and o.shape[0] == n and _is_float(o):
+            cots.append(rng.standard_normal(o.shape).astype(o.dtype))
+        else:
+            cots.append(None)
+
+    def f(float_inputs):
+        full = list(leaves)
+        for i, x in zip(float_idx, float_inputs):
+            full[i] = x
+        outs = jax.tree_util.tree_leaves(apply(params, jax.tree_util.tree_unflatten(treedef, full)))
+        return [o for o, c in zip(outs, cots) if c is not None]
+
+    @jax.jit
+    def per_example_grad_norms(float_inputs, masks):
+        outs, vjp = jax.vjp(f, float_inputs)
+
+        def one(mask):
+            ct = [like_sharding(jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype), o)
+                  for c, o in zip([c for c in cots if c is not None], outs)]
+            grads = vjp(ct)[0]
+            sq = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32) ** 2, (n, -1)), axis=1) for g in grads)
+            return jnp.sqrt(sq)
+
+        return jax.lax.map(one, masks)
+
+    masks = np.zeros((len(chosen), n), np.float32)
+    for row, i in enumerate(chosen):
+        masks[row, i] = 1.0
+    norms = np.asarray(per_example_grad_norms([leaves[i] for i in float_idx], put_like(masks, (params, leaves))))
+    leaks = {}
+    for row, i in enumerate(chosen):
+        own = norms[row, i]
+        leaks[i] = norms[row] / own if own > 0 else np.where(norms[row] > 0, np.inf, 0.0)
+    return leaks
+
+
+def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[int, np.ndarray]:
+    run = quick_jit(lambda xs: apply(params, jax.tree_util.tree_unflatten(treedef, xs)), runs=1 + len(chosen))
+    base = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(leaves))]
+    leaks = {}
+    for i in chosen:
+        others = np.roll(np.arange(n), 1)
+        others[i] = i  # example i kept, every other example replaced by its neighbour
+        moved = [jax.device_put(np.asarray(x)[others]) if b else x for x, b in zip(leaves, batched)]
+        outs = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(moved))]
+        change = max((float(np.max(np.abs(a[i].astype(np.float64) - b[i].astype(np.float64)))) /
+                      (float(np.max(np.abs(a[i].astype(np.float64)))) + 1e-30)
+                      for a, b in zip(base, outs) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == n), default=0.0)
+        row = np.zeros(n)
+        if change > 0:  # the forward probe cannot tell which example leaks: blame all replaced ones
+            row[:] = change
+            row[i] = 0.0
+        leaks[i] = row
+    return leaks
+
+
+def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Callable[[Any, int], Any],
+                         inputs: Callable[[Any], Any], count: int, *, cuts: Sequence[int] | None = None,
+                         rtol: float = 1e-4, max_examples: int = 8) -> list[Finding]:
+    """``batch.cross_talk`` for batches whose examples are not rows (graph batches, packed sequences).
+
+    Where examples are cut by a function (``take(batch, k)``: the batch's first ``k`` examples, as
+    ``Experiment.examples`` says), the outputs of the first ``k`` examples must not change when the
+    batch holds more of them: ``apply(params, inputs(batch))[:k]`` against
+    ``apply(params, inputs(take(batch, k)))``, for each cut ``k`` (default ``count // 2`` and
+    ``count - 1``). A difference above ``rtol`` (default 1e-4 of the largest output: the two runs
+    have different shapes, so float sums may round differently) means an example reads examples
+    after it (wrong segment ids, a pooling over the whole batch). A leak from earlier examples into
+    later ones only is not seen. Not jit-safe.
+
+    Returns:
+      One ``batch.cross_talk`` finding naming the examples whose outputs moved, or nothing.
+
+    Raises:
+      ExperimentError: when the outputs' leading axis is not the examples (nothing can be compared).
+    """
+    require_callable("check_example_slices", "apply", apply, signature="(params, inputs) -> outputs")
+    cuts = sorted({k for k in (cuts if cuts is not None else (count // 2, count - 1)) if 0 < k < count})
+    run = quick_jit(apply, runs=1 + len(cuts))
+    full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch)))
+            if _is_float(o)]
+    if not full or any(o.ndim < 1 or o.shape[0] != count for o in full):
+        raise ExperimentError(f"check_example_slices: apply's float outputs {[o.shape for o in full]} have no leading "
+                              f"axis of the batch's {count} examples.")
+    scale = max(float(np.max(np.abs(o))) for o in full) + 1e-30
+    moved: dict[int, float] = {}
+    for k in cuts:
+        part = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(take(batch, k))))
+                if _is_float(o)]
+        if len(part) != len(full) or any(p.shape != (k,) + f.shape[1:] for p, f in zip(part, full)):
+            raise ExperimentError(f"check_example_slices: apply's outputs on the first {k} examples have shapes "
+                                  f"{[p.shape for p in part]}, not the first {k} rows of {[f.shape for f in full]}.")
+        for p, f in zip(part, full):
+            diff = np.abs(p - f[:k]).reshape(k, -1).max(axis=1) / scale
+            for i in np.flatnonzero(diff > rtol):
+                moved[int(i)] = max(moved.get(int(i), 0.0), float(diff[i]))
+    if not moved:
+        return []
+    shown = ", ".join(f"example {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
+    return [Finding(
+        "batch.cross_talk",
+        f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
+        f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
+        f"the whole batch; change relative to the largest output): {shown}",
+        "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
+        "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
+        "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",
+        path=f"example {min(moved)}", extra={"examples": moved, "cuts": cuts})]

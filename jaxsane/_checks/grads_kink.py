@@ -1,0 +1,148 @@
+"""Kinks in the gradient check: a point where the function is not differentiable is not a wrong derivative.
+
+:func:`jaxsane.check_grads` compares autodiff with central differences along a random direction
+``d``. At a kink *at the point* (a ReLU, ``abs``, ``clip`` or ``max`` tie exactly at the evaluation
+point: zero-filled padding or zero-feature rows through a zero-initialised bias, ``max`` over equal
+values) the central quotient is the average of the two one-sided slopes, autodiff returns one
+side (``relu'(0) = 0``) or a mix of them, and no smaller step closes the gap.
+
+Rule. With ``g(t) = f(leaf + t d)``, the one-sided quotients are ``R(h) = (g(h) - g(0)) / h`` and
+``L(h) = (g(0) - g(-h)) / h``. ``g`` has a *kink along d* when ``|R(h) - L(h)| > atol +
+kink_rtol * max(|R|, |L|, |autodiff|)`` at both the largest and the smallest step of the ladder (a
+jump that does not shrink with the step: curvature makes ``R - L = h g''`` shrink, round-off grows
+as the step shrinks, so neither passes at both ends). A wrong derivative on a differentiable path
+has ``R ≈ L`` and both disagree with autodiff: it stays a ``grad.mismatch``.
+
+Where ``d`` crosses a kink, the leaf's coordinates are split at random into at most
+:data:`KINK_BLOCKS` blocks and each block's sub-direction ``d_b`` (``d`` on the block, 0 elsewhere)
+is probed the same way at both steps, against the autodiff derivative ``grad . d_b``:
+
+* smooth at both steps and central differences disagree with autodiff at both (tolerance
+  ``atol + rtol * max(|autodiff|, |central|)``): a wrong derivative, reported as ``grad.mismatch``
+  on that sub-direction;
+* a kink at both steps: not judged (autodiff between the one-sided slopes is counted as
+  *consistent*; outside them it may still be a legitimate choice of subgradient, e.g. relu(x) - relu(-x));
+* otherwise (smooth and agreeing, or mixed between the steps): agrees / not judged.
+
+A leaf without a wrong sub-direction is reported in one ``grad.kink`` (info) finding, never as an
+error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .._core.finding import Finding
+
+KINK_BLOCKS = 32  # sub-directions probed per kinked leaf (4 evaluations each)
+
+
+def one_sided(g: Callable[[float], float], h: float) -> tuple[float, float]:
+    """``(R, L)``: the right and left difference quotients of ``g`` at 0 with step ``h``."""
+    g0 = float(g(0.0))
+    return (float(g(h)) - g0) / h, (g0 - float(g(-h))) / h
+
+
+def jumps(right: float, left: float, autodiff: float, atol: float, kink_rtol: float) -> bool:
+    """Whether the one-sided slopes differ by more than ``atol + kink_rtol * scale`` (the scale of the slopes)."""
+    scale = max(abs(right), abs(left), abs(autodiff))
+    return abs(right - left) > atol + kink_rtol * scale
+
+
+def disagrees(autodiff: float, central: float, atol: float, rtol: float) -> bool:
+    return abs(autodiff - central) > atol + rtol * max(abs(autodiff), abs(central))
+
+
+def brackets(autodiff: float, right: float, left: float, atol: float, rtol: float) -> bool:
+    """Whether ``autodiff`` lies between the one-sided slopes (within the comparison tolerance)."""
+    tol = atol + rtol * max(abs(right), abs(left), abs(autodiff))
+    return min(right, left) - tol <= autodiff <= max(right, left) + tol
+
+
+def kink_at_every_step(g: Callable[[float], float], steps: Sequence[float], autodiff: float, atol: float,
+                       kink_rtol: float) -> tuple[bool, float, float]:
+    """``(kinked, R, L)``: whether the one-sided slopes jump at every step, and ``R, L`` at the smallest."""
+    kinked, right, left = True, 0.0, 0.0
+    for h in steps:
+        right, left = one_sided(g, h)
+        kinked = kinked and jumps(right, left, autodiff, atol, kink_rtol)
+    return kinked, right, left
+
+
+@dataclasses.dataclass(frozen=True)
+class KinkVerdict:
+    """What probing the sub-directions of a kinked leaf found (see the module docstring)."""
+
+    right: float                 # one-sided slopes along the whole direction (smallest step)
+    left: float
+    blocks: int                  # sub-directions probed
+    agree: int = 0               # smooth and agreeing with autodiff
+    kinked: int = 0              # on a kink at both steps (not judged)
+    consistent: int = 0          # ... of which autodiff lies between the one-sided slopes
+    wrong: dict | None = None    # the first smooth sub-direction where autodiff disagrees at both steps
+
+    def summary(self) -> str:
+        return (f"one-sided slopes {self.right:.6g} (right) vs {self.left:.6g} (left); of {self.blocks} "
+                f"sub-direction(s), {self.agree} off the kink agree with finite differences and {self.kinked} "
+                f"sit on it ({self.consistent} with autodiff between the one-sided slopes)")
+
+
+def probe_sub_directions(value_along: Callable[[np.ndarray, float], float], grad: np.ndarray,
+                         direction: np.ndarray, rng: np.random.Generator, steps: Sequence[float],
+                         right: float, left: float, atol: float, rtol: float, kink_rtol: float,
+                         blocks: int = KINK_BLOCKS) -> KinkVerdict:
+    """Probe ``direction`` block by block; ``value_along(sub, t)`` is ``f(leaf + t * sub)``."""
+    d = np.asarray(direction).ravel()
+    gflat = np.asarray(grad).ravel()
+    groups = np.array_split(rng.permutation(d.size), min(blocks, d.size))
+    agree = kinked = consistent = 0
+    wrong = None
+    for b, index in enumerate(groups):
+        sub = np.zeros_like(d)
+        sub[index] = d[index]
+        ad = float(np.vdot(gflat, sub))
+        shaped = sub.reshape(np.shape(direction))
+        cache: dict[float, float] = {}
+
+        def g(t, shaped=shaped, cache=cache):
+            if t not in cache:
+                cache[t] = float(value_along(shaped, t))
+            return cache[t]
+
+        slopes = [one_sided(g, h) for h in steps]
+        kinks = [jumps(r, l, ad, atol, kink_rtol) for r, l in slopes]
+        if all(kinks):
+            kinked += 1
+            consistent += all(brackets(ad, r, l, atol, rtol) for r, l in slopes)
+            continue
+        if not any(kinks):
+            centrals = [(r + l) / 2 for r, l in slopes]
+            if all(disagrees(ad, c, atol, rtol) for c in centrals):
+                if wrong is None:
+                    fd = min(centrals, key=lambda c: abs(c - ad))
+                    wrong = {"block": b, "coordinates": int(index.size), "autodiff": ad, "finite_diff": fd}
+                continue
+            agree += 1
+    return KinkVerdict(right, left, len(groups), agree, kinked, consistent, wrong)
+
+
+def kink_finding(items: Sequence[tuple[str, KinkVerdict]]) -> Finding:
+    """One ``grad.kink`` (info) naming the leaves not judged because the point is a kink along their direction."""
+    shown = "; ".join(f"{path}: {v.summary()}" for path, v in items[:3])
+    more = f"; and {len(items) - 3} more" if len(items) > 3 else ""
+    return Finding(
+        "grad.kink",
+        f"{len(items)} leaf(s) not judged by the gradient check: the function has a kink at the check point along "
+        f"the probed direction (the one-sided difference quotients differ, so the central difference is their "
+        f"average while autodiff returns one side or a mix, at any step), and no sub-direction off the kink "
+        f"disagrees with autodiff: {shown}{more}",
+        "not an error: a ReLU/abs/clip/max exactly at 0 or at a tie at this point (zero-filled padding or "
+        "zero-feature rows through a zero-initialised bias, max over equal values). To judge these leaves, check "
+        "at a point off the kink (e.g. the parameters after a training step); kinks=False reports every "
+        "disagreement as grad.mismatch",
+        path=items[0][0],
+        extra={"leaves": [path for path, _ in items],
+               "kinks": {path: dataclasses.asdict(v) for path, v in items}})

@@ -1,0 +1,495 @@
+"""Init checks: the loss at init against chance level (ln C for C classes), per-layer activation
+statistics captured from the jaxpr of ``apply`` (scale through depth, saturation, symmetric units).
+
+The layers are found by evaluating ``apply``'s jaxpr with hooks on jaxsane's one interpreter
+(:mod:`jaxsane._jaxpr.interpret`), so checks record intermediate values with no cooperation from the
+user's model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._jaxpr.compile_level import quick_jit
+from .._core.errors import ExperimentError
+from .._experiment.contract import Adapted
+from .._experiment.batches import get_inputs, get_labels
+from .._core.finding import Finding
+from .._core.frames import shown_location, user_location
+from .._jaxpr.interpret import Interpreter
+from .._jaxpr.trace_cache import TracedOnce
+from .._core.tree import PyTree, leaves_with_paths
+from .._core.validate import require_callable, require_float, require_int, require_same_rows
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean cross-entropy of integer labels. Jit-safe."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels.astype(jnp.int32)[..., None], axis=-1))
+
+
+def initial_loss(adapted: Adapted, state: Any, batch: Any) -> tuple[float | None, str]:
+    """The loss of a fresh state on ``batch`` and how it was obtained. Not jit-safe."""
+    exp = adapted.experiment
+    params = adapted.params(state)
+    if adapted.loss_fn is not None:
+        return float(adapted.jitted("loss")(params, batch)), "Experiment.loss"
+    if adapted.apply_fn is not None:
+        logits = adapted.jitted("apply")(params, get_inputs(exp, batch))
+        labels = jnp.asarray(get_labels(exp, batch))
+        if logits.ndim == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
+            return float(softmax_cross_entropy(logits, labels)), "cross-entropy of Experiment.apply"
+    _, metrics = quick_jit(adapted.step)(state, batch)
+    if "loss" in metrics:
+        return float(np.asarray(metrics["loss"])), "the loss the step reports on its first call"
+    return None, "no loss handle"
+
+
+def infer_num_classes(adapted: Adapted, state: Any, batch: Any) -> int | None:
+    """num_classes from the Experiment, or C when ``apply`` gives C-way logits over integer labels.
+
+    ln C is chance level only for a C-way cross-entropy: the output's last axis is C >= 2, the labels
+    are integers in [0, C) with one axis less and the same leading shape. Regression, sigmoid or
+    multi-label outputs, reconstructions (a VAE's pixels) and tuple outputs give None (see
+    :func:`classification_of`). Not jit-safe.
+    """
+    return classification_of(adapted, state, batch)[0]
+
+
+def classification_of(adapted: Adapted, state: Any, batch: Any) -> tuple[int | None, str]:
+    """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
+    exp = adapted.experiment
+    if exp.num_classes is not None:
+        return exp.num_classes, ""
+    if adapted.apply_fn is None:
+        return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
+    out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
+    if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
+        return None, (f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
+                      "not a C-way cross-entropy")
+    try:
+        labels = get_labels(exp, batch)
+    except Exception:
+        return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
+    shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
+    if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
+        return None, (f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
+                      "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
+                      "reconstruction), so ln(output width) is not the loss at chance")
+    labels = np.asarray(labels)
+    width = int(out.shape[-1])
+    if labels.size and (labels.min() < 0 or labels.max() >= width):
+        return None, (f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
+                      "set Experiment.num_classes to check the loss at init")
+    return width, ""
+
+
+def _shape_text(out: Any) -> str:
+    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(out)]
+    return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} arrays {shapes}"
+
+
+def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list[Finding]:
+    """``init.loss`` when the initial loss is outside ``ln C * [1 - rtol, 1 + rtol]``.
+
+    The expectation ln C is Karpathy's ("A Recipe for Training Neural Networks"); ``rtol=0.5``
+    leaves room for the logit variance of standard inits. Not jit-safe.
+    """
+    chance = math.log(num_classes)
+    if not math.isfinite(loss):
+        return [Finding("init.loss", f"the loss at init is {loss} (expected about ln {num_classes} = {chance:.3f})",
+                        "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
+                        severity="error", extra={"loss": loss, "chance": chance})]
+    if abs(loss - chance) <= rtol * chance:
+        return []
+    direction = "above" if loss > chance else "below"
+    hint = ("logits are over-confident at init: scale down the last layer's init (e.g. zero or 0.01x its "
+            "kernel), check the init scale of every layer, and that the loss is softmax cross-entropy on logits"
+            if loss > chance else
+            "a loss below chance at init means labels leak into the inputs or the loss is not the mean "
+            "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)")
+    return [Finding("init.loss", f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} "
+                    f"(tolerance ±{rtol:.0%})", hint, extra={"loss": loss, "chance": chance, "rtol": rtol})]
+
+
+# ----------------------------------------------------------------------------- activation statistics
+
+_ACTIVATION_NAMES = {"relu", "relu6", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "elu", "selu", "celu",
+                     "leaky_relu", "hard_tanh", "hard_sigmoid", "hard_silu", "hard_swish", "mish", "log_sigmoid",
+                     "squareplus", "sparse_plus", "soft_sign"}
+_ACTIVATION_PRIMS = {"tanh": "tanh", "logistic": "sigmoid", "erf": "erf", "max": "relu"}
+_BOUNDED = {"tanh": (-1.0, 1.0), "sigmoid": (0.0, 1.0), "hard_tanh": (-1.0, 1.0), "hard_sigmoid": (0.0, 1.0),
+            "erf": (-1.0, 1.0), "soft_sign": (-1.0, 1.0)}
+_PASS_LAYER = {"add", "sub", "mul", "div", "neg", "broadcast_in_dim", "reshape", "convert_element_type",
+               "transpose", "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "select_n", "add_any",
+               "integer_pow", "square", "pow"}
+_PASS_PARAM = {"convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
+               "copy", "copy_p", "reduce_precision"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStats:
+    """Statistics of one layer's output at init, found in the jaxpr of ``apply``.
+
+    A layer is a ``dot_general`` or ``conv_general_dilated`` with a parameter operand; ``pre_*``
+    describe its output (after the bias), ``act_*`` the nonlinearity applied to it (if any).
+    ``symmetry`` is ``max |unit_j - unit_0| / max |unit|`` over the batch (0 = all units identical).
+    """
+
+    index: int
+    name: str
+    kind: str
+    location: str | None
+    shape: tuple[int, ...]
+    units: int
+    activation: str | None
+    is_output: bool
+    pre_mean: float
+    pre_std: float
+    pre_rms: float
+    act_mean: float
+    act_std: float
+    act_frac_zero: float
+    act_frac_saturated: float
+    symmetry: float
+
+
+def _layer_name(path: str) -> str:
+    for suffix in (".value", "['kernel']", "['w']", "['weight']", "['W']", ".kernel", ".weight"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+    return path
+
+
+def _unit_axes(eqn, param_side: int, ndim: int) -> tuple[int, ...]:
+    if eqn.primitive.name == "conv_general_dilated":
+        return (eqn.params["dimension_numbers"].out_spec[1],)
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs_nd, rhs_nd = eqn.invars[0].aval.ndim, eqn.invars[1].aval.ndim
+    n_batch = len(lb)
+    n_lhs_free = lhs_nd - len(lc) - len(lb)
+    n_rhs_free = rhs_nd - len(rc) - len(rb)
+    if param_side == 1:
+        return tuple(range(n_batch + n_lhs_free, n_batch + n_lhs_free + n_rhs_free))
+    return tuple(range(n_batch, n_batch + n_lhs_free))
+
+
+def _stats(x, bounded) -> list:
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x)
+    std = jnp.std(x)
+    rms = jnp.sqrt(jnp.mean(x * x))
+    zero = jnp.mean((x == 0).astype(jnp.float32))
+    if bounded is None:
+        sat = jnp.asarray(jnp.nan, jnp.float32)
+    else:
+        lo, hi = bounded
+        margin = 0.01 * (hi - lo)
+        sat = jnp.mean(((x <= lo + margin) | (x >= hi - margin)).astype(jnp.float32))
+    return [mean, std, rms, zero, sat]
+
+
+def _symmetry(x, axes: tuple[int, ...]):
+    if not axes:
+        return jnp.asarray(jnp.nan, jnp.float32)
+    x = jnp.moveaxis(x.astype(jnp.float32), axes, tuple(range(x.ndim - len(axes), x.ndim)))
+    units = int(np.prod([x.shape[i] for i in range(x.ndim - len(axes), x.ndim)]))
+    if units < 2:
+        return jnp.asarray(jnp.nan, jnp.float32)
+    a = x.reshape(-1, units)
+    return jnp.max(jnp.abs(a - a[:, :1])) / (jnp.max(jnp.abs(a)) + 1e-30)
+
+
+class _Capture(Interpreter):
+    """Hooks that find the layers of ``apply`` and record their outputs and activations. Jit-safe.
+
+    Tags: ``("param", path)`` | ``("layer", site)`` = a layer's output (+ bias, reshapes...) |
+    ``("act", site, name)`` = a layer's output after a nonlinearity. Sites are the interpreter's.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.meta: dict[tuple, dict] = {}        # layer site -> what the layer is, in first-seen order
+        self.act_of: dict[tuple, tuple] = {}     # layer site -> (activation name, site recording its activation)
+
+    def _ordinal(self, tag) -> int:
+        return list(self.meta).index(tag[1])
+
+    def before(self, eqn, invals, in_tags, ectx):
+        name = eqn.primitive.name
+        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        if name in ("dot_general", "conv_general_dilated"):
+            outs = self.bind(eqn, invals, ectx)
+            sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
+            if not sides:
+                return outs, [None]
+            side = 1 if 1 in sides else sides[0]
+            feeding = in_tags[1 - side]
+            if feeding is not None and feeding[0] in ("layer", "act") and feeding[1] not in self.act_of:
+                # what enters this layer is the previous layer's activation
+                where = self.emit(eqn, invals[1 - side], "input")
+                self.act_of[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, where)
+            site = self.emit(eqn, outs[0], "pre")
+            self.meta.setdefault(site, {"name": _layer_name(_display(in_tags[side][1])),
+                                        "kind": "conv" if name.startswith("conv") else "dense",
+                                        "location": user_location(eqn, self.path),
+                                        "shape": tuple(eqn.outvars[0].aval.shape),
+                                        "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
+            return outs, [("layer", site)]
+        if not derived:
+            if name in _PASS_PARAM:
+                params_in = [t for t in in_tags if t is not None and t[0] == "param"]
+                if len(params_in) == 1:
+                    outs = self.bind(eqn, invals, ectx)
+                    return outs, [params_in[0]] * len(outs)
+            return None
+        top = max(derived, key=self._ordinal)
+        acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
+        if name in _ACTIVATION_PRIMS:
+            if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval") for v in eqn.invars):
+                return None
+            outs = self.bind(eqn, invals, ectx)
+            return outs, [("act", top[1], acts[0][2] if acts else _ACTIVATION_PRIMS[name])] * len(outs)
+        if name in _PASS_LAYER:
+            outs = self.bind(eqn, invals, ectx)
+            if acts and name == "mul" and any(t[0] == "layer" and t[1] == top[1] for t in derived):
+                tag = ("act", top[1], "gated")  # x * f(x): inlined gelu, swish, mish — unbounded
+            elif acts:
+                tag = acts[0]
+            else:
+                tag = ("layer", top[1])
+            return outs, [tag] * len(outs)
+        return None
+
+    def after(self, eqn, invals, outs, in_tags, out_tags, ectx):
+        # a jitted activation (jax.nn.relu, gelu...) applied to a layer's output
+        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        if derived and eqn.primitive.name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
+            top = max(derived, key=self._ordinal)
+            acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
+            return outs, [("act", top[1], acts[0][2] if acts else eqn.params["name"])] * len(outs)
+        return outs, out_tags
+
+
+def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[LayerStats]:
+    """Per-layer activation statistics of ``apply(params, inputs)``, with no help from the model.
+
+    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (:mod:`jaxsane._jaxpr.interpret`,
+    compiled once): every ``dot_general``/``conv_general_dilated`` with an operand computed from a
+    parameter leaf is a layer, named by that leaf's path; the first nonlinearity applied to its
+    output (``relu``, ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is
+    its activation. Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Layers
+    inside ``scan`` bodies (RNN cells, ``nn.scan``) are measured over all their time steps together;
+    layers inside a ``while_loop`` body or a ``cond`` branch are not reported. Not jit-safe.
+    """
+    require_callable("activation_stats", "apply", apply, signature="(params, inputs) -> outputs")
+    try:
+        closed = jax.make_jaxpr(apply)(params, inputs)
+    except Exception as e:
+        raise ExperimentError(f"activation_stats: apply(params, inputs) failed to trace: {type(e).__name__}: {e}") from e
+    param_paths = [p for p, _ in leaves_with_paths(params, "params")]
+    n_in = len(closed.jaxpr.invars)
+    tags0 = [("param", p) for p in param_paths] + [None] * (n_in - len(param_paths))
+    cap = _Capture()
+    kept: list[tuple] = []
+
+    def run(flat):
+        with cap.collecting() as records:
+            _, out_tags = cap.run(closed.jaxpr, closed.consts, flat, None, tags0)
+        output_layers = {t[1] for t in out_tags if t is not None and t[0] in ("layer", "act")}
+        results = []
+        kept.clear()
+        for site, m in cap.meta.items():
+            if site not in records:   # inside a traced while body or cond branch: not recorded
+                continue
+            x = records[site]
+            name, where = cap.act_of.get(site, (None, None))
+            a = records.get(where, x) if where is not None else x
+            m["activation"] = name if where is not None and where in records else None
+            m["is_output"] = site in output_layers
+            shift = x.ndim - len(m["shape"])   # leading time axes of layers inside scan bodies
+            pre_stats = _stats(x, None)
+            act_stats = _stats(a, _BOUNDED.get(m["activation"]))
+            results.append(jnp.stack([pre_stats[0], pre_stats[1], pre_stats[2], act_stats[0], act_stats[1],
+                                      act_stats[3], act_stats[4],
+                                      _symmetry(x, tuple(i + shift for i in m["axes"]))]))
+            kept.append(site)
+        return results
+
+    flat = jax.tree_util.tree_leaves((params, inputs))
+    values = [np.asarray(v, np.float64) for v in quick_jit(run)(flat)]
+    layers = []
+    for k, (site, v) in enumerate(zip(kept, values)):
+        m = cap.meta[site]
+        units = int(np.prod([m["shape"][i] for i in m["axes"]])) if m["axes"] else 1
+        layers.append(LayerStats(k, m["name"], m["kind"], m["location"], m["shape"], units, m["activation"],
+                                 m["is_output"], *[float(x) for x in v]))
+    return layers
+
+
+def _display(path: str) -> str:
+    return path[:-len(".value")] if path.endswith(".value") else path
+
+
+def _file_of(location: str | None) -> str | None:
+    return location.rsplit(":", 1)[0] if location and ":" in location else None
+
+
+def _line_of(location: str | None) -> int | None:
+    tail = location.rsplit(":", 1)[1] if location and ":" in location else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def _where(layer: LayerStats) -> str:
+    at = f", at {shown_location(_file_of(layer.location), _line_of(layer.location))}" if layer.location else ""
+    return f"{layer.name} ({layer.kind} -> {layer.shape}{at})"
+
+
+def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0, per_layer_factor: float = 2.0,
+                      max_saturated: float = 0.5, symmetric_tol: float = 1e-6) -> list[Finding]:
+    """``init.scale`` and ``init.symmetric`` from :func:`activation_stats`. Not jit-safe.
+
+    Hidden layers only (a layer feeding the model's output directly, e.g. a zero-initialised
+    classifier head, is exempt). Rules, each a keyword argument:
+
+    * ``init.symmetric`` (error): a hidden layer's units are identical on the batch
+      (``symmetry <= symmetric_tol``, default 1e-6) — constant or zero init never breaks symmetry.
+    * ``init.scale`` (warning): the RMS of the pre-activations changes by more than ``scale_ratio``
+      (default 10) from the first to the last hidden layer AND by more than ``per_layer_factor``
+      (default 2) per layer on average — variance-preserving inits keep it about constant
+      (Glorot & Bengio 2010; He et al. 2015: a 0.7x/layer drift of LeCun init under ReLU is fine);
+      or more than ``max_saturated`` (default 50%) of a bounded activation (tanh, sigmoid) is within
+      1% of its bounds.
+    """
+    findings: list[Finding] = []
+    hidden = [l for l in layers if not l.is_output]
+    for layer in hidden:
+        if layer.units >= 2 and np.isfinite(layer.symmetry) and layer.symmetry <= symmetric_tol:
+            findings.append(Finding(
+                "init.symmetric",
+                f"all {layer.units} units of {_where(layer)} compute the same value on every example at init "
+                f"(max difference {layer.symmetry:.1e} of the largest activation)",
+                "identical units get identical gradients and can never differ: initialise this layer's kernel "
+                "randomly (e.g. nn.initializers.lecun_normal / he_normal), not with a constant or zeros",
+                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
+                extra={"layer": dataclasses.asdict(layer)}))
+    scaled = [l for l in hidden if np.isfinite(l.pre_rms) and l.pre_rms > 0]
+    if len(scaled) >= 2:
+        total = scaled[-1].pre_rms / scaled[0].pre_rms
+        per_layer = total ** (1.0 / (len(scaled) - 1))
+        grows = total > scale_ratio and per_layer > per_layer_factor
+        shrinks = total < 1.0 / scale_ratio and per_layer < 1.0 / per_layer_factor
+        if grows or shrinks:
+            jumps = [scaled[i + 1].pre_rms / scaled[i].pre_rms for i in range(len(scaled) - 1)]
+            worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
+            layer = scaled[worst + 1]
+            rms = ", ".join(f"{l.pre_rms:.3g}" for l in scaled)
+            findings.append(Finding(
+                "init.scale",
+                f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
+                f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
+                f"({jumps[worst]:.3g}x) is into {_where(layer)}",
+                ("weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
+                 "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation")
+                if grows else
+                ("weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
+                 "(tanh) instead of a tiny constant std, or add normalisation"),
+                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
+                extra={"rms": [l.pre_rms for l in scaled], "ratio": total,
+                                        "per_layer": per_layer}))
+    saturated = [l for l in hidden if np.isfinite(l.act_frac_saturated) and l.act_frac_saturated > max_saturated]
+    if saturated:
+        listed = "; ".join(f"{l.name}: {l.act_frac_saturated:.0%} of {l.activation} (pre-activation RMS "
+                           f"{l.pre_rms:.3g})" for l in saturated)
+        findings.append(Finding(
+            "init.scale",
+            f"bounded activations are saturated at init in {len(saturated)} hidden layer(s), first "
+            f"{_where(saturated[0])}: {listed}",
+            "saturated units pass almost no gradient: shrink these layers' init (lecun_normal / glorot for "
+            "tanh and sigmoid, std ~ 1/sqrt(fan_in)) or normalise their inputs",
+            path=saturated[0].name, file=_file_of(saturated[0].location), line=_line_of(saturated[0].location),
+            extra={"frac_saturated": {l.name: l.act_frac_saturated for l in saturated}}))
+    return findings
+
+
+def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None, *, num_classes: int | None = None,
+               loss: float | None = None, loss_rtol: float = 0.5, scale_ratio: float = 10.0,
+               per_layer_factor: float = 2.0, max_saturated: float = 0.5,
+               symmetric_tol: float = 1e-6) -> list[Finding]:
+    """The init checklist on one batch: loss at init, activation scale through depth, symmetric units.
+
+    Args:
+      apply: ``(params, inputs) -> logits`` (for NNX use ``Adapted(exp).apply_fn`` or
+        ``lambda state, x: nnx.merge(graphdef, state)(x)``).
+      params: the freshly initialised parameters.
+      inputs: a batch of inputs.
+      labels: integer labels; with them the loss at init is the softmax cross-entropy of the logits.
+      num_classes: number of classes (default: the last axis of the logits).
+      loss: the initial loss, when computed elsewhere (overrides ``labels``).
+      loss_rtol: ``init.loss`` tolerance around ln C (default 0.5; Karpathy's recipe).
+      scale_ratio, per_layer_factor, max_saturated, symmetric_tol: see :func:`check_activations`.
+
+    Returns:
+      Findings ``init.loss``, ``init.scale``, ``init.symmetric``; empty on a healthy init.
+
+    Not jit-safe.
+    """
+    require_callable("check_init", "apply", apply, signature="(params, inputs) -> logits")
+    if labels is not None:
+        require_same_rows("check_init", "inputs", inputs, "labels", labels)
+    require_int("check_init", "num_classes", num_classes, min=2, optional=True)
+    require_float("check_init", "loss", loss, optional=True)
+    for _name, _v, _lo, _hi in (("loss_rtol", loss_rtol, 0.0, None), ("scale_ratio", scale_ratio, 1.0, None),
+                                ("per_layer_factor", per_layer_factor, 1.0, None),
+                                ("max_saturated", max_saturated, 0.0, 1.0),
+                                ("symmetric_tol", symmetric_tol, 0.0, None)):
+        require_float("check_init", _name, _v, min=_lo, max=_hi)
+    findings: list[Finding] = []
+    if loss is None and labels is not None:
+        logits = quick_jit(apply)(params, inputs)
+        labels = jnp.asarray(labels)
+        if getattr(logits, "ndim", 0) == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
+            loss = float(softmax_cross_entropy(logits, labels))
+            num_classes = num_classes or int(logits.shape[-1])
+    if loss is not None:
+        if num_classes is None:
+            out = jax.eval_shape(apply, params, inputs)
+            num_classes = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 and out.shape[-1] >= 2 else None
+        if num_classes is not None:
+            findings += check_init_loss(float(loss), num_classes, rtol=loss_rtol)
+    findings += check_activations(activation_stats(apply, params, inputs), scale_ratio=scale_ratio,
+                                  per_layer_factor=per_layer_factor, max_saturated=max_saturated,
+                                  symmetric_tol=symmetric_tol)
+    return findings
+
+
+def traceable(adapted: Adapted, which: str) -> Callable | None:
+    """``adapted.apply_fn`` (``which="apply"``) or ``adapted.loss_fn`` (``"loss"``), safe to trace.
+
+    For NNX, the model's non-parameter variables are copied inside the traced function, so a model
+    that updates them while being traced (BatchNorm left in train mode updating ``BatchStat``)
+    does not raise flax's TraceContextError. Jit-safe.
+    """
+    handle = adapted.apply_fn if which == "apply" else adapted.loss_fn
+    user = adapted.experiment.apply if which == "apply" else adapted.experiment.loss
+    if handle is None or not adapted.nnx:
+        return handle
+
+    def call(params, arg):
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+        def copy(x):  # fresh values (traceable), floats in the parameters' dtype (float64 in check_grads)
+            if floats and hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
+                return jnp.asarray(x, floats[0])
+            return jnp.asarray(x) if hasattr(x, "dtype") else x
+
+        rest = jax.tree_util.tree_map(copy, adapted._model_rest)
+        return user(adapted._model_with(params, training=which == "loss", rest=rest), arg)
+
+    return adapted.memo("traceable:" + which, lambda: TracedOnce(call))  # traced once per input signature

@@ -1,0 +1,267 @@
+"""Sequence-model checks: ``seq.future_leakage`` and ``seq.padding_in_loss``.
+
+Both chart dependencies along the time axis (axis 1 of ``[B, T, ...]`` inputs), as
+``batch.cross_talk`` does along the batch axis ("use backprop to chart dependencies"): token
+inputs are integers and have no gradient, so the probes are forward ones, exact in the same way:
+
+* future leakage: in a model declared causal, replace every input at positions ``> t``; the
+  outputs at positions ``<= t`` must not move (a causal mask makes them bitwise equal);
+* padding in the loss: replace the inputs, and separately the targets, at the positions the mask
+  marks as padding; the loss must not move (a masked loss multiplies them by exactly 0).
+
+Nothing here is jit-safe: each check compiles its function once and calls it a few times.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from .._jaxpr.compile_level import quick_jit
+from .._core.errors import ExperimentError
+from .._core.finding import Finding
+from .._core.validate import require_callable, require_count_or_list, require_float, require_int
+
+PyTree = Any
+
+
+def _binary(a: np.ndarray) -> bool:
+    """A mask-like leaf: bool, or only the values 0 and 1."""
+    return a.dtype.kind == "b" or (a.size > 0 and bool(np.isin(a, (0, 1)).all()))
+
+
+def _perturb(a: np.ndarray, where: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``a`` with the entries at ``where`` (a ``[B, T]`` boolean) changed: integers to another id in
+    the observed range, floats by unit-scale noise. Entries elsewhere are untouched (bitwise)."""
+    w = where.reshape(where.shape + (1,) * (a.ndim - where.ndim))
+    if a.dtype.kind in "iu":
+        top = int(a.max()) if a.size else 0
+        if top < 1:
+            return a
+        changed = np.where(a >= 0, (a + 1) % (top + 1), a).astype(a.dtype)  # negatives are ignore indices
+        return np.where(w, changed, a)
+    if a.dtype.kind in "fc":
+        scale = float(np.std(a)) + 1.0
+        noise = (rng.standard_normal(a.shape) * scale).astype(a.dtype)
+        return np.where(w, a + noise, a)
+    return a
+
+
+def _time_leaves(leaves: list, n: int) -> tuple[int | None, list[int]]:
+    """(T, indices of the non-mask leaves shaped ``[n, T, ...]``) for the first such leaf's T."""
+    T, idx = None, []
+    for i, x in enumerate(leaves):
+        if np.ndim(x) < 2 or x.shape[0] != n or x.dtype.kind not in "iufc" or _binary(np.asarray(x)):
+            continue
+        if T is None:
+            T = x.shape[1]
+        if x.shape[1] == T:
+            idx.append(i)
+    return T, idx
+
+
+def _probe_positions(T: int, probes: int | Sequence[int]) -> list[int]:
+    if not isinstance(probes, int):
+        return sorted({int(t) for t in probes if 0 <= int(t) < T - 1})
+    picks = [0, T // 2 - 1, T - 2, T // 4, (3 * T) // 4]
+    return sorted(dict.fromkeys(t for t in picks if 0 <= t < T - 1))[:max(1, probes)] if T >= 2 else []
+
+
+def check_causal(apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 3,
+                 rtol: float = 1e-5, seed: int = 0) -> list[Finding]:
+    """``seq.future_leakage`` when a causal model's output at position t depends on inputs after t.
+
+    For each probe position t, every input at positions ``> t`` (of each non-mask input leaf shaped
+    ``[B, T, ...]``: token ids get another id, float inputs noise) is replaced; the outputs shaped
+    ``[B, T, ...]`` at positions ``<= t`` must not move. A causal mask makes them bitwise equal; a
+    missing mask, a mask on the wrong axis (transposed, ``triu`` for ``tril``) or a bidirectional
+    layer moves them.
+
+    Args:
+      apply: ``(params, inputs) -> outputs`` in eval mode, outputs ``[B, T, ...]`` per position.
+      params: parameters.
+      inputs: a batch of inputs (an array or pytree; padding masks among them are left unchanged).
+      probes: how many positions t to probe (default 3: the first, the middle and the last but one),
+        or the positions.
+      rtol: relative change allowed, ``max |out' - out| / max |out|`` over positions ``<= t``.
+      seed: seed of the float perturbation.
+
+    Returns:
+      One ``seq.future_leakage`` finding, or nothing.
+
+    Raises:
+      ExperimentError: no input or output leaf has a time axis ``[B, T, ...]`` to probe.
+
+    Not jit-safe (compiles ``apply`` once and calls it ``1 + probes`` times).
+    """
+    fn = "check_causal"
+    require_callable(fn, "apply", apply, signature="(params, inputs) -> outputs")
+    require_count_or_list(fn, "probes", probes)
+    require_float(fn, "rtol", rtol, min=0.0)
+    require_int(fn, "seed", seed)
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    host = [np.asarray(x) for x in leaves]
+    if not host or np.ndim(host[0]) < 1:
+        raise ExperimentError("check_causal: the inputs have no leading batch axis.")
+    n = host[0].shape[0]
+    T, idx = _time_leaves(host, n)
+    if T is None or T < 2:
+        raise ExperimentError(f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
+                              f"{[x.shape for x in host]}); the causal check needs sequence inputs.")
+    run = quick_jit(lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))), runs=1 + len(_probe_positions(T, probes)))
+    base = [np.asarray(o) for o in run(params, host)]
+    outs = [k for k, o in enumerate(base) if o.ndim >= 2 and o.shape[:2] == (n, T) and o.dtype.kind in "fc"]
+    if not outs:
+        raise ExperimentError(f"check_causal: apply's outputs have no per-position axis [B={n}, T={T}, ...] "
+                              f"(shapes {[o.shape for o in base]}); the causal check needs one output per position.")
+    rng = np.random.default_rng(seed)
+    leaks: list[tuple[int, float, list[int]]] = []
+    for t in _probe_positions(T, probes):
+        future = np.zeros((n, T), bool)
+        future[:, t + 1:] = True
+        moved = list(host)
+        for i in idx:
+            moved[i] = _perturb(host[i], future, rng)
+        new = [np.asarray(o) for o in run(params, moved)]
+        worst, seen = 0.0, set()
+        for k in outs:
+            a, b = base[k][:, :t + 1].astype(np.float64), new[k][:, :t + 1].astype(np.float64)
+            diff = np.abs(a - b).reshape(n, t + 1, -1).max(axis=(0, 2))
+            ref = float(np.abs(a).max()) + 1e-30
+            worst = max(worst, float(diff.max()) / ref)
+            seen |= {int(p) for p in np.flatnonzero(diff / ref > rtol)}
+        if worst > rtol:
+            leaks.append((t, worst, sorted(seen)))
+    if not leaks:
+        return []
+    shown = "; ".join(f"inputs after t={t} moved outputs at positions {pos[:6]}{'...' if len(pos) > 6 else ''} "
+                      f"(relative change {r:.2g})" for t, r, pos in leaks)
+    return [Finding(
+        "seq.future_leakage",
+        f"the model is declared causal, but its output at a position depends on inputs at later positions "
+        f"(forward probe over T={T}): {shown}",
+        "mask attention causally: scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf) with "
+        "queries on axis -2 and keys on axis -1 (a transposed mask or jnp.triu lets each position see the "
+        "future); in Flax pass mask=nnx.make_causal_mask(tokens) (linen: nn.make_causal_mask); no bidirectional "
+        "layer, future-looking convolution or pooling over the time axis",
+        path=f"position {leaks[0][2][0] if leaks[0][2] else 0} <- positions > {leaks[0][0]}",
+        extra={"probes": [(t, float(r), pos) for t, r, pos in leaks], "T": T})]
+
+
+def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: Any, *, inputs: Any = None,
+                          labels: Any = None, rtol: float = 1e-5, seed: int = 0) -> list[Finding]:
+    """``seq.padding_in_loss`` when the loss moves with the contents of padded positions.
+
+    The batch's leaves shaped like the mask ``[B, T, ...]`` (the mask itself excepted) are changed
+    at the positions the mask marks as padding (mask == 0): once the input leaves, once the target
+    leaves (a negative target, an ignore index, is left as it is). A loss that applies the mask
+    moves by neither; the error is reported only when every group that has such leaves moves it,
+    so a model that derives its own mask from pad ids, or a loss that masks by ``labels != -100``,
+    is not blamed for the other half.
+
+    Args:
+      loss: ``(params, batch) -> scalar``.
+      params: parameters.
+      batch: one batch (a pytree).
+      mask: the padding mask ``[B, T]`` (1 or True = real position), e.g. ``batch["mask"]``.
+      inputs, labels: the batch's inputs and targets (subtrees of ``batch``, as the Experiment's
+        handles return them); leaves are matched by identity. Leaves of neither count as both.
+      rtol: relative change of the loss allowed.
+      seed: seed of the float perturbation.
+
+    Returns:
+      One ``seq.padding_in_loss`` finding, or nothing (also when the batch has no padded position,
+      or its loss is not finite: nothing can be judged then).
+
+    Not jit-safe (compiles ``loss`` once and calls it up to three times).
+    """
+    fn = "check_padding_in_loss"
+    require_callable(fn, "loss", loss, signature="(params, batch) -> scalar")
+    require_float(fn, "rtol", rtol, min=0.0)
+    require_int(fn, "seed", seed)
+    m = np.asarray(mask)
+    if m.ndim != 2:
+        raise ExperimentError(f"check_padding_in_loss: the mask has shape {m.shape}; expected [B, T] "
+                              "(1 = real position, 0 = padding).")
+    pad = ~m.astype(bool)
+    if not pad.any():
+        return []
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    in_ids = {id(x) for x in jax.tree_util.tree_leaves(inputs)} if inputs is not None else set()
+    lab_ids = {id(x) for x in jax.tree_util.tree_leaves(labels)} if labels is not None else set()
+    groups: dict[str, list[int]] = {"inputs": [], "targets": []}
+    for i, x in enumerate(leaves):
+        if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != m.shape:
+            continue
+        a = np.asarray(x)
+        if a.dtype.kind not in "iufc" or (a.shape == m.shape and np.array_equal(a.astype(bool), m.astype(bool))
+                                          and _binary(a)):
+            continue  # another copy of the mask
+        if id(x) in in_ids:
+            groups["inputs"].append(i)
+        elif id(x) in lab_ids:
+            groups["targets"].append(i)
+        else:
+            groups["inputs"].append(i)
+            groups["targets"].append(i)
+    groups = {k: v for k, v in groups.items() if v}
+    if not groups:
+        return []
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=1 + len(groups))
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    base = float(run(params, host))
+    if not np.isfinite(base):
+        return []
+    rng = np.random.default_rng(seed)
+    moved_by: dict[str, float] = {}
+    for name, idx in groups.items():
+        changed = list(host)
+        for i in idx:
+            changed[i] = _perturb(host[i], pad, rng)
+        value = float(run(params, changed))
+        moved_by[name] = abs(value - base) / max(abs(base), 1e-12) if np.isfinite(value) else np.inf
+    if not all(r > rtol for r in moved_by.values()):
+        return []
+    what = " and ".join(f"the {k} at padded positions (relative change {r:.2g})" for k, r in moved_by.items())
+    return [Finding(
+        "seq.padding_in_loss",
+        f"the loss changes when only {what} change: padding reaches the loss ({int(pad.sum())} of {pad.size} "
+        f"positions are padding in this batch)",
+        "weight the per-position loss by the mask and divide by the number of real positions: "
+        "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
+        "in attention so real positions never attend to padding",
+        path="loss <- padded positions", extra={"relative_change": moved_by, "padded": int(pad.sum())})]
+
+
+def loss_reads_first_target(loss: Callable, params: PyTree, batch: PyTree, labels: Any,
+                            inputs: Any = None) -> bool | None:
+    """Whether ``loss`` reads the targets at position 0 (``labels[:, 0]``).
+
+    Targets equal to the inputs are a bug when the loss compares position t's output with target t,
+    and the Hugging Face convention when the loss shifts internally (``logits[:, :-1]`` against
+    ``labels[:, 1:]``): then ``labels[:, 0]`` is never read. The labels leaf is found in ``batch`` by
+    identity and its first column changed. None when that cannot be judged: no such leaf, the leaf is
+    also the inputs, or the loss is not finite.
+
+    Not jit-safe (compiles ``loss`` once, calls it twice).
+    """
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(lab) != 1 or np.ndim(lab[0]) != 2 or np.shape(lab[0])[1] < 2:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    at = [i for i, x in enumerate(leaves) if x is lab[0]]
+    if len(at) != 1 or any(x is lab[0] for x in jax.tree_util.tree_leaves(inputs)):
+        return None
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2)
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    base = float(run(params, host))
+    first = np.zeros(np.shape(lab[0]), bool)
+    first[:, 0] = True
+    changed = list(host)
+    changed[at[0]] = _perturb(host[at[0]], first, np.random.default_rng(0))
+    value = float(run(params, changed))
+    if not (np.isfinite(base) and np.isfinite(value)):
+        return None
+    return value != base

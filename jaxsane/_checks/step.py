@@ -1,0 +1,417 @@
+"""Step wiring: does the user's step update the parameters, thread the optimizer state and the
+randomness, and compile once? (``step.no_update``, ``step.opt_state_frozen``, ``step.rng_reused``,
+``step.recompiles``.)
+
+Everything is read from a few real calls of the user's own step through :class:`Adapted`, called
+as the user calls it (not re-wrapped in ``jax.jit``, so that Python-side recompilation is seen).
+Randomness is found by evaluating the step's jaxpr with a hook on jaxsane's one interpreter
+(:mod:`jaxsane._jaxpr.interpret`) that records the output of every ``random_bits`` equation (dropout
+masks, noise; inside ``scan`` bodies once per time step) on two consecutive states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._experiment.purify import positional_names
+from .._jaxpr.compile_level import quick_jit
+from .._core.errors import JaxsaneError
+from .._experiment.contract import Adapted, Experiment, require_experiment
+from .._experiment.batches import first_batch
+from .._core.finding import Finding
+from .._core.frames import user_call_site, user_location
+from .._jaxpr.interpret import Interpreter, all_eqns
+from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
+from .._core.tree import PyTree, is_key, leaves_with_paths
+from .._core.validate import require_bool, require_int
+
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_retrieval_time_sec"
+_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+_RANDOM_PRIMS = ("random_bits", "threefry2x32", "random_wrap")
+
+
+class CompileCounter:
+    """Counts XLA compilations and jaxpr traces while active (a ``jax.monitoring`` listener).
+
+    Use as ``with count_compilations() as c: ...; c.compiles``. Calls made through
+    :meth:`watch` are also explained: ``c.reasons`` holds a :class:`~jaxsane._jaxpr.recompile.Recompile` per compile
+    after the first (the argument paths that changed, old and new side by side, the caller's
+    ``file:line``) and ``c.explain()`` writes them out. Not jit-safe; counts every compilation in the
+    process while active (or, with ``thread``, only those made by that thread: jax compiles on the
+    calling thread, so compiles running in other threads at the same time are not counted).
+    """
+
+    def __init__(self, thread: int | None = None):
+        self.thread = thread
+        self.compiles = 0
+        self.traces = 0
+        self.active = False
+        self._hit = threading.local()  # per compiling thread: a cache hit whose compile event is still to come
+        self._tracker = RecompileTracker()
+
+    @property
+    def reasons(self) -> list[Recompile]:
+        """One :class:`~jaxsane._jaxpr.recompile.Recompile` per compile of a watched call after the first."""
+        return self._tracker.reasons
+
+    def explain(self) -> str:
+        """What changed at each recompilation of the watched calls, one line each. Not jit-safe."""
+        return self._tracker.explain()
+
+    def watch(self, fn: Callable, names: Sequence[str] | None = None) -> Callable:
+        """``fn`` with each call's argument signature recorded, so a compile during a call is explained
+        against the call that compiled before it. ``names``: the positional arguments' names in paths
+        (default: ``fn``'s parameter names, else ``args[i]``); ``jax.jit``'s static arguments are compared by
+        value. Not jit-safe.
+
+        Example:
+          >>> f = jax.jit(lambda x: x + 1)
+          >>> with count_compilations() as c:
+          ...     g = c.watch(f, names=["x"])
+          ...     _ = g(jnp.ones(2)); _ = g(jnp.ones(3))
+          >>> print(c.reasons[0].summary())
+          x: shape (2,) -> (3,)
+        """
+        names = list(positional_names(fn)) if names is None else list(names)
+        info = getattr(fn, "_jit_info", None)
+        static = (tuple(getattr(info, "static_argnums", ()) or ()), tuple(getattr(info, "static_argnames", ()) or ()))
+
+        @functools.wraps(fn)
+        def watched(*args, **kwargs):
+            sig = signature(args, kwargs, names=names, static_argnums=static[0], static_argnames=static[1])
+            before = self.compiles
+            out = fn(*args, **kwargs)
+            compiled = self.compiles > before
+            self._tracker.seen(sig, compiled, user_call_site() if compiled else None)
+            return out
+
+        return watched
+
+    def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
+        if not self.active or (self.thread is not None and threading.get_ident() != self.thread):
+            return
+        # a cache hit is recorded inside the compile; jax may or may not then record the backend-compile
+        # event of the same program right after it (nothing in between): count the pair once either way
+        pending, self._hit.pending = getattr(self._hit, "pending", False), event == _CACHE_HIT_EVENT
+        if event == _CACHE_HIT_EVENT or (event == _COMPILE_EVENT and not pending):
+            self.compiles += 1
+        elif event == _TRACE_EVENT:
+            self.traces += 1
+
+
+@contextlib.contextmanager
+def count_compilations(*, this_thread: bool = False) -> Iterator[CompileCounter]:
+    """Context manager counting XLA compilations (and traces) inside it. Not jit-safe.
+
+    With ``this_thread=True`` only the compilations and traces made by the calling thread count, so work
+    compiling in other threads at the same time (a background precompile) is not mistaken for its own.
+
+    Example:
+      >>> f = jax.jit(lambda x: x + 1)
+      >>> with count_compilations() as c:
+      ...     _ = f(1.0); _ = f(2.0)
+      >>> c.compiles
+      1
+    """
+    counter = CompileCounter(threading.get_ident() if this_thread else None)
+    jax.monitoring.register_event_duration_secs_listener(counter._listener)
+    counter.active = True
+    try:
+        yield counter
+    finally:
+        counter.active = False
+        jax.monitoring.unregister_event_duration_listener(counter._listener)
+
+
+def _is_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or is_key(x):
+        return False
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
+def _host(x: Any) -> Any:
+    if is_key(x):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x) if hasattr(x, "shape") else x
+
+
+def _snapshot(state: PyTree) -> list[tuple[str, Any]]:
+    """Host copies of every leaf with its path (keys as their raw data), taken before the next call."""
+    return [(path, _host(leaf)) for path, leaf in leaves_with_paths(state, "state")]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _display(path: str) -> str:
+    return path[:-len(".value")] if path.endswith(".value") else path
+
+
+def _raw_key_path(path: str, leaf: Any) -> bool:
+    lowered = path.lower()
+    return (getattr(leaf, "dtype", None) == np.uint32 and getattr(leaf, "shape", ())[-1:] == (2,)
+            and ("key" in lowered or "rng" in lowered))
+
+
+def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.Array | None = None,
+               calls: int = 3, check_rng: bool = True) -> list[Finding]:
+    """Run the user's step ``calls`` times on one batch and check its wiring.
+
+    * ``step.no_update`` — the parameters are bitwise unchanged by every call (stale state returned,
+      update not applied, learning rate 0);
+    * ``step.opt_state_frozen`` — the parameters change but every float optimizer-state leaf (not a
+      parameter, counter or key) is bitwise unchanged across all calls;
+    * ``step.rng_reused`` — the step draws random bits (``random_bits`` in its jaxpr) and draws the
+      same bits on two consecutive states (a dropout key never split or advanced);
+    * ``step.recompiles`` — any XLA compilation during calls 2..``calls``; the message names the state
+      leaf that changed since the compiled call (``state[0]['scale']: weak_type True -> False``: dtype or
+      weak-type drift of the state) or says the arguments were identical (a Python scalar as a static
+      argument or closed over, a new ``jax.jit`` per call).
+
+    Args:
+      experiment: the :class:`Experiment` (or its :class:`Adapted` view).
+      batch: the batch for every call (default: the first train batch).
+      key: PRNG key for ``init`` (default ``jax.random.key(0)``).
+      calls: how many steps to run (>= 2; default 3; raise it above k for optax.MultiSteps(k)).
+      check_rng: also evaluate the step's jaxpr to compare its random draws (one extra compile
+        when the step draws randomness).
+
+    Returns:
+      A list of findings, empty when the step is wired correctly.
+
+    Not jit-safe: it calls the step on the host.
+    """
+    require_experiment("check_step", experiment)
+    require_int("check_step", "calls", calls)
+    require_bool("check_step", "check_rng", check_rng)
+    if int(calls) < 2:
+        raise JaxsaneError(f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}.")
+    key = jax.random.key(0) if key is None else key
+    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment, key=key)
+    batch = first_batch(adapted.experiment.train, "train") if batch is None else batch
+    state = adapted.init(key)
+    first_state = state
+    param_ids = {id(x) for x in jax.tree_util.tree_leaves(adapted.params(state))}
+    kinds = _leaf_kinds(state, param_ids)
+
+    snapshots = [_snapshot(state)]
+    compiles, traces = [], []
+    tracker, site = RecompileTracker(), user_call_site()
+    for i in range(int(calls)):
+        sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
+        with count_compilations(this_thread=True) as counter:  # doctor compiles other stages' programs meanwhile
+            state, _ = adapted.step(state, batch)
+            jax.block_until_ready(jax.tree_util.tree_leaves(state))
+        compiles.append(counter.compiles)
+        traces.append(counter.traces)
+        tracker.seen(sig, counter.compiles > 0, site)
+        snapshots.append(_snapshot(state))
+
+    findings: list[Finding] = []
+    findings += _update_findings(snapshots, kinds)
+    findings += _recompile_findings(compiles, traces, tracker.reasons)
+    if check_rng:
+        findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
+    return findings
+
+
+def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:
+    """Per leaf of the state: "param", "opt" (float, not a param), "key", or "other"."""
+    kinds = []
+    for path, leaf in leaves_with_paths(state, "state"):
+        if id(leaf) in param_ids:
+            kinds.append("param")
+        elif is_key(leaf) or _raw_key_path(path, leaf):
+            kinds.append("key")
+        elif _is_float(leaf):
+            kinds.append("opt")
+        else:
+            kinds.append("other")
+    has_opt_state = [k == "opt" and "opt_state" in path for k, (path, _) in
+                     zip(kinds, leaves_with_paths(state, "state"))]
+    if any(has_opt_state):  # prefer the optimizer's own sub-tree when it is named (TrainState, nnx.Optimizer)
+        kinds = ["opt" if flag else ("stat" if k == "opt" else k) for k, flag in zip(kinds, has_opt_state)]
+    return kinds
+
+
+def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
+    n = len(snapshots) - 1
+    params = [i for i, k in enumerate(kinds) if k == "param"]
+    opt = [i for i, k in enumerate(kinds) if k == "opt"]
+    changed = [[not _equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))]
+               for c in range(n)]
+    params_moved = any(changed[c][i] for c in range(n) for i in params)
+    if params and not params_moved:
+        opt_note = ""
+        if opt and not any(changed[c][i] for c in range(n) for i in opt):
+            opt_note = " and neither did the optimizer state"
+        return [Finding(
+            "step.no_update",
+            f"the parameters ({len(params)} leaves, e.g. {_display(snapshots[0][params[0]][0])}) are bitwise "
+            f"unchanged after {n} steps{opt_note}",
+            "the step does not apply its update: return the NEW state (e.g. state.apply_gradients(grads=...) or "
+            "optax.apply_updates(params, updates)), not the state it was given; for NNX call "
+            "optimizer.update(model, grads) inside the step; check the learning rate is not 0. "
+            "(Gradient accumulation with optax.MultiSteps(k) only updates every k steps: run with more calls.)",
+            path=_display(snapshots[0][params[0]][0]), extra={"calls": n})]
+    if opt and params_moved and not any(changed[c][i] for c in range(n) for i in opt):
+        return [Finding(
+            "step.opt_state_frozen",
+            f"the parameters change but the optimizer state ({len(opt)} float leaves, e.g. "
+            f"{_display(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
+            "the step returns the initial optimizer state: thread the new one, "
+            "`updates, opt_state = tx.update(grads, opt_state, params)` and return that opt_state with the new "
+            "params (momentum and Adam moments are lost otherwise)",
+            path=_display(snapshots[0][opt[0]][0]), extra={"calls": n})]
+    return []
+
+
+def _recompile_findings(compiles: list[int], traces: list[int], reasons: list[Recompile]) -> list[Finding]:
+    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them."""
+    later = compiles[1:]
+    if not any(later) or not reasons:
+        return []
+    finding = recompile_finding(reasons[0])
+    every = all(later)
+    if every and not reasons[0].changes:
+        hint = ("it recompiles on every call with identical arguments: a Python value that changes each call is a "
+                "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "
+                "anew inside the loop (jit once, outside)")
+    else:
+        hint = finding.hint
+    others = [str(r) for r in reasons[1:]]
+    more = f"; and again at {len(others)} later call(s)" if others else ""
+    return [dataclasses.replace(
+        finding, message=f"{finding.message} (compilations per call {compiles}{more})", hint=hint,
+        extra={**finding.extra, "compiles": compiles, "traces": traces, "recompiles": [str(r) for r in reasons]})]
+
+
+def _random_sites(jaxpr) -> list[Any]:
+    return [eqn for eqn in all_eqns(jaxpr) if eqn.primitive.name in _RANDOM_PRIMS]
+
+
+class _Draws(Interpreter):
+    """Records (the first 4096 of) the bits of every ``random_bits`` equation. Jit-safe."""
+
+    def after(self, eqn, invals, outs, tags, out_tags, ectx):
+        if eqn.primitive.name == "random_bits":
+            self.emit(eqn, jnp.ravel(outs[0])[:4096])
+        return outs, out_tags
+
+
+def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]) -> list[Finding]:
+    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    closed = jax.make_jaxpr(adapted.step)(state0, batch)
+    if not _random_sites(closed.jaxpr):
+        return []
+    recorded_meta: list[str] = []
+    draws = _Draws()
+
+    def record_bits(flat_args):
+        with draws.collecting() as records:
+            draws.run(closed.jaxpr, closed.consts, flat_args)
+        recorded_meta[:] = [user_location(*draws.sites[site]) or "random_bits" for site in records]
+        return list(records.values())
+
+    flat0 = jax.tree_util.tree_leaves((state0, batch))
+    try:
+        runner = _dead_code_eliminated(record_bits, flat0)
+        bits0 = runner(flat0)
+    except Exception:  # an exotic step the interpreter cannot replay: fall back to key leaves only
+        return _key_only_findings(snapshots, kinds)
+    if not bits0:   # draws only inside a while body or a cond branch, which the traced interpreter drops
+        if any(e.primitive.name == "random_bits" for e in _random_sites(closed.jaxpr)):
+            return _key_only_findings(snapshots, kinds)
+        return []
+    # the state after the first call, rebuilt from the host snapshot (the step may donate its inputs)
+    state1 = _state_from_snapshot(state0, snapshots[1])
+    bits1 = runner(jax.tree_util.tree_leaves((state1, batch)))
+    same = [i for i, (a, b) in enumerate(zip(bits0, bits1)) if _equal(a, b)]
+    if not same:
+        return []
+    frozen_keys = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
+                   if k == "key" and _equal(snapshots[0][i][1], snapshots[1][i][1])]
+    where = recorded_meta[same[0]] if same[0] < len(recorded_meta) else None
+    key_note = f"; key leaves unchanged by the step: {', '.join(frozen_keys[:4])}" if frozen_keys else ""
+    return [Finding(
+        "step.rng_reused",
+        f"the step draws the same random bits on two consecutive calls at {len(same)} of {len(bits0)} random "
+        f"draw sites (e.g. identical dropout masks){key_note}",
+        "split the PRNG key every step and return the new key in the state (`key, sub = jax.random.split(key)`, "
+        "use sub, return key), or fold in the step number (`jax.random.fold_in(key, state.step)`); with NNX pass "
+        "nnx.Rngs to the layers and let them advance",
+        path=frozen_keys[0] if frozen_keys else None, file=_file(where), line=_line(where),
+        extra={"sites": [recorded_meta[i] for i in same if i < len(recorded_meta)], "frozen_keys": frozen_keys})]
+
+
+def _dead_code_eliminated(fn, flat_args):
+    """``jax.jit(fn)`` compiled without the equations its outputs do not need (only the key
+    arithmetic and ``random_bits`` of a train step remain, so the compile is small)."""
+    try:
+        from jax._src.core import eval_jaxpr
+        from jax._src.interpreters.partial_eval import dce_jaxpr
+    except ImportError:  # pragma: no cover - private API moved: compile everything
+        return quick_jit(fn, runs=2)
+    closed = jax.make_jaxpr(fn)(flat_args)
+    jaxpr, used = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    consts = closed.consts
+
+    def run(args):
+        return eval_jaxpr(jaxpr, consts, *[a for a, u in zip(args, used) if u])
+
+    return quick_jit(run, runs=2)
+
+
+def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
+    frozen = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
+              if k == "key" and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1])
+                                    for c in range(len(snapshots) - 1))]
+    if not frozen:
+        return []
+    return [Finding("step.rng_reused", f"the step draws randomness but the key(s) {', '.join(frozen[:4])} never "
+                    "change between steps",
+                    "split the key every step and return the new key in the state, or fold in the step number",
+                    path=frozen[0], extra={"frozen_keys": frozen})]
+
+
+def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    rebuilt = []
+    for leaf, (_, value) in zip(leaves, snapshot):
+        if is_key(leaf):
+            rebuilt.append(jax.random.wrap_key_data(jax.device_put(value), impl=jax.random.key_impl(leaf)))
+        else:  # Python scalars too, so that consecutive states have one signature (no recompile); on the
+            # leaf's own sharding (a donated array keeps its sharding metadata), so sharded steps trace alike
+            sharding = leaf.sharding if isinstance(leaf, jax.Array) else None
+            rebuilt.append(jax.device_put(np.asarray(value, getattr(leaf, "dtype", None)), sharding))
+    return jax.tree_util.tree_unflatten(treedef, rebuilt)
+
+
+def _file(where: str | None) -> str | None:
+    if not where or ":" not in where:
+        return None
+    return where.rsplit(":", 1)[0]
+
+
+def _line(where: str | None) -> int | None:
+    if not where or ":" not in where:
+        return None
+    tail = where.rsplit(":", 1)[1]
+    return int(tail) if tail.isdigit() else None

@@ -1,0 +1,1 @@
+"""_core: see the package map in jaxsane/__init__.py."""

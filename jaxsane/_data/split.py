@@ -1,0 +1,147 @@
+"""The single-pass accumulators of :func:`jaxsane.check_data`: one :class:`Split` per split
+(counts, content hashes, label and shape records), :class:`Flags` (a count and the first few
+indices), :class:`LeafStats` (one input leaf's scale) and :class:`Cycle` (a stream that wraps
+around to its start).
+
+Nothing here runs inside ``jit``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .row_hash import U64 as _U64
+from .._core.tree import PyTree
+
+
+class Flags:
+    """A count of flagged examples and the first few of their indices."""
+
+    def __init__(self, k: int):
+        self.k, self.count, self.first = k, 0, []
+
+    def add(self, flags: np.ndarray, offset: int) -> None:
+        n = int(flags.sum())
+        if n:
+            if len(self.first) < self.k:
+                self.first += (np.flatnonzero(flags)[: self.k - len(self.first)] + offset).tolist()
+            self.count += n
+
+    def add_index(self, i: int, n: int = 1) -> None:
+        if len(self.first) < self.k:
+            self.first.append(int(i))
+        self.count += n
+
+
+class LeafStats:
+    """Scale/range accumulators for one input leaf."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.lo, self.hi = math.inf, -math.inf
+        self.n = 0
+        self.s = self.ss = 0.0
+        self.row_scale: list[np.ndarray] = []   # per-row max |value| (float32, NaN for non-finite rows)
+
+
+class Cycle:
+    """Recognises a stream that wraps around to its start (an endless generator over a finite array).
+
+    Keeps every row's content hash in stream order (8 bytes a row). The stream has wrapped at row
+    ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...`` (and rows ``0..k`` are not all one
+    row); the wrap is confirmed once ``confirm_rows`` rows have matched, and then the reader stops:
+    one epoch is ``k`` rows.
+    """
+
+    def __init__(self, confirm_rows: int = 64):
+        self.buf = np.zeros(1024, _U64)
+        self.n = 0
+        self.k: int | None = None
+        self.confirm_rows = confirm_rows
+
+    def _matches(self, k: int, end: int) -> bool:
+        return bool(np.array_equal(self.buf[k:end], self.buf[:end - k]))
+
+    def add(self, h: np.ndarray) -> None:
+        n0, n1 = self.n, self.n + len(h)
+        if n1 > len(self.buf):
+            self.buf = np.concatenate([self.buf, np.zeros(max(n1, 2 * len(self.buf)) - len(self.buf), _U64)])
+        self.buf[n0:n1] = h
+        self.n = n1
+        if self.k is not None:
+            if self._matches(self.k, n1):
+                return
+            start, self.k = self.k + 1, None
+        else:
+            start = max(1, n0)
+        for c in (np.flatnonzero(self.buf[start:n1] == self.buf[0]) + start)[:16].tolist():
+            if self._matches(c, n1):
+                self.k = c
+                return
+
+    def _varied(self) -> bool:
+        """The epoch holds at least two distinct rows (a stream of one repeated row is data.constant's)."""
+        return bool((self.buf[1:self.k] != self.buf[0]).any())
+
+    @property
+    def confirmed(self) -> bool:
+        return self.k is not None and self.n - self.k >= self.confirm_rows and self._varied()
+
+    def epoch(self, cut: bool) -> int | None:
+        """Rows in one epoch, once confirmed (in a stream cut off by the batch limit: once 2 rows matched)."""
+        if self.confirmed or (cut and self.k is not None and self.n - self.k >= 2 and self._varied()):
+            return self.k
+        return None
+
+
+class Split:
+    """Single-pass accumulators of one split."""
+
+    def __init__(self, what: str, k: int):
+        self.what, self.k = what, k
+        self.rows = self.batches = 0
+        self.stream = False
+        self.memory: PyTree = None            # the split itself when it is in memory (for exact checks)
+        self.hashes: list[np.ndarray] = []
+        self.hash_index: list[np.ndarray] = []
+        self.signature: list | None = None
+        self.input_signature: list | None = None   # (path, per-example shape, dtype) of the inputs
+        self.label_signature: list | None = None
+        self.padded = False
+        self.empty_batches = Flags(k)
+        self.partial = False                       # stopped at the default batch limit, more was left
+        self.shape_errors = Flags(k)
+        self.shape_warnings = Flags(k)
+        self.shape_detail = ""
+        self.shape_warning_detail = ""
+        self.nonfinite: dict[str, Flags] = {}
+        self.stats: dict[str, LeafStats] = {}
+        self.constant_batches = Flags(k)
+        self.padding_rows = Flags(k)
+        self.padding_batches = Flags(k)
+        self.label_bad = Flags(k)
+        self.label_lo, self.label_hi = math.inf, -math.inf
+        self.label_float = Flags(k)
+        self.label_soft_bad = Flags(k)
+        self.label_column = None              # shape of (B, 1) class-id labels, when seen
+        self.label_dtype = None
+        self.label_ndim = None
+        self.class_counts = np.zeros(0, np.int64)
+        self.has_labels = False
+        self.count_classes = True
+        self.seq_rows = 0                        # token rows whose targets can be compared with inputs
+        self.seq_same = Flags(k)                # targets == inputs (not shifted)
+        self.seq_lag = Flags(k)                 # targets[:, 1:] == inputs[:, :-1] (shifted the wrong way)
+        self.cycle: Cycle | None = None          # the wrap detector of a stream (set by scan_split)
+        self.epoch: int | None = None            # rows in one pass of a stream that wraps to its start
+
+
+def is_feature(dtype: np.dtype, integer_features: bool | None) -> bool:
+    """Whether inputs of ``dtype`` are numeric features (scale-checked) rather than ids. Not jit-safe."""
+    if dtype.kind in "fc":
+        return True
+    if dtype.kind in "iu":
+        return integer_features if integer_features is not None else dtype == np.uint8
+    return False

@@ -1,0 +1,1 @@
+"""_dist: see the package map in jaxsane/__init__.py."""

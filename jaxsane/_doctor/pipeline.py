@@ -1,0 +1,369 @@
+"""The doctor pipeline: each stage in checklist order, as plain functions of a typed context.
+
+A stage is ``fn(ctx: StageContext) -> Iterable[Finding]``: it calls the public ``check_*`` of its
+concept with the options of its frozen options dataclass (:mod:`jaxsane._doctor.options`) and may store
+results for the report in ``ctx.artifacts``. A stage that cannot judge the program (a handle it
+needs is missing) returns only ``doctor.skipped`` findings that say why. :data:`STAGES` is the
+list :func:`jaxsane.doctor` runs; :mod:`jaxsane._doctor.doctor` runs it and turns crashes into findings.
+Nothing here is jit-safe: stages run on the host and compile what they need.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import inspect
+import math
+from typing import Any, Callable, Iterable
+
+import jax
+
+from .._checks.batch import check_batch_independence, check_example_slices
+from .._checks.sequence import check_causal, check_padding_in_loss, loss_reads_first_target
+from .._data.check import check_data, judge_masked_nonfinite
+from .._data.read import is_data
+from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
+from .._experiment.contract import Adapted, Experiment
+from .._experiment.batches import axis_text, count_examples, example_view, get_inputs, get_labels, get_mask, leading_sizes, slice_examples, sliceable
+from .._core.finding import Finding
+from .._checks.grads import check_grads
+from .._checks.init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
+from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
+from .run_stage import prepare_run, run_stage
+from .._monitor.train_checks import check_training
+from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
+from .options import OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions, RunOptions, StepOptions
+from .._overfit.overfit import plan_overfit
+from .._checks.step import check_step
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """What a stage gets: the experiment, its pure view, the key, the first batches and its options.
+
+    Attributes:
+      experiment: the user's :class:`~jaxsane.Experiment` (train/eval replayable from the start).
+      adapted: the pure view of it (:class:`Adapted`); None only when ``Experiment.init`` crashed,
+        in which case only stages that need no state run.
+      key: the PRNG key for init and the checks.
+      batch: the first train batch.
+      eval_batch: the first eval batch, or None.
+      options: this stage's options dataclass (e.g. :class:`~jaxsane._doctor.options.RunOptions`).
+      artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
+      prepared: what doctor prepared ahead for this stage (see :data:`PREPARE`), e.g. the overfit plan
+        and the future of its compiled sweep program; empty when nothing was.
+    """
+
+    experiment: Experiment
+    adapted: Adapted | None
+    key: jax.Array
+    batch: Any
+    eval_batch: Any
+    options: Any
+    artifacts: dict[str, Any]
+    prepared: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: its name, function, options dataclass and what it needs to run.
+
+    ``needs`` lists ``"state"`` (a working ``Experiment.init``) and ``"step"`` (a step whose
+    output is usable as ``(new_state, metrics)``); the runner skips a stage whose needs failed.
+    Stages run while doctor compiles later stages' programs in a background thread, so a stage that
+    counts compilations counts only its own thread's (``count_compilations(this_thread=True)``).
+    """
+
+    name: str
+    run: Callable[[StageContext], Iterable[Finding]]
+    options: type
+    needs: tuple[str, ...]
+
+    @property
+    def description(self) -> str:
+        return self.options.description
+
+
+# ----------------------------------------------------------------------------- the stages
+
+def data_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
+    exp = ctx.experiment
+    limit = ctx.options.data_max_batches
+    if limit is None:
+        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not is_data(exp.train) else 20
+    apply_fn = params = None
+    if ctx.adapted is not None and ctx.adapted.apply_fn is not None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+            apply_fn = ctx.adapted.apply_fn
+        except Exception:  # init problems are the init stage's to report
+            apply_fn = params = None
+    try:
+        diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
+                               labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+    except DataError as e:
+        view = example_view(exp, ctx.batch)
+        if len(leading_sizes(view)) <= 1:
+            raise
+        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
+                        f"leaves disagree on the leading axis ({axis_text(view)}; a graph batch, packed "
+                        f"sequences), so rows are not examples ({str(e)[10:160]})",
+                        "check such data in your own pipeline tests")]
+    ctx.artifacts["data"] = diagnosis.artifacts.get("data")
+    found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+    loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
+    if loss_fn is not None and params is None:
+        try:
+            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+        except Exception:  # init problems are the init stage's to report
+            loss_fn = None
+    return judge_masked_nonfinite(found, loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
+
+
+def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
+    """True when targets equal to the inputs are the Hugging Face convention: the loss never reads
+    target 0, so it shifts internally (logits[:, :-1] against labels[:, 1:])."""
+    adapted = ctx.adapted
+    if adapted is None or adapted.loss_fn is None or "wrong way" in finding.message:
+        return False
+    try:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        return loss_reads_first_target(traceable(adapted, "loss"), params, ctx.batch,
+                                       get_labels(ctx.experiment, ctx.batch),
+                                       get_inputs(ctx.experiment, ctx.batch)) is False
+    except Exception:  # the loss's own problems are the later stages' to report
+        return False
+
+
+def init_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: loss at init against ln C (a C-way classifier) or the best constant prediction (any other
+    loss, :mod:`jaxsane._checks.init_baseline`), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
+    opts: InitOptions = ctx.options
+    state = ctx.adapted.init(ctx.key)
+    num_classes, why_not = classification_of(ctx.adapted, state, ctx.batch)
+    loss, source = initial_loss(ctx.adapted, state, ctx.batch)
+    ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
+    findings: list[Finding] = []
+    if num_classes is None:
+        findings += _init_loss_vs_constant(ctx, state, loss, why_not, factor=opts.init_loss_factor)
+    elif loss is None:
+        findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
+                                "apply + labels, or a step reporting 'loss')", ""))
+    else:
+        findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
+    if ctx.adapted.apply_fn is None:
+        findings.append(Finding("doctor.skipped", "activation statistics at init not checked: they need "
+                                "Experiment.apply ((params, inputs) -> outputs)", "pass Experiment(apply=...)"))
+        return findings
+    layers = activation_stats(traceable(ctx.adapted, "apply"), ctx.adapted.params(state),
+                              get_inputs(ctx.experiment, ctx.batch))
+    ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
+    findings += check_activations(layers, scale_ratio=opts.init_scale_ratio,
+                                  per_layer_factor=opts.init_per_layer_factor,
+                                  max_saturated=opts.init_max_saturated, symmetric_tol=opts.init_symmetric_tol)
+    return findings
+
+
+def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, why_not: str, *,
+                           factor: float) -> list[Finding]:
+    """``init.loss`` of a loss that is not a C-way cross-entropy, against the best constant prediction."""
+    adapted, exp = ctx.adapted, ctx.experiment
+    if loss is not None and not math.isfinite(loss):
+        return check_init_loss_vs_constant(loss, math.nan)
+    if adapted.loss_fn is None or adapted.apply_fn is None:
+        return [Finding("doctor.skipped", f"loss at init not compared with chance level ln C ({why_not}), nor with "
+                        "the best constant prediction: that needs Experiment.loss ((params, batch) -> scalar) and "
+                        "Experiment.apply ((params, inputs) -> outputs)",
+                        "pass Experiment(loss=..., apply=...), or Experiment(num_classes=C) for a C-way classifier")]
+    try:
+        labels = get_labels(exp, ctx.batch)
+    except Exception:  # an autoencoder's batch: no labels, the starts of the fit do without them
+        labels = None
+    try:
+        base = constant_loss(traceable(adapted, "loss"), traceable(adapted, "apply"), adapted.params(state),
+                             ctx.batch, get_inputs(exp, ctx.batch), examples=count_examples(exp, ctx.batch),
+                             labels=labels)
+    except CannotCompare as e:
+        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: {e} (nor "
+                        f"with chance level ln C: {why_not})", "")]
+    ctx.artifacts["init_loss"]["constant_loss"] = base.constant_loss
+    if not base.constant_loss > 0:
+        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: its loss is "
+                        f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
+                        f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)", "")]
+    return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=factor)
+
+
+def grads_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`).
+
+    doctor starts it in its background thread (:func:`prepare_grads`), so its compiles overlap the data and
+    init stages; the stage then waits for those findings, and a crash there is the stage's crash."""
+    if "future" in ctx.prepared:
+        return ctx.prepared["future"].result()
+    opts: GradsOptions = ctx.options
+    adapted = ctx.adapted
+    if adapted.loss_fn is None:
+        return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
+                        "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
+    state = adapted.init(ctx.key)
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
+    return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
+                       modes=opts.grads_modes, max_leaves=opts.grads_max_leaves or None)
+
+
+def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Start the whole grads stage in ``pool``: ``{"future": its findings}``. Not jit-safe."""
+    return {"future": pool.submit(lambda: list(grads_stage(ctx)))}
+
+
+def step_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
+    return check_step(ctx.adapted, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+
+
+def batch_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (:class:`BatchOptions`)."""
+    adapted = ctx.adapted
+    findings = list(_sequence_checks(ctx))
+    if adapted.apply_fn is None:
+        return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
+                                   "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+    if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
+        if sliceable(ctx.experiment, ctx.batch) is None:  # Experiment.examples cuts them: compare cuts
+            exp, state = ctx.experiment, adapted.init(ctx.key)
+            return findings + check_example_slices(traceable(adapted, "apply"), adapted.params(state), ctx.batch,
+                                                   exp.examples, lambda b: get_inputs(exp, b),
+                                                   count_examples(exp, ctx.batch))
+        return findings + [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on "
+                                   "the leading axis, so outputs cannot be matched to examples row by row (a graph "
+                                   "batch, packed sequences)", "pass Experiment(examples=lambda batch, n: ...) returning "
+                                   "the first n examples, and this stage compares the outputs of cut batches")]
+    state = adapted.init(ctx.key)
+    return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
+                                               get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
+
+
+def _sequence_checks(ctx: StageContext) -> list[Finding]:
+    """The batch stage's time-axis probes: ``seq.future_leakage`` (Experiment(causal=True) with apply)
+    and ``seq.padding_in_loss`` (a loss and a ``[B, T]`` padding mask in the batch)."""
+    exp, adapted, out = ctx.experiment, ctx.adapted, []
+    params = None
+    if exp.causal:
+        if adapted.apply_fn is None:
+            out.append(Finding("doctor.skipped", "causal check not run: Experiment(causal=True) needs "
+                               "Experiment.apply ((params, inputs) -> per-position outputs)", "pass apply=..."))
+        else:
+            params = adapted.params(adapted.init(ctx.key))
+            try:
+                out += check_causal(traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
+            except ExperimentError as e:
+                out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
+    mask = get_mask(exp, ctx.batch)
+    if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        try:
+            labels = get_labels(exp, ctx.batch)
+        except JaxsaneError:
+            labels = None
+        out += check_padding_in_loss(traceable(adapted, "loss"), params, ctx.batch, mask,
+                                     inputs=get_inputs(exp, ctx.batch), labels=labels)
+    return out
+
+
+def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
+    """doctor stage: the overfit sweep with small defaults, then the init-scale sweep (:class:`OverfitOptions`).
+
+    Stores ``artifacts["overfit"]`` (an :class:`OverfitResult`) and ``artifacts["init_scales"]``
+    (an ``InitScaleSweep``).
+    """
+    opts: OverfitOptions = ctx.options
+    why_not = sliceable(ctx.experiment, ctx.batch)
+    if why_not is not None:
+        return [Finding("doctor.skipped", f"overfit sweep not run: it fits the first {opts.overfit_batch_size} "
+                        f"examples, and {why_not}", "pass Experiment(examples=lambda batch, n: ...)")]
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
+    precompiled = None
+    ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
+    if ahead is not None:
+        plan, compiled = ahead
+        precompiled = concurrent.futures.Future()
+        precompiled.set_result(compiled)
+    else:  # planned here, where what failed ahead is reported as the user's crash or a skip
+        plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
+    result = plan.run(precompiled=precompiled)
+    ctx.artifacts["overfit"] = result
+    if opts.init_scales is None:  # nothing will draw it
+        return list(result.findings)
+    try:
+        scales = _prepared_result(ctx.prepared.get("scales"))
+        ctx.artifacts["init_scales"] = (scales.run() if scales is not None else
+                                        init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
+                                                         progress=False))
+    except JaxsaneError:
+        pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
+    return list(result.findings)
+
+
+def _prepared_result(future: concurrent.futures.Future | None) -> Any:
+    """What a background preparation made, or None when there was none or it failed (the stage then does the
+    work itself, where a failure is reported)."""
+    try:
+        return None if future is None else future.result()
+    except Exception:
+        return None
+
+
+def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Plan and compile the overfit stage's sweep (the largest program doctor compiles) and its init-scale
+    sweep in ``pool`` while the earlier stages run. Returns ``{"future": future of (plan, (compiled, seconds)),
+    "scales": future of the compiled ScaleSweepPlan}``; when one failed, the stage does that work again itself
+    and reports why. Not jit-safe."""
+    opts: OverfitOptions = ctx.options
+    if sliceable(ctx.experiment, ctx.batch) is not None:
+        return {}
+    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
+    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
+                 init_scales=opts.overfit_init_scales)
+
+    def plan_and_compile():
+        plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)
+        return plan, plan.compile()
+
+    def plan_scales():
+        plan = plan_init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
+        plan.compile()
+        return plan
+    return {"future": pool.submit(plan_and_compile),
+            **({"scales": pool.submit(plan_scales)} if opts.init_scales is not None else {})}
+
+
+# ----------------------------------------------------------------------------- the list
+
+STAGES: tuple[Stage, ...] = (
+    Stage("data", data_stage, DataOptions, needs=()),
+    Stage("init", init_stage, InitOptions, needs=("state",)),
+    Stage("grads", grads_stage, GradsOptions, needs=("state",)),
+    Stage("step", step_stage, StepOptions, needs=("state", "step")),
+    Stage("batch", batch_stage, BatchOptions, needs=("state",)),
+    Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
+    Stage("run", run_stage, RunOptions, needs=("state", "step")),
+)
+# stages whose work doctor starts ahead, in the background, before the first stage runs
+# (``prepare(ctx, pool) -> ctx.prepared``), in this order
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"grads": prepare_grads, "overfit": prepare_overfit,
+                                                     "run": prepare_run}
+assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Checks that need the stages' own signatures (``run_thresholds`` keys). Raises DoctorOptionError."""
+    run: RunOptions = options["run"]
+    known = [p for p, v in inspect.signature(check_training).parameters.items() if v.kind is v.KEYWORD_ONLY]
+    unknown = [k for k in run.run_thresholds if k not in known]
+    if unknown:
+        raise DoctorOptionError(f"doctor option run_thresholds has unknown key(s) {unknown}; the thresholds of "
+                                f"jaxsane.check_training are {known}.")

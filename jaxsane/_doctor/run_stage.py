@@ -1,0 +1,209 @@
+"""The doctor's run stage: a short monitored run built from programs that are compiled once.
+
+``fit`` runs the fused monitored step (:class:`~jaxsane.Monitor` inside :func:`jaxsane.guard`): one program
+holding the step, a second gradient, the telemetry and guard's flags, which pays off over a long run. For
+doctor's few steps that program costs more to compile than the steps cost to run (on XLA:CPU about three
+times the step's own compile: measured 28 s against 8.6 s on a 2-layer transformer LM). So the run stage
+calls the step that the step stage already compiled (the user's own jit, through the pure view; one
+``jax.jit`` of the pure step when the user's step is not jitted) and measures around it with small programs,
+which :func:`prepare_run` compiles in doctor's background thread while the earlier stages run:
+
+* ``before(params, batch)``: the loss, per-leaf gradient norms and parameter norms;
+* ``after(state, new_state, metrics, batch)``: per-leaf update norms and whether every value is finite;
+* ``dead(params, inputs)``: dead-ReLU fractions on the Monitor's dead steps, when apply has ReLU sites.
+
+The :class:`~jaxsane.History` is the one the fused monitored step records. A step whose values are not
+finite is run once more under :class:`~jaxsane._guard.guard.Guarded` on the same inputs, so its finding (the code,
+the paths, the located origin) is exactly guard's. Nothing here is jit-safe; the programs' bodies are.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+
+from .._experiment.purify import uncounted
+from .._jaxpr.compile_level import quick_jit
+from .._core.errors import NonFiniteError
+from .._experiment.contract import Adapted
+from .._experiment.batches import get_inputs, iter_batches
+from .._core.finding import Finding
+from .._guard.guard import Guarded
+from .._monitor.monitor import MODE_BARE, MODE_FULL, Monitor, check_training, dead_fractions, finite_or_minus_one, leaf_norms, relu_outputs
+from .options import RunOptions
+from .._core.tree import PyTree, grouped_finite_flags, is_inexact
+
+
+def host_step(adapted: Adapted) -> Callable:
+    """The pure step as called from the host: through the pure view when the user's step is jitted (its
+    compiled program is the one :func:`~jaxsane.check_step` compiled), else one shared ``jax.jit`` of it."""
+    exp = adapted.experiment
+    called = exp.step if adapted.nnx else uncounted(exp.step)
+    return adapted.step if hasattr(called, "lower") else adapted.jitted("step")
+
+
+def _floats(tree: PyTree) -> list:
+    return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
+
+
+class RunPrograms:
+    """The run stage's step and its telemetry programs, for one :class:`Monitor`. Not jit-safe to build."""
+
+    def __init__(self, adapted: Adapted, monitor: Monitor, steps: int):
+        self.adapted, self.monitor = adapted, monitor
+        self.step = host_step(adapted)
+        self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
+        self.after = quick_jit(self._after, runs=steps)
+        self.dead = quick_jit(self._dead, runs=steps)
+        self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
+
+    def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
+        out = {"param_norm": leaf_norms(params)}
+        if self.monitor.grads:
+            out["loss"], grads = jax.value_and_grad(self.adapted.loss_fn)(params, batch)
+            out["grad_norm"] = leaf_norms(grads)
+        return out
+
+    def _after(self, state: PyTree, new_state: PyTree, metrics: Any, batch: PyTree) -> tuple[jax.Array, jax.Array]:
+        before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
+        finite = jnp.all(grouped_finite_flags((new_state, metrics)))  # inputs count only when an output is bad
+        return leaf_norms([a - b for a, b in zip(after, before)]), finite
+
+    def _dead(self, params: PyTree, inputs: Any) -> jax.Array:
+        return finite_or_minus_one(dead_fractions(relu_outputs(self.adapted.apply_fn, params, inputs)))
+
+    def dead_count(self, params: PyTree, inputs: Any) -> int:
+        """How many ReLU sites apply has (traced abstractly once, no compile)."""
+        if self.dead_sites is None:
+            self.dead_sites = int(jax.eval_shape(self._dead, params, inputs).shape[0])
+        return self.dead_sites
+
+    def dead_fractions(self, params: PyTree, inputs: Any) -> jax.Array:
+        """Dead-ReLU fractions per site; nothing is compiled for a model without ReLU sites."""
+        if self.dead_count(params, inputs) == 0:
+            return jnp.zeros((0,), jnp.float32)
+        return self.dead(params, inputs)
+
+
+def _monitor(adapted: Adapted, dead_every: int, steps: int) -> Monitor:
+    return Monitor(adapted, every=1, dead_every=dead_every, log_every=max(1, steps))
+
+
+def _eval_loss(adapted: Adapted, eval_batch: Any, opts: RunOptions) -> Callable | None:
+    if eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
+        return adapted.jitted("loss")
+    return None
+
+
+def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """Build the run stage's programs and compile them in ``pool`` while the earlier stages run (``ctx``: the
+    stage's StageContext). Returns ``{"programs": RunPrograms, "future": ...}``; what fails in the background
+    is compiled again by the stage, which reports it. Not jit-safe."""
+    adapted, batch, eval_batch, opts = ctx.adapted, ctx.batch, ctx.eval_batch, ctx.options
+    programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
+    eval_loss = _eval_loss(adapted, eval_batch, opts)
+
+    def compile_all() -> None:
+        state = adapted.example_state
+        params = adapted.params(state)
+        programs.before.lower(params, batch).compile()
+        new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
+        programs.after.lower(state, new_state, metrics, batch).compile()
+        if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
+            programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
+        if eval_loss is not None:
+            eval_loss.lower(params, eval_batch).compile()
+    return {"programs": programs, "future": pool.submit(compile_all)}
+
+
+def _copy(tree: PyTree) -> PyTree:
+    """A copy of every array in ``tree`` (no compile), on the same devices with the same sharding, committed
+    only where the original is (jit's cache tells the two apart: the programs compiled ahead would miss)."""
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, x.sharding if x.committed else None, may_alias=False)
+                                  if isinstance(x, jax.Array) else x, tree)
+
+
+def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, metrics: Any,
+                   reports_loss: bool) -> Finding:
+    """The finding guard gives for step ``step`` on these inputs (the step runs once more under it). A step that
+    reports no loss runs with Experiment.loss before it as its loss, the loss the run recorded for it."""
+    step_fn = adapted.step
+    if not reports_loss and adapted.loss_fn is not None:
+        def step_fn(state, batch):
+            loss = adapted.loss_fn(adapted.params(state), batch)  # first, as the run computed it: before the step
+            new_state, out = adapted.step(state, batch)
+            return new_state, {**out, "loss": loss}
+    guarded = Guarded(step_fn, on_nonfinite="raise", sync=True, runs=1)  # one call: a quick compile
+    guarded.step_count = step
+    try:
+        guarded(state, batch)
+        guarded.flush()
+    except NonFiniteError as e:
+        return e.finding
+    in_metrics = not bool(jnp.all(grouped_finite_flags(metrics)))
+    return Finding("nonfinite.forward" if in_metrics else "nonfinite.update",
+                   f"step {step} produced NaN/Inf in its {'metrics' if in_metrics else 'new state'}, but not when it "
+                   "ran again on the same inputs under jaxsane.guard: the step is not deterministic",
+                   "wrap the step in jaxsane.guard(step, dump_dir=...) in the training loop to catch and dump it",
+                   step=step)
+
+
+def run_stage(ctx: Any) -> Iterable[Finding]:
+    """doctor stage: a short monitored, guarded run on the train data (:class:`RunOptions`).
+
+    NaNs are caught (and located); the dynamics are judged by :func:`check_training` on the
+    recorded history, stored in ``artifacts["run"]`` (``History.to_dict()``) for the report.
+    Evaluations use the first eval batch, when the Experiment has ``eval`` and ``loss``.
+    """
+    opts: RunOptions = ctx.options
+    adapted = ctx.adapted
+    programs = ctx.prepared.get("programs")
+    if programs is None:
+        programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
+    else:  # wait for the background compile, never compile the same program twice at once
+        concurrent.futures.wait([ctx.prepared["future"]])
+    monitor = programs.monitor
+    eval_loss = _eval_loss(adapted, ctx.eval_batch, opts)
+    state = adapted.init(ctx.key)
+    findings: list[Finding] = []
+    failed = False
+    if eval_loss is not None:
+        monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+    copy_inputs = True   # until the first step shows that the step does not donate its inputs
+    for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
+        mode = monitor.mode_for(i)
+        # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
+        # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
+        arrays = jax.tree_util.tree_leaves(state)
+        kept = _copy(state) if copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
+        params = adapted.params(kept)
+        tel = programs.before(params, batch) if mode != MODE_BARE else {}
+        new_state, metrics = programs.step(state, batch)
+        reports_loss = "loss" in metrics
+        if copy_inputs:
+            copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
+        update_norm, finite = programs.after(kept, new_state, metrics, batch)
+        if mode != MODE_BARE:
+            handle_loss = tel.pop("loss", None)
+            if "loss" not in metrics and handle_loss is not None:
+                metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it
+            tel = {"param_norm": tel["param_norm"], "update_norm": update_norm, **tel}
+            if mode == MODE_FULL and monitor.dead:
+                tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(ctx.experiment, batch))
+            metrics = {**metrics, "telemetry": tel}
+        monitor.record(i, metrics, kept, batch)
+        if not bool(finite):  # recorded, so the report marks it; guard names it
+            findings.append(_guard_finding(adapted, kept, batch, i, metrics, reports_loss))
+            failed = True
+            break
+        state = new_state
+        if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
+            monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+    history = monitor.pull()
+    ctx.artifacts["run"] = history.to_dict()
+    if not failed:  # after a NaN the dynamics are moot: the NaN is the story
+        findings.extend(check_training(history, **opts.run_thresholds))
+    return findings

@@ -1,0 +1,1 @@
+"""_dump: see the package map in jaxsane/__init__.py."""

@@ -1,0 +1,283 @@
+"""Reading the user's data the way an :class:`~jaxsane.Experiment` describes it: batches from a
+batch, an iterable or a callable (:func:`first_batch`, :func:`iter_batches`, :class:`Replayable`),
+the inputs, labels and mask of a batch (the default keys, or the Experiment's handles), and its
+examples (:func:`count_examples`, :func:`slice_examples`).
+
+Host side; nothing here runs inside ``jit``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from .purify import positional_arity as _positional_arity
+from .._core.errors import DataError, ExampleAxisError
+from .._core.tree import PyTree, explicit_sharding, is_array
+
+if TYPE_CHECKING:
+    from .contract import Experiment
+
+_INPUT_KEYS = ("x", "image", "images", "inputs", "input", "features", "tokens", "input_ids", "data")
+_LABEL_KEYS = ("y", "label", "labels", "targets", "target")
+_MASK_KEYS = ("mask", "attention_mask", "padding_mask", "weights")
+INPUT_KEYS, LABEL_KEYS, MASK_KEYS = _INPUT_KEYS, _LABEL_KEYS, _MASK_KEYS  # the batch keys the data checks read too
+
+
+def is_batch(data: Any) -> bool:
+    """True when ``data`` is one batch (an array, a mapping or a tuple of arrays), not a stream."""
+    if is_array(data):
+        return True
+    if isinstance(data, Mapping):
+        return True
+    if isinstance(data, tuple) and data and all(is_array(x) or isinstance(x, Mapping) for x in data):
+        return True
+    return False
+
+
+def first_batch(data: Any, what: str = "train") -> PyTree:
+    """The first batch of ``data`` (one batch, a callable, or an iterable). Not jit-safe."""
+    if data is None:
+        raise DataError(f"no {what} data: pass Experiment({what}=...) with a batch, an iterable of batches "
+                        "or a callable returning one.")
+    if callable(data) and not is_batch(data):
+        data = data()  # a batch, or a fresh iterable of batches (a generator function, a loader factory)
+    if is_batch(data):
+        batch = data
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
+        try:
+            batch = next(iter(data))
+        except StopIteration:
+            raise DataError(f"the {what} data is empty: its iterator yielded no batch. Pass a non-empty "
+                            "iterable, or a callable that returns a batch.") from None
+    else:
+        raise DataError(f"cannot read batches from {what} data of type {type(data).__name__}: pass a batch "
+                        "(dict/tuple of arrays), an iterable of batches or a callable returning one.")
+    check_batch(batch, what)
+    return batch
+
+
+def iter_batches(data: Any, limit: int | None = None, what: str = "train"):
+    """Yield up to ``limit`` batches. A single batch is repeated; a callable returning a batch is called
+    each time; a callable returning an iterable (a generator function) is read from one fresh call."""
+    if data is None:
+        first_batch(data, what)
+    count = 0
+    if callable(data) and not is_batch(data):
+        made = data()
+        if is_batch(made):  # a batch per call
+            def calls():
+                yield made
+                while True:
+                    yield data()
+            source = calls()
+        else:  # a fresh iterable of batches
+            source = made
+    elif is_batch(data):
+        source = itertools.repeat(data)
+    else:
+        source = data
+    if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
+        first_batch(source, what)  # raises the clear "cannot read batches" error
+    it = iter(source)
+    while limit is None or count < limit:  # checked before reading: no batch is read and dropped
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        check_batch(batch, what)
+        yield batch
+        count += 1
+    if count == 0 and limit != 0:
+        first_batch([], what)  # raises the empty-data error
+
+
+class Replayable:
+    """Wraps a one-shot iterator (a generator) so several checks can each read it from the start.
+
+    Batches are cached as they are first read, so memory grows with what the checks consume
+    (doctor reads a few dozen batches). Not jit-safe.
+    """
+
+    def __init__(self, iterator: Any):
+        self._source = iter(iterator)
+        self._cache: list = []
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i < len(self._cache):
+                yield self._cache[i]
+            else:
+                try:
+                    batch = next(self._source)
+                except StopIteration:
+                    return
+                self._cache.append(batch)
+                yield batch
+            i += 1
+
+
+def replayable(data: Any) -> Any:
+    """``data`` itself, or a :class:`Replayable` when it is a one-shot iterator (``iter(data) is data``)."""
+    if data is not None and not is_batch(data) and not callable(data) and isinstance(data, Iterable):
+        if iter(data) is data:
+            return Replayable(data)
+    return data
+
+
+def check_batch(batch: PyTree, what: str = "train") -> None:
+    """Raise a DataError if a batch has no arrays, or object/string leaves."""
+    leaves = jax.tree_util.tree_leaves_with_path(batch)
+    if not leaves:
+        raise DataError(f"a {what} batch is empty (no array leaves): {type(batch).__name__}.")
+    for path, leaf in leaves:
+        if isinstance(leaf, (str, bytes)):
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a string; "
+                            "tokenize/encode it to numbers before it reaches the step.")
+        if not (is_array(leaf) or isinstance(leaf, (int, float, bool, complex))):
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a "
+                            f"{type(leaf).__name__}, not an array; convert it with np.asarray.")
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and dtype.kind in "OUS":
+            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} has dtype {dtype} "
+                            "(object/string); convert it to a numeric array (ragged rows must be padded).")
+
+
+def _lookup(batch: PyTree, keys: tuple[str, ...], index: int | None, what: str, field: str) -> Any:
+    if isinstance(batch, Mapping):
+        for k in keys:
+            if k in batch:
+                return batch[k]
+        raise DataError(f"cannot find the {what} in a batch with keys {sorted(map(str, batch))}: "
+                        f"looked for {list(keys)}. Pass Experiment({field}=lambda batch: batch[...]).")
+    if isinstance(batch, (tuple, list)) and index is not None and len(batch) > index:
+        return batch[index]
+    for k in keys:
+        if hasattr(batch, k):
+            return getattr(batch, k)
+    raise DataError(f"cannot find the {what} in a batch of type {type(batch).__name__}: expected a dict with "
+                    f"one of {list(keys)} or an (x, y) tuple. Pass Experiment({field}=lambda batch: ...).")
+
+
+def get_inputs(exp: Experiment, batch: PyTree) -> Any:
+    return exp.inputs(batch) if exp.inputs else _lookup(batch, _INPUT_KEYS, 0, "inputs", "inputs")
+
+
+def get_labels(exp: Experiment, batch: PyTree) -> Any:
+    return exp.labels(batch) if exp.labels else _lookup(batch, _LABEL_KEYS, 1, "labels", "labels")
+
+
+def get_mask(exp: Experiment, batch: PyTree) -> Any | None:
+    """The padding mask, or None when the batch has none. Not an error when missing."""
+    if exp.mask:
+        return exp.mask(batch)
+    if isinstance(batch, Mapping):
+        for k in _MASK_KEYS:
+            if k in batch:
+                return batch[k]
+    return None
+
+
+def batch_size(batch: PyTree) -> int:
+    leaves = [x for x in jax.tree_util.tree_leaves(batch) if getattr(x, "ndim", 0) >= 1]
+    if not leaves:
+        raise DataError("the batch has no array with a leading batch axis.")
+    return int(leaves[0].shape[0])
+
+
+def slice_batch(batch: PyTree, n: int, size: int | None = None) -> PyTree:
+    """The first ``n`` examples of every leaf that has a leading batch axis (of ``size``, default the
+    first leaf's). Arrays sharded over Explicit mesh axes are sliced on the host (their on-device slice
+    has no unambiguous sharding). Not jit-safe."""
+    size = batch_size(batch) if size is None else size
+
+    def head(x):
+        if getattr(x, "ndim", 0) < 1 or x.shape[0] != size:
+            return x
+        if explicit_sharding(x) is not None and x.is_fully_addressable:
+            return np.asarray(x)[:n]
+        return x[:n]
+    return jax.tree_util.tree_map(head, batch)
+
+
+def leading_sizes(tree: PyTree) -> list[int]:
+    """The distinct leading-axis sizes of ``tree``'s array leaves (ndim >= 1), in leaf order."""
+    sizes: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree):
+        if getattr(x, "ndim", 0) >= 1 and int(x.shape[0]) not in sizes:
+            sizes.append(int(x.shape[0]))
+    return sizes
+
+
+def axis_text(tree: PyTree) -> str:
+    shapes = [f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}" for p, x in
+              jax.tree_util.tree_leaves_with_path(tree) if getattr(x, "ndim", 0) >= 1]
+    return ", ".join(shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+
+
+def example_view(exp: Experiment, batch: PyTree) -> PyTree:
+    """The parts of ``batch`` that are per example: its inputs, labels and mask where they can be found,
+    else the whole batch (a per-batch table beside them, e.g. class weights ``[C]``, is not one)."""
+    parts = []
+    for get in (get_inputs, get_labels, get_mask):
+        try:
+            part = get(exp, batch)
+        except Exception:  # a handle that cannot read this batch: the other parts (or the whole batch) decide
+            continue
+        if part is not None:
+            parts.append(part)
+    return parts if parts else batch
+
+
+def sliceable(exp: Experiment, batch: PyTree) -> str | None:
+    """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
+    if exp.examples is not None:
+        return None if _positional_arity(exp.examples) != 1 else (
+            "Experiment.examples counts examples but does not say how to take some of them")
+    view = example_view(exp, batch)
+    if len(leading_sizes(view)) > 1:
+        return (f"the batch's leaves disagree on the leading axis ({axis_text(view)}), so it is not one "
+                "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
+                "...) returning the first n examples to let this stage cut it")
+    return None
+
+
+def count_examples(exp: Experiment, batch: PyTree) -> int:
+    """How many examples ``batch`` holds: ``Experiment.examples(batch)`` when it counts them, the labels'
+    leading axis when the leaves disagree on theirs (a graph batch's graph labels), else the leading
+    axis. Not jit-safe."""
+    if exp.examples is not None and _positional_arity(exp.examples) == 1:
+        return int(exp.examples(batch))
+    sizes = leading_sizes(example_view(exp, batch))
+    if len(sizes) > 1:
+        try:
+            labels = get_labels(exp, batch)
+        except Exception:
+            labels = None
+        if getattr(labels, "ndim", 0) >= 1:
+            return int(labels.shape[0])
+    return sizes[0] if sizes else batch_size(batch)
+
+
+def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = False) -> PyTree:
+    """The first ``n`` examples of ``batch`` as the Experiment defines them. Not jit-safe.
+
+    Uses ``Experiment.examples(batch, n)`` when given; otherwise the leading axis, but only when
+    every leaf agrees on it. ``whole=True`` returns the whole batch where it cannot be cut (a
+    function that is correct on any number of examples, e.g. the gradient check); otherwise
+    raises :class:`~jaxsane._core.errors.ExampleAxisError` with the reason.
+    """
+    reason = sliceable(exp, batch)
+    if reason is not None:
+        if whole:
+            return batch
+        raise ExampleAxisError(f"[jaxsane] cannot take {n} examples from the batch: {reason}.")
+    if exp.examples is not None:
+        return exp.examples(batch, n)
+    sizes = leading_sizes(example_view(exp, batch))
+    return slice_batch(batch, n, size=sizes[0] if sizes else None)

@@ -1,0 +1,1 @@
+"""_fit: see the package map in jaxsane/__init__.py."""

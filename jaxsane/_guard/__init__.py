@@ -1,0 +1,1 @@
+"""_guard: see the package map in jaxsane/__init__.py."""

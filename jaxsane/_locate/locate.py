@@ -1,0 +1,394 @@
+"""locate: find where the first non-finite value that reaches a function's outputs is born.
+
+``jaxsane.locate(fn, *args, **kwargs)`` traces ``fn`` to a jaxpr and replays it on the real
+inputs, equation by equation (the replay is a set of hooks on jaxsane's one interpreter,
+:mod:`jaxsane._jaxpr.interpret`). ``jit``, ``custom_jvp``/``custom_vjp``
+and ``remat`` calls are replayed inline. The common primitives (elementwise math, reductions,
+``dot_general``, shape ops, ``select_n``) run on the host with numpy, so the replay compiles
+nothing; the rest run through ``bind`` (compiled once per primitive, shape and parameters, and
+cached by jax). ``scan``, ``while_loop``, ``cond``/``switch`` and ``shard_map`` first run whole;
+only when one of them hands a NaN/Inf towards the outputs does the interpreter descend into its
+body (per loop iteration, per branch taken, per device shard under a ``vmap`` that names the
+mesh axes). After the replay, a backward pass over the data flow keeps only non-finite values
+that actually flow into non-finite outputs, so NaNs produced and masked away
+(``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
+reported. The origin is the first computation with finite inputs and a non-finite result (or a
+NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
+path. :mod:`jaxsane._locate.nan_causes` names the cause and the fix.
+
+When the replay is finite but the compiled program is not, the report says "not reproduced
+outside XLA" and the smallest compiled prefix of the program that produces the non-finite value
+is found by bisection (:func:`bisect_compiled`).
+
+Nothing here is jit-safe: locate runs on the host, off the hot path, after a failure. On an
+accelerator the replay copies the values it computes to host memory.
+
+Here: the entry points (:func:`locate`, :func:`replay_dump`) and the XLA-only bisection. The replay
+engine lives in :mod:`jaxsane._locate.replay`, the data-flow analysis after it in :mod:`jaxsane._locate.flow`,
+the origins and custom_vjp backward lines in :mod:`jaxsane._locate.origins`, the report classes in
+:mod:`jaxsane._locate.result`, the traceback frames in :mod:`jaxsane._core.frames` and the post-mortem debugger
+at an origin in :mod:`jaxsane._locate.debugger`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax._src import core as jcore
+
+from .._experiment.purify import arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects, uncounted, unwrap
+from .._experiment.chex import chex_asserts_off, locate_target
+from .._jaxpr.compile_level import quick_jit
+from .._dump.nnx import standin_message
+from .._core.frames import user_frame
+from .result import LocateReport, Origin
+from .._jaxpr.interpret import closed as open_closed
+from .flow import Analysis, nonfinite_counts
+from .origins import find_origins, recording_custom_vjp
+from .replay import Ctx, Replay, Val, flags
+from .._core.tree import is_inexact, leaves_with_paths
+
+# ----------------------------------------------------------------------------- entry point
+
+def _arg_names(fn: Callable, n: int) -> list[str]:
+    names = positional_names(fn)
+    return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
+
+
+def _is_traced_leaf(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _prepare(fn: Callable, args: tuple, kwargs: dict):
+    """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs."""
+    names = _arg_names(fn, len(args))
+    positions = nnx_positions(args)
+    layout, nnx_state = split_objects(args, positions)
+    plain = tuple(None if i in positions else a for i, a in enumerate(args))
+    tree = (nnx_state, plain, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    paths = []
+    for i, (path, _) in enumerate(leaves_with_paths(tree)):
+        paths.append(_rename(path, names, positions))
+    traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x)]
+
+    def pure(*arrays):
+        flat = list(leaves)
+        for i, a in zip(traced, arrays):
+            flat[i] = a
+        state, plain_, kw = jax.tree_util.tree_unflatten(treedef, flat)
+        out, new_state = call_split(uncounted(fn), layout, state, plain_, kw)
+        out = arrays_of(out)  # an Equinox model in the output: its activations are not values of the program
+        return (out, new_state) if positions else out
+
+    def out_paths(out) -> list[str]:
+        if positions:
+            res, new_state = out
+            return (_named_out_paths(res, args, names, positions)
+                    + [_rename(p, names, positions, prefix="(state)") for p, _ in
+                       leaves_with_paths((new_state, None, None))])
+        return _named_out_paths(out, args, names, positions)
+
+    return pure, [leaves[i] for i in traced], [paths[i] for i in traced], out_paths
+
+
+def _rename(path: str, names: list[str], positions: list[int], prefix: str = "") -> str:
+    """Paths of the (nnx_state, plain, kwargs) tuple -> ``model...``, ``batch['x']``, ``kwargs['k']``."""
+    if path.startswith("[0]"):
+        rest = path[3:]
+        k = rest[1:].split("]")[0] if rest.startswith("[") else ""
+        if k.isdigit() and int(k) < len(positions):
+            return names[positions[int(k)]] + rest[len(k) + 2:]
+        return "nnx_state" + rest
+    if path.startswith("[1]["):
+        rest = path[4:]
+        k, _, tail = rest.partition("]")
+        return (names[int(k)] if k.isdigit() and int(k) < len(names) else f"args[{k}]") + tail
+    if path.startswith("[2]"):
+        return "kwargs" + path[3:]
+    return path
+
+
+def _named_out_paths(out, args, names, positions) -> list[str]:
+    from .._core.tree import same_structure
+    plain0 = arrays_of(args[0]) if args and 0 not in positions else None
+    if plain0 is not None and len(jax.tree_util.tree_leaves(plain0)) < 2:
+        plain0 = None   # a single array is not a train state: name the outputs "out"
+    if isinstance(out, tuple) and len(out) == 2 and plain0 is not None and same_structure(out[0], plain0):
+        root = "metrics" if isinstance(out[1], dict) else "loss"
+        return ([p for p, _ in leaves_with_paths(out[0], names[0])]
+                + [p for p, _ in leaves_with_paths(out[1], root)])
+    if plain0 is not None and same_structure(out, plain0):
+        return [p for p, _ in leaves_with_paths(out, names[0])]
+    if positions and not isinstance(out, (tuple, list, dict)):
+        return [p for p, _ in leaves_with_paths(out, "loss")]
+    return [p for p, _ in leaves_with_paths(out, "out")]
+
+
+def _run_compiled(closed, args: Sequence) -> list:
+    """Run a ClosedJaxpr compiled by XLA. Tests replace this to simulate compiler-only NaNs."""
+    return list(quick_jit(jcore.jaxpr_as_fun(closed))(*args))
+
+
+def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
+    """Find where the first non-finite value that reaches ``fn``'s outputs is born, and why.
+
+    ``fn`` is any function of arrays and pytrees: a plain or jitted function, a whole train step
+    (``grad``/``value_and_grad`` and an optax update inside), an ``nnx.jit`` step taking NNX
+    objects (they are split into pure state and merged back; their new state counts as output).
+    Non-array arguments are held static. The inputs are not modified.
+
+    Not jit-safe: it replays ``fn`` on the host, equation by equation (``scan``/``while``/``cond``/
+    ``shard_map`` run whole and are only opened when they hand a NaN/Inf towards the outputs).
+
+    To stop in a debugger at the origin use :func:`jaxsane.debug_origin` (same call) or
+    :func:`jaxsane.post_mortem` on the report: ``locate`` takes no options of its own (no ``breakpoint=``),
+    so every keyword, whatever its name, reaches ``fn``. Each origin keeps the replay's values there
+    (``origin.context``) for that debugger.
+
+    Args:
+      fn: the function that produced non-finite outputs.
+      *args, **kwargs: its exact inputs.
+
+    Returns:
+      None when every output is finite; else a :class:`LocateReport` whose ``origins[0]`` is the
+      root cause (``.code``, ``.file``, ``.line``, ``.fix``, ``.summary()``).
+
+    Raises:
+      JaxsaneError: ``fn`` is not callable or does not trace on the given inputs.
+      DumpError: an argument is an NNX object's state read from a dump without its template
+        (``load_dump(path)`` without ``like=``); the message says how to rebuild the objects.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxsane
+      >>> report = jaxsane.locate(lambda x: jnp.log(x) * 2, jnp.zeros(3))
+      >>> report.origins[0].primitive, report.origins[0].code
+      ('log', 'nonfinite.forward')
+    """
+    from .._core.errors import DumpError, JaxsaneError
+    if not callable(fn):
+        raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
+    message = standin_message(args)
+    if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
+        raise DumpError(message)
+    fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
+    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
+    try:
+        with chex_asserts_off():
+            closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+    except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
+        raise JaxsaneError(f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
+                           f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
+                           "that are not arrays are held static.") from e
+    out_paths = out_paths_of(out_shape)
+    replay = Replay()
+    ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
+    outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
+    if len(out_paths) != len(outs):  # pragma: no cover - defensive
+        out_paths = [f"out[{i}]" for i in range(len(outs))]
+    if not any(v.bad for v in outs):
+        compiled = _run_compiled(closed, arrays)
+        bad = [i for i, o in enumerate(compiled) if any(flags(o))]
+        if not bad:
+            return None
+        bad_outputs = [(out_paths[i], *nonfinite_counts(compiled[i])) for i in bad]
+        target, target_env = closed, env
+        while (len(target.jaxpr.eqns) == 1 and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
+               and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)):
+            inner = target.jaxpr.eqns[0].params["jaxpr"]   # a jitted function: bisect its body
+            target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
+        pre = bisect_compiled(target, arrays, env=target_env)
+        return _xla_report(bad_outputs, pre, replay.count)
+    analysis = Analysis(replay, outs, out_paths)
+    analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
+    bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
+    origins = find_origins(analysis)
+    inputs = dict(zip(in_paths, arrays))
+    for o in origins:   # for the debugger (post_mortem): the inputs by path and the call, by reference
+        if o.context is not None:
+            o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
+    if not origins and analysis.xla:
+        node, _ = analysis.xla[0]
+        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
+        pre = None
+        if sub is not None and node.prim in ("pjit", "jit"):
+            pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
+        if pre is None and node.jaxpr is not None:   # the compiled loop/branch itself is the smallest prefix
+            frame = node.frame
+            at = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
+            pre = (node.index + 1, len(node.jaxpr.eqns), f"{node.prim} at {at}")
+        return _xla_report(bad_outputs, pre, replay.count)
+    return LocateReport(origins, bad_outputs, equations=replay.count)
+
+
+def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any = None) -> LocateReport | None:
+    """Run :func:`locate` on the inputs a guarded step dumped (``guard(..., dump_dir=...)``). Not jit-safe.
+
+    Args:
+      path: the dump directory.
+      target: the step function, an :class:`~jaxsane.Experiment`, or a zero-argument callable returning
+        one. For an Experiment the step runs through ``Adapted(experiment).step`` on the dumped
+        ``(state, batch)``; a dump of an NNX step's ``(model, optimizer, batch)`` is merged back into
+        the Experiment's NNX objects. A step whose dump holds NNX objects, given without ``like``, takes
+        its templates from an Experiment in the step's own module (an ``Experiment`` object, or a
+        zero-argument callable named ``experiment``).
+      load: the dump reader (default :func:`jaxsane.load_dump`).
+      like: templates of the dumped positional args (NNX objects included), or a zero-argument callable
+        returning them (``jaxsane replay DUMP --step m:train_step --like m:make_objects``); args it leaves
+        out at the end come from the dump's data.
+
+    Returns:
+      The :class:`LocateReport`, or None when the step's outputs are finite on the dumped inputs.
+
+    Raises:
+      DumpError: the dump is damaged, or it holds NNX objects and nothing can rebuild them (the message
+        says how: ``like=``, ``--step module:experiment`` or ``--like module:make_objects``).
+    """
+    from .._dump.dump import load_dump
+    from .._dump.nnx import objects_error
+    from .._core.errors import JaxsaneError
+    from .._experiment.contract import Adapted, Experiment
+    from .._experiment.batches import first_batch
+
+    load = load or load_dump
+    exp = target if isinstance(target, Experiment) else None
+    if exp is None and callable(target) and positional_arity(target) == 0:
+        made = target()
+        exp = made if isinstance(made, Experiment) else None
+        if exp is None:
+            raise JaxsaneError(f"{target!r}() returned a {type(made).__name__}, not an Experiment or a step.")
+    if like is not None:
+        templates = like() if callable(like) and positional_arity(like) == 0 else like
+        dump = load(path, like=tuple(templates) if isinstance(templates, (tuple, list)) else (templates,))
+        step = target if exp is None else exp.step if Adapted(exp).nnx else Adapted(exp).step
+        return locate(step, *dump.args, **dump.kwargs)
+    if exp is None:
+        if not callable(target):
+            raise JaxsaneError(f"--step must name a step function or an Experiment, got {type(target).__name__}")
+        dump = load(path)
+        if not dump.objects:
+            return locate(target, *dump.args, **dump.kwargs)
+        found = _module_experiment(target)
+        if found is None:
+            raise objects_error(path, dump.objects, positional_names(target))
+        objs = found.init(jax.random.key(0))
+        dump = load(path, like=tuple(objs) if isinstance(objs, (tuple, list)) else (objs,))
+        return locate(target, *dump.args, **dump.kwargs)
+    adapted = Adapted(exp)
+    batch = first_batch(exp.train)
+    n_args = len(load(path).args)
+    if adapted.nnx:
+        objs = exp.init(jax.random.key(0))
+        objs = tuple(objs) if isinstance(objs, (tuple, list)) else (objs,)
+        if n_args == len(objs) + 1:
+            dump = load(path, like=objs)  # the objects from templates, the batch from the dump's data
+            return locate(exp.step, *dump.args, **dump.kwargs)
+    if n_args != 2:
+        raise JaxsaneError(f"the dump at {path} holds {n_args} positional arguments; an Experiment's step "
+                           "replays (state, batch). Pass the step function itself with --step instead.")
+    try:
+        dump = load(path, like=(adapted.example_state, batch))
+    except Exception:  # plain containers rebuild without a template
+        dump = load(path)
+    return locate(adapted.step, *dump.args, **dump.kwargs)
+
+
+def _module_experiment(step: Callable) -> Any:
+    """The Experiment in ``step``'s own module (already imported): one whose step is ``step``, else the only
+    ``Experiment`` there, else what a zero-argument ``experiment()`` there returns; None when none is."""
+    from .._experiment.contract import Experiment
+    namespace = getattr(unwrap(step), "__globals__", None)
+    if not isinstance(namespace, dict):
+        return None
+    found = [v for v in list(namespace.values()) if isinstance(v, Experiment)]
+    mine = [e for e in found if unwrap(e.step) is unwrap(step)]
+    if mine or len(found) == 1:
+        return (mine or found)[0]
+    make = namespace.get("experiment")
+    if not found and callable(make) and positional_arity(make, required=True) == 0:
+        made = make()
+        return made if isinstance(made, Experiment) else None
+    return None
+
+
+def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
+    """Trace ``fn``'s Python again and record its custom_vjp calls. Jit is disabled meanwhile, so that the
+    jitted functions ``fn`` calls (the user's jitted step inside a wrapper) run their Python again instead of
+    taking their jaxpr from jit's trace cache."""
+    records: list = []
+    pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
+    with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
+        jax.make_jaxpr(pure)(*arrays)
+    return records
+
+
+def _xla_report(bad_outputs, pre, count) -> LocateReport:
+    if pre is None:
+        return LocateReport([], bad_outputs, xla_only=True, equations=count)
+    k, total, at = pre
+    return LocateReport([], bad_outputs, xla_only=True, prefix=k, prefix_total=total, prefix_at=at,
+                        equations=count)
+
+
+# ----------------------------------------------------------------------------- XLA-only bisection
+
+def _prefix(closed, k: int):
+    """The first ``k`` equations of ``closed`` as a ClosedJaxpr returning every float value they define."""
+    j = closed.jaxpr
+    eqns = j.eqns[:k]
+    outvars = [v for e in eqns for v in e.outvars if not isinstance(v, jcore.DropVar) and is_inexact(v.aval)]
+    effects = jcore.join_effects(*(e.effects for e in eqns)) if eqns else frozenset()
+    pj = jcore.Jaxpr(j.constvars, j.invars, outvars, eqns, effects)
+    return jcore.ClosedJaxpr(pj, closed.consts), outvars
+
+
+def bisect_compiled(closed, args: Sequence, env: dict | None = None,
+                    run: Callable | None = None) -> tuple[int, int, str] | None:
+    """Smallest prefix of ``closed`` whose compiled run makes a value non-finite that the replay kept finite.
+
+    Args:
+      closed: the program (a ``ClosedJaxpr``).
+      args: its inputs.
+      env: the replay's values (``Var -> Val``); values absent from it count as finite.
+      run: ``run(closed, args) -> outputs`` compiling a program (default: ``jax.jit``); tests pass
+        a simulated compiler.
+
+    Returns:
+      ``(k, total, "prim at file:line")`` for the smallest such prefix of ``k`` equations, or None
+      when even the whole program, with every intermediate as an output, stays finite. Not jit-safe.
+    """
+    run = run or _run_compiled
+    env = env or {}
+    n = len(closed.jaxpr.eqns)
+
+    def bad(k: int) -> bool:
+        if k == 0:
+            return False
+        pj, outvars = _prefix(closed, k)
+        if not outvars:
+            return False
+        outs = run(pj, list(args))
+        for v, o in zip(outvars, outs):
+            ev = env.get(v)
+            if any(flags(o)) and (ev is None or not ev.bad):
+                return True
+        return False
+
+    if not bad(n):
+        return None
+    lo, hi = 0, n          # bad(lo) False, bad(hi) True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bad(mid):
+            hi = mid
+        else:
+            lo = mid
+    eqn = closed.jaxpr.eqns[hi - 1]
+    frame = user_frame(eqn)
+    where = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
+    return hi, n, f"{eqn.primitive.name} at {where}"
+
+
+__all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "replay_dump", "user_frame"]

@@ -1,0 +1,242 @@
+"""locate's origins: from the births of :class:`~jaxsane._locate.flow.Analysis` to :class:`~jaxsane._locate.result.Origin`
+records (the primitive, forward or backward phase, ``file:line`` and source, the named cause and fix
+from :mod:`jaxsane._locate.nan_causes`, the shard and batch rows), dropping backward births that follow from an
+earlier forward one; and the line inside a ``custom_vjp`` backward rule, found by tracing the rule
+again (jax keeps only the call site).
+
+Nothing here is jit-safe: it runs on the host, after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import jax
+import numpy as np
+
+from .nan_causes import Cause, explain, primal_eqn
+from .._core.frames import frames_of, is_library_file, source_text, user_chain, user_frame
+from .._jaxpr.interpret import all_eqns
+from .flow import OUT, Analysis, nonfinite_counts
+from .result import Origin, OriginContext
+from .replay import Node, Val, raw
+
+
+@contextlib.contextmanager
+def recording_custom_vjp(records: list):
+    """Record every custom_vjp call made while tracing: (user call site, the custom_vjp, arg shapes)."""
+    from jax._src.custom_derivatives import custom_vjp as cls
+    original = cls.__call__
+
+    def call(self, *args, **kwargs):
+        f = sys._getframe(1)
+        while f is not None and is_library_file(f.f_code.co_filename):
+            f = f.f_back
+        try:
+            specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), (args, kwargs))
+        except Exception:  # noqa: BLE001 - non-array arguments: no re-trace later
+            specs = None
+        records.append(((f.f_code.co_filename, f.f_lineno) if f is not None else None, self, specs))
+        return original(self, *args, **kwargs)
+
+    cls.__call__ = call
+    try:
+        yield records
+    finally:
+        cls.__call__ = original
+
+
+def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
+    """The line inside a custom_vjp's backward rule that made ``node`` (jax keeps only the call site)."""
+    if node.eqn is None or not any("custom_vjp" in fr.function_name for fr in frames_of(node.eqn)):
+        return None
+    shapes = [tuple(np.shape(raw(x.value))) for x in node.ins]
+    for site, obj, specs in records:
+        if site != node.frame or specs is None or getattr(obj, "nondiff_argnums", ()):
+            continue
+        try:
+            out, res = jax.eval_shape(obj.fwd, *specs[0], **specs[1])
+            bwd = jax.make_jaxpr(obj.bwd)(res, out)
+        except Exception:  # noqa: BLE001 - a rule we cannot re-trace: keep the call site
+            continue
+        best = None
+        for e in all_eqns(bwd.jaxpr):
+            frame = user_frame(e)
+            if e.primitive.name != node.prim or frame is None:
+                continue
+            if [tuple(getattr(v.aval, "shape", ())) for v in e.invars] == shapes:
+                return frame
+            best = best or frame
+        if best is not None:
+            return best
+    return None
+
+
+def find_origins(analysis: Analysis) -> list[Origin]:
+    """The origins of the analysis's births in replay order, without repeats (a backward birth at the
+    inputs of an earlier forward one follows from it and is dropped); when there are none, where an
+    infinite constant enters on its way to the outputs. Not jit-safe."""
+    found: list[tuple[tuple, Origin]] = []
+    keys: dict[tuple, int] = {}
+    forward: list[Node] = []   # forward births so far: a later backward birth at their inputs follows from them
+    for node in sorted(analysis.births, key=lambda n: n.order):
+        o = _origin_of(analysis, node)
+        if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
+            continue
+        if o.phase == "forward":
+            forward.append(node)
+        key = (o.primitive, o.file, o.line, o.code, node.eqn is not None and id(node.eqn))
+        if key in keys:
+            continue
+        keys[key] = len(found)
+        found.append((node.order, o))
+    # an infinite constant (a -inf mask) that reaches the outputs as is: name where it enters
+    if not found:
+        for v in analysis.sources:
+            if v.kind not in ("literal", "const"):
+                continue
+            for c in analysis.consumers.get(id(v), []):
+                c = _first_real(analysis, c)
+                if c is None or any(o is c for o in analysis.births):
+                    continue
+                analysis.births.append(c)
+                o = _origin_of(analysis, c)
+                key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
+                if key not in keys:
+                    keys[key] = len(found)
+                    found.append((c.order, o))
+    # a non-finite input is a root cause only when nothing computed is born from it
+    for v in analysis.sources:
+        if v.kind == "input" and (v.nan or not found):
+            o = _input_origin(analysis, v)
+            found.append(((-1,), o))
+    found.sort(key=lambda t: t[0])
+    return [o for _, o in found]
+
+
+def _at_inputs_of(node: Node, origin: Node) -> bool:
+    """True when ``node`` (a backward/update birth) computes on a value at which the forward ``origin``
+    already went non-finite: it shares one of the origin's input values (the same replay value, or an
+    equal array of the same shape), e.g. log's derivative ``ct / x`` at the ``x = 0`` of a forward
+    ``log(0)``. Such a birth is a consequence of the origin, not an independent further origin."""
+    mine = [x for x in node.ins if x.kind not in ("literal", "const")]
+    theirs = [x for x in origin.ins if x.kind not in ("literal", "const")]
+    if any(a is b for a in mine for b in theirs):
+        return True
+    for a in mine:
+        va = np.asarray(raw(a.value))
+        if va.size < 2:
+            continue
+        for b in theirs:
+            vb = np.asarray(raw(b.value))
+            if va.shape == vb.shape and va.dtype == vb.dtype and np.array_equal(va, vb):
+                return True
+    return False
+
+
+def _first_real(analysis: Analysis, c) -> Node | None:
+    """The first equation (not a link, not the output) reached through ``c``."""
+    seen = 0
+    while c is not OUT and getattr(c, "link", False) and seen < 50:
+        users = [u for o in c.outs for u in analysis.consumers.get(id(o), [])]
+        c = users[0] if users else OUT
+        seen += 1
+    return None if c is OUT or getattr(c, "link", True) else c
+
+
+def _input_origin(analysis: Analysis, v: Val) -> Origin:
+    n_nan, n_inf = nonfinite_counts(v.value)
+    return Origin("nonfinite.input", "input", "input", None, None, "", "",
+                  f"{v.name} holds {n_nan} NaN and {n_inf} Inf before any computation",
+                  "the function's input is already non-finite",
+                  "check the data pipeline (jaxsane.check_data) or the state passed in; repair or drop bad rows",
+                  analysis.reaches(v), [])
+
+
+def _origin_of(analysis: Analysis, node: Node) -> Origin:
+    phase = node.phase
+    deriv = phase == "forward" and "jvp(" in node.stack and analysis.only_backward(node)
+    if deriv:
+        phase = "backward"
+    elif phase == "backward" and node.prim in _COEFF_PRIMS and not any(x.bad for x in node.ins):
+        deriv = _primal_of(node) is not None   # e.g. a derivative recomputed by remat in the backward pass
+    frame = node.frame
+    if phase == "backward":
+        frame = _custom_vjp_bwd_frame(node, analysis.vjp_records()) or frame
+    file, line = (frame if frame else (None, None))
+    reaches = analysis.reaches(node)
+    if phase == "update" and reaches and all(p.startswith(("metrics", "loss")) for p in reaches):
+        phase = "forward"   # computed after the gradients, but only for the reported metrics
+    info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
+    where = list(node.ctx.tags)
+    shard = _shard_index(node)
+    if shard:
+        where.append(shard)
+    if "vmap(" in node.stack:
+        rows = _batch_rows(analysis, node)
+        if rows:
+            where.append("batch index " + ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else ""))
+    code = {"forward": "nonfinite.forward", "backward": "nonfinite.backward",
+            "update": "nonfinite.update"}[phase]
+    return Origin(code, node.prim, phase, file, line, source_text(file, line), node.stack, info.values,
+                  info.cause, info.fix, reaches, where, info.then,
+                  context=_context_of(node, phase, frame))
+
+
+def _context_of(node: Node, phase: str, frame) -> OriginContext:
+    """What the replay holds at ``node`` for the debugger: values by reference, the user's call chain
+    (the innermost frame is the origin's own line, e.g. inside a custom_vjp backward rule), the
+    forward equation of a backward origin and the loop iterations around it."""
+    chain = user_chain(node.eqn, node.ctx.eqns)
+    if frame is not None and (not chain or tuple(chain[-1][:2]) != tuple(frame)):
+        chain.append((frame[0], frame[1], "<backward rule>" if phase == "backward" else "<traced code>", frame[1]))
+    primal = None
+    if phase == "backward":
+        p = primal_eqn(node, backward="transpose(" in node.stack)
+        if p is not None and p is not node:
+            primal = (p.prim, [raw(x.value) for x in p.ins], [raw(o.value) for o in p.outs])
+    iterations = []
+    for tag in node.ctx.tags:
+        kind, _, index = str(tag).partition(" iteration ")
+        if index.isdigit():
+            iterations.append((kind, int(index)))
+    return OriginContext(node.prim, dict(node.eqn.params) if node.eqn is not None else {},
+                         [raw(x.value) for x in node.ins], [raw(o.value) for o in node.outs], chain, primal,
+                         iterations)
+
+
+_COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
+
+
+def _primal_of(node: Node):
+    p = primal_eqn(node, backward=True)
+    return p if p is not None and p is not node else None
+
+
+def _shard_index(node: Node) -> str:
+    if node.ctx.mesh is None:
+        return ""
+    names, sizes = node.ctx.mesh
+    for o in node.outs:
+        if o.bad:
+            a = np.asarray(raw(o.value))
+            lead = a.reshape(*sizes, -1)
+            bad = ~np.isfinite(lead).all(axis=-1)
+            coords = [tuple(int(c) for c in idx) for idx in np.argwhere(bad)]
+            flat = [int(np.ravel_multi_index(c, sizes)) for c in coords]
+            return "shard " + ", ".join(map(str, flat)) + f" of {int(np.prod(sizes))} (mesh axes {names})"
+    return ""
+
+
+def _batch_rows(analysis: Analysis, node: Node) -> list[int]:
+    rows: set[int] = set()
+    reached = set(analysis.reaches(node))
+    for vid, paths in analysis.out_of.items():
+        v = analysis.vals.get(vid)
+        if v is None or not set(paths) & reached:
+            continue
+        a = np.asarray(raw(v.value))
+        if a.ndim >= 1:
+            rows |= set(int(i) for i in np.flatnonzero(~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)))
+    return sorted(rows)

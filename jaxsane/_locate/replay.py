@@ -1,0 +1,444 @@
+"""The replay engine behind :func:`jaxsane.locate`: a jaxpr run equation by equation on real values.
+
+:class:`Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
+reductions, ``dot_general``, shape ops, ``select_n``) with numpy, the rest through ``bind``.
+Each equation becomes a :class:`Node` whose outputs are :class:`Val` values carrying their
+NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
+replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`Replay.expand`
+opens their body. :class:`Replay` is a set of hooks on jaxsane's one interpreter
+(:mod:`jaxsane._jaxpr.interpret`), whose rules it uses to open loops and branches; only the per-device
+``shard_map`` expansion is its own. The names here are shared with :mod:`jaxsane._locate.locate` only.
+Not jit-safe: everything here runs on the host, off the hot path.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from .._jaxpr.compile_level import quick_options
+from .._core.frames import in_optax, user_frame
+from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
+from .._core.tree import is_inexact
+
+# ----------------------------------------------------------------------------- values and nodes
+
+def flags(x: Any) -> tuple[bool, bool]:
+    """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
+    if not is_inexact(x):
+        return False, False
+    a = np.asarray(x)
+    if a.size == 0:
+        return False, False
+    if np.isfinite(a).all():
+        return False, False
+    return bool(np.isnan(a).any()), bool(np.isinf(a).any())
+
+
+class Val:
+    """A runtime value of the replay, with its non-finite flags and the node that produced it."""
+    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
+
+    def __init__(self, value, producer=None, kind=None, name=None):
+        self.value = value
+        self.nan, self.inf = flags(value)
+        self.producer = producer
+        self.kind = kind    # None (computed), "input", "literal", "const"
+        self.name = name
+
+    @property
+    def bad(self) -> bool:
+        return self.nan or self.inf
+
+
+@dataclasses.dataclass
+class Ctx:
+    """Where a jaxpr is being replayed: enclosing name stack, fallback frame, phase, shard mode, tags."""
+    stack: str = ""
+    frame: tuple[str, int] | None = None
+    phase: str | None = None
+    mesh: Any = None             # (axis_names, axis_sizes) while inside a shard_map body
+    tags: tuple = ()
+    order: tuple = ()
+    in_optax: bool = False
+    eqns: tuple = ()             # the call/loop equations around this jaxpr, outermost first
+
+
+class Node:
+    """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
+    __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
+                 "last_grad")
+
+    def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
+        self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
+        self.jaxpr, self.index, self.link = jaxpr, index, link
+        self.outs: list[Val] = []
+        self.inner: list[list[Val]] | None = None   # expanded: outer out i <- inner values
+        self.env = None
+        self.siblings: list = []
+        self.last_grad = -1
+
+    @property
+    def prim(self) -> str:
+        return "link" if self.link else self.eqn.primitive.name
+
+    @property
+    def stack(self) -> str:
+        own = str(self.eqn.source_info.name_stack) if self.eqn is not None else ""
+        return "/".join(s for s in (self.ctx.stack, own) if s)
+
+    @property
+    def frame(self) -> tuple[str, int] | None:
+        return (user_frame(self.eqn) if self.eqn is not None else None) or self.ctx.frame
+
+    @property
+    def phase(self) -> str:
+        stack = self.stack
+        if "transpose(" in stack:
+            return "backward"
+        if "jvp(" in stack:
+            return "forward"
+        if self.ctx.phase in ("update", "backward"):
+            return self.ctx.phase
+        if self.eqn is not None and (self.ctx.in_optax or in_optax(self.eqn)):
+            return "update"
+        if self.jaxpr is not None and self.index > self.last_grad >= 0:
+            return "update"
+        return self.ctx.phase or "forward"
+
+
+def _last_grad_index(jaxpr) -> int:
+    """Index of the last equation of ``jaxpr`` that belongs to a backward pass (-1 if none)."""
+    last = -1
+    for i, eqn in enumerate(jaxpr.eqns):
+        if "transpose(" in str(eqn.source_info.name_stack):
+            last = i
+    return last
+
+
+# ----------------------------------------------------------------------------- the replay
+
+EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
+
+
+# primitives numpy does not replay that only move, pick or add values: each runs as one program compiled at
+# XLA:CPU's quick level (it runs once, on one shape), which gives the values eager dispatch gives
+QUICK_BOUND = frozenset({"gather", "scatter", "scatter-add", "split", "dynamic_slice", "dynamic_update_slice",
+                         "concatenate", "pad"})
+_QUICK_PROGRAMS: dict = {}   # (primitive, params) -> its jitted bind
+
+
+def _quick_bind(primitive, params: dict) -> Any:
+    """A ``jax.jit`` of ``primitive.bind(*xs, **params)`` compiled at the quick level, one per primitive and
+    params; None where it does not apply (not the CPU backend, unhashable params)."""
+    options = quick_options()
+    if options is None:
+        return None
+    key = (primitive, tuple(sorted(params.items())))
+    try:
+        program = _QUICK_PROGRAMS.get(key)
+    except TypeError:  # params jax itself would not cache by (an unhashable value)
+        return None
+    if program is None:
+        program = _QUICK_PROGRAMS[key] = jax.jit(lambda *xs: primitive.bind(*xs, **params), compiler_options=options)
+    return program
+
+
+def _bind(eqn, values: list, mesh=None) -> list:
+    bp = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = bp if isinstance(bp, tuple) else ((), bp)
+    quick = (_quick_bind(eqn.primitive, params)
+             if mesh is None and not subfuns and eqn.primitive.name in QUICK_BOUND else None)
+
+    def call(*xs):
+        out = quick(*xs) if quick is not None else eqn.primitive.bind(*subfuns, *xs, **params)
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+    if mesh is None:
+        return call(*values)
+    names, _ = mesh
+    stacked = [isinstance(v, _Stacked) for v in values]
+    if not any(stacked):
+        return call(*values)
+    fn = lambda *xs: call(*xs)  # noqa: E731
+    for name in reversed(names):
+        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name)
+    out = fn(*[v.value if s else v for v, s in zip(values, stacked)])
+    return [_Stacked(o) for o in out]
+
+
+# -- a host replay for the common primitives: no compilation, the values XLA's kernels give up to rounding
+
+def _np_dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    xs, ys = [None] * x.ndim, [None] * y.ndim
+    for i, j in zip(lb, rb):
+        xs[i] = ys[j] = next(letters)
+    for i, j in zip(lc, rc):
+        xs[i] = ys[j] = next(letters)
+    for i in range(x.ndim):
+        xs[i] = xs[i] or next(letters)
+    for j in range(y.ndim):
+        ys[j] = ys[j] or next(letters)
+    out = ([xs[i] for i in lb] + [xs[i] for i in range(x.ndim) if i not in lb and i not in lc]
+           + [ys[j] for j in range(y.ndim) if j not in rb and j not in rc])
+    dt = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(x, y)
+    if dt.kind == "f" and dt.itemsize < 4:  # XLA's CPU dots accumulate float16/bfloat16 in float32
+        x, y = x.astype(np.float32), y.astype(np.float32)
+    return np.einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y, optimize=True)
+
+
+def _np_broadcast(x, *, shape, broadcast_dimensions, **_):
+    expanded = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        expanded[d] = x.shape[i]
+    return np.broadcast_to(x.reshape(expanded), shape)
+
+
+def _np_select(pred, *cases):
+    if pred.dtype == np.bool_:
+        return np.where(pred, cases[1], cases[0]) if len(cases) == 2 else np.choose(pred.astype(int), cases)
+    return np.choose(pred.astype(int), np.broadcast_arrays(*cases))
+
+
+def _np_slice(x, *, start_indices, limit_indices, strides=None, **_):
+    strides = strides or (1,) * x.ndim
+    return x[tuple(slice(a, b, c) for a, b, c in zip(start_indices, limit_indices, strides))]
+
+
+def _reduce(fn):
+    return lambda x, *, axes, **_: fn(x, axis=tuple(axes))
+
+
+_NP = {
+    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
+    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "logistic": lambda x, **_: 1 / (1 + np.exp(-x)), "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "sqrt": np.sqrt,
+    "rsqrt": lambda x, **_: 1 / np.sqrt(x), "cbrt": np.cbrt, "abs": np.abs, "not": np.invert,
+    "square": np.square, "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
+    "div": lambda x, y, **_: (np.trunc(x / y).astype(x.dtype) if x.dtype.kind in "iu" else np.divide(x, y)),
+    "rem": np.fmod, "pow": np.power, "max": np.maximum, "min": np.minimum, "atan2": np.arctan2,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+    "integer_pow": lambda x, *, y, **_: x ** y if y >= 0 else 1 / (x ** -y),
+    "select_n": _np_select, "convert_element_type": lambda x, *, new_dtype, **_: x.astype(new_dtype),
+    "broadcast_in_dim": _np_broadcast, "reshape": lambda x, *, new_sizes, **_: x.reshape(new_sizes),
+    "squeeze": lambda x, *, dimensions, **_: np.squeeze(x, axis=tuple(dimensions)),
+    "expand_dims": lambda x, *, dimensions, **_: np.expand_dims(x, tuple(dimensions)),
+    "transpose": lambda x, *, permutation, **_: np.transpose(x, permutation),
+    "reduce_sum": _reduce(np.sum), "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min),
+    "reduce_prod": _reduce(np.prod), "reduce_and": _reduce(np.all), "reduce_or": _reduce(np.any),
+    "dot_general": _np_dot_general, "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, dimension),
+    "slice": _np_slice, "copy": lambda x, **_: x, "copy_p": lambda x, **_: x,
+    "clamp": lambda lo, x, hi, **_: np.minimum(np.maximum(x, lo), hi),
+    "stop_gradient": lambda x, **_: x,
+}
+_NP_PARAMS = {"neg", "sign", "floor", "ceil", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh", "sin",
+              "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "cbrt",
+              "abs", "not", "square", "add", "add_any", "sub", "mul", "rem", "pow", "max", "min", "atan2", "eq",
+              "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "select_n"}   # ufuncs: called without params
+
+
+def _evaluate(eqn, values: list, mesh=None) -> list:
+    """One equation on real values: on the host with numpy when it can, else ``bind`` (jax caches it)."""
+    name = eqn.primitive.name
+    if name == "check" and not eqn.outvars:  # a checkify check (a chex value assertion traced under chexify, kept
+        return []                            # in jit's trace cache): the replay finds values, it asserts nothing
+    fn = _NP.get(name)
+    if fn is None or mesh is not None or any(_is_extended(v) for v in values):
+        return _bind(eqn, values, mesh)
+    arrays = [np.asarray(v) for v in values]
+    try:
+        with np.errstate(all="ignore"):
+            out = fn(*arrays) if name in _NP_PARAMS else fn(*arrays, **eqn.params)
+    except Exception:  # anything numpy reads differently: let jax do it
+        return _bind(eqn, values, mesh)
+    aval = eqn.outvars[0].aval
+    out = np.asarray(out)
+    if out.shape != tuple(aval.shape):
+        return _bind(eqn, values, mesh)
+    with np.errstate(all="ignore"):
+        return [out.astype(aval.dtype, copy=False)]
+
+
+def _is_extended(v: Any) -> bool:
+    dtype = getattr(v, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    except TypeError:  # pragma: no cover
+        return True
+
+
+class _Stacked:
+    """A per-shard value inside a shard_map body: leading axes are the mesh axes."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    @property
+    def shape(self):
+        return self.value.shape
+
+
+def raw(v: Any) -> Any:
+    return v.value if isinstance(v, _Stacked) else v
+
+
+class Replay(Interpreter):
+    """Evaluates jaxprs on real values, recording every equation as a :class:`Node`.
+
+    A set of hooks on :class:`jaxsane._jaxpr.interpret.Interpreter`: calls are replayed inline; loops and
+    ``cond`` are evaluated whole (``bind``) and only opened, with the interpreter's shared rules, by
+    :meth:`expand`; ``shard_map`` bodies are opened per device by :meth:`_expand_shard_map`.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.envs: dict[int, tuple] = {}   # id(replayed jaxpr) -> (jaxpr, its replayed values)
+        self._runs: list[tuple[int, list]] = []   # per jaxpr being replayed: (last backward index, its nodes)
+        self._last_env: dict = {}
+
+    def replay(self, jaxpr, consts: Sequence, ins: Sequence[Val], ctx: Ctx) -> tuple[list[Val], dict]:
+        """Replay ``jaxpr`` on ``ins``: ``(outputs, the environment var -> Val)``."""
+        outs, _ = self.run(jaxpr, consts, ins, ctx)
+        return outs, self._last_env
+
+    # -- interpreter hooks
+    def run(self, jaxpr, consts, args, ctx=None, tags=None):
+        self._runs.append((_last_grad_index(jaxpr), []))
+        try:
+            return super().run(jaxpr, consts, args, ctx, tags)
+        finally:
+            self._runs.pop()
+
+    def finished(self, jaxpr, env: dict) -> None:
+        self._last_env = env
+        self.envs[id(jaxpr)] = (jaxpr, env)
+
+    def at(self, eqn, invals, ctx, index, jaxpr) -> Node:
+        last_grad, nodes = self._runs[-1]
+        node = Node(eqn, invals, ctx, ctx.order + (index,), jaxpr, index)
+        node.siblings = nodes
+        node.last_grad = last_grad
+        nodes.append(node)
+        self.count += 1
+        return node
+
+    def enters(self, eqn, node: Node) -> bool:
+        return eqn.primitive.name in CALLS and node.ctx.mesh is None   # loops wait for expand()
+
+    def bind(self, eqn, invals, node: Node) -> list:
+        outs = [Val(o, producer=node) for o in _evaluate(eqn, [x.value for x in invals], node.ctx.mesh)]
+        node.outs = outs
+        return outs
+
+    def literal(self, lit) -> Val:
+        return Val(np.asarray(lit.val, dtype=lit.aval.dtype), kind="literal")
+
+    def const(self, c) -> Val:
+        return c if isinstance(c, Val) else Val(c, kind="const")
+
+    def value(self, v):
+        return v.value if isinstance(v, Val) else v
+
+    def child(self, eqn, node: Node, label=None, order=()) -> Ctx:
+        return self._child(node, (label,) if label else (), order)
+
+    def index(self, x: Val, t: int, eqn, node: Node) -> Val:
+        link = Node(None, [x], node.ctx, node.order + (t, -1), link=True)
+        val = Val(x.value[t], producer=link)
+        link.outs = [val]
+        return val
+
+    def stack(self, parts, eqn, node, aval=None) -> list:
+        return list(parts[::-1]) if eqn.params.get("reverse") else list(parts)   # in the order they ran
+
+    @staticmethod
+    def _child(node: Node, tags: tuple = (), order_extra: tuple = ()) -> Ctx:
+        phase = node.phase
+        ctx = node.ctx
+        return Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
+                    mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
+                    in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)),
+                    eqns=ctx.eqns + ((node.eqn,) if node.eqn is not None else ()))
+
+    # -- lazy descent into compiled calls
+    def expand(self, node: Node) -> None:
+        """Replay the body of a jit/scan/while/cond/shard_map node; sets ``node.inner``."""
+        name = node.prim
+        if name == "shard_map":
+            if node.ctx.mesh is None:
+                self._expand_shard_map(node)
+            return
+        if name in LOOPS and node.ctx.mesh is not None:
+            return
+        rule = RULES.get(name)
+        if rule is None:
+            return
+        self.path.append(node.eqn)
+        try:
+            result = rule(self, node.eqn, list(node.ins), [None] * len(node.ins), node)
+        finally:
+            self.path.pop()
+        if result is None:
+            return
+        outs = result[0]
+        if name == "scan":
+            ncarry = node.eqn.params["num_carry"]
+            node.inner = [[c] for c in outs[:ncarry]] + [list(ys) for ys in outs[ncarry:]]
+            return
+        if name in ("pjit", "jit"):
+            node.env = self._last_env
+        node.inner = [[o] for o in outs]
+
+    def _expand_shard_map(self, node: Node) -> None:
+        p = node.eqn.params
+        mesh = p["mesh"]
+        names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes")
+                                                       else mesh.devices.shape)
+        sub, consts = closed(p["jaxpr"])
+        ins = []
+        for x, spec in zip(node.ins, p["in_specs"]):
+            link = Node(None, [x], node.ctx, node.order + (-1,), link=True)
+            val = Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
+            link.outs = [val]
+            ins.append(val)
+        ctx = self._child(node, ("shard_map",))
+        ctx.mesh = (names, sizes)
+        outs, _ = self.replay(sub, consts, ins, ctx)
+        node.inner = [[o] for o in outs]
+
+
+def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:
+    """Global array -> per-device blocks stacked with the mesh axes leading."""
+    entries = tuple(spec) + (None,) * (a.ndim - len(tuple(spec)))
+    blocks = []
+    for coord in np.ndindex(*sizes):
+        index = []
+        for d, entry in enumerate(entries):
+            axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+            n, k = 1, 0
+            for ax in axes:
+                j = names.index(ax)
+                k = k * sizes[j] + coord[j]
+                n *= sizes[j]
+            size = a.shape[d] // n
+            index.append(slice(k * size, (k + 1) * size))
+        blocks.append(a[tuple(index)])
+    stacked = np.stack(blocks)
+    return stacked.reshape(*sizes, *blocks[0].shape)
+

@@ -1,0 +1,1 @@
+"""_monitor: see the package map in jaxsane/__init__.py."""

@@ -1,0 +1,271 @@
+"""The compiled engine behind :func:`jaxsane.overfit`: many configurations of one step, vmapped.
+
+Every configuration is one slice of a ``jax.vmap``-ed train state. The steps run in a
+``lax.scan`` of ``chunk`` steps inside a ``lax.while_loop`` that exits once every real
+configuration has reached the target, so the sweep needs no host round trip between steps.
+
+The loop's carry is both the program's input and its output, which makes the program resumable:
+the configurations can be split into equal *groups* that run the same compiled executable
+side by side. On the CPU backend one group per core runs in its own host thread (XLA:CPU runs
+small batched programs on one core; the cores are otherwise idle); on GPU and TPU one group fills
+the device. A group that exits early is resumed, early exit off, to the chunk where the last group
+stopped, so every configuration runs exactly the steps a single vmapped program would have run.
+
+The program is traced and compiled once, in a background thread, while the host builds the
+per-seed initial states (or earlier: :func:`compile_sweep` can be started ahead, as doctor does while
+its other stages run).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._jaxpr.compile_level import compiler_options
+from .._core.tree import PyTree, host_leaf
+
+
+class Carry(NamedTuple):
+    """The ``while_loop`` carry of one group, also the program's input and output."""
+
+    chunks: jax.Array  # int32 []: chunks run so far
+    states: PyTree  # [size, ...] train states
+    losses: jax.Array  # float32 [size, total]; NaN where not run yet
+    accuracy: jax.Array  # float32 [size]: per-example accuracy after the last chunk (0 when unmeasured)
+    reached_at: jax.Array  # int32 [size]: first step that met the target, -1 when never
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLayout:
+    """Which configuration sits in which slot of which group.
+
+    ``slots[g, j]`` is a configuration index; ``padding[g, j]`` marks slots that repeat one of the
+    group's configurations only to give every group the same size (their results are dropped).
+    """
+
+    slots: np.ndarray  # int [groups, size]
+    padding: np.ndarray  # bool [groups, size]
+
+    @property
+    def groups(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.slots.shape[1]
+
+    def first_slot(self, config: int) -> tuple[int, int]:
+        """``(group, slot)`` holding ``config`` (not a padding slot)."""
+        g, j = np.argwhere((self.slots == config) & ~self.padding)[0]
+        return int(g), int(j)
+
+
+def group_layout(n_real: int, baseline: int | None, groups: int) -> GroupLayout:
+    """Spread ``n_real`` real configurations round-robin over ``groups`` (at most ``n_real``) and put
+    the baseline (config index ``baseline``) in the smallest group. Every group holds a real
+    configuration, so every group's early exit means something."""
+    groups = max(1, min(int(groups), n_real))
+    members = [list(range(g, n_real, groups)) for g in range(groups)]
+    if baseline is not None:
+        min(reversed(members), key=len).append(baseline)
+    size = max(map(len, members))
+    slots = np.asarray([m + [m[0]] * (size - len(m)) for m in members], dtype=int)
+    padding = np.asarray([[False] * len(m) + [True] * (size - len(m)) for m in members], dtype=bool)
+    return GroupLayout(slots, padding)
+
+
+def default_groups(n_real: int) -> int:
+    """One group per available CPU core on the CPU backend (at most one per real configuration);
+    one group on accelerators, where a single vmapped program already fills the device."""
+    if jax.default_backend() != "cpu":
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, n_real))
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What one step of one configuration is and when it has fit. ``step`` is
+    ``(state, batch) -> (state, loss)``; ``prepare`` is ``(state, lr, scale) -> state`` (lr NaN: keep the
+    state's rate), or None when the states come prepared; ``accuracy`` is ``(state, batch) -> accuracy``
+    or None. All jit-safe."""
+
+    step: Callable[[PyTree, PyTree], tuple[PyTree, jax.Array]]
+    prepare: Callable[[PyTree, jax.Array, jax.Array], PyTree] | None
+    accuracy: Callable[[PyTree, PyTree], jax.Array] | None
+    chunk: int
+    n_chunks: int
+    target: float
+    target_accuracy: float
+
+
+def sweep_program(spec: SweepSpec, traces: list[int]) -> Callable:
+    """The program of one group: ``run(carry, batches, lrs, scales, real, limit, early_exit) -> carry``.
+
+    Runs chunks until ``limit`` chunks have run or, when ``early_exit``, every ``real`` slot has reached
+    the target. ``traces[0]`` counts traces (one per compile). Jit-safe (it is what gets jitted).
+    """
+    vstep = jax.vmap(spec.step)
+    chunk = spec.chunk
+
+    def run(carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
+        traces[0] += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
+        if spec.prepare is not None:
+            carry = carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
+
+        def cond(c: Carry):
+            done = jnp.all((c.reached_at >= 0) | ~real)
+            return (c.chunks < limit) & ~(early_exit & done)
+
+        def body(c: Carry) -> Carry:
+            i = c.chunks
+            states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=chunk)
+            chunk_losses = chunk_losses.T  # [size, chunk]
+            losses = lax.dynamic_update_slice(c.losses, chunk_losses, (0, i * chunk))
+            # a ratio target needs a positive start: a loss at or below 0 never "fits" by ratio
+            hit = (chunk_losses <= (spec.target * losses[:, 0])[:, None]) & (losses[:, 0] > 0)[:, None]
+            first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
+            acc = c.accuracy
+            if spec.accuracy is not None:
+                acc = jax.vmap(spec.accuracy)(states, batches)
+                first = jnp.where((first < 0) & (acc >= spec.target_accuracy), (i + 1) * chunk - 1, first)
+            reached_at = jnp.where(c.reached_at >= 0, c.reached_at, first)
+            return Carry(i + 1, states, losses, acc, reached_at)
+
+        return lax.while_loop(cond, body, carry)
+
+    return run
+
+
+class SweepOutput(NamedTuple):
+    """Per-configuration results on the host, in configuration order."""
+
+    losses: np.ndarray  # [configs, steps_run]
+    accuracy: np.ndarray  # [configs]
+    reached_at: np.ndarray  # [configs]
+    steps_run: int
+    compile_seconds: float
+    seconds: float
+
+
+def _canonical(dtype: Any) -> Any:
+    """The dtype jax computes in (int64 -> int32 without x64); extended dtypes (PRNG keys) as they are."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _spec(x: Any, size: int) -> jax.ShapeDtypeStruct:
+    """The abstract value of ``size`` stacked copies of leaf ``x``."""
+    dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
+    return jax.ShapeDtypeStruct((size, *np.shape(x)), _canonical(dtype))
+
+
+def _stack_host(xs: Sequence[Any]) -> np.ndarray:
+    out = np.stack([np.asarray(x) for x in xs])
+    return out.astype(_canonical(out.dtype), copy=False)
+
+
+def compile_sweep(spec: SweepSpec, layout: GroupLayout, *, example_state: PyTree, batch_for: Callable[[int], PyTree],
+                  traces: list[int]) -> tuple[Any, float]:
+    """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
+    :func:`~jaxsane._jaxpr.compile_level.compiler_options` picks for its chunks) for the abstract shapes of
+    ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
+    t = time.perf_counter()
+    size, total = layout.size, spec.n_chunks * spec.chunk
+    f32, i32 = jnp.float32, jnp.int32
+    abstract = (Carry(jax.ShapeDtypeStruct((), i32), jax.tree_util.tree_map(lambda x: _spec(x, size), example_state),
+                      jax.ShapeDtypeStruct((size, total), f32), jax.ShapeDtypeStruct((size,), f32),
+                      jax.ShapeDtypeStruct((size,), i32)),
+                jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
+                jax.ShapeDtypeStruct((size,), f32), jax.ShapeDtypeStruct((size,), f32),
+                jax.ShapeDtypeStruct((size,), bool), jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), bool))
+    traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
+    compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
+    return compiled, time.perf_counter() - t
+
+
+def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[np.ndarray], PyTree],
+              example_state: PyTree, batch_for: Callable[[int], PyTree], lrs: np.ndarray, scales: np.ndarray,
+              real: np.ndarray, early_exit: bool, traces: list[int],
+              say: Callable[[str], None] = lambda message: None,
+              precompiled: concurrent.futures.Future | None = None) -> SweepOutput:
+    """Compile the group program once (in a background thread, while ``build_states`` runs) and run
+    every group, side by side in host threads when there are several. Not jit-safe.
+
+    Args:
+      build_states: ``config_indices [size] -> stacked states [size, ...]`` (host numpy leaves with
+        canonical dtypes, matching ``example_state``'s structure).
+      example_state: one unstacked state, for the abstract shapes the program is compiled for.
+      batch_for: ``config index -> batch`` (the overfit batch or the constant-input one).
+      lrs, scales, real: per-configuration learning rate (NaN: the state's own), init scale and whether
+        the configuration is a real one (not the baseline).
+      say: called with a line of progress at each phase (compiling, running, resuming).
+      precompiled: a future of :func:`compile_sweep` on the same arguments, started earlier (doctor starts
+        it while other stages run); None compiles here, in a thread, while the states are built.
+    """
+    start = time.perf_counter()
+    size, total = layout.size, spec.n_chunks * spec.chunk
+    batches = [jax.tree_util.tree_map(lambda *xs: _stack_host(xs), *[batch_for(c) for c in row]) for row in layout.slots]
+    group_real = real[layout.slots] & ~layout.padding
+
+    def compile_program():
+        return compile_sweep(spec, layout, example_state=example_state, batch_for=batch_for, traces=traces)
+
+    def launch(g: int, carry: Carry, limit: int, first: bool) -> Carry:
+        row = layout.slots[g]
+        args = (lrs[row] if first else np.full(size, np.nan, np.float32),
+                scales[row] if first else np.ones(size, np.float32))
+        out = compiled(carry, batches[g], *args, group_real[g], np.int32(limit), np.bool_(early_exit and first))
+        return jax.block_until_ready(out)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=layout.groups) as pool:
+        say(f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
+            "the initial states")
+        compiling = precompiled if precompiled is not None else pool.submit(compile_program)
+        carries = [Carry(np.int32(0), build_states(row), np.full((size, total), np.nan, np.float32),
+                         np.zeros(size, np.float32), np.full(size, -1, np.int32)) for row in layout.slots]
+        compiled, compile_seconds = compiling.result()
+        say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
+            + (" (stops once every configuration has fit)" if early_exit else ""))
+        carries = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
+        chunks = [int(c.chunks) for c in carries]
+        last = max(chunks)
+        behind = [g for g in range(layout.groups) if chunks[g] < last]
+        if behind:
+            say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
+        for g, carry in zip(behind, pool.map(lambda g: launch(g, carries[g], last, False), behind)):
+            carries[g] = carry
+
+    steps_run = last * spec.chunk
+    n_configs = int(layout.slots[~layout.padding].max()) + 1
+    where = [layout.first_slot(c) for c in range(n_configs)]
+    host = [(np.asarray(c.losses), np.asarray(c.accuracy), np.asarray(c.reached_at)) for c in carries]
+    losses = np.stack([host[g][0][j, :steps_run] for g, j in where])
+    accuracy = np.asarray([host[g][1][j] for g, j in where])
+    reached_at = np.asarray([host[g][2][j] for g, j in where])
+    return SweepOutput(losses, accuracy, reached_at, steps_run, compile_seconds, time.perf_counter() - start)
+
+
+def stack_states(per_seed_leaves: Sequence[Sequence[Any]], treedef: Any, seed_of: np.ndarray) -> PyTree:
+    """Stack the per-seed states' leaves so row ``j`` is seed ``seed_of[j]``'s; host numpy with canonical
+    dtypes where possible (PRNG keys and other extended dtypes stay jax arrays). Not jit-safe."""
+    def stack(xs):
+        host = [host_leaf(x) for x in xs]
+        if all(isinstance(x, np.ndarray) for x in host):
+            return _stack_host(host)[seed_of]
+        return jnp.take(jnp.stack([jnp.asarray(x) for x in xs]), jnp.asarray(seed_of), axis=0)
+    return jax.tree_util.tree_unflatten(treedef, [stack(xs) for xs in zip(*per_seed_leaves)])
+
