@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 import jaxsane
-from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.contract import PureExperiment
 from jaxsane._monitor.monitor import Monitor
 
 
@@ -73,7 +73,7 @@ def digits_experiment():
 
 
 def make_loops(exp):
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     state0 = adapted.init(jax.random.key(0))
     batch = jax.device_put(exp.train)
     bare = jax.jit(adapted.step)

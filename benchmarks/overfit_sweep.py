@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 import jaxsane
-from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.contract import PureExperiment
 from jaxsane._overfit.setup import constant_input_batch, learning_rate_paths, set_learning_rate
 from jaxsane.examples._digits import load_digits_split
 
@@ -73,7 +73,7 @@ def make_experiment(hidden: int, batch_size: int) -> jaxsane.Experiment:
     return jaxsane.Experiment(init=init, step=step, train=batch, loss=loss, apply=apply, name="bench_mlp")
 
 
-def configurations(adapted: Adapted, batch):
+def configurations(adapted: PureExperiment, batch):
     """The same 16 (state, batch) pairs the vmapped sweep builds: 15 real + the constant-input one."""
     const = constant_input_batch(adapted.experiment, batch)
     out = []
@@ -101,7 +101,7 @@ def run_vmapped(exp, batch, steps, groups=None):
 
 
 def run_sequential(exp, batch, steps):
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     traces = [0]
 
     def scan(state, b):
@@ -121,7 +121,7 @@ def run_sequential(exp, batch, steps):
 
 
 def run_loop(exp, batch, steps, sync=False):
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     traces = [0]
 
     def step(state, b):

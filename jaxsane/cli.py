@@ -22,7 +22,8 @@ import inspect
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
 
@@ -57,8 +58,10 @@ def check_target(target: str) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise UsageError(f"cannot import {module_name!r}: no module named {top!r} (run from the directory that "
-                         "holds it, or install it)")
+        raise UsageError(
+            f"cannot import {module_name!r}: no module named {top!r} (run from the directory that "
+            "holds it, or install it)"
+        )
 
 
 def _user_error(exc: BaseException, what: str) -> UsageError:
@@ -68,6 +71,7 @@ def _user_error(exc: BaseException, what: str) -> UsageError:
         where = f" at {exc.filename}:{exc.lineno}"
     else:
         from ._doctor.doctor import user_crash
+
         crash = user_crash(exc)
         if crash is not None:
             exc, file, line = crash
@@ -83,12 +87,14 @@ def load_target(target: str, raw: bool = False) -> Any:
     not import (syntax error, exception at import) or a factory that needs arguments or raises is a
     :class:`UsageError` naming the user's exception and file:line."""
     from ._experiment.contract import Experiment
+
     check_target(target)
     module_name, attr = _split_target(target)
     try:
         if _is_file_target(module_name):
-            spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(module_name))[0],
-                                                          module_name)
+            spec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(module_name))[0], module_name
+            )
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
             spec.loader.exec_module(module)
@@ -105,21 +111,26 @@ def load_target(target: str, raw: bool = False) -> Any:
         return value
     if not isinstance(value, Experiment) and callable(value):
         try:
-            required = [p.name for p in inspect.signature(value).parameters.values()
-                        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                               p.KEYWORD_ONLY)]
+            required = [
+                p.name
+                for p in inspect.signature(value).parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            ]
         except (TypeError, ValueError):
             required = []
         if required:
-            raise UsageError(f"{target} needs arguments {required}; point the CLI at an Experiment or a "
-                             "callable that takes no arguments and returns one")
+            raise UsageError(
+                f"{target} needs arguments {required}; point the CLI at an Experiment or a "
+                "callable that takes no arguments and returns one"
+            )
         try:
             value = value()
         except Exception as e:
             raise _user_error(e, f"{target}() raised") from e
     if not isinstance(value, Experiment):
-        raise UsageError(f"{target} is a {type(value).__name__}, not a jaxsane.Experiment (or a callable "
-                         "returning one)")
+        raise UsageError(
+            f"{target} is a {type(value).__name__}, not a jaxsane.Experiment (or a callable returning one)"
+        )
     return value
 
 
@@ -169,24 +180,32 @@ def _doctor(args: argparse.Namespace) -> int:
     for target in args.targets:
         check_target(target)
 
-    from ._doctor.doctor import doctor
+    from ._core.diagnosis import Diagnosis
     from ._core.errors import JaxsaneError
-    from ._core.finding import Diagnosis
+    from ._doctor.doctor import doctor
 
     if not args.no_cache:  # before the targets load: their imports and Experiment.init compile too
         from ._jaxpr.compile_cache import enable_compilation_cache
+
         enable_compilation_cache()
     if args.targets:
         experiments = [load_target(t) for t in args.targets]
     else:
         from .examples import EXAMPLES, load
+
         print(f"[jaxsane] no target given: running the bundled examples {', '.join(EXAMPLES)}", file=sys.stderr)
         experiments = [load(name) for name in EXAMPLES]
     results: list[Diagnosis] = []
     for exp in experiments:
         try:
-            diagnosis = doctor(exp, stages=args.stages, skip=args.skip or (), progress=not args.quiet,
-                               compile_cache=not args.no_cache, **options)
+            diagnosis = doctor(
+                exp,
+                stages=args.stages,
+                skip=args.skip or (),
+                progress=not args.quiet,
+                compile_cache=not args.no_cache,
+                **options,
+            )
         except JaxsaneError as e:
             raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
         results.append(diagnosis)
@@ -199,6 +218,7 @@ def _doctor(args: argparse.Namespace) -> int:
             json.dump(payload if len(payload) > 1 else payload[0], fh, indent=2)
     if args.html:
         from ._render.html import write_html
+
         write_html(args.html, results)
     return EXIT_OK if all(getattr(d, "passed", d.ok) for d in results) else EXIT_ERRORS
 
@@ -206,8 +226,8 @@ def _doctor(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """``jaxsane replay DUMP_DIR --step MODULE:ATTR [--pdb]``: re-run :func:`jaxsane.locate` on a guard dump and,
     with ``--pdb``, open :func:`jaxsane.post_mortem` at its origin."""
-    from ._dump.dump import load_dump
     from ._core.errors import DumpError, DumpShapeError, JaxsaneError
+    from ._dump.dump import load_dump
     from ._locate.locate import replay_dump
 
     if not os.path.isdir(args.dump):
@@ -222,13 +242,16 @@ def _replay(args: argparse.Namespace) -> int:
     except JaxsaneError as e:
         raise UsageError(str(e)) from e
     if report is None:
-        print("[jaxsane] replay: every output of the step is finite on the dumped inputs (the failure did not "
-              "reproduce; compare devices, dtypes and XLA flags with the failing run)"
-              + ("; no origin, so no debugger opened" if args.pdb else ""))
+        print(
+            "[jaxsane] replay: every output of the step is finite on the dumped inputs (the failure did not "
+            "reproduce; compare devices, dtypes and XLA flags with the failing run)"
+            + ("; no origin, so no debugger opened" if args.pdb else "")
+        )
         return EXIT_OK
     print(report, flush=True)
     if args.pdb:
         from ._locate.debugger import post_mortem
+
         post_mortem(report)
     return EXIT_ERRORS
 
@@ -237,32 +260,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
     sub = parser.add_subparsers(dest="command", required=True)
     from ._doctor.options import OPTIONS, STAGE_NAMES, type_name
-    epilog = "stages: " + ", ".join(STAGE_NAMES) + "\noptions (-o NAME=VALUE):\n" + "\n".join(
-        f"  {spec.name} ({type_name(spec.type)}, default {spec.default!r}): {spec.doc}" for spec in OPTIONS.values())
-    p = sub.add_parser("doctor", help="run the sanity checklist on experiments (default: the bundled examples)",
-                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    epilog = (
+        "stages: "
+        + ", ".join(STAGE_NAMES)
+        + "\noptions (-o NAME=VALUE):\n"
+        + "\n".join(
+            f"  {spec.name} ({type_name(spec.type)}, default {spec.default!r}): {spec.doc}" for spec in OPTIONS.values()
+        )
+    )
+    p = sub.add_parser(
+        "doctor",
+        help="run the sanity checklist on experiments (default: the bundled examples)",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("targets", nargs="*", metavar="MODULE:ATTR", help="experiments to check")
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--stages", nargs="+", metavar="STAGE", help="run only these stages")
     p.add_argument("--skip", nargs="+", metavar="STAGE", help="skip these stages")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2")
+    p.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
-    p.add_argument("--no-cache", action="store_true",
-                   help="do not keep compiled programs in jaxsane's persistent compilation cache ($JAXSANE_CACHE_DIR, "
-                        "default ~/.cache/jaxsane/xla; JAXSANE_CACHE=0 also turns it off)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not keep compiled programs in jaxsane's persistent compilation cache ($JAXSANE_CACHE_DIR, "
+        "default ~/.cache/jaxsane/xla; JAXSANE_CACHE=0 also turns it off)",
+    )
     p.set_defaults(func=_doctor)
     p = sub.add_parser("replay", help="re-run jaxsane.locate on the inputs a guarded step dumped")
     p.add_argument("dump", metavar="DUMP_DIR", help="a dump directory written by guard(..., dump_dir=...)")
-    p.add_argument("--step", required=True, metavar="MODULE:ATTR",
-                   help="the step function, or an Experiment (or a zero-argument callable returning one)")
-    p.add_argument("--like", metavar="MODULE:ATTR",
-                   help="a zero-argument function returning the step's first positional args as templates "
-                        "(NNX objects: (model, optimizer)); the rest come from the dump")
-    p.add_argument("--pdb", action="store_true",
-                   help="after the report, open a post-mortem pdb session in your own line at the origin "
-                        "(jaxsane.post_mortem)")
+    p.add_argument(
+        "--step",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="the step function, or an Experiment (or a zero-argument callable returning one)",
+    )
+    p.add_argument(
+        "--like",
+        metavar="MODULE:ATTR",
+        help="a zero-argument function returning the step's first positional args as templates "
+        "(NNX objects: (model, optimizer)); the rest come from the dump",
+    )
+    p.add_argument(
+        "--pdb",
+        action="store_true",
+        help="after the report, open a post-mortem pdb session in your own line at the origin (jaxsane.post_mortem)",
+    )
     p.set_defaults(func=_replay)
     return parser
 

@@ -20,7 +20,8 @@ jax is imported only when one of these is used, never when the plugin is loaded.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,15 @@ MARKER = "jaxsane_devices"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("jaxsane")
-    group.addoption(OPTION, dest="jaxsane_devices", type=int, default=None, metavar="N",
-                    help="simulate N CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N), set "
-                         "before jax initialises its backend")
+    group.addoption(
+        OPTION,
+        dest="jaxsane_devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="simulate N CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N), set "
+        "before jax initialises its backend",
+    )
     parser.addini(INI, "simulate this many CPU devices (as --jaxsane-devices)", default="")
 
 
@@ -47,17 +54,19 @@ def requested_devices(config: pytest.Config) -> int | None:
         try:
             n = int(text)
         except ValueError:
-            raise pytest.UsageError(f"[jaxsane] ini option {INI} = {text!r} is not an int. Fix: set it to the "
-                                    "number of CPU devices to simulate, e.g. 8, or remove it.") from None
+            raise pytest.UsageError(
+                f"[jaxsane] ini option {INI} = {text!r} is not an int. Fix: set it to the "
+                "number of CPU devices to simulate, e.g. 8, or remove it."
+            ) from None
     if n < 1:
-        raise pytest.UsageError(f"[jaxsane] {OPTION}={n}: the device count must be >= 1. Fix: pass e.g. "
-                                f"{OPTION}=8.")
+        raise pytest.UsageError(f"[jaxsane] {OPTION}={n}: the device count must be >= 1. Fix: pass e.g. {OPTION}=8.")
     return n
 
 
 def set_cpu_devices(n: int) -> None:
     """Make XLA's CPU platform show ``n`` devices; a :class:`pytest.UsageError` when it is too late."""
     import chex  # imports jax, which is fine: importing jax does not initialise its backend
+
     try:
         chex.set_n_cpu_devices(n)
     except RuntimeError as e:
@@ -65,13 +74,15 @@ def set_cpu_devices(n: int) -> None:
             f"[jaxsane] {OPTION}={n}: jax's CPU backend was already initialised with another device count "
             f"before pytest_configure ({e}). Likely cause: a conftest.py or plugin ran a jax operation at import "
             f"(jax.devices(), jnp.ones(...), a jitted call). Fix: move that into a fixture, or start pytest with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={n}.") from None
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n}."
+        ) from None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{MARKER}(n): skip unless at least n jax devices are visible "
-                                       f"(run with {OPTION}=n)")
+    config.addinivalue_line(
+        "markers", f"{MARKER}(n): skip unless at least n jax devices are visible (run with {OPTION}=n)"
+    )
     n = requested_devices(config)
     if n is not None:
         set_cpu_devices(n)
@@ -83,6 +94,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     need = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
     import jax
+
     have = jax.device_count()
     if have < need:
         pytest.skip(f"needs {need} jax devices, {have} visible: run pytest with {OPTION}={need}")
@@ -92,6 +104,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def jaxsane_check():
     """:mod:`jaxsane.testing`: ``jaxsane_check.assert_grads_match(f, *args)`` and its siblings."""
     from . import testing
+
     return testing
 
 
@@ -99,6 +112,7 @@ def jaxsane_check():
 def jaxsane_guard():
     """``jaxsane_guard(step, **kw)`` -> a guarded step (``sync=True`` unless given); flushed at teardown."""
     from . import guard
+
     made: list[Any] = []
 
     def make(step: Callable, **kwargs: Any):

@@ -9,19 +9,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ._checks.batch import check_batch_independence
-from ._core.errors import GradCheckError, JaxsaneError
-from ._core.finding import Finding
 from ._checks.grads import check_grads
 from ._checks.init import check_init
-from ._jaxpr.recompile import recompile_finding
 from ._checks.step import check_step, count_compilations
+from ._core.errors import GradCheckError, JaxsaneError
+from ._core.finding import Finding
 from ._core.tree import same_structure
+from ._jaxpr.recompile import recompile_finding
 
-__all__ = ["CheckFailed", "GradCheckError", "assert_batch_independent", "assert_compiles_once",
-           "assert_grads_match", "assert_init_ok", "assert_step_ok", "count_compilations"]
+__all__ = [
+    "CheckFailed",
+    "GradCheckError",
+    "assert_batch_independent",
+    "assert_compiles_once",
+    "assert_grads_match",
+    "assert_init_ok",
+    "assert_step_ok",
+    "count_compilations",
+]
 
 
 class CheckFailed(JaxsaneError, AssertionError):
@@ -54,8 +63,9 @@ def assert_grads_match(f: Callable, *args: Any, allow_missing: bool = False, **k
         raise GradCheckError(_message("gradients do not match finite differences", bad), findings=bad)
 
 
-def assert_init_ok(apply: Callable, params: Any, inputs: Any, labels: Any = None, *, warnings: bool = True,
-                   **kwargs: Any) -> None:
+def assert_init_ok(
+    apply: Callable, params: Any, inputs: Any, labels: Any = None, *, warnings: bool = True, **kwargs: Any
+) -> None:
     """Raise :class:`CheckFailed` on ``init.loss``/``init.scale``/``init.symmetric`` findings
     (warnings included unless ``warnings=False``). Arguments as :func:`jaxsane.check_init`."""
     bad = _failing(check_init(apply, params, inputs, labels, **kwargs), warnings)

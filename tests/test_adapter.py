@@ -7,9 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsane._experiment.purify import (call_split, is_nnx_object, is_nnx_state, nnx_positions, positional_arity,
-                              positional_names, split_objects, split_whole, unwrap)
 from jaxsane._core.tree import is_key
+from jaxsane._experiment.purify import (
+    call_split,
+    is_nnx_object,
+    is_nnx_state,
+    nnx_positions,
+    positional_arity,
+    positional_names,
+    split_objects,
+    split_whole,
+    unwrap,
+)
 
 
 class Counter(nnx.Module):
@@ -108,11 +117,11 @@ def test_the_pure_view_is_public_and_every_tool_takes_it():
     import doctest
 
     import jaxsane
-    from jaxsane._monitor.monitor import monitor as _monitor
-    from jaxsane._experiment.contract import Adapted
+    from jaxsane._experiment.contract import PureExperiment
+    from jaxsane._monitor import monitor as _monitor
 
-    assert "PureExperiment" in jaxsane.__all__ and jaxsane.PureExperiment is Adapted
-    assert "jaxsane.PureExperiment" in (Adapted.__doc__ or "")
+    assert "PureExperiment" in jaxsane.__all__ and jaxsane.PureExperiment is PureExperiment
+    assert "jaxsane.PureExperiment" in (PureExperiment.__doc__ or "")
     assert "jaxsane._experiment.contract" not in (_monitor.Monitor.__doc__ + _monitor.__doc__)
     # the Monitor's own example runs on public names only
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
@@ -125,9 +134,9 @@ def test_one_on_nonfinite_vocabulary_for_guard_and_fit():
     import pytest
 
     from jaxsane import FitArgumentError
+    from jaxsane._core.validate import NONFINITE_POLICIES, require_policy
     from jaxsane._fit.fit import POLICIES as FIT
     from jaxsane._guard.guard import POLICIES as GUARD
-    from jaxsane._core.validate import NONFINITE_POLICIES, require_policy
 
     assert set(FIT) | set(GUARD) == set(NONFINITE_POLICIES)  # every word either tool takes is defined once
     for p in FIT:

@@ -10,15 +10,15 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import optax
 import numpy as np
+import optax
 import pytest
 from _programs import TX, batch, optax_apply, optax_experiment, optax_init, optax_loss, optax_step
 
 import jaxsane
 from jaxsane import ArgumentError, DataError, ExperimentError, JaxsaneError, check_data
 from jaxsane._data.scan import DEFAULT_MAX_BATCHES
-from jaxsane._experiment.contract import Adapted
+from jaxsane._experiment.contract import PureExperiment
 
 X = batch()["x"]                       # (8, 4) float32
 Y = batch()["y"]                       # (8,) int32 in [0, 3)
@@ -90,10 +90,10 @@ CASES = [
     ("train-min-steps", lambda: jaxsane.check_training(jaxsane.History(), min_steps=0), ArgumentError, "min_steps"),
     # ---- Monitor
     ("monitor-str", lambda: jaxsane.Monitor("adapted"), ExperimentError, "Monitor(adapted=...)"),
-    ("monitor-every-0", lambda: jaxsane.Monitor(Adapted(optax_experiment()), every=0), ArgumentError, "every"),
-    ("monitor-every-str", lambda: jaxsane.Monitor(Adapted(optax_experiment()), every="5"), ArgumentError,
+    ("monitor-every-0", lambda: jaxsane.Monitor(PureExperiment(optax_experiment()), every=0), ArgumentError, "every"),
+    ("monitor-every-str", lambda: jaxsane.Monitor(PureExperiment(optax_experiment()), every="5"), ArgumentError,
      "not converted"),
-    ("monitor-grads-str", lambda: jaxsane.Monitor(Adapted(optax_experiment()), grads="no"), ArgumentError, "grads"),
+    ("monitor-grads-str", lambda: jaxsane.Monitor(PureExperiment(optax_experiment()), grads="no"), ArgumentError, "grads"),
     # ---- check_grads
     ("grads-f-int", lambda: jaxsane.check_grads(3, PARAMS, batch()), ArgumentError, "check_grads(f=...)"),
     ("grads-order-float", lambda: jaxsane.check_grads(optax_loss, PARAMS, batch(), order=1.5), ArgumentError,
@@ -171,7 +171,7 @@ def test_there_are_many_cases():
 
 def test_argument_error_keeps_old_except_clauses_working():
     with pytest.raises(ValueError):
-        jaxsane.Monitor(Adapted(optax_experiment()), every=0)
+        jaxsane.Monitor(PureExperiment(optax_experiment()), every=0)
     with pytest.raises(TypeError):
         jaxsane.overfit(optax_experiment(), steps="100")
 
@@ -185,7 +185,7 @@ def test_good_arguments_pass_the_same_validators(tmp_path):
     assert jaxsane.check_init(optax_apply, PARAMS, X, Y, num_classes=3) is not None
     assert jaxsane.check_replicas(PARAMS, root="params", step=0) == []
     mon = jaxsane.Monitor(optax_experiment(), every=np.int64(2))  # an Experiment is adapted; numpy ints work
-    assert mon.every == 2 and isinstance(mon.adapted, Adapted)
+    assert mon.every == 2 and isinstance(mon.adapted, PureExperiment)
     path = jaxsane.write_html(tmp_path / "r.html", _diag())
     assert os.path.exists(path)
     assert jaxsane.check_batch_independence(optax_apply, PARAMS, X, probes=[0, 7]) == []

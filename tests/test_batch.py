@@ -7,13 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _programs import nnx_classifier_experiment
 from flax import nnx
 
 import jaxsane
 from jaxsane import check_batch_independence
 from jaxsane.testing import CheckFailed, assert_batch_independent
-
-from _programs import nnx_classifier_experiment
 
 X = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
 Y = (np.arange(8) % 3).astype(np.int32)

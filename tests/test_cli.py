@@ -172,8 +172,9 @@ EXP = jaxsane.Experiment(init=lambda key: make_objects(), step=train_step, train
 
 @pytest.mark.parametrize("form", ["like", "module_experiment", "experiment_function", "step_experiment"])
 def test_replay_of_an_nnx_dump_finds_the_live_origin(tmp_path, capsys, form):
-    from jaxsane import cli
     from _programs import nnx_log_dump
+
+    from jaxsane import cli
     extra = {"like": "", "module_experiment": _EXPERIMENT, "step_experiment": _EXPERIMENT,
              "experiment_function": _EXPERIMENT.replace("EXP = ", "def experiment():\n    return ")}[form]
     module, err = nnx_log_dump(tmp_path, extra)
@@ -188,8 +189,9 @@ def test_replay_of_an_nnx_dump_finds_the_live_origin(tmp_path, capsys, form):
 
 
 def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_saying_how(tmp_path, capsys):
-    from jaxsane import cli
     from _programs import nnx_log_dump
+
+    from jaxsane import cli
     module, err = nnx_log_dump(tmp_path)
     file = os.path.join(str(tmp_path), "user_nnx_step.py")
     assert cli.main(["replay", err.dump_path, "--step", f"{file}:train_step"]) == 2
@@ -203,7 +205,8 @@ def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_sayin
 
 
 def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_path, monkeypatch):
-    from jaxsane._doctor.doctor import pipeline as _pipeline, cli
+    from jaxsane import cli
+    from jaxsane._doctor import pipeline as _pipeline
     calls = []
     real = _pipeline.plan_init_scale_sweep
 

@@ -3,9 +3,9 @@
 conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax is imported.
 """
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import jaxsane
-from jaxsane._doctor.doctor import options as _options, _pipeline
-from jaxsane._doctor.doctor import DoctorDiagnosis, user_crash
 from jaxsane._core.errors import DoctorOptionError, JaxsaneError
+from jaxsane._doctor import options as _options, pipeline as _pipeline
+from jaxsane._doctor.doctor import DoctorDiagnosis, user_crash
 
 X = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
 TRAIN = {"x": X, "y": (np.arange(16) % 2).astype(np.int32)}

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import batch, linen_init
 
 import jaxsane
 from jaxsane import DumpError
-from jaxsane._dump.dump import _RAW
 from jaxsane._core.errors import DumpShapeError
-from _programs import batch, linen_init
+from jaxsane._dump.dump import _RAW
 
 
 def _tree(d):
@@ -435,7 +435,8 @@ def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path, monkeypa
     import errno
 
     import test_fit as T
-    from jaxsane._dump.dump import save as _dump  # the writer (save_dump) lives in _dump_save
+
+    from jaxsane._dump import save as _dump  # the writer (save_dump) lives in _dump_save
     (tmp_path / "afile").write_text("x")
     with pytest.raises(jaxsane.FitArgumentError, match="dump_dir"):  # unusable from the start: refused up front
         jaxsane.fit(T.experiment(n=12), steps=12, dump_dir=str(tmp_path / "afile" / "dumps"), **T.FIT)
@@ -480,8 +481,8 @@ def test_replay_of_custom_nodes_without_the_experiment_says_to_pass_it(tmp_path,
 
 
 def test_nnx_state_dumps_round_trip_through_like(tmp_path):
-    from flax import nnx
     from _programs import nnx_init
+    from flax import nnx
     model, optimizer = nnx_init(jax.random.key(0))
     states = (nnx.state(model), nnx.state(optimizer), batch())
     d = str(tmp_path / "d")
@@ -498,6 +499,7 @@ def test_nnx_state_dumps_round_trip_through_like(tmp_path):
 
 def test_a_full_disk_leaves_no_partial_dump_and_guard_still_raises_the_finding(tmp_path, monkeypatch):
     import errno
+
     import jaxsane._dump.dump as dump_module
 
     def full(fd):
@@ -521,8 +523,8 @@ def _origin(report):
 
 
 def test_a_guarded_nnx_dump_replays_through_like_objects_to_the_live_origin(tmp_path):
-    from flax import nnx
     from _programs import nnx_log_dump
+    from flax import nnx
     module, err = nnx_log_dump(tmp_path)
     live = _origin(err.located)
     assert live[:2] == ("nonfinite.forward", "log")
@@ -563,8 +565,8 @@ def test_an_nnx_dump_without_templates_says_how_to_rebuild_the_objects(tmp_path)
 
 
 def test_save_dump_of_live_nnx_objects_records_them_and_leaves_them_untouched(tmp_path):
-    from flax import nnx
     from _programs import nnx_init
+    from flax import nnx
     model, optimizer = nnx_init(jax.random.key(0))
     d = str(tmp_path / "d")
     jaxsane.save_dump(d, (model, optimizer, batch()))

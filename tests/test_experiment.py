@@ -2,13 +2,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import (
+    batch,
+    linen_init,
+    linen_loss,
+    linen_step,
+    nnx_init,
+    nnx_loss,
+    nnx_step,
+    nnx_step_tuple,
+    optax_init,
+    optax_loss,
+    optax_step,
+    optax_step_state_only,
+)
 
 import jaxsane
-from jaxsane._experiment.contract import Adapted
 from jaxsane._experiment.batches import first_batch, get_inputs, get_labels, iter_batches
-
-from _programs import (batch, linen_init, linen_loss, linen_step, nnx_init, nnx_loss, nnx_step, nnx_step_tuple,
-                       optax_init, optax_loss, optax_step, optax_step_state_only)
+from jaxsane._experiment.contract import PureExperiment
 
 STYLES = {
     "optax": dict(init=optax_init, step=jax.jit(optax_step), loss=optax_loss),
@@ -22,7 +33,7 @@ STYLES = {
 @pytest.mark.parametrize("style", list(STYLES))
 def test_every_step_style_adapts_to_one_pure_step(style):
     exp = jaxsane.Experiment(train=batch(), num_classes=3, **STYLES[style])
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     state = adapted.init(jax.random.key(0))
     step = jax.jit(adapted.step)
     losses = []
@@ -43,14 +54,14 @@ def test_every_step_style_adapts_to_one_pure_step(style):
 
 
 def test_nnx_user_state_round_trip():
-    adapted = Adapted(jaxsane.Experiment(init=nnx_init, step=nnx_step, train=batch(), loss=nnx_loss))
+    adapted = PureExperiment(jaxsane.Experiment(init=nnx_init, step=nnx_step, train=batch(), loss=nnx_loss))
     state = adapted.init(jax.random.key(0))
     model, optimizer = adapted.user_state(state)
     assert float(nnx_loss(model, batch())) == pytest.approx(float(adapted.loss_fn(adapted.params(state), batch())))
 
 
 def test_with_params_replaces_only_params():
-    adapted = Adapted(jaxsane.Experiment(init=optax_init, step=optax_step, train=batch()))
+    adapted = PureExperiment(jaxsane.Experiment(init=optax_init, step=optax_step, train=batch()))
     state = adapted.init(jax.random.key(0))
     zeros = jax.tree.map(jnp.zeros_like, adapted.params(state))
     new = adapted.with_params(state, zeros)
@@ -108,7 +119,7 @@ def test_bad_experiment_fields(field, value, match):
 
 def test_step_output_that_does_not_match_the_state():
     exp = jaxsane.Experiment(init=optax_init, step=lambda s, b: (s[0], 1.0), train=batch())
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     with pytest.raises(jaxsane.ExperimentError, match="does not match the state's structure"):
         adapted.step(adapted.init(jax.random.key(0)), batch())
 
@@ -116,13 +127,13 @@ def test_step_output_that_does_not_match_the_state():
 def test_non_array_state_leaf():
     exp = jaxsane.Experiment(init=lambda k: {"w": jnp.ones(2), "name": "mlp"}, step=lambda s, b: s, train=batch())
     with pytest.raises(jaxsane.ExperimentError, match=r"non-array leaf at state\['name'\].*str"):
-        Adapted(exp)
+        PureExperiment(exp)
 
 
 def test_init_with_wrong_signature():
     exp = jaxsane.Experiment(init=lambda: None, step=lambda s, b: s, train=batch())
     with pytest.raises(jaxsane.ExperimentError, match=r"init\(key\) failed"):
-        Adapted(exp)
+        PureExperiment(exp)
 
 
 def _counting(fn):
@@ -136,7 +147,7 @@ def _counting(fn):
 
 def test_init_runs_once_per_key_and_hands_out_fresh_trees():
     init, calls = _counting(nnx_init)
-    adapted = Adapted(jaxsane.Experiment(init=init, step=nnx_step, loss=nnx_loss, train=batch()), reuse_init=True)
+    adapted = PureExperiment(jaxsane.Experiment(init=init, step=nnx_step, loss=nnx_loss, train=batch()), reuse_init=True)
     assert len(calls) == 1
     first, second = adapted.init(jax.random.key(0)), adapted.init(jax.random.key(0))
     assert len(calls) == 1, "the same key: the user's init is not run again"
@@ -152,7 +163,7 @@ def test_init_runs_once_per_key_and_hands_out_fresh_trees():
 
 def test_init_runs_again_after_a_donating_step_deleted_its_arrays():
     init, calls = _counting(optax_init)
-    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()), reuse_init=True)
+    adapted = PureExperiment(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()), reuse_init=True)
     state = adapted.init(jax.random.key(0))
     jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(state)
     assert any(x.is_deleted() for x in jax.tree.leaves(state))
@@ -163,6 +174,6 @@ def test_init_runs_again_after_a_donating_step_deleted_its_arrays():
 
 def test_init_is_not_reused_by_default():
     init, calls = _counting(optax_init)
-    adapted = Adapted(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()))
+    adapted = PureExperiment(jaxsane.Experiment(init=init, step=optax_step, loss=optax_loss, train=batch()))
     adapted.init(jax.random.key(0)), adapted.init(jax.random.key(0))
-    assert len(calls) == 3 and adapted._last_init is None, "a training loop's Adapted keeps no initial state alive"
+    assert len(calls) == 3 and adapted._last_init is None, "a training loop's PureExperiment keeps no initial state alive"

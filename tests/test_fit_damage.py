@@ -11,13 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_fit as T
 
 import jaxsane
-from jaxsane._fit.fit import checkpoint as _checkpoint
 from jaxsane import CheckpointError, FitArgumentError
-from jaxsane._experiment.contract import Adapted
-
-import test_fit as T
+from jaxsane._experiment.contract import PureExperiment
+from jaxsane._fit import checkpoint as _checkpoint
 
 FIT = dict(T.FIT, eval_every=0)
 
@@ -38,7 +37,7 @@ def _copy(pristine, tmp_path) -> str:
 
 
 def _like():
-    return Adapted(T.experiment(n=1), key=jax.random.key(0)).init(jax.random.key(0))
+    return PureExperiment(T.experiment(n=1), key=jax.random.key(0)).init(jax.random.key(0))
 
 
 def _data_files(step_dir):

@@ -256,6 +256,7 @@ def test_grads_stage_skipped_without_loss():
 def test_nan_gradient_is_reported_as_backward_nonfinite_not_a_wrong_rule():
     import jax.numpy as jnp
     import numpy as np
+
     import jaxsane
 
     def loss(params, x):

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import batch, linen_init, linen_step, nnx_init, nnx_step, optax_init, optax_step
 from flax import nnx
 
 import jaxsane
-from _programs import batch, linen_init, linen_step, nnx_init, nnx_step, optax_init, optax_step
 
 
 def _leaves_equal(a, b):
@@ -422,8 +422,8 @@ def test_environment_switch_leaves_fit_and_doctor_policies_alone(monkeypatch):
 def test_a_guard_for_one_run_compiles_quickly_and_reports_as_guard_does():
     """Guarded(..., runs=1), doctor's re-run of a failing step: its program is compiled at XLA:CPU's quick
     level, and the failure it reports is the one the default guard reports."""
-    from jaxsane._jaxpr.compile_level import QUICK
     from jaxsane._guard.guard import Guarded
+    from jaxsane._jaxpr.compile_level import QUICK
 
     def step(w, x):
         return w * jnp.log(x), {"loss": jnp.sum(w)}

@@ -6,13 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import nnx_classifier_experiment
 from flax import nnx
 
 import jaxsane
 from jaxsane import activation_stats, check_init
 from jaxsane.testing import CheckFailed, assert_init_ok
-
-from _programs import nnx_classifier_experiment
 
 X = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)
 Y = (np.arange(32) % 4).astype(np.int32)

@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 
 import jaxsane
-from jaxsane._experiment.contract import Adapted
-from jaxsane._core.frames import is_library_file
 from jaxsane._checks.init import activation_stats, check_init
+from jaxsane._checks.step import check_step
+from jaxsane._core.frames import is_library_file
+from jaxsane._experiment.contract import PureExperiment
 from jaxsane._jaxpr.interpret import Interpreter
 from jaxsane._monitor.monitor import MODE_FULL, Monitor
-from jaxsane._checks.step import check_step
 
 B, T, F, H, C = 6, 5, 4, 8, 3
 
@@ -181,7 +181,7 @@ def _pure_experiment(init_params, apply):
 
 
 def _telemetry(exp):
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     mon = Monitor(adapted, every=1, dead_every=1)
     state = adapted.init(jax.random.key(0))
     _, metrics = mon.step(state, BATCH, MODE_FULL)
@@ -339,7 +339,7 @@ def test_lstm_cells_through_monitor_and_activation_stats(make):
     tel = _telemetry(exp)
     assert np.all(np.isfinite(tel["grad_norm"])) and np.all(np.isfinite(tel["update_norm"]))
     assert tel["dead_fraction"].shape == (1,) and 0.0 <= tel["dead_fraction"][0] < 1.0
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     state = adapted.init(jax.random.key(0))
     layers = activation_stats(adapted.apply_fn, adapted.params(state), BATCH["x"])
     recurrent = [l for l in layers if l.shape == (B, H) and l.name.endswith("['hi']")]

@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsane
-from jaxsane._locate.locate import locate as _locate, _replay
+from jaxsane._locate import locate as _locate, replay as _replay
 from jaxsane._locate.locate import bisect_compiled, locate, replay_dump
 
 HERE = os.path.abspath(__file__)
@@ -527,9 +527,9 @@ def _tiny_experiment():
 
 
 def test_replay_dump_with_an_experiment(tmp_path):
-    from jaxsane._experiment.contract import Adapted
+    from jaxsane._experiment.contract import PureExperiment
     exp = _tiny_experiment()
-    state = Adapted(exp).init(jax.random.key(0))
+    state = PureExperiment(exp).init(jax.random.key(0))
     jaxsane.save_dump(str(tmp_path / "d"), (state, exp.train), {})
     report = replay_dump(str(tmp_path / "d"), exp)
     o = report.origins[0]
@@ -593,6 +593,7 @@ def test_independent_origins_are_still_all_reported():
 def test_double_where_fix_is_valid_python_that_runs(prim):
     import importlib
     import re
+
     from jaxsane._locate.nan_causes import _where_fix
     text = _where_fix(prim)
     code = re.search(r'\): (.*), so the untaken branch', text).group(1)
@@ -616,6 +617,7 @@ def test_the_derivative_fix_names_the_users_operator():
 
 def test_notebook_cells_are_named_by_their_execution_count(monkeypatch):
     import types
+
     from jaxsane._core.frames import cell_number, display_location
     assert display_location("/work/model.py", 41) == "model.py:41"
     assert display_location("<ipython-input-7-3f2a9c>", 6) == "<cell 7>, line 6"

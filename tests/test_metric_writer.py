@@ -6,9 +6,9 @@ import json
 import jax
 import numpy as np
 import pytest
+import test_fit as T
 
 import jaxsane
-import test_fit as T
 
 
 class FakeWriter:

@@ -8,12 +8,20 @@ import pytest
 
 import jaxsane
 from jaxsane._doctor.doctor import doctor
-from jaxsane._experiment.contract import Adapted
 from jaxsane._experiment.batches import iter_batches
-from jaxsane._monitor.monitor import (MODE_BARE, MODE_FULL, MODE_NORMS, History, Monitor, check_training, dead_fractions,
-                              depth_order, relu_outputs)
-from jaxsane.examples import digits_optax as D
-from jaxsane.examples import load
+from jaxsane._experiment.contract import PureExperiment
+from jaxsane._monitor.monitor import (
+    MODE_BARE,
+    MODE_FULL,
+    MODE_NORMS,
+    History,
+    Monitor,
+    check_training,
+    dead_fractions,
+    depth_order,
+    relu_outputs,
+)
+from jaxsane.examples import digits_optax as D, load
 from jaxsane.examples._digits import train_eval
 
 
@@ -49,7 +57,7 @@ def run_codes(exp):
 
 def test_telemetry_values_match_host_computation():
     exp = load("digits_optax")
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     mon = Monitor(adapted, every=1, dead_every=1)
     state = adapted.init(jax.random.key(0))
     batch = next(iter(exp.train))
@@ -76,7 +84,7 @@ def test_telemetry_values_match_host_computation():
 
 def test_monitor_queues_device_arrays_and_pulls_in_batches():
     exp = load("digits_optax")
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     mon = Monitor(adapted, every=2, dead_every=0, log_every=4, lag=1)
     state = adapted.init(jax.random.key(0))
     for i, batch in enumerate(iter_batches(exp.train, 6)):
@@ -93,7 +101,7 @@ def test_monitor_queues_device_arrays_and_pulls_in_batches():
 
 def test_monitor_compiles_each_mode_once():
     exp = load("digits_optax")
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     mon = Monitor(adapted, every=1, dead_every=2)
     state = adapted.init(jax.random.key(0))
     for i, batch in enumerate(iter_batches(exp.train, 4)):
@@ -282,7 +290,7 @@ def test_state_only_step_gets_no_loss_finding_from_the_run_stage():
 
 
 def test_a_short_history_is_stacked_on_the_host_without_a_compile(monkeypatch):
-    from jaxsane._monitor.monitor import monitor as _monitor
+    from jaxsane._monitor import monitor as _monitor
     trees = [{"loss": jnp.float32(i), "norms": jnp.arange(3.0) * i} for i in range(6)]
     with jaxsane.count_compilations(this_thread=True) as c:
         short = _monitor._stacked(trees)

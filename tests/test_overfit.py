@@ -92,7 +92,7 @@ def test_model_ignoring_input_is_reported():
 
 def test_learning_rates_are_set_per_configuration_and_compile_once():
     exp = _tiny("healthy", inject=True)
-    adapted = jaxsane._experiment.contract.Adapted(exp)
+    adapted = jaxsane._experiment.contract.PureExperiment(exp)
     assert len(learning_rate_paths(adapted.example_state)) == 1
     result = overfit(adapted, seeds=2, learning_rates=[0.0, 1e-2], init_scales=[0.0, 1.0], steps=75,
                      chunk=25, early_exit=False)
@@ -238,11 +238,11 @@ def test_states_with_prng_keys_and_python_scalars_stack_and_compile_once():
 def test_host_setup_and_in_program_setup_give_the_same_sweep(monkeypatch):
     """Init scales and learning rates are applied to the stacked states on the host when the parameters
     are forwarded state leaves; otherwise the compiled program applies them. Both give the same sweep."""
-    from jaxsane._overfit.overfit import overfit as _overfit, _overfit_setup
+    from jaxsane._overfit import overfit as _overfit, setup as _overfit_setup
 
     exp = _tiny("healthy", inject=True)
     kwargs = dict(seeds=1, learning_rates=[0.0, 1e-2], init_scales=[0.0, 0.5, 1.0], steps=50, early_exit=False)
-    adapted = jaxsane._experiment.contract.Adapted(exp)
+    adapted = jaxsane._experiment.contract.PureExperiment(exp)
     plan = _overfit_setup.host_prepare_plan(adapted, adapted.example_state, lambda path: True,
                                             set(learning_rate_paths(adapted.example_state)))
     assert plan is not None and len(plan.scaled) == 4 and len(plan.rates) == 1  # w1, b1, w2, b2; the rate

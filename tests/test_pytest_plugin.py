@@ -6,8 +6,6 @@ import subprocess
 import sys
 import tomllib
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PROJECT = '''

@@ -10,10 +10,10 @@ import optax
 import pytest
 
 import jaxsane
-from jaxsane._core.errors import ExampleAxisError, ExperimentError
-from jaxsane._experiment.contract import Adapted
-from jaxsane._experiment.batches import count_examples, slice_examples
 from jaxsane._checks.init import classification_of
+from jaxsane._core.errors import ExampleAxisError, ExperimentError
+from jaxsane._experiment.batches import count_examples, slice_examples
+from jaxsane._experiment.contract import PureExperiment
 from jaxsane._monitor.monitor import Monitor
 
 
@@ -80,7 +80,7 @@ def _nnx_experiment():
 
 def test_nnx_handles_fill_unset_modes_on_copies():
     exp = _nnx_experiment()
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     state = adapted.init(jax.random.key(0))
     params, batch = adapted.params(state), exp.train
     model, _ = adapted.user_state(state)
@@ -125,7 +125,7 @@ def test_init_loss_is_not_compared_with_ln_width_for_non_classifiers(kind):
               "multilabel": (rng.random((64, 16)) < 0.5).astype(np.int32),
               "reconstruction": rng.random((64, 8)).astype(np.float32)}[kind]
     exp = _classifier_like(labels.shape[1], labels)
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     c, why = classification_of(adapted, adapted.init(jax.random.key(0)), exp.train)
     assert c is None and ("classification" in why or "cross-entropy" in why)
     d = jaxsane.doctor(exp, stages=["init"], progress=False)
@@ -186,7 +186,7 @@ def test_init_loss_vs_constant_skips_with_the_reason_when_the_loss_draws_its_own
 def test_init_loss_still_judges_c_way_classifiers():
     labels = np.random.default_rng(1).integers(0, 10, 64).astype(np.int32)
     healthy = _classifier_like(10, labels, scale=0.1)
-    assert classification_of(Adapted(healthy), Adapted(healthy).init(jax.random.key(0)), healthy.train)[0] == 10
+    assert classification_of(PureExperiment(healthy), PureExperiment(healthy).init(jax.random.key(0)), healthy.train)[0] == 10
     assert "init.loss" not in _codes(jaxsane.doctor(healthy, stages=["init"], progress=False))
     overconfident = _classifier_like(10, labels, scale=100.0)
     assert "init.loss" in _codes(jaxsane.doctor(overconfident, stages=["init"], progress=False))
@@ -348,7 +348,7 @@ def _state_only_experiment(lr):
 
 def test_state_only_step_is_judged_on_experiment_loss():
     healthy = _state_only_experiment(0.05)
-    adapted = Adapted(healthy)
+    adapted = PureExperiment(healthy)
     mon = Monitor(adapted, every=1, dead_every=0)
     state = adapted.init(jax.random.key(0))
     for i in range(3):

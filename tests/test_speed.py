@@ -1,5 +1,5 @@
 """Compile once, reuse everywhere: the persistent compilation cache in doctor (and off in the suite),
-compile counts that see cache hits, programs shared through Adapted, one compiled step in the run stage."""
+compile counts that see cache hits, programs shared through PureExperiment, one compiled step in the run stage."""
 
 import dataclasses
 import json
@@ -12,14 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
 
 import jaxsane
-from jaxsane._jaxpr.compile_level import _quick_compiles, quick_jit
-from jaxsane._jaxpr import compile_cache as _compile_cache
-from jaxsane._experiment.contract import Adapted
 from jaxsane._checks.step import count_compilations
-
-from _programs import nnx_init, nnx_loss, nnx_step, optax_experiment
+from jaxsane._experiment.contract import PureExperiment
+from jaxsane._jaxpr import compile_cache as _compile_cache
+from jaxsane._jaxpr.compile_level import _quick_compiles, quick_jit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +67,7 @@ def test_a_program_loaded_from_the_persistent_cache_counts_as_one_compilation(pe
 
 
 def test_compile_counter_counts_a_cache_hit_once_whatever_jax_records():
-    from jaxsane._checks.step import CompileCounter, _CACHE_HIT_EVENT, _COMPILE_EVENT
+    from jaxsane._checks.step import _CACHE_HIT_EVENT, _COMPILE_EVENT, CompileCounter
     counter = CompileCounter()
     counter.active = True
     counter._listener(_CACHE_HIT_EVENT, 0.1)  # a hit followed by jax's backend-compile event: one
@@ -87,7 +86,7 @@ def test_doctor_rejects_a_bad_compile_cache_value():
 def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
     exp = jaxsane.Experiment(init=nnx_init, step=nnx_step, train={"x": np.ones((4, 4), np.float32),
                              "y": np.zeros(4, np.int32)}, loss=nnx_loss, apply=lambda m, x: m(x))
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     assert adapted.loss_fn is adapted.loss_fn and adapted.apply_fn is adapted.apply_fn
     assert adapted.jitted("loss") is adapted.jitted("loss")
     params = adapted.params(adapted.example_state)
@@ -102,15 +101,16 @@ def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
 
 
 def test_adapted_jitted_names_its_choices():
-    adapted = Adapted(optax_experiment())
+    adapted = PureExperiment(optax_experiment())
     with pytest.raises(ValueError, match=r"\[jaxsane\].*'apply', 'loss', 'step'"):
         adapted.jitted("grad")
-    assert Adapted(jaxsane.Experiment(
+    assert PureExperiment(jaxsane.Experiment(
         init=lambda k: {"w": jnp.ones(2)}, step=lambda s, b: s, train={"x": np.ones((2, 2))})).jitted("loss") is None
 
 
 def test_run_stage_runs_the_step_the_step_stage_compiled(caplog):
     import logging
+
     from _programs import optax_step
     step = jax.jit(lambda state, batch: optax_step(state, batch))  # a step no earlier test compiled
     exp = dataclasses.replace(optax_experiment(), step=step)
@@ -173,6 +173,7 @@ def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
 
 def test_progress_writes_plain_lines_off_a_terminal_and_nothing_when_off():
     import io
+
     from jaxsane._render.progress import Progress
     out = io.StringIO()
     with Progress(True, "overfit", stream=out) as p:
@@ -203,7 +204,8 @@ def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
 
 def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
     import threading
-    from jaxsane._doctor.doctor import pipeline as _pipeline
+
+    from jaxsane._doctor import pipeline as _pipeline
     calls = []
     real = _pipeline.plan_overfit
 
@@ -221,7 +223,7 @@ def test_doctor_compiles_the_overfit_sweep_in_the_background_once(monkeypatch):
 
 
 def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatch):
-    from jaxsane._doctor.doctor import pipeline as _pipeline
+    from jaxsane._doctor import pipeline as _pipeline
     real, failures = _pipeline.plan_overfit, []
 
     def flaky(*args, **kwargs):
@@ -236,6 +238,7 @@ def test_doctor_plans_the_sweep_again_when_the_background_plan_failed(monkeypatc
 
 def test_compiles_per_stage_in_the_json_and_the_summary():
     import dataclasses
+
     from _programs import optax_step
     fresh = jax.jit(lambda state, b: optax_step(state, b))  # a step no earlier test compiled
     exp = dataclasses.replace(optax_experiment(), step=fresh)
@@ -268,6 +271,7 @@ def test_bundled_digits_read_without_importing_sklearn_match_load_digits():
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.stdout.split() == ["False", "(1797,", "64)", "(1797,)"], proc.stdout + proc.stderr
     from sklearn.datasets import load_digits
+
     from jaxsane.examples._digits import load_digits_arrays
     data, target = load_digits_arrays()
     reference = load_digits()

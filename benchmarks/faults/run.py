@@ -44,7 +44,7 @@ import jax  # noqa: E402
 from jax.experimental import checkify  # noqa: E402
 
 import jaxsane  # noqa: E402
-from jaxsane._experiment.contract import Adapted  # noqa: E402
+from jaxsane._experiment.contract import PureExperiment  # noqa: E402
 from jaxsane._experiment.batches import iter_batches  # noqa: E402
 
 LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update")
@@ -123,7 +123,7 @@ def _user_steps(module, steps: int):
     """Run the program's own step ``steps`` times on its own state (NNX: in place)."""
     experiment = module.experiment()
     state = experiment.init(jax.random.key(0))
-    adapted = Adapted(experiment)
+    adapted = PureExperiment(experiment)
     out = None
     pure = adapted.to_pure(state)
     for batch in iter_batches(experiment.train, steps):
@@ -157,7 +157,7 @@ def checkify_catches(module, steps: int = BASELINE_STEPS) -> str:
         return "n/a"
     try:
         experiment = module.experiment()
-        adapted = Adapted(experiment)
+        adapted = PureExperiment(experiment)
         state = adapted.init(jax.random.key(0))
         checked = jax.jit(checkify.checkify(adapted.step, errors=checkify.float_checks))
         for batch in iter_batches(experiment.train, steps):

@@ -11,18 +11,19 @@ mode (running averages), which is what ``Experiment.apply`` is for.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import ExperimentError, JaxsaneError
-from .._experiment.batches import batch_size
 from .._core.finding import Finding
 from .._core.tree import PyTree, like_sharding, put_like
 from .._core.validate import require_callable, require_count_or_list, require_float, require_int
+from .._experiment.batches import batch_size
+from .._jaxpr.compile_level import quick_jit
 
 
 def _is_float(x: Any) -> bool:
@@ -41,11 +42,19 @@ def _probes(n: int, probes: int | Sequence[int]) -> list[int]:
             raise JaxsaneError(f"check_batch_independence: probe examples {bad} outside the batch of {n}.")
         return chosen
     picks = [0, n - 1, n // 2, 1, n - 2]
-    return list(dict.fromkeys(i for i in picks if 0 <= i < n))[:max(1, probes)]
+    return list(dict.fromkeys(i for i in picks if 0 <= i < n))[: max(1, probes)]
 
 
-def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 2,
-                             rtol: float = 1e-6, seed: int = 0, max_pairs: int = 8) -> list[Finding]:
+def check_batch_independence(
+    apply: Callable,
+    params: PyTree,
+    inputs: Any,
+    *,
+    probes: int | Sequence[int] = 2,
+    rtol: float = 1e-6,
+    seed: int = 0,
+    max_pairs: int = 8,
+) -> list[Finding]:
     """``batch.cross_talk`` when example i's output depends on another example's input.
 
     Args:
@@ -82,8 +91,10 @@ def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, pr
     out_shape = jax.eval_shape(apply, params, inputs)
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if not any(getattr(o, "ndim", 0) >= 1 and o.shape[0] == n for o in out_leaves):
-        raise ExperimentError(f"check_batch_independence: apply's outputs have no leading batch axis of size {n} "
-                              f"(shapes {[getattr(o, 'shape', None) for o in out_leaves]}).")
+        raise ExperimentError(
+            f"check_batch_independence: apply's outputs have no leading batch axis of size {n} "
+            f"(shapes {[getattr(o, 'shape', None) for o in out_leaves]})."
+        )
     if float_idx:
         leaks = _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed)
         how = "VJP of its output w.r.t. the whole input batch"
@@ -96,15 +107,18 @@ def check_batch_independence(apply: Callable, params: PyTree, inputs: Any, *, pr
     pairs.sort(key=lambda p: -p[2])
     shown = ", ".join(f"output {i} <- input {j} ({r:.2g})" for i, j, r in pairs[:max_pairs])
     affected = sorted({i for i, _, _ in pairs})
-    return [Finding(
-        "batch.cross_talk",
-        f"in eval mode, the output of example(s) {affected} depends on other examples' inputs "
-        f"({len(pairs)} pairs; {how}; relative leak): {shown}",
-        "something mixes examples along the batch axis: a softmax/mean/normalisation over axis 0 instead of "
-        "the feature axis, a reshape or transpose that moves the batch axis, or BatchNorm still using batch "
-        "statistics in apply (use_running_average=True / model.eval()); find it by bisecting apply",
-        path=f"example {pairs[0][0]} <- example {pairs[0][1]}",
-        extra={"pairs": [(i, j, float(r)) for i, j, r in pairs], "probes": chosen})]
+    return [
+        Finding(
+            "batch.cross_talk",
+            f"in eval mode, the output of example(s) {affected} depends on other examples' inputs "
+            f"({len(pairs)} pairs; {how}; relative leak): {shown}",
+            "something mixes examples along the batch axis: a softmax/mean/normalisation over axis 0 instead of "
+            "the feature axis, a reshape or transpose that moves the batch axis, or BatchNorm still using batch "
+            "statistics in apply (use_running_average=True / model.eval()); find it by bisecting apply",
+            path=f"example {pairs[0][0]} <- example {pairs[0][1]}",
+            extra={"pairs": [(i, j, float(r)) for i, j, r in pairs], "probes": chosen},
+        )
+    ]
 
 
 def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen, seed) -> dict[int, np.ndarray]:
@@ -128,8 +142,10 @@ def _vjp_leaks(apply, params, leaves, treedef, float_idx, out_leaves, n, chosen,
         outs, vjp = jax.vjp(f, float_inputs)
 
         def one(mask):
-            ct = [like_sharding(jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype), o)
-                  for c, o in zip([c for c in cots if c is not None], outs)]
+            ct = [
+                like_sharding(jnp.asarray(c) * mask.reshape((n,) + (1,) * (c.ndim - 1)).astype(c.dtype), o)
+                for c, o in zip([c for c in cots if c is not None], outs)
+            ]
             grads = vjp(ct)[0]
             sq = sum(jnp.sum(jnp.reshape(g.astype(jnp.float32) ** 2, (n, -1)), axis=1) for g in grads)
             return jnp.sqrt(sq)
@@ -156,9 +172,15 @@ def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[i
         others[i] = i  # example i kept, every other example replaced by its neighbour
         moved = [jax.device_put(np.asarray(x)[others]) if b else x for x, b in zip(leaves, batched)]
         outs = [np.asarray(o) for o in jax.tree_util.tree_leaves(run(moved))]
-        change = max((float(np.max(np.abs(a[i].astype(np.float64) - b[i].astype(np.float64)))) /
-                      (float(np.max(np.abs(a[i].astype(np.float64)))) + 1e-30)
-                      for a, b in zip(base, outs) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == n), default=0.0)
+        change = max(
+            (
+                float(np.max(np.abs(a[i].astype(np.float64) - b[i].astype(np.float64))))
+                / (float(np.max(np.abs(a[i].astype(np.float64)))) + 1e-30)
+                for a, b in zip(base, outs)
+                if getattr(a, "ndim", 0) >= 1 and a.shape[0] == n
+            ),
+            default=0.0,
+        )
         row = np.zeros(n)
         if change > 0:  # the forward probe cannot tell which example leaks: blame all replaced ones
             row[:] = change
@@ -167,9 +189,18 @@ def _forward_leaks(apply, params, leaves, treedef, batched, n, chosen) -> dict[i
     return leaks
 
 
-def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Callable[[Any, int], Any],
-                         inputs: Callable[[Any], Any], count: int, *, cuts: Sequence[int] | None = None,
-                         rtol: float = 1e-4, max_examples: int = 8) -> list[Finding]:
+def check_example_slices(
+    apply: Callable,
+    params: PyTree,
+    batch: Any,
+    take: Callable[[Any, int], Any],
+    inputs: Callable[[Any], Any],
+    count: int,
+    *,
+    cuts: Sequence[int] | None = None,
+    rtol: float = 1e-4,
+    max_examples: int = 8,
+) -> list[Finding]:
     """``batch.cross_talk`` for batches whose examples are not rows (graph batches, packed sequences).
 
     Where examples are cut by a function (``take(batch, k)``: the batch's first ``k`` examples, as
@@ -190,19 +221,25 @@ def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Call
     require_callable("check_example_slices", "apply", apply, signature="(params, inputs) -> outputs")
     cuts = sorted({k for k in (cuts if cuts is not None else (count // 2, count - 1)) if 0 < k < count})
     run = quick_jit(apply, runs=1 + len(cuts))
-    full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch)))
-            if _is_float(o)]
+    full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch))) if _is_float(o)]
     if not full or any(o.ndim < 1 or o.shape[0] != count for o in full):
-        raise ExperimentError(f"check_example_slices: apply's float outputs {[o.shape for o in full]} have no leading "
-                              f"axis of the batch's {count} examples.")
+        raise ExperimentError(
+            f"check_example_slices: apply's float outputs {[o.shape for o in full]} have no leading "
+            f"axis of the batch's {count} examples."
+        )
     scale = max(float(np.max(np.abs(o))) for o in full) + 1e-30
     moved: dict[int, float] = {}
     for k in cuts:
-        part = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(take(batch, k))))
-                if _is_float(o)]
+        part = [
+            np.asarray(o, np.float64)
+            for o in jax.tree_util.tree_leaves(run(params, inputs(take(batch, k))))
+            if _is_float(o)
+        ]
         if len(part) != len(full) or any(p.shape != (k,) + f.shape[1:] for p, f in zip(part, full)):
-            raise ExperimentError(f"check_example_slices: apply's outputs on the first {k} examples have shapes "
-                                  f"{[p.shape for p in part]}, not the first {k} rows of {[f.shape for f in full]}.")
+            raise ExperimentError(
+                f"check_example_slices: apply's outputs on the first {k} examples have shapes "
+                f"{[p.shape for p in part]}, not the first {k} rows of {[f.shape for f in full]}."
+            )
         for p, f in zip(part, full):
             diff = np.abs(p - f[:k]).reshape(k, -1).max(axis=1) / scale
             for i in np.flatnonzero(diff > rtol):
@@ -210,12 +247,16 @@ def check_example_slices(apply: Callable, params: PyTree, batch: Any, take: Call
     if not moved:
         return []
     shown = ", ".join(f"example {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
-    return [Finding(
-        "batch.cross_talk",
-        f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
-        f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
-        f"the whole batch; change relative to the largest output): {shown}",
-        "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
-        "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
-        "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",
-        path=f"example {min(moved)}", extra={"examples": moved, "cuts": cuts})]
+    return [
+        Finding(
+            "batch.cross_talk",
+            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
+            f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
+            f"the whole batch; change relative to the largest output): {shown}",
+            "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
+            "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
+            "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",
+            path=f"example {min(moved)}",
+            extra={"examples": moved, "cuts": cuts},
+        )
+    ]

@@ -14,22 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import JaxsaneError
 from .._core.finding import Finding
-from .grads_findings import missing_finding, nonfinite_gradient_finding, nonfinite_loss_finding, nonfinite_nearby_finding, sampled_finding
-from .grads_kink import kink_at_every_step, kink_finding, probe_sub_directions
-from .._jaxpr.interpret import bodies
 from .._core.tree import leaves_with_paths
 from .._core.validate import require_bool, require_callable, require_float, require_int
-
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.interpret import bodies
+from .grads_findings import (
+    missing_finding,
+    nonfinite_gradient_finding,
+    nonfinite_loss_finding,
+    nonfinite_nearby_finding,
+    sampled_finding,
+)
+from .grads_kink import kink_at_every_step, kink_finding, probe_sub_directions
 
 # effective compute dtype (by bits) -> (eps, atol, rtol). float64 is tighter than
 # jax.test_util's 1e-5 step (eps 1e-6 keeps ReLU kinks out of the finite difference); the others
@@ -42,6 +48,7 @@ GRAD_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "float16": (1e-2, 5e-2, 5e-2),
     "bfloat16": (3e-2, 1e-1, 1e-1),
 }
+
 
 def _is_real_float(x: Any) -> bool:
     dtype = getattr(x, "dtype", None)
@@ -88,18 +95,30 @@ def _lowest(dtypes: Iterable[Any], default: str) -> str:
 
 
 def _display(path: str) -> str:
-    return path[:-len(".value")] if path.endswith(".value") else path
+    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def _directional(h: Callable, t0: np.ndarray, eps: float) -> float:
     return float((h(t0 + eps) - h(t0 - eps)) / (2 * eps))
 
 
-def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order: int = 1,
-                modes: Sequence[str] = ("fwd", "rev"), eps: float | None = None, atol: float | None = None,
-                rtol: float | None = None, dtype: Any = jnp.float64, has_aux: bool = False, seed: int = 0,
-                root: str | Sequence[str] | None = None, kinks: bool = True,
-                kink_rtol: float | None = None, max_leaves: int | None = 128) -> list[Finding]:
+def check_grads(
+    f: Callable,
+    *args: Any,
+    argnums: int | Sequence[int] = 0,
+    order: int = 1,
+    modes: Sequence[str] = ("fwd", "rev"),
+    eps: float | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    dtype: Any = jnp.float64,
+    has_aux: bool = False,
+    seed: int = 0,
+    root: str | Sequence[str] | None = None,
+    kinks: bool = True,
+    kink_rtol: float | None = None,
+    max_leaves: int | None = 128,
+) -> list[Finding]:
     """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
 
     Every real float leaf of the arguments in ``argnums`` is checked on its own with
@@ -176,8 +195,9 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
         raise JaxsaneError(f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}.")
     argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not args:
-        raise JaxsaneError("check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, "
-                           "params, batch).")
+        raise JaxsaneError(
+            "check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, params, batch)."
+        )
     if any(not isinstance(i, int) or not 0 <= i < len(args) for i in argnums):
         raise JaxsaneError(f"check_grads: argnums {argnums} out of range for {len(args)} argument(s).")
     if isinstance(root, str):
@@ -189,18 +209,52 @@ def check_grads(f: Callable, *args: Any, argnums: int | Sequence[int] = 0, order
     scope = jax.enable_x64(True) if x64 else contextlib.nullcontext()
     try:
         with scope:
-            return _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, dtype, has_aux, seed,
-                          kinks, kink_rtol, max_leaves)
+            return _check(
+                f,
+                args,
+                argnums,
+                names,
+                int(order),
+                modes,
+                eps,
+                atol,
+                rtol,
+                dtype,
+                has_aux,
+                seed,
+                kinks,
+                kink_rtol,
+                max_leaves,
+            )
     except _MixedPrecision as e:
         # the function pins a dtype of its own (a recurrent cell's float32 initial carry from
         # initialize_carry, a float32 constant in a scan's carry): casting only the arguments to float64
         # breaks it. Check it as written instead, with the tolerances of its own dtype (GRAD_DEFAULTS).
-        findings = _check(f, args, argnums, names, int(order), modes, eps, atol, rtol, None, has_aux, seed, kinks,
-                          kink_rtol, max_leaves)
-        note = (f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
-                f"function does not trace: {e.reason})")
-        return [dataclasses.replace(x, message=x.message + note, extra={**x.extra, "precision": "as written"})
-                for x in findings]
+        findings = _check(
+            f,
+            args,
+            argnums,
+            names,
+            int(order),
+            modes,
+            eps,
+            atol,
+            rtol,
+            None,
+            has_aux,
+            seed,
+            kinks,
+            kink_rtol,
+            max_leaves,
+        )
+        note = (
+            f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
+            f"function does not trace: {e.reason})"
+        )
+        return [
+            dataclasses.replace(x, message=x.message + note, extra={**x.extra, "precision": "as written"})
+            for x in findings
+        ]
 
 
 class _MixedPrecision(JaxsaneError):
@@ -222,8 +276,9 @@ def _cast_host(x: Any, dtype: Any) -> Any:
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
 
-def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed, kinks,
-           kink_rtol, max_leaves) -> list[Finding]:
+def _check(
+    f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed, kinks, kink_rtol, max_leaves
+) -> list[Finding]:
     args = [jax.tree_util.tree_map(lambda x: _cast_host(x, dtype), a) for a in args]
     rng = np.random.default_rng(seed)
 
@@ -234,8 +289,12 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         flat.append(leaves)
         defs.append(treedef)
         paths.append([p for p, _ in leaves_with_paths(args[i], name)])
-    checked = [(a, k) for a, leaves in enumerate(flat) for k, leaf in enumerate(leaves)
-               if _is_real_float(leaf) and hasattr(leaf, "shape")]
+    checked = [
+        (a, k)
+        for a, leaves in enumerate(flat)
+        for k, leaf in enumerate(leaves)
+        if _is_real_float(leaf) and hasattr(leaf, "shape")
+    ]
     if not checked:
         return []
     sampled = []
@@ -267,10 +326,16 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         raise JaxsaneError(f"check_grads: calling f on the given arguments failed: {type(e).__name__}: {e}") from e
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if not any(_is_real_float(o) for o in out_leaves):
-        raise JaxsaneError("check_grads: f returns no float output to differentiate; return the loss (or pass "
-                           "has_aux=True when f returns (loss, aux)).")
-    cots = [jax.device_put(np.asarray(1.0 if o.shape == () else rng.standard_normal(o.shape)).astype(o.dtype))
-            if _is_real_float(o) else None for o in out_leaves]
+        raise JaxsaneError(
+            "check_grads: f returns no float output to differentiate; return the loss (or pass "
+            "has_aux=True when f returns (loss, aux))."
+        )
+    cots = [
+        jax.device_put(np.asarray(1.0 if o.shape == () else rng.standard_normal(o.shape)).astype(o.dtype))
+        if _is_real_float(o)
+        else None
+        for o in out_leaves
+    ]
 
     # precision the function really computes in, on the path from the checked leaves to the output
     tdtype = np.dtype(dtype if dtype is not None else np.float32)
@@ -299,6 +364,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
 
         def jvp(dt):
             return jax.jvp(lambda u: perturbed(vals, directions, u), (zero,), (dt,))[1]
+
         if fwd == "sum":
             return grads, jvp(jnp.ones((n,), tdtype))
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
@@ -308,7 +374,7 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     def value_along(j, sub, t):  # f with leaf j moved by t along ``sub`` (a sub-direction of its direction)
         vec = np.zeros((n,), tdtype)
         vec[j] = t
-        return np.asarray(value_at(values, dirs[:j] + [sub] + dirs[j + 1:], vec))
+        return np.asarray(value_at(values, dirs[:j] + [sub] + dirs[j + 1 :], vec))
 
     fwd = "fwd" in modes
     derivatives = quick_jit(autodiff, runs=1, static_argnums=2)
@@ -327,8 +393,11 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         # zero set of random directions); then each leaf's JVP is its reverse-mode value, and only a
         # disagreement pays for the n per-leaf JVPs (a program n times the size) that say which leaf
         total = float(np.asarray(jvps))
-        if np.isfinite(total) and np.all(np.isfinite(directional)) and \
-                abs(total - sum(directional)) <= atol + rtol * sum(abs(x) for x in directional):
+        if (
+            np.isfinite(total)
+            and np.all(np.isfinite(directional))
+            and abs(total - sum(directional)) <= atol + rtol * sum(abs(x) for x in directional)
+        ):
             jvps = np.asarray(directional, tdtype)
         else:
             jvps = np.asarray(derivatives(values, dirs, "each")[1])
@@ -343,15 +412,14 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
         return [nonfinite_loss_finding(v0, n)]
-    backward: list[tuple[str, float]] = []   # autodiff non-finite, loss finite
-    nearby: list[tuple[str, float]] = []     # the loss itself goes non-finite within a step of the point
-    kinked: list = []                        # (path, KinkVerdict): not judged, the point is a kink
-    ends = (ladder[0], ladder[-1])           # the steps of the kink test
+    backward: list[tuple[str, float]] = []  # autodiff non-finite, loss finite
+    nearby: list[tuple[str, float]] = []  # the loss itself goes non-finite within a step of the point
+    kinked: list = []  # (path, KinkVerdict): not judged, the point is a kink
+    ends = (ladder[0], ladder[-1])  # the steps of the kink test
     for j, (a, k) in enumerate(checked):
         path = _display(paths[a][k])
         ad = directional[j]
-        if not (np.all(np.isfinite(grads[j])) and np.isfinite(ad)
-                and (jvps is None or np.isfinite(jvps[j]))):
+        if not (np.all(np.isfinite(grads[j])) and np.isfinite(ad) and (jvps is None or np.isfinite(jvps[j]))):
             backward.append((path, ad))
             continue
 
@@ -396,39 +464,61 @@ def _check(f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_au
         if not np.all(np.isfinite(fds)):  # not a wrong rule: the loss is NaN/Inf a step away from the point
             nearby.append((path, next(v for v in fds if not np.isfinite(v))))
             continue
-        if min(abs(f - ad) for f in fds) <= atol + rtol * abs(ad) or (len(errors) > 1 and
-                                                                      errors[-1] < errors[0] / 10):
+        if min(abs(f - ad) for f in fds) <= atol + rtol * abs(ad) or (len(errors) > 1 and errors[-1] < errors[0] / 10):
             continue  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
         fd = min(fds, key=lambda v: abs(v - ad))
         where, kink_extra = "", {}
         if kinks and order == 1:
             at_kink, right, left = kink_at_every_step(g, ends, ad, atol, kink_rtol)
             if at_kink:  # no step helps at a kink: judge the sub-directions off it, or not at all
-                verdict = probe_sub_directions(lambda sub, t, j=j: value_along(j, sub, t), grads[j],
-                                               np.asarray(dirs[j]), np.random.default_rng([seed, j]), ends,
-                                               right, left, atol, rtol, kink_rtol)
+                verdict = probe_sub_directions(
+                    lambda sub, t, j=j: value_along(j, sub, t),
+                    grads[j],
+                    np.asarray(dirs[j]),
+                    np.random.default_rng([seed, j]),
+                    ends,
+                    right,
+                    left,
+                    atol,
+                    rtol,
+                    kink_rtol,
+                )
                 if verdict.wrong is None:
                     kinked.append((path, verdict))
                     continue
                 ad, fd, kink_extra = verdict.wrong["autodiff"], verdict.wrong["finite_diff"], verdict.wrong
-                where = (f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
-                         f"{np.size(values[j])} coordinates; {verdict.summary()})")
+                where = (
+                    f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
+                    f"{np.size(values[j])} coordinates; {verdict.summary()})"
+                )
         rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
         fwd_note = ""
         if jvps is not None and not where:
             fwd_note = f", forward mode {float(jvps[j]):.6g}"
-        findings.append(Finding(
-            "grad.mismatch",
-            f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g}{where} "
-            f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
-            f"{compute}, order {order}, modes {'/'.join(modes)})",
-            "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
-            "jax.custom_vjp/custom_jvp rule it flows through (sign, a missing factor of the cotangent g, the "
-            "residuals saved in fwd); leaves that check clean sit downstream of the bug",
-            path=path,
-            extra={"autodiff": ad, "finite_diff": fd, "relative_error": rel, "atol": atol, "rtol": rtol,
-                   "eps": eps, "compute_dtype": compute, "modes": list(modes), "jax_message": failure[:2000],
-                   **({"kink": kink_extra} if kink_extra else {})}))
+        findings.append(
+            Finding(
+                "grad.mismatch",
+                f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g}{where} "
+                f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
+                f"{compute}, order {order}, modes {'/'.join(modes)})",
+                "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
+                "jax.custom_vjp/custom_jvp rule it flows through (sign, a missing factor of the cotangent g, the "
+                "residuals saved in fwd); leaves that check clean sit downstream of the bug",
+                path=path,
+                extra={
+                    "autodiff": ad,
+                    "finite_diff": fd,
+                    "relative_error": rel,
+                    "atol": atol,
+                    "rtol": rtol,
+                    "eps": eps,
+                    "compute_dtype": compute,
+                    "modes": list(modes),
+                    "jax_message": failure[:2000],
+                    **({"kink": kink_extra} if kink_extra else {}),
+                },
+            )
+        )
     if backward:
         findings.append(nonfinite_gradient_finding(backward, float(v0.sum())))
     if nearby:

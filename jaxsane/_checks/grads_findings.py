@@ -10,6 +10,7 @@ import numpy as np
 
 from .._core.finding import Finding
 
+
 def leaf_list(items: list[tuple[str, float]], limit: int = 4) -> str:
     names = ", ".join(f"{p} ({v})" for p, v in items[:limit])
     return names + (f" and {len(items) - limit} more" if len(items) > limit else "")
@@ -24,7 +25,8 @@ def nonfinite_loss_finding(v0: np.ndarray, n: int) -> Finding:
         "a NaN/Inf is born in the forward pass: run jaxsane.locate on the loss (or a guarded step) to get the "
         "line; check the labels and the data first (out-of-range labels, NaN inputs, an all-padding mask), "
         "then log(0), exp overflow and divisions by zero; the gradient check runs once the loss is finite",
-        extra={"loss": value, "leaves": n, "stage": "grads"})
+        extra={"loss": value, "leaves": n, "stage": "grads"},
+    )
 
 
 def nonfinite_gradient_finding(items: list[tuple[str, float]], loss: float) -> Finding:
@@ -35,7 +37,9 @@ def nonfinite_gradient_finding(items: list[tuple[str, float]], loss: float) -> F
         "derivative rule, so these leaves were not compared with finite differences",
         "a NaN/Inf is born in the backward pass: run jaxsane.locate on the step (or a guarded run) to get the "
         "line; the usual cause is jnp.where over sqrt/log/arccos (use the double-where fix), or norm/std at 0",
-        path=items[0][0], extra={"autodiff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
+        path=items[0][0],
+        extra={"autodiff": items[0][1], "leaves": [p for p, _ in items], "loss": loss},
+    )
 
 
 def nonfinite_nearby_finding(items: list[tuple[str, float]], loss: float, eps: float) -> Finding:
@@ -46,30 +50,49 @@ def nonfinite_nearby_finding(items: list[tuple[str, float]], loss: float, eps: f
         "domain (sqrt/log of ~0, a division by ~0), so these leaves were not compared",
         "run jaxsane.locate on the loss to get the line; keep the argument of sqrt/log/division away from 0 "
         "(add an epsilon, clip, or use the double-where fix)",
-        path=items[0][0], extra={"finite_diff": items[0][1], "leaves": [p for p, _ in items], "loss": loss})
+        path=items[0][0],
+        extra={"finite_diff": items[0][1], "leaves": [p for p, _ in items], "loss": loss},
+    )
 
 
 def missing_finding(path: str, fd: float, depends: bool, leaf: Any, kink: bool = False) -> Finding:
     if kink:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient: the output changes "
-                   f"with it only across a kink at this point (finite-difference directional derivative {fd:.4g}, "
-                   "unequal one-sided slopes), where autodiff's one-sided derivative is 0")
-        hint = ("its units sit exactly on a ReLU/abs/max kink (zero weights or zero inputs through a zero bias), so "
-                "training cannot move this leaf until something else moves them off it; initialise the layer's "
-                "weights randomly (a zero-initialised ReLU layer stays dead)")
+        message = (
+            f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient: the output changes "
+            f"with it only across a kink at this point (finite-difference directional derivative {fd:.4g}, "
+            "unequal one-sided slopes), where autodiff's one-sided derivative is 0"
+        )
+        hint = (
+            "its units sit exactly on a ReLU/abs/max kink (zero weights or zero inputs through a zero bias), so "
+            "training cannot move this leaf until something else moves them off it; initialise the layer's "
+            "weights randomly (a zero-initialised ReLU layer stays dead)"
+        )
     elif depends:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient, yet the output "
-                   f"changes with it (finite-difference directional derivative {fd:.4g})")
-        hint = ("something on its path blocks the gradient: a jax.lax.stop_gradient on this layer, a custom_vjp "
-                "returning zeros for it, or an integer cast; remove the stop_gradient (or freeze the leaf on "
-                "purpose with optax.set_to_zero / multi_transform)")
+        message = (
+            f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient, yet the output "
+            f"changes with it (finite-difference directional derivative {fd:.4g})"
+        )
+        hint = (
+            "something on its path blocks the gradient: a jax.lax.stop_gradient on this layer, a custom_vjp "
+            "returning zeros for it, or an integer cast; remove the stop_gradient (or freeze the leaf on "
+            "purpose with optax.set_to_zero / multi_transform)"
+        )
     else:
-        message = (f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient and the output "
-                   "does not depend on it on this batch")
-        hint = ("the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
-                "pass) or all its units are dead on this batch; wire it in or delete it")
-    return Finding("grad.missing", message, hint, path=path,
-                   extra={"finite_diff": fd, "depends": depends, **({"kink": True} if kink else {})})
+        message = (
+            f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient and the output "
+            "does not depend on it on this batch"
+        )
+        hint = (
+            "the parameter is unused (a layer built but never called, a dead branch, a typo in the forward "
+            "pass) or all its units are dead on this batch; wire it in or delete it"
+        )
+    return Finding(
+        "grad.missing",
+        message,
+        hint,
+        path=path,
+        extra={"finite_diff": fd, "depends": depends, **({"kink": True} if kink else {})},
+    )
 
 
 def sampled_finding(checked: int, total: int, seed: int) -> Finding:
@@ -78,4 +101,7 @@ def sampled_finding(checked: int, total: int, seed: int) -> Finding:
         f"gradients checked on {checked} of {total} float leaves, drawn at random (seed {seed}): finite "
         "differences cost two evaluations of the function per leaf, so big models are sampled",
         "pass check_grads(max_leaves=None) (doctor: -o grads_max_leaves=0) to check every leaf, or another seed to "
-        "check other leaves", severity="info", extra={"checked": checked, "leaves": total, "seed": seed})
+        "check other leaves",
+        severity="info",
+        extra={"checked": checked, "leaves": total, "seed": seed},
+    )

@@ -31,7 +31,7 @@ error: at a kink the check cannot tell a wrong rule from a choice of one-sided d
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -62,8 +62,9 @@ def brackets(autodiff: float, right: float, left: float, atol: float, rtol: floa
     return min(right, left) - tol <= autodiff <= max(right, left) + tol
 
 
-def kink_at_every_step(g: Callable[[float], float], steps: Sequence[float], autodiff: float, atol: float,
-                       kink_rtol: float) -> tuple[bool, float, float]:
+def kink_at_every_step(
+    g: Callable[[float], float], steps: Sequence[float], autodiff: float, atol: float, kink_rtol: float
+) -> tuple[bool, float, float]:
     """``(kinked, R, L)``: whether the one-sided slopes jump at every step, and ``R, L`` at the smallest."""
     kinked, right, left = True, 0.0, 0.0
     for h in steps:
@@ -76,24 +77,35 @@ def kink_at_every_step(g: Callable[[float], float], steps: Sequence[float], auto
 class KinkVerdict:
     """What probing the sub-directions of a kinked leaf found (see the module docstring)."""
 
-    right: float                 # one-sided slopes along the whole direction (smallest step)
+    right: float  # one-sided slopes along the whole direction (smallest step)
     left: float
-    blocks: int                  # sub-directions probed
-    agree: int = 0               # smooth and agreeing with autodiff
-    kinked: int = 0              # on a kink at both steps (not judged)
-    consistent: int = 0          # ... of which autodiff lies between the one-sided slopes
-    wrong: dict | None = None    # the first smooth sub-direction where autodiff disagrees at both steps
+    blocks: int  # sub-directions probed
+    agree: int = 0  # smooth and agreeing with autodiff
+    kinked: int = 0  # on a kink at both steps (not judged)
+    consistent: int = 0  # ... of which autodiff lies between the one-sided slopes
+    wrong: dict | None = None  # the first smooth sub-direction where autodiff disagrees at both steps
 
     def summary(self) -> str:
-        return (f"one-sided slopes {self.right:.6g} (right) vs {self.left:.6g} (left); of {self.blocks} "
-                f"sub-direction(s), {self.agree} off the kink agree with finite differences and {self.kinked} "
-                f"sit on it ({self.consistent} with autodiff between the one-sided slopes)")
+        return (
+            f"one-sided slopes {self.right:.6g} (right) vs {self.left:.6g} (left); of {self.blocks} "
+            f"sub-direction(s), {self.agree} off the kink agree with finite differences and {self.kinked} "
+            f"sit on it ({self.consistent} with autodiff between the one-sided slopes)"
+        )
 
 
-def probe_sub_directions(value_along: Callable[[np.ndarray, float], float], grad: np.ndarray,
-                         direction: np.ndarray, rng: np.random.Generator, steps: Sequence[float],
-                         right: float, left: float, atol: float, rtol: float, kink_rtol: float,
-                         blocks: int = KINK_BLOCKS) -> KinkVerdict:
+def probe_sub_directions(
+    value_along: Callable[[np.ndarray, float], float],
+    grad: np.ndarray,
+    direction: np.ndarray,
+    rng: np.random.Generator,
+    steps: Sequence[float],
+    right: float,
+    left: float,
+    atol: float,
+    rtol: float,
+    kink_rtol: float,
+    blocks: int = KINK_BLOCKS,
+) -> KinkVerdict:
     """Probe ``direction`` block by block; ``value_along(sub, t)`` is ``f(leaf + t * sub)``."""
     d = np.asarray(direction).ravel()
     gflat = np.asarray(grad).ravel()
@@ -144,5 +156,5 @@ def kink_finding(items: Sequence[tuple[str, KinkVerdict]]) -> Finding:
         "at a point off the kink (e.g. the parameters after a training step); kinks=False reports every "
         "disagreement as grad.mismatch",
         path=items[0][0],
-        extra={"leaves": [path for path, _ in items],
-               "kinks": {path: dataclasses.asdict(v) for path, v in items}})
+        extra={"leaves": [path for path, _ in items], "kinks": {path: dataclasses.asdict(v) for path, v in items}},
+    )

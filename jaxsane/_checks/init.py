@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import ExperimentError
-from .._experiment.contract import Adapted
-from .._experiment.batches import get_inputs, get_labels
 from .._core.finding import Finding
 from .._core.frames import shown_location, user_location
-from .._jaxpr.interpret import Interpreter
-from .._jaxpr.trace_cache import TracedOnce
 from .._core.tree import PyTree, leaves_with_paths
 from .._core.validate import require_callable, require_float, require_int, require_same_rows
+from .._experiment.batches import get_inputs, get_labels
+from .._experiment.contract import PureExperiment
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.interpret import Interpreter
+from .._jaxpr.trace_cache import TracedOnce
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -34,7 +35,7 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(logp, labels.astype(jnp.int32)[..., None], axis=-1))
 
 
-def initial_loss(adapted: Adapted, state: Any, batch: Any) -> tuple[float | None, str]:
+def initial_loss(adapted: PureExperiment, state: Any, batch: Any) -> tuple[float | None, str]:
     """The loss of a fresh state on ``batch`` and how it was obtained. Not jit-safe."""
     exp = adapted.experiment
     params = adapted.params(state)
@@ -51,7 +52,7 @@ def initial_loss(adapted: Adapted, state: Any, batch: Any) -> tuple[float | None
     return None, "no loss handle"
 
 
-def infer_num_classes(adapted: Adapted, state: Any, batch: Any) -> int | None:
+def infer_num_classes(adapted: PureExperiment, state: Any, batch: Any) -> int | None:
     """num_classes from the Experiment, or C when ``apply`` gives C-way logits over integer labels.
 
     ln C is chance level only for a C-way cross-entropy: the output's last axis is C >= 2, the labels
@@ -62,7 +63,7 @@ def infer_num_classes(adapted: Adapted, state: Any, batch: Any) -> int | None:
     return classification_of(adapted, state, batch)[0]
 
 
-def classification_of(adapted: Adapted, state: Any, batch: Any) -> tuple[int | None, str]:
+def classification_of(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:
     """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
     exp = adapted.experiment
     if exp.num_classes is not None:
@@ -71,22 +72,28 @@ def classification_of(adapted: Adapted, state: Any, batch: Any) -> tuple[int | N
         return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
     out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
     if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
-        return None, (f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
-                      "not a C-way cross-entropy")
+        return None, (
+            f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
+            "not a C-way cross-entropy"
+        )
     try:
         labels = get_labels(exp, batch)
     except Exception:
         return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
     shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
     if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
-        return None, (f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
-                      "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
-                      "reconstruction), so ln(output width) is not the loss at chance")
+        return None, (
+            f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
+            "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
+            "reconstruction), so ln(output width) is not the loss at chance"
+        )
     labels = np.asarray(labels)
     width = int(out.shape[-1])
     if labels.size and (labels.min() < 0 or labels.max() >= width):
-        return None, (f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
-                      "set Experiment.num_classes to check the loss at init")
+        return None, (
+            f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
+            "set Experiment.num_classes to check the loss at init"
+        )
     return width, ""
 
 
@@ -103,34 +110,101 @@ def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list
     """
     chance = math.log(num_classes)
     if not math.isfinite(loss):
-        return [Finding("init.loss", f"the loss at init is {loss} (expected about ln {num_classes} = {chance:.3f})",
-                        "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
-                        severity="error", extra={"loss": loss, "chance": chance})]
+        return [
+            Finding(
+                "init.loss",
+                f"the loss at init is {loss} (expected about ln {num_classes} = {chance:.3f})",
+                "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
+                severity="error",
+                extra={"loss": loss, "chance": chance},
+            )
+        ]
     if abs(loss - chance) <= rtol * chance:
         return []
     direction = "above" if loss > chance else "below"
-    hint = ("logits are over-confident at init: scale down the last layer's init (e.g. zero or 0.01x its "
-            "kernel), check the init scale of every layer, and that the loss is softmax cross-entropy on logits"
-            if loss > chance else
-            "a loss below chance at init means labels leak into the inputs or the loss is not the mean "
-            "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)")
-    return [Finding("init.loss", f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} "
-                    f"(tolerance ±{rtol:.0%})", hint, extra={"loss": loss, "chance": chance, "rtol": rtol})]
+    hint = (
+        "logits are over-confident at init: scale down the last layer's init (e.g. zero or 0.01x its "
+        "kernel), check the init scale of every layer, and that the loss is softmax cross-entropy on logits"
+        if loss > chance
+        else "a loss below chance at init means labels leak into the inputs or the loss is not the mean "
+        "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)"
+    )
+    return [
+        Finding(
+            "init.loss",
+            f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} (tolerance ±{rtol:.0%})",
+            hint,
+            extra={"loss": loss, "chance": chance, "rtol": rtol},
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------- activation statistics
 
-_ACTIVATION_NAMES = {"relu", "relu6", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "elu", "selu", "celu",
-                     "leaky_relu", "hard_tanh", "hard_sigmoid", "hard_silu", "hard_swish", "mish", "log_sigmoid",
-                     "squareplus", "sparse_plus", "soft_sign"}
+_ACTIVATION_NAMES = {
+    "relu",
+    "relu6",
+    "gelu",
+    "silu",
+    "swish",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "hard_tanh",
+    "hard_sigmoid",
+    "hard_silu",
+    "hard_swish",
+    "mish",
+    "log_sigmoid",
+    "squareplus",
+    "sparse_plus",
+    "soft_sign",
+}
 _ACTIVATION_PRIMS = {"tanh": "tanh", "logistic": "sigmoid", "erf": "erf", "max": "relu"}
-_BOUNDED = {"tanh": (-1.0, 1.0), "sigmoid": (0.0, 1.0), "hard_tanh": (-1.0, 1.0), "hard_sigmoid": (0.0, 1.0),
-            "erf": (-1.0, 1.0), "soft_sign": (-1.0, 1.0)}
-_PASS_LAYER = {"add", "sub", "mul", "div", "neg", "broadcast_in_dim", "reshape", "convert_element_type",
-               "transpose", "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "select_n", "add_any",
-               "integer_pow", "square", "pow"}
-_PASS_PARAM = {"convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
-               "copy", "copy_p", "reduce_precision"}
+_BOUNDED = {
+    "tanh": (-1.0, 1.0),
+    "sigmoid": (0.0, 1.0),
+    "hard_tanh": (-1.0, 1.0),
+    "hard_sigmoid": (0.0, 1.0),
+    "erf": (-1.0, 1.0),
+    "soft_sign": (-1.0, 1.0),
+}
+_PASS_LAYER = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "broadcast_in_dim",
+    "reshape",
+    "convert_element_type",
+    "transpose",
+    "squeeze",
+    "expand_dims",
+    "copy",
+    "copy_p",
+    "reduce_precision",
+    "select_n",
+    "add_any",
+    "integer_pow",
+    "square",
+    "pow",
+}
+_PASS_PARAM = {
+    "convert_element_type",
+    "reshape",
+    "transpose",
+    "broadcast_in_dim",
+    "squeeze",
+    "expand_dims",
+    "copy",
+    "copy_p",
+    "reduce_precision",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +289,8 @@ class _Capture(Interpreter):
 
     def __init__(self):
         super().__init__()
-        self.meta: dict[tuple, dict] = {}        # layer site -> what the layer is, in first-seen order
-        self.act_of: dict[tuple, tuple] = {}     # layer site -> (activation name, site recording its activation)
+        self.meta: dict[tuple, dict] = {}  # layer site -> what the layer is, in first-seen order
+        self.act_of: dict[tuple, tuple] = {}  # layer site -> (activation name, site recording its activation)
 
     def _ordinal(self, tag) -> int:
         return list(self.meta).index(tag[1])
@@ -236,11 +310,16 @@ class _Capture(Interpreter):
                 where = self.emit(eqn, invals[1 - side], "input")
                 self.act_of[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, where)
             site = self.emit(eqn, outs[0], "pre")
-            self.meta.setdefault(site, {"name": _layer_name(_display(in_tags[side][1])),
-                                        "kind": "conv" if name.startswith("conv") else "dense",
-                                        "location": user_location(eqn, self.path),
-                                        "shape": tuple(eqn.outvars[0].aval.shape),
-                                        "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim)})
+            self.meta.setdefault(
+                site,
+                {
+                    "name": _layer_name(_display(in_tags[side][1])),
+                    "kind": "conv" if name.startswith("conv") else "dense",
+                    "location": user_location(eqn, self.path),
+                    "shape": tuple(eqn.outvars[0].aval.shape),
+                    "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim),
+                },
+            )
             return outs, [("layer", site)]
         if not derived:
             if name in _PASS_PARAM:
@@ -284,7 +363,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     compiled once): every ``dot_general``/``conv_general_dilated`` with an operand computed from a
     parameter leaf is a layer, named by that leaf's path; the first nonlinearity applied to its
     output (``relu``, ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is
-    its activation. Works for Flax NNX (through :class:`Adapted`), linen and plain functions. Layers
+    its activation. Works for Flax NNX (through :class:`PureExperiment`), linen and plain functions. Layers
     inside ``scan`` bodies (RNN cells, ``nn.scan``) are measured over all their time steps together;
     layers inside a ``while_loop`` body or a ``cond`` branch are not reported. Not jit-safe.
     """
@@ -292,7 +371,9 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     try:
         closed = jax.make_jaxpr(apply)(params, inputs)
     except Exception as e:
-        raise ExperimentError(f"activation_stats: apply(params, inputs) failed to trace: {type(e).__name__}: {e}") from e
+        raise ExperimentError(
+            f"activation_stats: apply(params, inputs) failed to trace: {type(e).__name__}: {e}"
+        ) from e
     param_paths = [p for p, _ in leaves_with_paths(params, "params")]
     n_in = len(closed.jaxpr.invars)
     tags0 = [("param", p) for p in param_paths] + [None] * (n_in - len(param_paths))
@@ -306,19 +387,30 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
         results = []
         kept.clear()
         for site, m in cap.meta.items():
-            if site not in records:   # inside a traced while body or cond branch: not recorded
+            if site not in records:  # inside a traced while body or cond branch: not recorded
                 continue
             x = records[site]
             name, where = cap.act_of.get(site, (None, None))
             a = records.get(where, x) if where is not None else x
             m["activation"] = name if where is not None and where in records else None
             m["is_output"] = site in output_layers
-            shift = x.ndim - len(m["shape"])   # leading time axes of layers inside scan bodies
+            shift = x.ndim - len(m["shape"])  # leading time axes of layers inside scan bodies
             pre_stats = _stats(x, None)
             act_stats = _stats(a, _BOUNDED.get(m["activation"]))
-            results.append(jnp.stack([pre_stats[0], pre_stats[1], pre_stats[2], act_stats[0], act_stats[1],
-                                      act_stats[3], act_stats[4],
-                                      _symmetry(x, tuple(i + shift for i in m["axes"]))]))
+            results.append(
+                jnp.stack(
+                    [
+                        pre_stats[0],
+                        pre_stats[1],
+                        pre_stats[2],
+                        act_stats[0],
+                        act_stats[1],
+                        act_stats[3],
+                        act_stats[4],
+                        _symmetry(x, tuple(i + shift for i in m["axes"])),
+                    ]
+                )
+            )
             kept.append(site)
         return results
 
@@ -328,13 +420,24 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     for k, (site, v) in enumerate(zip(kept, values)):
         m = cap.meta[site]
         units = int(np.prod([m["shape"][i] for i in m["axes"]])) if m["axes"] else 1
-        layers.append(LayerStats(k, m["name"], m["kind"], m["location"], m["shape"], units, m["activation"],
-                                 m["is_output"], *[float(x) for x in v]))
+        layers.append(
+            LayerStats(
+                k,
+                m["name"],
+                m["kind"],
+                m["location"],
+                m["shape"],
+                units,
+                m["activation"],
+                m["is_output"],
+                *[float(x) for x in v],
+            )
+        )
     return layers
 
 
 def _display(path: str) -> str:
-    return path[:-len(".value")] if path.endswith(".value") else path
+    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def _file_of(location: str | None) -> str | None:
@@ -351,8 +454,14 @@ def _where(layer: LayerStats) -> str:
     return f"{layer.name} ({layer.kind} -> {layer.shape}{at})"
 
 
-def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0, per_layer_factor: float = 2.0,
-                      max_saturated: float = 0.5, symmetric_tol: float = 1e-6) -> list[Finding]:
+def check_activations(
+    layers: Sequence[LayerStats],
+    *,
+    scale_ratio: float = 10.0,
+    per_layer_factor: float = 2.0,
+    max_saturated: float = 0.5,
+    symmetric_tol: float = 1e-6,
+) -> list[Finding]:
     """``init.scale`` and ``init.symmetric`` from :func:`activation_stats`. Not jit-safe.
 
     Hidden layers only (a layer feeding the model's output directly, e.g. a zero-initialised
@@ -371,14 +480,19 @@ def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0
     hidden = [l for l in layers if not l.is_output]
     for layer in hidden:
         if layer.units >= 2 and np.isfinite(layer.symmetry) and layer.symmetry <= symmetric_tol:
-            findings.append(Finding(
-                "init.symmetric",
-                f"all {layer.units} units of {_where(layer)} compute the same value on every example at init "
-                f"(max difference {layer.symmetry:.1e} of the largest activation)",
-                "identical units get identical gradients and can never differ: initialise this layer's kernel "
-                "randomly (e.g. nn.initializers.lecun_normal / he_normal), not with a constant or zeros",
-                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
-                extra={"layer": dataclasses.asdict(layer)}))
+            findings.append(
+                Finding(
+                    "init.symmetric",
+                    f"all {layer.units} units of {_where(layer)} compute the same value on every example at init "
+                    f"(max difference {layer.symmetry:.1e} of the largest activation)",
+                    "identical units get identical gradients and can never differ: initialise this layer's kernel "
+                    "randomly (e.g. nn.initializers.lecun_normal / he_normal), not with a constant or zeros",
+                    path=layer.name,
+                    file=_file_of(layer.location),
+                    line=_line_of(layer.location),
+                    extra={"layer": dataclasses.asdict(layer)},
+                )
+            )
     scaled = [l for l in hidden if np.isfinite(l.pre_rms) and l.pre_rms > 0]
     if len(scaled) >= 2:
         total = scaled[-1].pre_rms / scaled[0].pre_rms
@@ -390,42 +504,67 @@ def check_activations(layers: Sequence[LayerStats], *, scale_ratio: float = 10.0
             worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
             layer = scaled[worst + 1]
             rms = ", ".join(f"{l.pre_rms:.3g}" for l in scaled)
-            findings.append(Finding(
-                "init.scale",
-                f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
-                f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
-                f"({jumps[worst]:.3g}x) is into {_where(layer)}",
-                ("weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
-                 "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation")
-                if grows else
-                ("weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
-                 "(tanh) instead of a tiny constant std, or add normalisation"),
-                path=layer.name, file=_file_of(layer.location), line=_line_of(layer.location),
-                extra={"rms": [l.pre_rms for l in scaled], "ratio": total,
-                                        "per_layer": per_layer}))
+            findings.append(
+                Finding(
+                    "init.scale",
+                    f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
+                    f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
+                    f"({jumps[worst]:.3g}x) is into {_where(layer)}",
+                    (
+                        "weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
+                        "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation"
+                    )
+                    if grows
+                    else (
+                        "weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
+                        "(tanh) instead of a tiny constant std, or add normalisation"
+                    ),
+                    path=layer.name,
+                    file=_file_of(layer.location),
+                    line=_line_of(layer.location),
+                    extra={"rms": [l.pre_rms for l in scaled], "ratio": total, "per_layer": per_layer},
+                )
+            )
     saturated = [l for l in hidden if np.isfinite(l.act_frac_saturated) and l.act_frac_saturated > max_saturated]
     if saturated:
-        listed = "; ".join(f"{l.name}: {l.act_frac_saturated:.0%} of {l.activation} (pre-activation RMS "
-                           f"{l.pre_rms:.3g})" for l in saturated)
-        findings.append(Finding(
-            "init.scale",
-            f"bounded activations are saturated at init in {len(saturated)} hidden layer(s), first "
-            f"{_where(saturated[0])}: {listed}",
-            "saturated units pass almost no gradient: shrink these layers' init (lecun_normal / glorot for "
-            "tanh and sigmoid, std ~ 1/sqrt(fan_in)) or normalise their inputs",
-            path=saturated[0].name, file=_file_of(saturated[0].location), line=_line_of(saturated[0].location),
-            extra={"frac_saturated": {l.name: l.act_frac_saturated for l in saturated}}))
+        listed = "; ".join(
+            f"{l.name}: {l.act_frac_saturated:.0%} of {l.activation} (pre-activation RMS {l.pre_rms:.3g})"
+            for l in saturated
+        )
+        findings.append(
+            Finding(
+                "init.scale",
+                f"bounded activations are saturated at init in {len(saturated)} hidden layer(s), first "
+                f"{_where(saturated[0])}: {listed}",
+                "saturated units pass almost no gradient: shrink these layers' init (lecun_normal / glorot for "
+                "tanh and sigmoid, std ~ 1/sqrt(fan_in)) or normalise their inputs",
+                path=saturated[0].name,
+                file=_file_of(saturated[0].location),
+                line=_line_of(saturated[0].location),
+                extra={"frac_saturated": {l.name: l.act_frac_saturated for l in saturated}},
+            )
+        )
     return findings
 
 
-def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None, *, num_classes: int | None = None,
-               loss: float | None = None, loss_rtol: float = 0.5, scale_ratio: float = 10.0,
-               per_layer_factor: float = 2.0, max_saturated: float = 0.5,
-               symmetric_tol: float = 1e-6) -> list[Finding]:
+def check_init(
+    apply: Callable,
+    params: PyTree,
+    inputs: Any,
+    labels: Any = None,
+    *,
+    num_classes: int | None = None,
+    loss: float | None = None,
+    loss_rtol: float = 0.5,
+    scale_ratio: float = 10.0,
+    per_layer_factor: float = 2.0,
+    max_saturated: float = 0.5,
+    symmetric_tol: float = 1e-6,
+) -> list[Finding]:
     """The init checklist on one batch: loss at init, activation scale through depth, symmetric units.
 
     Args:
-      apply: ``(params, inputs) -> logits`` (for NNX use ``Adapted(exp).apply_fn`` or
+      apply: ``(params, inputs) -> logits`` (for NNX use ``PureExperiment(exp).apply_fn`` or
         ``lambda state, x: nnx.merge(graphdef, state)(x)``).
       params: the freshly initialised parameters.
       inputs: a batch of inputs.
@@ -445,10 +584,13 @@ def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None,
         require_same_rows("check_init", "inputs", inputs, "labels", labels)
     require_int("check_init", "num_classes", num_classes, min=2, optional=True)
     require_float("check_init", "loss", loss, optional=True)
-    for _name, _v, _lo, _hi in (("loss_rtol", loss_rtol, 0.0, None), ("scale_ratio", scale_ratio, 1.0, None),
-                                ("per_layer_factor", per_layer_factor, 1.0, None),
-                                ("max_saturated", max_saturated, 0.0, 1.0),
-                                ("symmetric_tol", symmetric_tol, 0.0, None)):
+    for _name, _v, _lo, _hi in (
+        ("loss_rtol", loss_rtol, 0.0, None),
+        ("scale_ratio", scale_ratio, 1.0, None),
+        ("per_layer_factor", per_layer_factor, 1.0, None),
+        ("max_saturated", max_saturated, 0.0, 1.0),
+        ("symmetric_tol", symmetric_tol, 0.0, None),
+    ):
         require_float("check_init", _name, _v, min=_lo, max=_hi)
     findings: list[Finding] = []
     if loss is None and labels is not None:
@@ -463,13 +605,17 @@ def check_init(apply: Callable, params: PyTree, inputs: Any, labels: Any = None,
             num_classes = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 and out.shape[-1] >= 2 else None
         if num_classes is not None:
             findings += check_init_loss(float(loss), num_classes, rtol=loss_rtol)
-    findings += check_activations(activation_stats(apply, params, inputs), scale_ratio=scale_ratio,
-                                  per_layer_factor=per_layer_factor, max_saturated=max_saturated,
-                                  symmetric_tol=symmetric_tol)
+    findings += check_activations(
+        activation_stats(apply, params, inputs),
+        scale_ratio=scale_ratio,
+        per_layer_factor=per_layer_factor,
+        max_saturated=max_saturated,
+        symmetric_tol=symmetric_tol,
+    )
     return findings
 
 
-def traceable(adapted: Adapted, which: str) -> Callable | None:
+def traceable(adapted: PureExperiment, which: str) -> Callable | None:
     """``adapted.apply_fn`` (``which="apply"``) or ``adapted.loss_fn`` (``"loss"``), safe to trace.
 
     For NNX, the model's non-parameter variables are copied inside the traced function, so a model

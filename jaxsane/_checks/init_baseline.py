@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +29,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.finding import Finding
-from .._jaxpr.interpret import LOOPS, Interpreter
 from .._core.tree import explicit_sharding
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.interpret import LOOPS, Interpreter
 
 FIT_STEPS = 300  # Adam steps on the constant, with a learning rate decaying 100x
 
@@ -46,8 +47,8 @@ class Baseline:
 
     loss: float
     constant_loss: float
-    outputs: int           # float output leaves of apply replaced by a constant
-    examples: int          # the example axis the constant is broadcast over
+    outputs: int  # float output leaves of apply replaced by a constant
+    examples: int  # the example axis the constant is broadcast over
 
 
 class _Walk(Interpreter):
@@ -121,19 +122,34 @@ def output_sites(loss: Callable, apply: Callable, params: Any, batch: Any, input
     sites = []
     for k, out in enumerate(outs):
         tol = 1e-5 * (float(np.max(np.abs(out))) + 1e-30) if out.size else 0.0
-        found = [s for s, v in zip(order, values) if v.shape == out.shape and str(v.dtype) == str(out.dtype)
-                 and np.allclose(np.asarray(v), out, rtol=1e-5, atol=tol, equal_nan=True)]
+        found = [
+            s
+            for s, v in zip(order, values)
+            if v.shape == out.shape
+            and str(v.dtype) == str(out.dtype)
+            and np.allclose(np.asarray(v), out, rtol=1e-5, atol=tol, equal_nan=True)
+        ]
         if not found:
             raise CannotCompare(
                 f"output {k} of apply ({out.shape}) is not a value of the loss's forward pass (the loss draws "
                 "noise or dropout that apply does not, runs the model in another mode, or does not call "
-                "apply), so it cannot be replaced by a constant")
+                "apply), so it cannot be replaced by a constant"
+            )
         sites.append(found[0])
     return closed, sites, outs
 
 
-def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inputs: Any, *,
-                  examples: int, labels: Any = None, min_examples: int = 8) -> Baseline:
+def constant_loss(
+    loss: Callable,
+    apply: Callable,
+    params: Any,
+    batch: Any,
+    inputs: Any,
+    *,
+    examples: int,
+    labels: Any = None,
+    min_examples: int = 8,
+) -> Baseline:
     """The loss at init and the loss of the best constant prediction, through the user's own loss.
 
     ``apply``'s outputs inside ``loss`` (see :func:`output_sites`) are replaced by one constant per
@@ -145,11 +161,15 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
     closed, sites, outs = output_sites(loss, apply, params, batch, inputs)
     for k, out in enumerate(outs):
         if out.ndim < 1 or out.shape[0] != examples:
-            raise CannotCompare(f"output {k} of apply has shape {out.shape}, whose leading axis is not the batch's "
-                                f"{examples} examples, so a constant over examples cannot be broadcast in")
+            raise CannotCompare(
+                f"output {k} of apply has shape {out.shape}, whose leading axis is not the batch's "
+                f"{examples} examples, so a constant over examples cannot be broadcast in"
+            )
     if examples < min_examples:
-        raise CannotCompare(f"the batch has {examples} examples; a constant fitted to fewer than {min_examples} "
-                            "fits their labels too closely to be a reference")
+        raise CannotCompare(
+            f"the batch has {examples} examples; a constant fitted to fewer than {min_examples} "
+            "fits their labels too closely to be a reference"
+        )
     at_sites = {s: k for k, s in enumerate(sites)}
     flat = jax.tree_util.tree_leaves((params, batch))
     mesh = next((sh.mesh for sh in map(explicit_sharding, flat) if sh is not None), None)
@@ -165,16 +185,21 @@ def constant_loss(loss: Callable, apply: Callable, params: Any, batch: Any, inpu
     loss_with = quick_jit(f, runs=4)
     init_value = float(loss_with([put(o) for o in outs]))
     label_stats = {}  # shape -> (mean, spread) over the examples
-    for x in ([] if labels is None else _float_leaves(labels) + [
-            y for y in jax.tree_util.tree_leaves(labels) if jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer)]):
+    for x in (
+        []
+        if labels is None
+        else _float_leaves(labels)
+        + [y for y in jax.tree_util.tree_leaves(labels) if jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer)]
+    ):
         x = np.asarray(x, np.float64)
         if x.ndim >= 1 and x.shape[0] == examples:
             label_stats.setdefault(x.shape, (x.mean(0), float(np.sqrt(np.mean((x - x.mean(0)) ** 2)))))
     starts = [[np.zeros(o.shape[1:], o.dtype) for o in outs], [o.mean(0) for o in outs]]
     if all(o.shape in label_stats for o in outs):
         starts.append([label_stats[o.shape][0].astype(o.dtype) for o in outs])
-    scale = [max(float(np.sqrt(np.mean((o - o.mean(0)) ** 2))), label_stats.get(o.shape, (0, 0.0))[1], 1e-3)
-             for o in outs]
+    scale = [
+        max(float(np.sqrt(np.mean((o - o.mean(0)) ** 2))), label_stats.get(o.shape, (0, 0.0))[1], 1e-3) for o in outs
+    ]
     losses = [float(loss_with([put(c) for c in s])) for s in starts]
     finite = [i for i, v in enumerate(losses) if np.isfinite(v)]
     if not finite:
@@ -201,8 +226,9 @@ def _fit(f: Callable, start: list, scale: list) -> float:
             c = [ci + si * ui for ci, si, ui in zip(c, sizes, updates)]
             return (c, opt, jnp.where(jnp.isfinite(value), jnp.minimum(low, value), low)), None
 
-        (c, _, low), _ = jax.lax.scan(body, (c0, tx.init(c0), jnp.asarray(jnp.inf, jnp.float32)), None,
-                                      length=FIT_STEPS)
+        (c, _, low), _ = jax.lax.scan(
+            body, (c0, tx.init(c0), jnp.asarray(jnp.inf, jnp.float32)), None, length=FIT_STEPS
+        )
         last = f(c)
         return jnp.where(jnp.isfinite(last), jnp.minimum(low, last), low)
 
@@ -225,17 +251,28 @@ def check_init_loss_vs_constant(loss: float, constant_loss: float, *, factor: fl
     the identity legitimately beats it). Not jit-safe.
     """
     if not math.isfinite(loss):
-        return [Finding("init.loss", f"the loss at init is {loss} (a loss that is not a C-way cross-entropy; the "
-                        f"best constant prediction's loss on this batch is {constant_loss:.4g})",
-                        "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
-                        severity="error", extra={"loss": loss, "constant_loss": constant_loss})]
+        return [
+            Finding(
+                "init.loss",
+                f"the loss at init is {loss} (a loss that is not a C-way cross-entropy; the "
+                f"best constant prediction's loss on this batch is {constant_loss:.4g})",
+                "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
+                severity="error",
+                extra={"loss": loss, "constant_loss": constant_loss},
+            )
+        ]
     if loss <= factor * constant_loss:
         return []
-    return [Finding("init.loss", f"loss at init {loss:.4g} is {loss / constant_loss:.3g}x the loss of the best constant "
-                    f"prediction on this batch ({constant_loss:.4g}: apply's outputs replaced by one value per output "
-                    f"fitted to the labels; tolerance {factor:g}x)",
-                    "the outputs are at the wrong scale for the targets at init: check the init scale of every "
-                    "layer and scale down the last one (e.g. 0.01x its kernel, its bias at the mean target, or at "
-                    "log(p/(1-p)) for labels of frequency p), and normalise the targets (or de-normalise the "
-                    "outputs) so that both have the same units",
-                    extra={"loss": loss, "constant_loss": constant_loss, "factor": factor})]
+    return [
+        Finding(
+            "init.loss",
+            f"loss at init {loss:.4g} is {loss / constant_loss:.3g}x the loss of the best constant "
+            f"prediction on this batch ({constant_loss:.4g}: apply's outputs replaced by one value per output "
+            f"fitted to the labels; tolerance {factor:g}x)",
+            "the outputs are at the wrong scale for the targets at init: check the init scale of every "
+            "layer and scale down the last one (e.g. 0.01x its kernel, its bias at the mean target, or at "
+            "log(p/(1-p)) for labels of frequency p), and normalise the targets (or de-normalise the "
+            "outputs) so that both have the same units",
+            extra={"loss": loss, "constant_loss": constant_loss, "factor": factor},
+        )
+    ]

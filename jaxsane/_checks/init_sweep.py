@@ -14,43 +14,51 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import ExperimentError, JaxsaneError
-from .._experiment.contract import Adapted, Experiment, require_experiment
-from .._experiment.batches import first_batch, get_inputs, get_labels
 from .._core.frames import display_location, is_cell_file, user_location
+from .._core.tree import PyTree, leaf_selector, leaves_with_paths, put_like, scale_selected
+from .._core.validate import require_bool, require_sequence
+from .._experiment.batches import first_batch, get_inputs, get_labels
+from .._experiment.contract import Experiment, PureExperiment, require_experiment
+from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter
 from .._render.plots import legend_outside
 from .._render.progress import Progress
-from .._core.tree import PyTree, leaf_selector, leaves_with_paths, put_like, scale_selected
-from .._core.validate import require_bool, require_sequence
-
 
 _RECORDED = {"dot_general", "conv_general_dilated"}
 # ops that only move or cast a parameter: its name flows through them to the matrix product that reads it
-_LAYOUT = {"convert_element_type", "transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy",
-           "copy_p", "rev", "reduce_precision"}   # not gather: an embedding lookup's output is an activation
+_LAYOUT = {
+    "convert_element_type",
+    "transpose",
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "broadcast_in_dim",
+    "copy",
+    "copy_p",
+    "rev",
+    "reduce_precision",
+}  # not gather: an embedding lookup's output is an activation
 _PARAM_KEYS = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]|\.(\w+)")
-_TRANSFORMS = re.compile(r"^(?:\w+\()+([^()]*)\)+$")   # vmap(BTNH,BSNH->BNTS) -> BTNH,BSNH->BNTS
+_TRANSFORMS = re.compile(r"^(?:\w+\()+([^()]*)\)+$")  # vmap(BTNH,BSNH->BNTS) -> BTNH,BSNH->BNTS
 _LEAF_NAMES = {"kernel", "weight", "w", "embedding", "scale", "bias", "b"}
 
 
 def module_path(leaf_path: str) -> str:
     """``params['block_0']['attn']['query']['kernel']`` -> ``block_0/attn/query`` (the module's path)."""
     keys = [a or b for a, b in _PARAM_KEYS.findall(leaf_path)]
-    if len(keys) > 1 and keys[-1] in ("value", "raw_value"):   # an NNX Variable's own field
+    if len(keys) > 1 and keys[-1] in ("value", "raw_value"):  # an NNX Variable's own field
         keys.pop()
     if len(keys) > 1 and keys[-1] in _LEAF_NAMES:
         keys.pop()
     keys = [k for k in keys if k != "params"]
-    if all(k.isdigit() for k in keys):   # a list of layers: params[0]
+    if all(k.isdigit() for k in keys):  # a list of layers: params[0]
         return "params" + "".join(f"[{k}]" for k in keys) if keys else leaf_path
     return "/".join(keys)
 
@@ -84,7 +92,9 @@ class InitScaleSweep:
         for s, scale in enumerate(self.scales):
             acts = " ".join(f"{v:.3g}" for v in self.activation_std[s])
             grads = " ".join(f"{v:.3g}" for v in self.gradient_std[s])
-            lines.append(f"scale {scale:g}: loss {self.loss[s]:.4g}\n  activation std: {acts}\n  gradient std:   {grads}")
+            lines.append(
+                f"scale {scale:g}: loss {self.loss[s]:.4g}\n  activation std: {acts}\n  gradient std:   {grads}"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -95,6 +105,7 @@ class InitScaleSweep:
 
     def _repr_html_(self) -> str:
         from .._render.reprs import sweep_html
+
         return sweep_html(self)
 
     def plot(self):
@@ -112,8 +123,13 @@ class InitScaleSweep:
             axes[1].plot(depth, self.gradient_std[s], marker="o", color=colour, label=f"x{scale:g}")
         for ax, title in zip(axes, ["activation std (layer output)", "gradient std (d loss / d output)"]):
             ax.set_xlabel("layer (execution order)")
-            ax.set_xticks(depth, [n if len(n) <= 28 else "…" + n[-27:] for n in names], rotation=60, ha="right",
-                          fontsize=6 if len(names) > 12 else 7)
+            ax.set_xticks(
+                depth,
+                [n if len(n) <= 28 else "…" + n[-27:] for n in names],
+                rotation=60,
+                ha="right",
+                fontsize=6 if len(names) > 12 else 7,
+            )
             ax.set_title(title, fontsize=10)
             values = self.activation_std if ax is axes[0] else self.gradient_std
             if np.any(np.isfinite(values) & (values > 0)):
@@ -142,7 +158,7 @@ class _Layers(Interpreter):
     def __init__(self, fn: Callable):
         super().__init__()
         self.fn = fn
-        self.params_of: dict = {}   # site -> the parameter leaf path the product reads (from the tags)
+        self.params_of: dict = {}  # site -> the parameter leaf path the product reads (from the tags)
 
     def enters(self, eqn, ectx) -> bool:
         return not eqn.primitive.name.startswith("custom_")
@@ -155,12 +171,12 @@ class _Layers(Interpreter):
             self.emit(eqn, out)
             self.params_of[site] = next((t for t in reversed(tags) if t is not None), None)  # (x, kernel)
             outs = [out, *outs[1:]]
-        elif name in _LAYOUT and tags and tags[0] is not None:   # a parameter's name follows its casts
+        elif name in _LAYOUT and tags and tags[0] is not None:  # a parameter's name follows its casts
             out_tags = [tags[0]] * len(outs)
         return outs, out_tags
 
 
-def _objective(adapted: Adapted, params: PyTree, batch: PyTree) -> tuple[Callable, bool]:
+def _objective(adapted: PureExperiment, params: PyTree, batch: PyTree) -> tuple[Callable, bool]:
     """``(params, batch) -> scalar`` and whether it is a real loss (else the mean output, no gradients)."""
     exp = adapted.experiment
     if adapted.loss_fn is not None:
@@ -171,22 +187,29 @@ def _objective(adapted: Adapted, params: PyTree, batch: PyTree) -> tuple[Callabl
     try:
         labels = get_labels(exp, batch)
         out = jax.eval_shape(apply, params, get_inputs(exp, batch))
-        classify = (jnp.issubdtype(jnp.asarray(labels).dtype, jnp.integer) and out.ndim == np.ndim(labels) + 1)
+        classify = jnp.issubdtype(jnp.asarray(labels).dtype, jnp.integer) and out.ndim == np.ndim(labels) + 1
     except Exception:
         classify = False
     if classify:
+
         def ce(p, b):
             logp = jax.nn.log_softmax(apply(p, get_inputs(exp, b)).astype(jnp.float32), axis=-1)
             lab = get_labels(exp, b).astype(jnp.int32)
             return -jnp.mean(jnp.take_along_axis(logp, lab[..., None], axis=-1))
+
         return ce, True
     return (lambda p, b: jnp.mean(jnp.asarray(apply(p, get_inputs(exp, b)), jnp.float32))), False
 
 
-def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = None, *,
-                     scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0), key: jax.Array | None = None,
-                     scale_leaves: str | Callable[[str], bool] | None = None,
-                     progress: bool = True) -> InitScaleSweep:
+def init_scale_sweep(
+    experiment: Experiment | PureExperiment,
+    batch: PyTree | None = None,
+    *,
+    scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0),
+    key: jax.Array | None = None,
+    scale_leaves: str | Callable[[str], bool] | None = None,
+    progress: bool = True,
+) -> InitScaleSweep:
     """Per-layer activation and gradient std at init for each scale multiplier, vmapped over scales.
 
     Args:
@@ -214,8 +237,9 @@ def init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = No
       >>> sweep = init_scale_sweep(load("digits_optax"), scales=(0.5, 1, 2))  # doctest: +SKIP
       >>> fig = sweep.plot()  # doctest: +SKIP
     """
-    plan = plan_init_scale_sweep(experiment, batch, scales=scales, key=key, scale_leaves=scale_leaves,
-                                 progress=progress)
+    plan = plan_init_scale_sweep(
+        experiment, batch, scales=scales, key=key, scale_leaves=scale_leaves, progress=progress
+    )
     return plan.run(progress)
 
 
@@ -252,17 +276,22 @@ class ScaleSweepPlan:
         return InitScaleSweep(np.asarray(self.scales), self.layers, np.asarray(act_std), grad_std, loss, self.names)
 
 
-def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None = None, *,
-                          scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0), key: jax.Array | None = None,
-                          scale_leaves: str | Callable[[str], bool] | None = None,
-                          progress: bool = True) -> ScaleSweepPlan:
+def plan_init_scale_sweep(
+    experiment: Experiment | PureExperiment,
+    batch: PyTree | None = None,
+    *,
+    scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0),
+    key: jax.Array | None = None,
+    scale_leaves: str | Callable[[str], bool] | None = None,
+    progress: bool = True,
+) -> ScaleSweepPlan:
     """:func:`init_scale_sweep` up to its compile: the layers found and the vmapped program, not yet run.
     Same arguments and errors. Not jit-safe (traces the loss)."""
     require_experiment("init_scale_sweep", experiment)
     require_sequence("init_scale_sweep", "scales", scales, min=0.0)
     leaf_selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
     require_bool("init_scale_sweep", "progress", progress)
-    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
+    adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
     exp = adapted.experiment
     if adapted.loss_fn is None and adapted.apply_fn is None:
         raise ExperimentError("init_scale_sweep needs Experiment.loss or Experiment.apply to run the model.")
@@ -283,7 +312,7 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
     param_tags = [module_path(p) for p, _ in leaves_with_paths(params, "params")]
     param_tags += [None] * (len(flat_args) - len(param_tags))
 
-    sites: list[tuple] = []   # in the order the program runs them (a dict output would be key-sorted)
+    sites: list[tuple] = []  # in the order the program runs them (a dict output would be key-sorted)
 
     def find(args):
         with finder.collecting() as records:
@@ -294,8 +323,10 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
     shapes_found = jax.eval_shape(find, flat_args)
     found = dict(zip(sites, shapes_found))
     if not sites:
-        raise ExperimentError("init_scale_sweep found no matrix product (dot_general/conv) in the loss; layers "
-                              "inside while_loop bodies and cond branches are not measured.")
+        raise ExperimentError(
+            "init_scale_sweep found no matrix product (dot_general/conv) in the loss; layers "
+            "inside while_loop bodies and cond branches are not measured."
+        )
     layers, names = [], []
     for k, site in enumerate(sites):
         eqn, enclosing = finder.sites[site]
@@ -303,8 +334,11 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
         where = _where(eqn, enclosing)
         scope = finder.params_of.get(site) or _TRANSFORMS.sub(r"\1", str(eqn.source_info.name_stack))
         scan = " in a scan body" if found[site].ndim > aval.ndim else ""
-        layers.append(f"{eqn.primitive.name} {k} {aval.str_short()}{scan}" + (f" {scope}" if scope else "")
-                      + (f" ({where})" if where else ""))
+        layers.append(
+            f"{eqn.primitive.name} {k} {aval.str_short()}{scan}"
+            + (f" {scope}" if scope else "")
+            + (f" ({where})" if where else "")
+        )
         names.append(scope or where or f"{eqn.primitive.name} {k}")
     shapes = [finder.sites[s][0].outvars[0].aval.str_short(short_dtypes=True) for s in sites]
     names = [f"{n} {sh}" if names.count(n) > 1 else n for n, sh in zip(names, shapes)]
@@ -319,7 +353,7 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
         args = [*jax.tree_util.tree_leaves(scaled), *batch_leaves]
 
         def f(eps):
-            def perturb(site, out):   # the same eps at every time step of a scan body
+            def perturb(site, out):  # the same eps at every time step of a scan body
                 return out + eps[slot[site]].astype(out.dtype) if site in slot else out
 
             layer = _Layers(perturb)
@@ -333,5 +367,11 @@ def plan_init_scale_sweep(experiment: Experiment | Adapted, batch: PyTree | None
         grad_std = jnp.stack([jnp.std(g.astype(jnp.float32)) for g in grads])
         return act_std, grad_std, value
 
-    return ScaleSweepPlan(quick_jit(jax.vmap(stats)), put_like(np.asarray(scales_list, np.float32), flat_args),
-                          tuple(scales_list), tuple(layers), tuple(names), has_loss)
+    return ScaleSweepPlan(
+        quick_jit(jax.vmap(stats)),
+        put_like(np.asarray(scales_list, np.float32), flat_args),
+        tuple(scales_list),
+        tuple(layers),
+        tuple(names),
+        has_loss,
+    )

@@ -14,15 +14,16 @@ Nothing here is jit-safe: each check compiles its function once and calls it a f
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import ExperimentError
 from .._core.finding import Finding
 from .._core.validate import require_callable, require_count_or_list, require_float, require_int
+from .._jaxpr.compile_level import quick_jit
 
 PyTree = Any
 
@@ -66,11 +67,12 @@ def _probe_positions(T: int, probes: int | Sequence[int]) -> list[int]:
     if not isinstance(probes, int):
         return sorted({int(t) for t in probes if 0 <= int(t) < T - 1})
     picks = [0, T // 2 - 1, T - 2, T // 4, (3 * T) // 4]
-    return sorted(dict.fromkeys(t for t in picks if 0 <= t < T - 1))[:max(1, probes)] if T >= 2 else []
+    return sorted(dict.fromkeys(t for t in picks if 0 <= t < T - 1))[: max(1, probes)] if T >= 2 else []
 
 
-def check_causal(apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 3,
-                 rtol: float = 1e-5, seed: int = 0) -> list[Finding]:
+def check_causal(
+    apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 3, rtol: float = 1e-5, seed: int = 0
+) -> list[Finding]:
     """``seq.future_leakage`` when a causal model's output at position t depends on inputs after t.
 
     For each probe position t, every input at positions ``> t`` (of each non-mask input leaf shaped
@@ -108,26 +110,33 @@ def check_causal(apply: Callable, params: PyTree, inputs: Any, *, probes: int | 
     n = host[0].shape[0]
     T, idx = _time_leaves(host, n)
     if T is None or T < 2:
-        raise ExperimentError(f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
-                              f"{[x.shape for x in host]}); the causal check needs sequence inputs.")
-    run = quick_jit(lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))), runs=1 + len(_probe_positions(T, probes)))
+        raise ExperimentError(
+            f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
+            f"{[x.shape for x in host]}); the causal check needs sequence inputs."
+        )
+    run = quick_jit(
+        lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))),
+        runs=1 + len(_probe_positions(T, probes)),
+    )
     base = [np.asarray(o) for o in run(params, host)]
     outs = [k for k, o in enumerate(base) if o.ndim >= 2 and o.shape[:2] == (n, T) and o.dtype.kind in "fc"]
     if not outs:
-        raise ExperimentError(f"check_causal: apply's outputs have no per-position axis [B={n}, T={T}, ...] "
-                              f"(shapes {[o.shape for o in base]}); the causal check needs one output per position.")
+        raise ExperimentError(
+            f"check_causal: apply's outputs have no per-position axis [B={n}, T={T}, ...] "
+            f"(shapes {[o.shape for o in base]}); the causal check needs one output per position."
+        )
     rng = np.random.default_rng(seed)
     leaks: list[tuple[int, float, list[int]]] = []
     for t in _probe_positions(T, probes):
         future = np.zeros((n, T), bool)
-        future[:, t + 1:] = True
+        future[:, t + 1 :] = True
         moved = list(host)
         for i in idx:
             moved[i] = _perturb(host[i], future, rng)
         new = [np.asarray(o) for o in run(params, moved)]
         worst, seen = 0.0, set()
         for k in outs:
-            a, b = base[k][:, :t + 1].astype(np.float64), new[k][:, :t + 1].astype(np.float64)
+            a, b = base[k][:, : t + 1].astype(np.float64), new[k][:, : t + 1].astype(np.float64)
             diff = np.abs(a - b).reshape(n, t + 1, -1).max(axis=(0, 2))
             ref = float(np.abs(a).max()) + 1e-30
             worst = max(worst, float(diff.max()) / ref)
@@ -136,22 +145,37 @@ def check_causal(apply: Callable, params: PyTree, inputs: Any, *, probes: int | 
             leaks.append((t, worst, sorted(seen)))
     if not leaks:
         return []
-    shown = "; ".join(f"inputs after t={t} moved outputs at positions {pos[:6]}{'...' if len(pos) > 6 else ''} "
-                      f"(relative change {r:.2g})" for t, r, pos in leaks)
-    return [Finding(
-        "seq.future_leakage",
-        f"the model is declared causal, but its output at a position depends on inputs at later positions "
-        f"(forward probe over T={T}): {shown}",
-        "mask attention causally: scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf) with "
-        "queries on axis -2 and keys on axis -1 (a transposed mask or jnp.triu lets each position see the "
-        "future); in Flax pass mask=nnx.make_causal_mask(tokens) (linen: nn.make_causal_mask); no bidirectional "
-        "layer, future-looking convolution or pooling over the time axis",
-        path=f"position {leaks[0][2][0] if leaks[0][2] else 0} <- positions > {leaks[0][0]}",
-        extra={"probes": [(t, float(r), pos) for t, r, pos in leaks], "T": T})]
+    shown = "; ".join(
+        f"inputs after t={t} moved outputs at positions {pos[:6]}{'...' if len(pos) > 6 else ''} "
+        f"(relative change {r:.2g})"
+        for t, r, pos in leaks
+    )
+    return [
+        Finding(
+            "seq.future_leakage",
+            f"the model is declared causal, but its output at a position depends on inputs at later positions "
+            f"(forward probe over T={T}): {shown}",
+            "mask attention causally: scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf) with "
+            "queries on axis -2 and keys on axis -1 (a transposed mask or jnp.triu lets each position see the "
+            "future); in Flax pass mask=nnx.make_causal_mask(tokens) (linen: nn.make_causal_mask); no bidirectional "
+            "layer, future-looking convolution or pooling over the time axis",
+            path=f"position {leaks[0][2][0] if leaks[0][2] else 0} <- positions > {leaks[0][0]}",
+            extra={"probes": [(t, float(r), pos) for t, r, pos in leaks], "T": T},
+        )
+    ]
 
 
-def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: Any, *, inputs: Any = None,
-                          labels: Any = None, rtol: float = 1e-5, seed: int = 0) -> list[Finding]:
+def check_padding_in_loss(
+    loss: Callable,
+    params: PyTree,
+    batch: PyTree,
+    mask: Any,
+    *,
+    inputs: Any = None,
+    labels: Any = None,
+    rtol: float = 1e-5,
+    seed: int = 0,
+) -> list[Finding]:
     """``seq.padding_in_loss`` when the loss moves with the contents of padded positions.
 
     The batch's leaves shaped like the mask ``[B, T, ...]`` (the mask itself excepted) are changed
@@ -183,8 +207,9 @@ def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: A
     require_int(fn, "seed", seed)
     m = np.asarray(mask)
     if m.ndim != 2:
-        raise ExperimentError(f"check_padding_in_loss: the mask has shape {m.shape}; expected [B, T] "
-                              "(1 = real position, 0 = padding).")
+        raise ExperimentError(
+            f"check_padding_in_loss: the mask has shape {m.shape}; expected [B, T] (1 = real position, 0 = padding)."
+        )
     pad = ~m.astype(bool)
     if not pad.any():
         return []
@@ -196,8 +221,9 @@ def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: A
         if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != m.shape:
             continue
         a = np.asarray(x)
-        if a.dtype.kind not in "iufc" or (a.shape == m.shape and np.array_equal(a.astype(bool), m.astype(bool))
-                                          and _binary(a)):
+        if a.dtype.kind not in "iufc" or (
+            a.shape == m.shape and np.array_equal(a.astype(bool), m.astype(bool)) and _binary(a)
+        ):
             continue  # another copy of the mask
         if id(x) in in_ids:
             groups["inputs"].append(i)
@@ -225,18 +251,23 @@ def check_padding_in_loss(loss: Callable, params: PyTree, batch: PyTree, mask: A
     if not all(r > rtol for r in moved_by.values()):
         return []
     what = " and ".join(f"the {k} at padded positions (relative change {r:.2g})" for k, r in moved_by.items())
-    return [Finding(
-        "seq.padding_in_loss",
-        f"the loss changes when only {what} change: padding reaches the loss ({int(pad.sum())} of {pad.size} "
-        f"positions are padding in this batch)",
-        "weight the per-position loss by the mask and divide by the number of real positions: "
-        "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
-        "in attention so real positions never attend to padding",
-        path="loss <- padded positions", extra={"relative_change": moved_by, "padded": int(pad.sum())})]
+    return [
+        Finding(
+            "seq.padding_in_loss",
+            f"the loss changes when only {what} change: padding reaches the loss ({int(pad.sum())} of {pad.size} "
+            f"positions are padding in this batch)",
+            "weight the per-position loss by the mask and divide by the number of real positions: "
+            "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
+            "in attention so real positions never attend to padding",
+            path="loss <- padded positions",
+            extra={"relative_change": moved_by, "padded": int(pad.sum())},
+        )
+    ]
 
 
-def loss_reads_first_target(loss: Callable, params: PyTree, batch: PyTree, labels: Any,
-                            inputs: Any = None) -> bool | None:
+def loss_reads_first_target(
+    loss: Callable, params: PyTree, batch: PyTree, labels: Any, inputs: Any = None
+) -> bool | None:
     """Whether ``loss`` reads the targets at position 0 (``labels[:, 0]``).
 
     Targets equal to the inputs are a bug when the loss compares position t's output with target t,

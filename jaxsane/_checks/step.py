@@ -2,7 +2,7 @@
 randomness, and compile once? (``step.no_update``, ``step.opt_state_frozen``, ``step.rng_reused``,
 ``step.recompiles``.)
 
-Everything is read from a few real calls of the user's own step through :class:`Adapted`, called
+Everything is read from a few real calls of the user's own step through :class:`PureExperiment`, called
 as the user calls it (not re-wrapped in ``jax.jit``, so that Python-side recompilation is seen).
 Randomness is found by evaluating the step's jaxpr with a hook on jaxsane's one interpreter
 (:mod:`jaxsane._jaxpr.interpret`) that records the output of every ``random_bits`` equation (dropout
@@ -15,24 +15,24 @@ import contextlib
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._experiment.purify import positional_names
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import JaxsaneError
-from .._experiment.contract import Adapted, Experiment, require_experiment
-from .._experiment.batches import first_batch
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
-from .._jaxpr.interpret import Interpreter, all_eqns
-from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
 from .._core.tree import PyTree, is_key, leaves_with_paths
 from .._core.validate import require_bool, require_int
-
+from .._experiment.batches import first_batch
+from .._experiment.contract import Experiment, PureExperiment, require_experiment
+from .._experiment.purify import positional_names
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.interpret import Interpreter, all_eqns
+from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
@@ -161,17 +161,26 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _display(path: str) -> str:
-    return path[:-len(".value")] if path.endswith(".value") else path
+    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def _raw_key_path(path: str, leaf: Any) -> bool:
     lowered = path.lower()
-    return (getattr(leaf, "dtype", None) == np.uint32 and getattr(leaf, "shape", ())[-1:] == (2,)
-            and ("key" in lowered or "rng" in lowered))
+    return (
+        getattr(leaf, "dtype", None) == np.uint32
+        and getattr(leaf, "shape", ())[-1:] == (2,)
+        and ("key" in lowered or "rng" in lowered)
+    )
 
 
-def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.Array | None = None,
-               calls: int = 3, check_rng: bool = True) -> list[Finding]:
+def check_step(
+    experiment: Experiment | PureExperiment,
+    batch: Any = None,
+    *,
+    key: jax.Array | None = None,
+    calls: int = 3,
+    check_rng: bool = True,
+) -> list[Finding]:
     """Run the user's step ``calls`` times on one batch and check its wiring.
 
     * ``step.no_update`` — the parameters are bitwise unchanged by every call (stale state returned,
@@ -186,7 +195,7 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
       argument or closed over, a new ``jax.jit`` per call).
 
     Args:
-      experiment: the :class:`Experiment` (or its :class:`Adapted` view).
+      experiment: the :class:`Experiment` (or its :class:`PureExperiment` view).
       batch: the batch for every call (default: the first train batch).
       key: PRNG key for ``init`` (default ``jax.random.key(0)``).
       calls: how many steps to run (>= 2; default 3; raise it above k for optax.MultiSteps(k)).
@@ -204,7 +213,7 @@ def check_step(experiment: Experiment | Adapted, batch: Any = None, *, key: jax.
     if int(calls) < 2:
         raise JaxsaneError(f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}.")
     key = jax.random.key(0) if key is None else key
-    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment, key=key)
+    adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment, key=key)
     batch = first_batch(adapted.experiment.train, "train") if batch is None else batch
     state = adapted.init(key)
     first_state = state
@@ -244,8 +253,9 @@ def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:
             kinds.append("opt")
         else:
             kinds.append("other")
-    has_opt_state = [k == "opt" and "opt_state" in path for k, (path, _) in
-                     zip(kinds, leaves_with_paths(state, "state"))]
+    has_opt_state = [
+        k == "opt" and "opt_state" in path for k, (path, _) in zip(kinds, leaves_with_paths(state, "state"))
+    ]
     if any(has_opt_state):  # prefer the optimizer's own sub-tree when it is named (TrainState, nnx.Optimizer)
         kinds = ["opt" if flag else ("stat" if k == "opt" else k) for k, flag in zip(kinds, has_opt_state)]
     return kinds
@@ -255,31 +265,38 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     n = len(snapshots) - 1
     params = [i for i, k in enumerate(kinds) if k == "param"]
     opt = [i for i, k in enumerate(kinds) if k == "opt"]
-    changed = [[not _equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))]
-               for c in range(n)]
+    changed = [[not _equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))] for c in range(n)]
     params_moved = any(changed[c][i] for c in range(n) for i in params)
     if params and not params_moved:
         opt_note = ""
         if opt and not any(changed[c][i] for c in range(n) for i in opt):
             opt_note = " and neither did the optimizer state"
-        return [Finding(
-            "step.no_update",
-            f"the parameters ({len(params)} leaves, e.g. {_display(snapshots[0][params[0]][0])}) are bitwise "
-            f"unchanged after {n} steps{opt_note}",
-            "the step does not apply its update: return the NEW state (e.g. state.apply_gradients(grads=...) or "
-            "optax.apply_updates(params, updates)), not the state it was given; for NNX call "
-            "optimizer.update(model, grads) inside the step; check the learning rate is not 0. "
-            "(Gradient accumulation with optax.MultiSteps(k) only updates every k steps: run with more calls.)",
-            path=_display(snapshots[0][params[0]][0]), extra={"calls": n})]
+        return [
+            Finding(
+                "step.no_update",
+                f"the parameters ({len(params)} leaves, e.g. {_display(snapshots[0][params[0]][0])}) are bitwise "
+                f"unchanged after {n} steps{opt_note}",
+                "the step does not apply its update: return the NEW state (e.g. state.apply_gradients(grads=...) or "
+                "optax.apply_updates(params, updates)), not the state it was given; for NNX call "
+                "optimizer.update(model, grads) inside the step; check the learning rate is not 0. "
+                "(Gradient accumulation with optax.MultiSteps(k) only updates every k steps: run with more calls.)",
+                path=_display(snapshots[0][params[0]][0]),
+                extra={"calls": n},
+            )
+        ]
     if opt and params_moved and not any(changed[c][i] for c in range(n) for i in opt):
-        return [Finding(
-            "step.opt_state_frozen",
-            f"the parameters change but the optimizer state ({len(opt)} float leaves, e.g. "
-            f"{_display(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
-            "the step returns the initial optimizer state: thread the new one, "
-            "`updates, opt_state = tx.update(grads, opt_state, params)` and return that opt_state with the new "
-            "params (momentum and Adam moments are lost otherwise)",
-            path=_display(snapshots[0][opt[0]][0]), extra={"calls": n})]
+        return [
+            Finding(
+                "step.opt_state_frozen",
+                f"the parameters change but the optimizer state ({len(opt)} float leaves, e.g. "
+                f"{_display(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
+                "the step returns the initial optimizer state: thread the new one, "
+                "`updates, opt_state = tx.update(grads, opt_state, params)` and return that opt_state with the new "
+                "params (momentum and Adam moments are lost otherwise)",
+                path=_display(snapshots[0][opt[0]][0]),
+                extra={"calls": n},
+            )
+        ]
     return []
 
 
@@ -291,16 +308,23 @@ def _recompile_findings(compiles: list[int], traces: list[int], reasons: list[Re
     finding = recompile_finding(reasons[0])
     every = all(later)
     if every and not reasons[0].changes:
-        hint = ("it recompiles on every call with identical arguments: a Python value that changes each call is a "
-                "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "
-                "anew inside the loop (jit once, outside)")
+        hint = (
+            "it recompiles on every call with identical arguments: a Python value that changes each call is a "
+            "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "
+            "anew inside the loop (jit once, outside)"
+        )
     else:
         hint = finding.hint
     others = [str(r) for r in reasons[1:]]
     more = f"; and again at {len(others)} later call(s)" if others else ""
-    return [dataclasses.replace(
-        finding, message=f"{finding.message} (compilations per call {compiles}{more})", hint=hint,
-        extra={**finding.extra, "compiles": compiles, "traces": traces, "recompiles": [str(r) for r in reasons]})]
+    return [
+        dataclasses.replace(
+            finding,
+            message=f"{finding.message} (compilations per call {compiles}{more})",
+            hint=hint,
+            extra={**finding.extra, "compiles": compiles, "traces": traces, "recompiles": [str(r) for r in reasons]},
+        )
+    ]
 
 
 def _random_sites(jaxpr) -> list[Any]:
@@ -316,7 +340,9 @@ class _Draws(Interpreter):
         return outs, out_tags
 
 
-def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]) -> list[Finding]:
+def _rng_findings(
+    adapted: PureExperiment, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]
+) -> list[Finding]:
     state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
     closed = jax.make_jaxpr(adapted.step)(state0, batch)
     if not _random_sites(closed.jaxpr):
@@ -336,7 +362,7 @@ def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any,
         bits0 = runner(flat0)
     except Exception:  # an exotic step the interpreter cannot replay: fall back to key leaves only
         return _key_only_findings(snapshots, kinds)
-    if not bits0:   # draws only inside a while body or a cond branch, which the traced interpreter drops
+    if not bits0:  # draws only inside a while body or a cond branch, which the traced interpreter drops
         if any(e.primitive.name == "random_bits" for e in _random_sites(closed.jaxpr)):
             return _key_only_findings(snapshots, kinds)
         return []
@@ -346,19 +372,27 @@ def _rng_findings(adapted: Adapted, state0: PyTree, snapshots: list, batch: Any,
     same = [i for i, (a, b) in enumerate(zip(bits0, bits1)) if _equal(a, b)]
     if not same:
         return []
-    frozen_keys = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
-                   if k == "key" and _equal(snapshots[0][i][1], snapshots[1][i][1])]
+    frozen_keys = [
+        _display(snapshots[0][i][0])
+        for i, k in enumerate(kinds)
+        if k == "key" and _equal(snapshots[0][i][1], snapshots[1][i][1])
+    ]
     where = recorded_meta[same[0]] if same[0] < len(recorded_meta) else None
     key_note = f"; key leaves unchanged by the step: {', '.join(frozen_keys[:4])}" if frozen_keys else ""
-    return [Finding(
-        "step.rng_reused",
-        f"the step draws the same random bits on two consecutive calls at {len(same)} of {len(bits0)} random "
-        f"draw sites (e.g. identical dropout masks){key_note}",
-        "split the PRNG key every step and return the new key in the state (`key, sub = jax.random.split(key)`, "
-        "use sub, return key), or fold in the step number (`jax.random.fold_in(key, state.step)`); with NNX pass "
-        "nnx.Rngs to the layers and let them advance",
-        path=frozen_keys[0] if frozen_keys else None, file=_file(where), line=_line(where),
-        extra={"sites": [recorded_meta[i] for i in same if i < len(recorded_meta)], "frozen_keys": frozen_keys})]
+    return [
+        Finding(
+            "step.rng_reused",
+            f"the step draws the same random bits on two consecutive calls at {len(same)} of {len(bits0)} random "
+            f"draw sites (e.g. identical dropout masks){key_note}",
+            "split the PRNG key every step and return the new key in the state (`key, sub = jax.random.split(key)`, "
+            "use sub, return key), or fold in the step number (`jax.random.fold_in(key, state.step)`); with NNX pass "
+            "nnx.Rngs to the layers and let them advance",
+            path=frozen_keys[0] if frozen_keys else None,
+            file=_file(where),
+            line=_line(where),
+            extra={"sites": [recorded_meta[i] for i in same if i < len(recorded_meta)], "frozen_keys": frozen_keys},
+        )
+    ]
 
 
 def _dead_code_eliminated(fn, flat_args):
@@ -380,15 +414,22 @@ def _dead_code_eliminated(fn, flat_args):
 
 
 def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
-    frozen = [_display(snapshots[0][i][0]) for i, k in enumerate(kinds)
-              if k == "key" and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1])
-                                    for c in range(len(snapshots) - 1))]
+    frozen = [
+        _display(snapshots[0][i][0])
+        for i, k in enumerate(kinds)
+        if k == "key" and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(len(snapshots) - 1))
+    ]
     if not frozen:
         return []
-    return [Finding("step.rng_reused", f"the step draws randomness but the key(s) {', '.join(frozen[:4])} never "
-                    "change between steps",
-                    "split the key every step and return the new key in the state, or fold in the step number",
-                    path=frozen[0], extra={"frozen_keys": frozen})]
+    return [
+        Finding(
+            "step.rng_reused",
+            f"the step draws randomness but the key(s) {', '.join(frozen[:4])} never change between steps",
+            "split the key every step and return the new key in the state, or fold in the step number",
+            path=frozen[0],
+            extra={"frozen_keys": frozen},
+        )
+    ]
 
 
 def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:

@@ -25,8 +25,16 @@ class NonFiniteError(JaxsaneError, FloatingPointError):
       dump_error: why the dump could not be written (then ``dump_path`` is None), or None.
     """
 
-    def __init__(self, message: str, finding: Any = None, *, dump_path: str | None = None,
-                 inputs: Any = None, located: Any = None, dump_error: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        finding: Any = None,
+        *,
+        dump_path: str | None = None,
+        inputs: Any = None,
+        located: Any = None,
+        dump_error: str | None = None,
+    ):
         super().__init__(message)
         self.finding = finding
         self.dump_path = dump_path
@@ -111,3 +119,19 @@ class DistHangError(JaxsaneError, RuntimeError):
     def __init__(self, message: str, finding: Any = None):
         super().__init__(message)
         self.finding = finding
+
+
+class ReplicaDivergenceError(JaxsaneError):
+    """Values meant to be replicated differ across devices or processes (raised by ``guard``).
+
+    Attributes:
+      findings: the ``dist.replica_divergence`` :class:`~jaxsane.Finding` objects.
+    """
+
+    def __init__(self, message: str, findings: Any = None):
+        super().__init__(message)
+        self.findings = findings
+
+
+class JaxsaneWarning(RuntimeWarning):
+    """Issued by ``guard(..., on_nonfinite="warn")``, ``fit`` and the monitor when they carry on past a problem."""

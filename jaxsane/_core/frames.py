@@ -6,6 +6,7 @@ examples) and the Python stdlib. Everything else is the user's, including a user
 installed in site-packages. Tracebacks are walked from the innermost frame outwards, skipping
 library frames. Host-side only, not jit-safe.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -13,7 +14,8 @@ import linecache
 import os
 import re
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 LIBRARY_PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "equinox", "orbax", "numpy", "jaxsane")
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jaxsane/, above _core/
@@ -27,6 +29,7 @@ def _library_roots() -> tuple[str, ...]:
     global _LIBRARY_ROOTS
     if not _LIBRARY_ROOTS:
         import importlib.util
+
         roots = []
         for name in LIBRARY_PACKAGES:
             try:
@@ -52,7 +55,7 @@ def is_library_file(path: str) -> bool:
         return False
     if path.startswith("<frozen"):
         return True
-    if path.startswith("<"):   # <stdin>, <string>, notebooks: the user's
+    if path.startswith("<"):  # <stdin>, <string>, notebooks: the user's
         return False
     p = os.path.abspath(path)
     if p.startswith(_PKG_DIR + os.sep):
@@ -134,8 +137,8 @@ def source_text(file: str | None, line: int | None) -> str:
     return linecache.getline(file, line).strip()
 
 
-_IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")       # ipykernel >= 6: /tmp/ipykernel_PID/HASH.py
-_IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")     # older IPython: <ipython-input-N-HASH>
+_IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")  # ipykernel >= 6: /tmp/ipykernel_PID/HASH.py
+_IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")  # older IPython: <ipython-input-N-HASH>
 
 
 def cell_number(file: str) -> int | None:

@@ -55,41 +55,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
 
-if TYPE_CHECKING:  # _findings imports this module (a Diagnosis links its findings here)
-    from .finding import Finding
-
-
-@dataclasses.dataclass(frozen=True)
-class RootCause:
-    """The root-cause finding a consequence points to: its ``code`` and its ``where`` string.
-
-    Set by :func:`link_consequences` (a :class:`Diagnosis` links lazily). Not jit-safe.
-    """
-
-    code: str
-    where: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.code} ({self.where})" if self.where else self.code
-
+from .finding import Finding, RootCause
 
 DATA_ROOTS = ("data.label_range", "data.all_padding", "nonfinite.input")
 # non-finite facts by the order in which a step computes them (input is data, above)
-NONFINITE_RANK = {"nonfinite.forward": 0, "init.loss": 0, "nonfinite.backward": 1, "nonfinite.update": 2,
-                  "dist.nonfinite_shard": 3}
+NONFINITE_RANK = {
+    "nonfinite.forward": 0,
+    "init.loss": 0,
+    "nonfinite.backward": 1,
+    "nonfinite.update": 2,
+    "dist.nonfinite_shard": 3,
+}
 FROZEN_ROOTS = ("step.no_update", "step.opt_state_frozen")
 JUDGED = ("overfit.failed", "model.ignores_input")
 
 _DATA_HINTS = {
     "data.label_range": "check the labels first: {message} (data.label_range); an out-of-range label gathers a "
-                        "NaN log-probability, so fix the labels (or num_classes) and this non-finite value goes "
-                        "away with them",
+    "NaN log-probability, so fix the labels (or num_classes) and this non-finite value goes "
+    "away with them",
     "data.all_padding": "check the padding first: {message} (data.all_padding); a masked mean over a row with no "
-                        "real token is 0/0, so drop those rows or guard the denominator (jnp.maximum(count, 1))",
+    "real token is 0/0, so drop those rows or guard the denominator (jnp.maximum(count, 1))",
     "nonfinite.input": "check the data first: {message} (nonfinite.input); the batch itself holds NaN/Inf, so clean "
-                       "or mask it before the model sees it",
+    "or mask it before the model sees it",
 }
 
 
@@ -172,7 +161,7 @@ _LAST_KEY = re.compile(r"(\[[^\[\]]*\]|\.[A-Za-z_]\w*)$")
 
 def _leaf(path: str | None) -> str | None:
     """A leaf's path without NNX's ``.value`` (the grads stage shows ``w``, the monitor ``w.value``)."""
-    return path[:-len(".value")] if path and path.endswith(".value") else path
+    return path[: -len(".value")] if path and path.endswith(".value") else path
 
 
 def _parent(path: str | None) -> str | None:
@@ -190,16 +179,18 @@ def _missing_consequence(root: Finding, cons: Finding, i: int, j: int) -> bool:
         return _leaf(cons.path) == _leaf(root.path) and cons.extra.get("direction", "low") == "low"
     if cons.code == "grad.missing" and i < j:  # the layer's other leaves: one stop_gradient, one unused layer
         parent = _parent(root.path)
-        return (parent is not None and parent == _parent(cons.path)
-                and root.extra.get("depends") == cons.extra.get("depends"))
+        return (
+            parent is not None
+            and parent == _parent(cons.path)
+            and root.extra.get("depends") == cons.extra.get("depends")
+        )
     return False
 
 
 RULES: list[_Rule] = [
     (0, lambda f: f.code in DATA_ROOTS, _data_consequence),
     (1, is_nonfinite_fact, _nonfinite_consequence),
-    (2, lambda f: f.code == "model.ignores_input",
-     lambda r, c, i, j: c.code == "overfit.failed"),
+    (2, lambda f: f.code == "model.ignores_input", lambda r, c, i, j: c.code == "overfit.failed"),
     (3, lambda f: f.code in FROZEN_ROOTS, _frozen_consequence),
     (4, lambda f: f.code == "grad.missing", _missing_consequence),
 ]
@@ -212,8 +203,7 @@ def root_indices(findings: Sequence[Finding]) -> list[int | None]:
     for j, cons in enumerate(findings):
         preset = cons.caused_by
         if preset is not None:
-            match = [i for i, f in enumerate(findings)
-                     if i != j and f.code == preset.code and f.where == preset.where]
+            match = [i for i, f in enumerate(findings) if i != j and f.code == preset.code and f.where == preset.where]
             direct[j] = match[0] if match else None
             continue
         best: tuple[int, int] | None = None
@@ -227,6 +217,7 @@ def root_indices(findings: Sequence[Finding]) -> list[int | None]:
                     best = (priority, i)
                     break
         direct[j] = None if best is None else best[1]
+
     # resolve chains to the first root; a cycle (only possible through preset links) makes its members roots
     def resolve(j: int) -> int | None:
         seen, k = {j}, direct[j]

@@ -14,6 +14,7 @@ PACKAGES = ("jaxsane", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "eq
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple:
     from importlib import metadata
+
     found = []
     for name in PACKAGES:
         try:
@@ -21,6 +22,7 @@ def _versions() -> tuple:
         except metadata.PackageNotFoundError:
             if name == "jaxsane":
                 from .. import __version__
+
                 found.append((name, __version__))
     return tuple(found)
 
@@ -29,10 +31,15 @@ def environment() -> dict[str, Any]:
     """``{"versions": {package: version}, "backend", "devices": [...], "device_count", "process_count"}``
     (installed packages only; at most 8 devices by name)."""
     import jax
+
     devices = jax.devices()
-    return {"versions": dict(_versions()), "backend": jax.default_backend(),
-            "devices": [str(d) for d in devices[:8]] + ([f"... {len(devices) - 8} more"] if len(devices) > 8 else []),
-            "device_count": len(devices), "process_count": jax.process_count()}
+    return {
+        "versions": dict(_versions()),
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in devices[:8]] + ([f"... {len(devices) - 8} more"] if len(devices) > 8 else []),
+        "device_count": len(devices),
+        "process_count": jax.process_count(),
+    }
 
 
 def run_metadata(artifacts: dict) -> dict[str, Any]:

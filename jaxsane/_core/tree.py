@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,8 +49,7 @@ def finite_flags(tree: PyTree) -> jax.Array:
 
     Each inexact leaf costs one fused reduction; integer, bool and key leaves are skipped.
     """
-    flags = [jnp.all(jnp.isfinite(x)) if is_inexact(x) else jnp.asarray(True)
-             for x in jax.tree_util.tree_leaves(tree)]
+    flags = [jnp.all(jnp.isfinite(x)) if is_inexact(x) else jnp.asarray(True) for x in jax.tree_util.tree_leaves(tree)]
     if not flags:
         return jnp.ones((0,), bool)
     return jnp.stack(flags)
@@ -114,8 +114,9 @@ def explicit_sharding(x: Any) -> Any:
     """The sharding of ``x`` (a concrete array or a traced value) when it is typed over Explicit mesh
     axes (``jax.make_mesh``'s default), else None. Jit-safe."""
     try:
-        sharding = x.sharding if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) \
-            else jax.typeof(x).sharding
+        sharding = (
+            x.sharding if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else jax.typeof(x).sharding
+        )
     except (AttributeError, TypeError):
         return None
     mesh = getattr(sharding, "mesh", None)
@@ -147,10 +148,12 @@ def put_like(x: Any, tree: PyTree) -> jax.Array:
 def scale_selected(params: PyTree, scale: jax.Array, select: Callable[[str], bool]) -> PyTree:
     """``params`` with every float leaf whose path (``params['dense']['kernel']``) ``select`` accepts
     multiplied by ``scale`` (dtypes kept). Jit- and vmap-safe: the init-scale sweeps run it per configuration."""
+
     def f(path, x):
         if is_inexact(x) and select(path_str(path, "params")):
             return (x * scale).astype(x.dtype)
         return x
+
     return jax.tree_util.tree_map_with_path(f, params)
 
 

@@ -27,8 +27,7 @@ def show(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def message(fn: str, name: str, expected: str, value: Any, *, cause: str | None = None,
-            fix: str | None = None) -> str:
+def message(fn: str, name: str, expected: str, value: Any, *, cause: str | None = None, fix: str | None = None) -> str:
     """The four-part text for a bad ``fn(name=value)``: what, where, likely cause, fix."""
     msg = f"{fn}({name}=...): expected {expected}, got {show(value)}."
     if cause:
@@ -36,8 +35,9 @@ def message(fn: str, name: str, expected: str, value: Any, *, cause: str | None 
     return msg + f" Fix: {fix or f'pass {name}= ' + expected}."
 
 
-def fail(fn: str, name: str, expected: str, value: Any, *, cause: str | None = None,
-         fix: str | None = None) -> ArgumentError:
+def fail(
+    fn: str, name: str, expected: str, value: Any, *, cause: str | None = None, fix: str | None = None
+) -> ArgumentError:
     """The :class:`ArgumentError` for ``fn(name=value)`` (returned, so the caller writes ``raise``)."""
     return ArgumentError(message(fn, name, expected, value, cause=cause, fix=fix))
 
@@ -63,8 +63,16 @@ def _scalar_kind(value: Any) -> str:
     return getattr(dtype, "kind", "")
 
 
-def require_int(fn: str, name: str, value: Any, *, min: int | None = None, max: int | None = None,
-                optional: bool = False, fix: str | None = None) -> int | None:
+def require_int(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    optional: bool = False,
+    fix: str | None = None,
+) -> int | None:
     """``value`` as a Python int in ``[min, max]`` (None allowed when ``optional``). Not jit-safe."""
     if value is None and optional:
         return None
@@ -83,20 +91,34 @@ def require_int(fn: str, name: str, value: Any, *, min: int | None = None, max: 
     return value
 
 
-def require_float(fn: str, name: str, value: Any, *, min: float | None = None, max: float | None = None,
-                  positive: bool = False, optional: bool = False, fix: str | None = None) -> float | None:
+def require_float(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    positive: bool = False,
+    optional: bool = False,
+    fix: str | None = None,
+) -> float | None:
     """``value`` as a finite Python float in ``[min, max]`` (``> 0`` when ``positive``). Not jit-safe."""
     if value is None and optional:
         return None
     bounds = " > 0" if positive else _bounds(min, max)
     expected = f"a finite number{bounds}" + (" or None" if optional else "")
     if not _is_real(value):
-        cause = ("a number read from a config file or the command line was not converted"
-                 if isinstance(value, str) else None)
+        cause = (
+            "a number read from a config file or the command line was not converted" if isinstance(value, str) else None
+        )
         raise fail(fn, name, expected, value, cause=cause, fix=fix)
     value = float(value)
-    if (not math.isfinite(value) or (positive and value <= 0) or (min is not None and value < min)
-            or (max is not None and value > max)):
+    if (
+        not math.isfinite(value)
+        or (positive and value <= 0)
+        or (min is not None and value < min)
+        or (max is not None and value > max)
+    ):
         raise fail(fn, name, expected, value, cause="the value is out of range", fix=fix)
     return value
 
@@ -114,9 +136,15 @@ def _bounds(lo: float | None, hi: float | None) -> str:
 def require_bool(fn: str, name: str, value: Any) -> bool:
     """``value`` when it is a bool (numpy bools included). Not jit-safe."""
     if not isinstance(value, bool) and type(value).__name__ != "bool_":
-        raise fail(fn, name, "True or False", value,
-                   cause="a string such as 'false' is truthy, so it would silently mean True" if isinstance(value, str)
-                   else None)
+        raise fail(
+            fn,
+            name,
+            "True or False",
+            value,
+            cause="a string such as 'false' is truthy, so it would silently mean True"
+            if isinstance(value, str)
+            else None,
+        )
     return bool(value)
 
 
@@ -136,8 +164,9 @@ def require_choice(fn: str, name: str, value: Any, choices: Sequence[Any]) -> An
     except TypeError:  # unhashable or incomparable
         ok = False
     if not ok:
-        raise fail(fn, name, "one of " + ", ".join(map(repr, choices)), value,
-                   fix=f"pass {name}= one of {list(choices)}")
+        raise fail(
+            fn, name, "one of " + ", ".join(map(repr, choices)), value, fix=f"pass {name}= one of {list(choices)}"
+        )
     return value
 
 
@@ -147,25 +176,39 @@ def require_callable(fn: str, name: str, value: Any, *, signature: str = "", opt
         return None
     if not callable(value):
         what = "a callable" + (f" {signature}" if signature else "") + (" or None" if optional else "")
-        cause = ("the result of calling the function was passed instead of the function itself"
-                 if value is not None else "the argument was left out")
+        cause = (
+            "the result of calling the function was passed instead of the function itself"
+            if value is not None
+            else "the argument was left out"
+        )
         raise fail(fn, name, what, value, cause=cause, fix=f"pass the function itself, e.g. {name}=my_fn")
     return value
 
 
-def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_len: int = 1,
-                     min: float | None = None, optional: bool = False) -> list | None:
+def require_sequence(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    of: str = "number",
+    min_len: int = 1,
+    min: float | None = None,
+    optional: bool = False,
+) -> list | None:
     """``value`` as a list of ``of`` (``"number"``, ``"int"`` or ``"str"``) with at least ``min_len``
     items, each ``>= min`` when given; a str is refused (it would be iterated character by
     character). Not jit-safe."""
     if value is None and optional:
         return None
     each = f" >= {min}" if min is not None else ""
-    expected = (f"a non-empty sequence of {of}s" if min_len == 1 else f"a sequence of at least {min_len} {of}s")
+    expected = f"a non-empty sequence of {of}s" if min_len == 1 else f"a sequence of at least {min_len} {of}s"
     expected += each
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        cause = ("a str is iterated character by character; a comma-separated list was not split"
-                 if isinstance(value, str) else None)
+        cause = (
+            "a str is iterated character by character; a comma-separated list was not split"
+            if isinstance(value, str)
+            else None
+        )
         raise fail(fn, name, expected, value, cause=cause, fix=f"pass {name}=[...] (a list)")
     items = list(value)
     if len(items) < min_len:
@@ -174,7 +217,7 @@ def require_sequence(fn: str, name: str, value: Any, *, of: str = "number", min_
         if of == "str":
             ok = isinstance(item, str)
         else:
-            ok = (_is_int(item) if of == "int" else _is_real(item) and math.isfinite(float(item)))
+            ok = _is_int(item) if of == "int" else _is_real(item) and math.isfinite(float(item))
             ok = ok and (min is None or item >= min)
         if not ok:
             raise fail(fn, f"{name}[{i}]", f"a {of}{each}", item, fix=f"make every item of {name} a {of}{each}")
@@ -187,8 +230,13 @@ def require_count_or_list(fn: str, name: str, value: Any, *, of: str = "int") ->
     if _is_int(value):
         return require_int(fn, name, value, min=1)
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise fail(fn, name, f"an int >= 1 or a list of {of}s", value,
-                   fix=f"pass {name}=N (a count) or {name}=[...] (a list of {of}s)")
+        raise fail(
+            fn,
+            name,
+            f"an int >= 1 or a list of {of}s",
+            value,
+            fix=f"pass {name}=N (a count) or {name}=[...] (a list of {of}s)",
+        )
     return require_sequence(fn, name, value, of=of)
 
 
@@ -199,7 +247,8 @@ def require_same_rows(fn: str, name_a: str, a: Any, name_b: str, b: Any) -> None
         raise ArgumentError(
             f"{fn}: {name_a} has {na} examples but {name_b} has {nb} (leading axis). Likely cause: the two were "
             f"sliced or batched differently, or {name_b} belongs to another batch. Fix: pass one {name_b} per "
-            f"example of {name_a}.")
+            f"example of {name_a}."
+        )
 
 
 def _rows(x: Any) -> int | None:
@@ -219,15 +268,21 @@ def require_writable_file(fn: str, name: str, path: Any) -> str:
         raise fail(fn, name, "a non-empty file path", path)
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise ArgumentError(f"{fn}({name}={path!r}): the path is a directory, not a file. Fix: name a file "
-                            f"inside it, e.g. {os.path.join(path, 'report.html')!r}.")
+        raise ArgumentError(
+            f"{fn}({name}={path!r}): the path is a directory, not a file. Fix: name a file "
+            f"inside it, e.g. {os.path.join(path, 'report.html')!r}."
+        )
     if not os.path.isdir(parent):
-        raise ArgumentError(f"{fn}({name}={path!r}): the parent directory {parent!r} does not exist. Likely "
-                            "cause: a typo in the path, or the output directory was never created. Fix: create it "
-                            "first (os.makedirs(parent, exist_ok=True)) or choose an existing directory.")
+        raise ArgumentError(
+            f"{fn}({name}={path!r}): the parent directory {parent!r} does not exist. Likely "
+            "cause: a typo in the path, or the output directory was never created. Fix: create it "
+            "first (os.makedirs(parent, exist_ok=True)) or choose an existing directory."
+        )
     if not os.access(parent, os.W_OK):
-        raise ArgumentError(f"{fn}({name}={path!r}): the directory {parent!r} is not writable. Fix: choose a "
-                            "directory you can write to.")
+        raise ArgumentError(
+            f"{fn}({name}={path!r}): the directory {parent!r} is not writable. Fix: choose a "
+            "directory you can write to."
+        )
     return path
 
 
@@ -253,7 +308,7 @@ _WHY_NOT = {
 #: leave an unattended job waiting for input.
 ENV_ONLY_POLICIES = {
     "breakpoint": "open a post-mortem debugger (pdb) at the origin of the first non-finite step, in the user's own "
-                  "line, then raise NonFiniteError as 'raise' does",
+    "line, then raise NonFiniteError as 'raise' does",
 }
 
 
@@ -264,14 +319,18 @@ def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = Ar
         return value
     valid = "; ".join(f"{p!r}: {NONFINITE_POLICIES[p]}" for p in allowed)
     if isinstance(value, str) and value in ENV_ONLY_POLICIES:
-        cause = (f"{value!r} is taken only from the environment, {ON_NONFINITE_ENV}={value} (for one interactive "
-                 "run: written into the code, a debugger stop would leave an unattended job waiting for input)")
+        cause = (
+            f"{value!r} is taken only from the environment, {ON_NONFINITE_ENV}={value} (for one interactive "
+            "run: written into the code, a debugger stop would leave an unattended job waiting for input)"
+        )
     elif isinstance(value, str) and value in _WHY_NOT:
         cause = f"{value!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[value]}"
     else:
         cause = "a misspelt policy" if isinstance(value, str) else "a flag or a number was passed instead of a policy"
-    raise error(f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
-                f"Likely cause: {cause}. Fix: pass one of them ({valid}).")
+    raise error(
+        f"on_nonfinite must be one of {', '.join(map(repr, allowed))} in {fn}(...), got {show(value)}. "
+        f"Likely cause: {cause}. Fix: pass one of them ({valid})."
+    )
 
 
 #: Overrides guard's ``on_nonfinite`` without code changes (as ``EQX_ON_ERROR`` does for equinox), e.g.
@@ -280,8 +339,9 @@ def require_policy(fn: str, value: Any, allowed: Sequence[str], error: type = Ar
 ON_NONFINITE_ENV = "JAXSANE_ON_NONFINITE"
 
 
-def policy_from_env(fn: str, value: str, allowed: Sequence[str], error: type = ArgumentError,
-                    env_only: Sequence[str] = ()) -> str:
+def policy_from_env(
+    fn: str, value: str, allowed: Sequence[str], error: type = ArgumentError, env_only: Sequence[str] = ()
+) -> str:
     """``$JAXSANE_ON_NONFINITE`` when it is set and not empty, else ``value`` (the ``on_nonfinite=`` argument).
 
     Read when the step is wrapped, so a change of the variable later does not change a wrapped step.
@@ -299,9 +359,15 @@ def policy_from_env(fn: str, value: str, allowed: Sequence[str], error: type = A
     valid = ", ".join(map(repr, (*allowed, *env_only)))
     unset = f"set {ON_NONFINITE_ENV} to one of {valid}, or unset it to use the on_nonfinite= argument ({value!r})"
     if setting not in allowed:
-        cause = (f"{setting!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[setting]}"
-                 if setting in _WHY_NOT else
-                 f"{fn} does not stop in a debugger" if setting in ENV_ONLY_POLICIES else "a misspelt policy")
-        raise error(f"{ON_NONFINITE_ENV}={setting!r} is not a policy of {fn} (valid: {valid}). "
-                    f"Likely cause: {cause}. Fix: {unset}.")
+        cause = (
+            f"{setting!r} is another tool's policy, and {fn} cannot carry it out: {_WHY_NOT[setting]}"
+            if setting in _WHY_NOT
+            else f"{fn} does not stop in a debugger"
+            if setting in ENV_ONLY_POLICIES
+            else "a misspelt policy"
+        )
+        raise error(
+            f"{ON_NONFINITE_ENV}={setting!r} is not a policy of {fn} (valid: {valid}). "
+            f"Likely cause: {cause}. Fix: {unset}."
+        )
     return setting

@@ -21,30 +21,46 @@ Nothing here runs inside ``jit``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
+from .._core.diagnosis import Diagnosis
+from .._core.errors import DataError
+from .._core.finding import Finding
+from .._core.validate import require_bool, require_callable, require_float, require_int
 from .._jaxpr.compile_level import quick_jit
 from .findings import compare_splits, split_findings
 from .match import find_duplicates, find_leakage
 from .scan import scan_split
 from .split import Split
-from .._core.errors import DataError
-from .._core.finding import Diagnosis, Finding
-from .._core.validate import require_bool, require_callable, require_float, require_int
-
 
 # ----------------------------------------------------------------------------- the check
 
-def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
-               inputs: Any = None, labels: Any = None, mask: Any = None,
-               apply: Callable | None = None, params: Any = None, max_batches: int | None = None,
-               max_imbalance_ratio: float = 10.0, max_duplicate_fraction: float = 0.0,
-               max_leakage_fraction: float = 0.0, scale_range: tuple[float, float] = (1e-2, 10.0),
-               integer_features: bool | None = None, max_indices: int = 5, apply_examples: int = 4,
-               chunk_bytes: int = 1 << 24, outlier_ratio: float = 100.0) -> Diagnosis:
+
+def check_data(
+    train: Any,
+    eval: Any = None,
+    *,
+    num_classes: int | None = None,
+    inputs: Any = None,
+    labels: Any = None,
+    mask: Any = None,
+    apply: Callable | None = None,
+    params: Any = None,
+    max_batches: int | None = None,
+    max_imbalance_ratio: float = 10.0,
+    max_duplicate_fraction: float = 0.0,
+    max_leakage_fraction: float = 0.0,
+    scale_range: tuple[float, float] = (1e-2, 10.0),
+    integer_features: bool | None = None,
+    max_indices: int = 5,
+    apply_examples: int = 4,
+    chunk_bytes: int = 1 << 24,
+    outlier_ratio: float = 100.0,
+) -> Diagnosis:
     """Check training (and evaluation) data before the model ever sees it.
 
     Each split is read once, in row chunks, with bounded memory (16 bytes per example for the
@@ -138,27 +154,45 @@ def check_data(train: Any, eval: Any = None, *, num_classes: int | None = None,
     max_batches = require_int(fn, "max_batches", max_batches, min=1, optional=True)
     for name, handle in (("inputs", inputs), ("labels", labels), ("mask", mask)):
         if not (handle is None or isinstance(handle, str) or callable(handle)):
-            raise DataError(f"check_data({name}=...): expected a function batch -> array, a dict key (str) or "
-                            f"None, got {type(handle).__name__} {handle!r:.60}. Fix: pass {name}='key' or "
-                            f"{name}=lambda batch: ....")
+            raise DataError(
+                f"check_data({name}=...): expected a function batch -> array, a dict key (str) or "
+                f"None, got {type(handle).__name__} {handle!r:.60}. Fix: pass {name}='key' or "
+                f"{name}=lambda batch: ...."
+            )
     require_callable(fn, "apply", apply, signature="(params, inputs) -> predictions", optional=True)
     require_float(fn, "max_imbalance_ratio", max_imbalance_ratio, min=1.0)
     require_float(fn, "max_duplicate_fraction", max_duplicate_fraction, min=0.0, max=1.0)
     require_float(fn, "max_leakage_fraction", max_leakage_fraction, min=0.0, max=1.0)
     require_float(fn, "outlier_ratio", outlier_ratio, min=1.0)
-    if (isinstance(scale_range, (str, bytes)) or not hasattr(scale_range, "__len__") or len(scale_range) != 2
-            or not all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-                       for v in scale_range) or not 0 <= scale_range[0] < scale_range[1]):
-        raise DataError(f"check_data(scale_range=...): expected (low, high) with 0 <= low < high, got "
-                        f"{scale_range!r:.60}. Fix: pass e.g. scale_range=(1e-2, 10.0).")
+    if (
+        isinstance(scale_range, (str, bytes))
+        or not hasattr(scale_range, "__len__")
+        or len(scale_range) != 2
+        or not all(
+            isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) for v in scale_range
+        )
+        or not 0 <= scale_range[0] < scale_range[1]
+    ):
+        raise DataError(
+            f"check_data(scale_range=...): expected (low, high) with 0 <= low < high, got "
+            f"{scale_range!r:.60}. Fix: pass e.g. scale_range=(1e-2, 10.0)."
+        )
     if integer_features is not None:
         require_bool(fn, "integer_features", integer_features)
     max_indices = require_int(fn, "max_indices", max_indices, min=0)
     apply_examples = require_int(fn, "apply_examples", apply_examples, min=1)
     chunk_bytes = require_int(fn, "chunk_bytes", chunk_bytes, min=1)
-    opts = dict(num_classes=None if num_classes is None else int(num_classes), inputs=inputs, labels=labels,
-                mask=mask, integer_features=integer_features, chunk_bytes=chunk_bytes,
-                apply=apply, params=params, apply_examples=apply_examples)
+    opts = dict(
+        num_classes=None if num_classes is None else int(num_classes),
+        inputs=inputs,
+        labels=labels,
+        mask=mask,
+        integer_features=integer_features,
+        chunk_bytes=chunk_bytes,
+        apply=apply,
+        params=params,
+        apply_examples=apply_examples,
+    )
     diagnosis = Diagnosis(name="data")
     findings: list[Finding] = []
     train_split = scan_split(train, "train", max_batches, max_indices, opts, findings)
@@ -187,13 +221,19 @@ def _summary(split: Split) -> dict[str, Any]:
     for path, st in split.stats.items():
         if st.n:
             mean = st.s / st.n
-            out["inputs"][path] = {"dtype": str(st.dtype), "min": st.lo, "max": st.hi, "mean": mean,
-                                   "std": math.sqrt(max(st.ss / st.n - mean * mean, 0.0))}
+            out["inputs"][path] = {
+                "dtype": str(st.dtype),
+                "min": st.lo,
+                "max": st.hi,
+                "mean": mean,
+                "std": math.sqrt(max(st.ss / st.n - mean * mean, 0.0)),
+            }
     return out
 
 
-def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, params: Any,
-                           splits: dict[str, Any], max_batches: int = 20) -> list[Finding]:
+def judge_masked_nonfinite(
+    findings: list[Finding], loss: Callable | None, params: Any, splits: dict[str, Any], max_batches: int = 20
+) -> list[Finding]:
     """Demote ``nonfinite.input`` to ``data.masked_nonfinite`` (info) where the loss masks the NaNs.
 
     Data sets mark missing labels with NaN (OGB style) and the loss masks them out. For each split
@@ -208,8 +248,9 @@ def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, param
         return findings
     masked: set[str] = set()
     for what, data in splits.items():
-        if data is None or not any(f.code == "nonfinite.input" and str(f.path or "").startswith(what)
-                                   for f in findings):
+        if data is None or not any(
+            f.code == "nonfinite.input" and str(f.path or "").startswith(what) for f in findings
+        ):
             continue
         try:
             batch = next((b for b in iter_batches(data, max_batches, what) if _holds_nonfinite(b)), None)
@@ -222,14 +263,21 @@ def judge_masked_nonfinite(findings: list[Finding], loss: Callable | None, param
     for f in findings:
         split = str(f.path or "").split(" ", 1)[0]
         if f.code == "nonfinite.input" and split in masked:
-            f = Finding("data.masked_nonfinite", f"{f.message}; the loss at init is finite on them, so the loss "
-                        "masks them (e.g. NaN marking missing labels)", "nothing to do if that is intended; "
-                        "guard reports such values only when an output of the step goes non-finite",
-                        path=f.path, extra=dict(f.extra or {}))
+            f = Finding(
+                "data.masked_nonfinite",
+                f"{f.message}; the loss at init is finite on them, so the loss "
+                "masks them (e.g. NaN marking missing labels)",
+                "nothing to do if that is intended; "
+                "guard reports such values only when an output of the step goes non-finite",
+                path=f.path,
+                extra=dict(f.extra or {}),
+            )
         out.append(f)
     return out
 
 
 def _holds_nonfinite(batch: Any) -> bool:
-    return any(np.asarray(x).dtype.kind in "fc" and not np.isfinite(np.asarray(x)).all()
-               for x in jax.tree_util.tree_leaves(batch))
+    return any(
+        np.asarray(x).dtype.kind in "fc" and not np.isfinite(np.asarray(x)).all()
+        for x in jax.tree_util.tree_leaves(batch)
+    )

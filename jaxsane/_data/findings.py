@@ -14,23 +14,30 @@ import math
 import jax
 import numpy as np
 
-from .split import Flags, Split, is_feature
 from .._core.finding import Finding
+from .split import Flags, Split, is_feature
 
 
 def compare_splits(train: Split, eval_: Split) -> list[Finding]:
     """``data.shape`` when train and eval inputs (or labels) differ in structure, per-example shape or
     dtype: a model fitted to one cannot be evaluated on the other."""
     out: list[Finding] = []
-    for what, a, b in (("inputs", train.input_signature, eval_.input_signature),
-                       ("labels", train.label_signature, eval_.label_signature)):
+    for what, a, b in (
+        ("inputs", train.input_signature, eval_.input_signature),
+        ("labels", train.label_signature, eval_.label_signature),
+    ):
         if a is None or b is None or a == b:
             continue
         if [p for p, _, _ in a] != [p for p, _, _ in b]:
-            out.append(Finding("data.shape", f"the eval {what} have leaves {[p for p, _, _ in b]} but the train "
-                               f"{what} have {[p for p, _, _ in a]}",
-                               f"give both splits the same {what} structure (same keys, same order)",
-                               path=f"eval {what}"))
+            out.append(
+                Finding(
+                    "data.shape",
+                    f"the eval {what} have leaves {[p for p, _, _ in b]} but the train "
+                    f"{what} have {[p for p, _, _ in a]}",
+                    f"give both splits the same {what} structure (same keys, same order)",
+                    path=f"eval {what}",
+                )
+            )
             continue
         for (p, sa, da), (_, sb, db) in zip(a, b):
             if (sa, da) == (sb, db):
@@ -41,14 +48,25 @@ def compare_splits(train: Split, eval_: Split) -> list[Finding]:
             if width_only and not jax.config.jax_enable_x64:
                 continue  # jax canonicalises both to 32 bits: the same program runs on both splits
             severity = "warning" if (padded_length or width_only) else "error"
-            why = ("each new length recompiles the jitted eval step" if padded_length else
-                   "the eval runs at another precision and recompiles" if width_only else
-                   "a model fitted to the train shape cannot run, or silently broadcasts, on the eval shape")
-            out.append(Finding("data.shape", f"eval {what} {p} has per-example shape {sb} dtype {db} but train "
-                               f"{what} {p} has shape {sa} dtype {da}: {why}",
-                               "load both splits with the same preprocessing (same feature columns, resize, "
-                               "padding length and dtype cast)", path=f"eval {p}", severity=severity,
-                               extra={"train": [list(sa), str(da)], "eval": [list(sb), str(db)]}))
+            why = (
+                "each new length recompiles the jitted eval step"
+                if padded_length
+                else "the eval runs at another precision and recompiles"
+                if width_only
+                else "a model fitted to the train shape cannot run, or silently broadcasts, on the eval shape"
+            )
+            out.append(
+                Finding(
+                    "data.shape",
+                    f"eval {what} {p} has per-example shape {sb} dtype {db} but train "
+                    f"{what} {p} has shape {sa} dtype {da}: {why}",
+                    "load both splits with the same preprocessing (same feature columns, resize, "
+                    "padding length and dtype cast)",
+                    path=f"eval {p}",
+                    severity=severity,
+                    extra={"train": [list(sa), str(da)], "eval": [list(sb), str(db)]},
+                )
+            )
             break  # one finding per kind of leaf is enough to point at the preprocessing
     return out
 
@@ -79,153 +97,294 @@ def _outliers(split: Split, ratio: float) -> list[Finding]:
             continue
         idx = np.flatnonzero(flags)
         top = idx[np.argsort(-scale[idx], kind="stable")][: split.k]
-        out.append(Finding("data.outliers", f"{count} of {split.rows} {split.what} examples have values in {path} "
-                           f"more than {ratio:g}x the typical row's scale (max |value| up to {float(scale[idx].max()):.4g} "
-                           f"against a median row max of {median:.3g}; first indices {idx[: split.k].tolist()}, "
-                           f"largest at {top.tolist()})",
-                           "inspect these rows: a unit or scaling error, a sentinel value (e.g. -9999 for missing), "
-                           "or corrupt records; clip, fix or drop them. A few such rows can overflow the loss "
-                           "(NaN) only when a batch first draws them", severity="warning", path=f"{split.what} {path}",
-                           extra={"count": count, "indices": idx[: split.k].tolist(), "median_scale": median,
-                                  "max_scale": float(scale[idx].max())}))
+        out.append(
+            Finding(
+                "data.outliers",
+                f"{count} of {split.rows} {split.what} examples have values in {path} "
+                f"more than {ratio:g}x the typical row's scale (max |value| up to {float(scale[idx].max()):.4g} "
+                f"against a median row max of {median:.3g}; first indices {idx[: split.k].tolist()}, "
+                f"largest at {top.tolist()})",
+                "inspect these rows: a unit or scaling error, a sentinel value (e.g. -9999 for missing), "
+                "or corrupt records; clip, fix or drop them. A few such rows can overflow the loss "
+                "(NaN) only when a batch first draws them",
+                severity="warning",
+                path=f"{split.what} {path}",
+                extra={
+                    "count": count,
+                    "indices": idx[: split.k].tolist(),
+                    "median_scale": median,
+                    "max_scale": float(scale[idx].max()),
+                },
+            )
+        )
     return out
 
 
-def split_findings(split: Split, opts: dict, max_ratio: float, scale_range: tuple[float, float],
-                    outlier_ratio: float = 100.0) -> list[Finding]:
+def split_findings(
+    split: Split, opts: dict, max_ratio: float, scale_range: tuple[float, float], outlier_ratio: float = 100.0
+) -> list[Finding]:
     """The findings of one scanned split (see the module docstring). Not jit-safe."""
     out: list[Finding] = []
     w, C = split.what, opts["num_classes"]
     n = split.rows
     if split.partial:
-        out.append(Finding("data.partial", f"the {w} stream has more than {split.batches} batches; only these "
-                           f"first {split.batches} batches ({n} examples) were checked",
-                           "pass check_data(max_batches=N) to read more (or fewer) batches",
-                           severity="info", path=w, extra={"batches": split.batches, "rows": n}))
+        out.append(
+            Finding(
+                "data.partial",
+                f"the {w} stream has more than {split.batches} batches; only these "
+                f"first {split.batches} batches ({n} examples) were checked",
+                "pass check_data(max_batches=N) to read more (or fewer) batches",
+                severity="info",
+                path=w,
+                extra={"batches": split.batches, "rows": n},
+            )
+        )
     if n == 0:
-        out.append(Finding("data.empty", f"the {w} split has 0 examples ({split.batches} batch(es), every one with "
-                           "a leading axis of size 0)", "check the filter, split or shard that produced it; an "
-                           "empty split makes every mean a 0/0 NaN", path=w))
+        out.append(
+            Finding(
+                "data.empty",
+                f"the {w} split has 0 examples ({split.batches} batch(es), every one with a leading axis of size 0)",
+                "check the filter, split or shard that produced it; an empty split makes every mean a 0/0 NaN",
+                path=w,
+            )
+        )
         return out
     if split.empty_batches.count:
-        out.append(Finding("data.empty", f"{split.empty_batches.count} {w} batches have 0 examples (batches "
-                           f"{split.empty_batches.first}): a mean over them is 0/0 = NaN",
-                           "drop empty batches (or the filter/shard that empties them) before the step",
-                           severity="warning", path=w, extra={"batches": split.empty_batches.first}))
+        out.append(
+            Finding(
+                "data.empty",
+                f"{split.empty_batches.count} {w} batches have 0 examples (batches "
+                f"{split.empty_batches.first}): a mean over them is 0/0 = NaN",
+                "drop empty batches (or the filter/shard that empties them) before the step",
+                severity="warning",
+                path=w,
+                extra={"batches": split.empty_batches.first},
+            )
+        )
     if split.shape_errors.count:
-        out.append(Finding("data.shape", f"{split.shape_errors.count} {w} batches change per-example shape/dtype: "
-                           f"{split.shape_detail} (batches {split.shape_errors.first})",
-                           "make every batch the same structure, per-example shape and dtype (cast, pad)",
-                           path=w, extra={"batches": split.shape_errors.first}))
+        out.append(
+            Finding(
+                "data.shape",
+                f"{split.shape_errors.count} {w} batches change per-example shape/dtype: "
+                f"{split.shape_detail} (batches {split.shape_errors.first})",
+                "make every batch the same structure, per-example shape and dtype (cast, pad)",
+                path=w,
+                extra={"batches": split.shape_errors.first},
+            )
+        )
     if split.shape_warnings.count:
-        out.append(Finding("data.shape", f"{split.shape_warnings.count} {w} batches change a per-example size: "
-                           f"{split.shape_warning_detail} (batches {split.shape_warnings.first}); each new shape "
-                           "recompiles the jitted step", "pad to one fixed length (or a few bucket lengths)",
-                           severity="warning", path=w))
+        out.append(
+            Finding(
+                "data.shape",
+                f"{split.shape_warnings.count} {w} batches change a per-example size: "
+                f"{split.shape_warning_detail} (batches {split.shape_warnings.first}); each new shape "
+                "recompiles the jitted step",
+                "pad to one fixed length (or a few bucket lengths)",
+                severity="warning",
+                path=w,
+            )
+        )
     for path, fl in split.nonfinite.items():
-        out.append(Finding("nonfinite.input", f"{fl.count} of {n} {w} examples hold NaN/Inf in {path} "
-                           f"({_idx(fl)})", "drop or repair these rows in the data pipeline (check for division by "
-                           "zero or missing values before normalisation)", path=f"{w} {path}",
-                           extra={"count": fl.count, "indices": fl.first}))
+        out.append(
+            Finding(
+                "nonfinite.input",
+                f"{fl.count} of {n} {w} examples hold NaN/Inf in {path} ({_idx(fl)})",
+                "drop or repair these rows in the data pipeline (check for division by "
+                "zero or missing values before normalisation)",
+                path=f"{w} {path}",
+                extra={"count": fl.count, "indices": fl.first},
+            )
+        )
     if split.label_bad.count:
         rng = f"[0, {C})" if C is not None else "the non-negative integers"
-        out.append(Finding("data.label_range", f"{split.label_bad.count} of {n} {w} examples have labels outside "
-                           f"{rng} (offending values from {split.label_lo} to {split.label_hi}; "
-                           f"{_idx(split.label_bad)})",
-                           "labels must be 0..num_classes-1: fix 1-based labels (y - 1), an ignore index such as "
-                           "-100 (mask it instead), or num_classes", path=f"{w} labels",
-                           extra={"count": split.label_bad.count, "indices": split.label_bad.first}))
+        out.append(
+            Finding(
+                "data.label_range",
+                f"{split.label_bad.count} of {n} {w} examples have labels outside "
+                f"{rng} (offending values from {split.label_lo} to {split.label_hi}; "
+                f"{_idx(split.label_bad)})",
+                "labels must be 0..num_classes-1: fix 1-based labels (y - 1), an ignore index such as "
+                "-100 (mask it instead), or num_classes",
+                path=f"{w} labels",
+                extra={"count": split.label_bad.count, "indices": split.label_bad.first},
+            )
+        )
     if split.label_float.count:
-        out.append(Finding("data.label_range", f"{w} labels have float dtype {split.label_dtype} although "
-                           f"num_classes={C} (all {split.label_float.count} examples): class labels should be "
-                           "integer ids", "cast them with labels.astype(np.int32) (and use integer-label cross "
-                           "entropy), or pass one-hot labels of shape (B, num_classes)", path=f"{w} labels",
-                           extra={"count": split.label_float.count}))
+        out.append(
+            Finding(
+                "data.label_range",
+                f"{w} labels have float dtype {split.label_dtype} although "
+                f"num_classes={C} (all {split.label_float.count} examples): class labels should be "
+                "integer ids",
+                "cast them with labels.astype(np.int32) (and use integer-label cross "
+                "entropy), or pass one-hot labels of shape (B, num_classes)",
+                path=f"{w} labels",
+                extra={"count": split.label_float.count},
+            )
+        )
     if split.label_soft_bad.count:
-        out.append(Finding("data.label_range", f"{split.label_soft_bad.count} of {n} {w} examples have one-hot/soft "
-                           f"labels outside [0, 1] ({_idx(split.label_soft_bad)})",
-                           "soft labels are probabilities: check the label smoothing / one-hot encoding",
-                           path=f"{w} labels"))
+        out.append(
+            Finding(
+                "data.label_range",
+                f"{split.label_soft_bad.count} of {n} {w} examples have one-hot/soft "
+                f"labels outside [0, 1] ({_idx(split.label_soft_bad)})",
+                "soft labels are probabilities: check the label smoothing / one-hot encoding",
+                path=f"{w} labels",
+            )
+        )
     if split.label_column is not None and opts["apply"] is None:
-        out.append(Finding("data.shape", f"{w} class-id labels have shape {split.label_column} (a trailing axis of "
-                           "1): against (B,) predictions or per-example losses they silently broadcast to (B, B)",
-                           "squeeze them to shape (B,) (labels[:, 0]); pass apply= to compare with the model's "
-                           "predictions", path=f"{w} labels", extra={"shape": split.label_column}))
+        out.append(
+            Finding(
+                "data.shape",
+                f"{w} class-id labels have shape {split.label_column} (a trailing axis of "
+                "1): against (B,) predictions or per-example losses they silently broadcast to (B, B)",
+                "squeeze them to shape (B,) (labels[:, 0]); pass apply= to compare with the model's predictions",
+                path=f"{w} labels",
+                extra={"shape": split.label_column},
+            )
+        )
     counts = split.class_counts
     if counts.size >= 2 or (C is not None and C >= 2 and counts.size):
         present = counts[counts > 0]
         missing = np.flatnonzero(counts == 0)
         ratio = float(present.max() / present.min()) if present.size else math.inf
         if missing.size and C is not None:
-            out.append(Finding("data.imbalance", f"{missing.size} of {C} classes never occur in the {w} labels "
-                               f"(classes {_first(missing, split.k)}; {counts.sum()} labelled examples)",
-                               "check the label mapping and num_classes, or stratify the split",
-                               path=f"{w} labels", extra={"class_counts": counts.tolist()}))
+            out.append(
+                Finding(
+                    "data.imbalance",
+                    f"{missing.size} of {C} classes never occur in the {w} labels "
+                    f"(classes {_first(missing, split.k)}; {counts.sum()} labelled examples)",
+                    "check the label mapping and num_classes, or stratify the split",
+                    path=f"{w} labels",
+                    extra={"class_counts": counts.tolist()},
+                )
+            )
         elif ratio > max_ratio:
-            big, small = int(np.argmax(np.where(counts > 0, counts, -1))), int(np.argmin(np.where(counts > 0, counts,
-                                                                                           np.iinfo(np.int64).max)))
-            out.append(Finding("data.imbalance", f"{w} class frequencies are skewed {ratio:.1f}:1 (class {big}: "
-                               f"{counts[big]} examples, class {small}: {counts[small]} of {counts.sum()}; "
-                               f"threshold {max_ratio:g}:1)",
-                               "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
-                               path=f"{w} labels", extra={"class_counts": counts.tolist(), "ratio": ratio}))
+            big, small = (
+                int(np.argmax(np.where(counts > 0, counts, -1))),
+                int(np.argmin(np.where(counts > 0, counts, np.iinfo(np.int64).max))),
+            )
+            out.append(
+                Finding(
+                    "data.imbalance",
+                    f"{w} class frequencies are skewed {ratio:.1f}:1 (class {big}: "
+                    f"{counts[big]} examples, class {small}: {counts[small]} of {counts.sum()}; "
+                    f"threshold {max_ratio:g}:1)",
+                    "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
+                    path=f"{w} labels",
+                    extra={"class_counts": counts.tolist(), "ratio": ratio},
+                )
+            )
     if split.epoch is not None:
-        out.append(Finding("data.epoch", f"the {w} stream starts over after {split.epoch} examples (rows "
-                           f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
-                           "repeat is an epoch boundary, not duplicated data", "-", severity="info", path=w,
-                           extra={"epoch_rows": split.epoch}))
+        out.append(
+            Finding(
+                "data.epoch",
+                f"the {w} stream starts over after {split.epoch} examples (rows "
+                f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
+                "repeat is an epoch boundary, not duplicated data",
+                "-",
+                severity="info",
+                path=w,
+                extra={"epoch_rows": split.epoch},
+            )
+        )
     if split.seq_rows:
         for flags, what, fix in (
-                (split.seq_same, "equal the inputs at every position (next-token targets not shifted: the model "
-                 "is trained to copy its input)", "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] "
-                 "(and the mask likewise)"),
-                (split.seq_lag, "equal the inputs one position late (targets[:, 1:] == inputs[:, :-1]: shifted "
-                 "the wrong way, the model is trained to predict the previous token)",
-                 "shift the other way: inputs = tokens[:, :-1], targets = tokens[:, 1:]")):
+            (
+                split.seq_same,
+                "equal the inputs at every position (next-token targets not shifted: the model "
+                "is trained to copy its input)",
+                "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] (and the mask likewise)",
+            ),
+            (
+                split.seq_lag,
+                "equal the inputs one position late (targets[:, 1:] == inputs[:, :-1]: shifted "
+                "the wrong way, the model is trained to predict the previous token)",
+                "shift the other way: inputs = tokens[:, :-1], targets = tokens[:, 1:]",
+            ),
+        ):
             if flags.count and flags.count * 2 >= split.seq_rows:
-                out.append(Finding("data.unshifted_targets", f"{flags.count} of {split.seq_rows} {w} token "
-                                   f"sequences have targets that {what} ({_idx(flags)})", fix,
-                                   path=f"{w} labels", extra={"count": flags.count, "indices": flags.first,
-                                                              "rows_compared": split.seq_rows}))
+                out.append(
+                    Finding(
+                        "data.unshifted_targets",
+                        f"{flags.count} of {split.seq_rows} {w} token "
+                        f"sequences have targets that {what} ({_idx(flags)})",
+                        fix,
+                        path=f"{w} labels",
+                        extra={"count": flags.count, "indices": flags.first, "rows_compared": split.seq_rows},
+                    )
+                )
     if split.padding_rows.count:
-        out.append(Finding("data.all_padding", f"{split.padding_rows.count} of {n} {w} examples are all padding "
-                           f"(mask all zero; {_idx(split.padding_rows)})",
-                           "drop empty sequences before batching; check the tokenizer, truncation and packing",
-                           path=f"{w} mask", extra={"count": split.padding_rows.count,
-                                                    "indices": split.padding_rows.first}))
+        out.append(
+            Finding(
+                "data.all_padding",
+                f"{split.padding_rows.count} of {n} {w} examples are all padding "
+                f"(mask all zero; {_idx(split.padding_rows)})",
+                "drop empty sequences before batching; check the tokenizer, truncation and packing",
+                path=f"{w} mask",
+                extra={"count": split.padding_rows.count, "indices": split.padding_rows.first},
+            )
+        )
     if split.padding_batches.count:
-        out.append(Finding("data.all_padding", f"{split.padding_batches.count} {w} batches are entirely padding "
-                           f"(mask all zero; batches {split.padding_batches.first}): they train on nothing and "
-                           "make a masked mean 0/0", "drop empty batches; check the mask polarity (1 = real token)",
-                           path=f"{w} mask"))
+        out.append(
+            Finding(
+                "data.all_padding",
+                f"{split.padding_batches.count} {w} batches are entirely padding "
+                f"(mask all zero; batches {split.padding_batches.first}): they train on nothing and "
+                "make a masked mean 0/0",
+                "drop empty batches; check the mask polarity (1 = real token)",
+                path=f"{w} mask",
+            )
+        )
     outliers = _outliers(split, outlier_ratio)
     outlier_paths = {f.path for f in outliers}
     for path, st in split.stats.items():
         if st.lo == math.inf:
             continue
         if st.lo == st.hi and n > 1:
-            out.append(Finding("data.constant", f"every {w} input in {path} is the same value {st.lo:g} "
-                               f"(all {n} examples)", "the loader returns a placeholder (zeros?): check the "
-                               "decoding and preprocessing", path=f"{w} {path}"))
+            out.append(
+                Finding(
+                    "data.constant",
+                    f"every {w} input in {path} is the same value {st.lo:g} (all {n} examples)",
+                    "the loader returns a placeholder (zeros?): check the decoding and preprocessing",
+                    path=f"{w} {path}",
+                )
+            )
             continue
         if st.dtype.kind in "iu" and is_feature(st.dtype, opts["integer_features"]) and st.hi > 1:
-            out.append(Finding("data.unnormalized", f"{w} {path} is raw {st.dtype} in [{st.lo:g}, {st.hi:g}] fed as "
-                               f"features (all {n} examples)", f"scale it to floats: x.astype(np.float32) / "
-                               f"{st.hi:g} (or standardise to zero mean, unit variance)", path=f"{w} {path}"))
+            out.append(
+                Finding(
+                    "data.unnormalized",
+                    f"{w} {path} is raw {st.dtype} in [{st.lo:g}, {st.hi:g}] fed as features (all {n} examples)",
+                    f"scale it to floats: x.astype(np.float32) / "
+                    f"{st.hi:g} (or standardise to zero mean, unit variance)",
+                    path=f"{w} {path}",
+                )
+            )
         elif st.dtype.kind in "fc" and st.n:
             mean = st.s / st.n
             std = math.sqrt(max(st.ss / st.n - mean * mean, 0.0))
             rms = math.sqrt(max(st.ss / st.n, 0.0))
             if not (scale_range[0] <= rms <= scale_range[1]) and f"{w} {path}" not in outlier_paths:
-                out.append(Finding("data.unnormalized", f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
-                                   f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
-                                   "standardise the inputs ((x - mean) / std over the train split) or scale pixels "
-                                   "once by 1/255", path=f"{w} {path}",
-                                   extra={"mean": mean, "std": std}))
+                out.append(
+                    Finding(
+                        "data.unnormalized",
+                        f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
+                        f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
+                        "standardise the inputs ((x - mean) / std over the train split) or scale pixels once by 1/255",
+                        path=f"{w} {path}",
+                        extra={"mean": mean, "std": std},
+                    )
+                )
     out += outliers  # their rows inflate the RMS: data.unnormalized is not reported beside them
     if split.constant_batches.count:
-        out.append(Finding("data.constant", f"{split.constant_batches.count} of {split.batches} {w} batches have "
-                           f"constant inputs (one value throughout; batches {split.constant_batches.first})",
-                           "the loader returns a placeholder batch: check decoding, augmentation and the end of "
-                           "the stream", path=f"{w} inputs"))
+        out.append(
+            Finding(
+                "data.constant",
+                f"{split.constant_batches.count} of {split.batches} {w} batches have "
+                f"constant inputs (one value throughout; batches {split.constant_batches.first})",
+                "the loader returns a placeholder batch: check decoding, augmentation and the end of the stream",
+                path=f"{w} inputs",
+            )
+        )
     return out

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from .read import apply_handle, host_array, named_leaves, take_rows
-from .split import Split
-from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
 from .._core.finding import Finding
+from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
+from .read import apply_handle, host_array, named_leaves, take_rows
 from .row_hash import U64 as _U64
+from .split import Split
 
 
 def _hashes(split: Split) -> tuple[np.ndarray, np.ndarray]:
@@ -32,18 +32,18 @@ def _confirm(a: Split, ia: np.ndarray, b: Split, ib: np.ndarray, opts_inputs: An
         return None
     same = np.ones(len(ia), bool)
     for s in range(0, len(ia), 4096):
-        ra = apply_handle(take_rows(a.memory, ia[s:s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", a.what, True)
-        rb = apply_handle(take_rows(b.memory, ib[s:s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", b.what, True)
+        ra = apply_handle(take_rows(a.memory, ia[s : s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", a.what, True)
+        rb = apply_handle(take_rows(b.memory, ib[s : s + 4096]), opts_inputs, _INPUT_KEYS, 0, "inputs", b.what, True)
         for (_, la), (_, lb) in zip(named_leaves(ra, ""), named_leaves(rb, "")):
             la, lb = host_array(la), host_array(lb)
             if la.ndim == 0:
                 continue
             if la.dtype != lb.dtype or la.shape[1:] != lb.shape[1:]:
-                same[s:s + 4096] = False
+                same[s : s + 4096] = False
                 continue
             ua = np.ascontiguousarray(la).reshape(len(la), -1).view(np.uint8)
             ub = np.ascontiguousarray(lb).reshape(len(lb), -1).view(np.uint8)
-            same[s:s + 4096] &= (ua == ub).all(axis=1)
+            same[s : s + 4096] &= (ua == ub).all(axis=1)
     return same
 
 
@@ -76,12 +76,17 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
         return [], (hs, isorted)
     how = "exact content match" if exact else "64-bit content hash"
     pairs = ", ".join(f"{d}={r}" for d, r in zip(dup[:k].tolist(), orig[:k].tolist()))
-    return [Finding("data.duplicates", f"{len(dup)} of {len(h)} {split.what} examples ({100 * frac:.2g}%) repeat an "
-                    f"earlier example's inputs ({how}; first duplicate=original indices {pairs})",
-                    "deduplicate the split (np.unique(x, axis=0, return_index=True)); check for repeated shards or "
-                    "copy-based oversampling", path=f"{split.what} inputs",
-                    extra={"count": int(len(dup)), "indices": dup[:k].tolist(), "originals": orig[:k].tolist()})], \
-        (hs, isorted)
+    return [
+        Finding(
+            "data.duplicates",
+            f"{len(dup)} of {len(h)} {split.what} examples ({100 * frac:.2g}%) repeat an "
+            f"earlier example's inputs ({how}; first duplicate=original indices {pairs})",
+            "deduplicate the split (np.unique(x, axis=0, return_index=True)); check for repeated shards or "
+            "copy-based oversampling",
+            path=f"{split.what} inputs",
+            extra={"count": int(len(dup)), "indices": dup[:k].tolist(), "originals": orig[:k].tolist()},
+        )
+    ], (hs, isorted)
 
 
 def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, k: int, inputs: Any) -> list[Finding]:
@@ -105,8 +110,14 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
     if not len(ev) or frac <= max_fraction:
         return []
     how = "exact content match" if exact else "64-bit content hash"
-    return [Finding("data.leakage", f"{len(ev)} of {len(he)} eval examples ({100 * frac:.2g}%) also appear in train "
-                    f"({how}; first eval indices {ev[:k].tolist()} = train indices {tr[:k].tolist()})",
-                    "remove these examples from one split; deduplicate before splitting (split by a group id such "
-                    "as the source document or user)", path="eval inputs",
-                    extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()})]
+    return [
+        Finding(
+            "data.leakage",
+            f"{len(ev)} of {len(he)} eval examples ({100 * frac:.2g}%) also appear in train "
+            f"({how}; first eval indices {ev[:k].tolist()} = train indices {tr[:k].tolist()})",
+            "remove these examples from one split; deduplicate before splitting (split by a group id such "
+            "as the source document or user)",
+            path="eval inputs",
+            extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()},
+        )
+    ]

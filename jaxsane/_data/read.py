@@ -7,8 +7,8 @@ Nothing here runs inside ``jit``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -32,25 +32,31 @@ def as_arrays(tree: Any, where: str) -> PyTree:
     if isinstance(tree, list) and tree and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in tree):
         return tuple(as_arrays(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, (str, bytes)):
-        raise DataError(f"{where} is a string ({tree[:30]!r}); tokenize/encode text to integer ids before "
-                        "it reaches the model.")
+        raise DataError(
+            f"{where} is a string ({tree[:30]!r}); tokenize/encode text to integer ids before it reaches the model."
+        )
     if isinstance(tree, jax.Array):
         return tree
     if isinstance(tree, (np.ndarray, np.generic, list, int, float, bool, complex)):
         try:
             arr = np.asarray(tree)
         except ValueError as e:  # ragged nested lists
-            raise DataError(f"{where} is ragged (rows of different lengths): {e}. Pad every row to one "
-                            "length and pass a padding mask.") from None
+            raise DataError(
+                f"{where} is ragged (rows of different lengths): {e}. Pad every row to one "
+                "length and pass a padding mask."
+            ) from None
         if arr.dtype.kind in "OUSV":
             kind = {"O": "object", "U": "string", "S": "bytes", "V": "void/structured"}[arr.dtype.kind]
-            raise DataError(f"{where} has dtype {arr.dtype} ({kind}); convert it to a numeric array "
-                            "(encode strings to ids, pad ragged rows to one length).")
+            raise DataError(
+                f"{where} has dtype {arr.dtype} ({kind}); convert it to a numeric array "
+                "(encode strings to ids, pad ragged rows to one length)."
+            )
         return arr
     if hasattr(tree, "__array__"):  # e.g. a torch tensor or pandas column
         return as_arrays(np.asarray(tree), where)
-    raise DataError(f"{where} is a {type(tree).__name__}, not an array: pass numpy/jax arrays, dicts or "
-                    "(x, y) tuples of them.")
+    raise DataError(
+        f"{where} is a {type(tree).__name__}, not an array: pass numpy/jax arrays, dicts or (x, y) tuples of them."
+    )
 
 
 def named_leaves(tree: PyTree, root: str) -> list[tuple[str, Any]]:
@@ -68,9 +74,11 @@ def num_rows(tree: PyTree, where: str) -> int:
         if first is None:
             first = (path, leaf.shape[0])
         elif leaf.shape[0] != first[1]:
-            raise DataError(f"ragged batch: {path} has {leaf.shape[0]} rows but {first[0]} has {first[1]}. "
-                            "Likely cause: the arrays (inputs and labels) were sliced or filtered separately. "
-                           "Fix: every array of a batch needs the same leading (example) axis.")
+            raise DataError(
+                f"ragged batch: {path} has {leaf.shape[0]} rows but {first[0]} has {first[1]}. "
+                "Likely cause: the arrays (inputs and labels) were sliced or filtered separately. "
+                "Fix: every array of a batch needs the same leading (example) axis."
+            )
     if first is None:
         raise DataError(f"{where} has no array with a leading example axis.")
     return int(first[1])
@@ -117,8 +125,10 @@ class Stream:
             self.is_stream, self._data = False, data
             return
         if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
-            raise DataError(f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
-                            "(x, y) tuple of arrays, or an iterable of such batches.")
+            raise DataError(
+                f"cannot read {what} data of type {type(data).__name__}: pass an array, a dict or "
+                "(x, y) tuple of arrays, or an iterable of such batches."
+            )
         self.is_stream, self._data = True, data
         self.what, self.limit, self.peek = what, limit, peek
 
@@ -147,15 +157,18 @@ class Stream:
         except JaxsaneError:
             raise
         except Exception as e:
-            raise DataError(f"reading {self.what} batch {b} raised {type(e).__name__}: {e} (in your data "
-                            "iterator; see the chained traceback)") from e
+            raise DataError(
+                f"reading {self.what} batch {b} raised {type(e).__name__}: {e} (in your data "
+                "iterator; see the chained traceback)"
+            ) from e
 
 
 _END = object()
 
 
-def apply_handle(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str,
-         required: bool) -> Any:
+def apply_handle(
+    batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | None, what: str, where: str, required: bool
+) -> Any:
     """Apply a handle (callable, dict key or default lookup) to a batch. Not jit-safe."""
     if callable(spec):
         try:
@@ -163,39 +176,50 @@ def apply_handle(batch: PyTree, spec: Any, keys: tuple[str, ...], index: int | N
         except JaxsaneError:
             raise
         except Exception as e:
-            raise DataError(f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
-                            "batch (or a slice of the data) and return an array.") from None
+            raise DataError(
+                f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
+                "batch (or a slice of the data) and return an array."
+            ) from None
     if isinstance(spec, str):
         if isinstance(batch, Mapping):
             if spec in batch:
                 return batch[spec]
-            raise DataError(f"{where} has no {what} key {spec!r}; its keys are {sorted(map(str, batch))}. "
-                            f"Pass {what}= one of them, or a function batch -> array.")
-        raise DataError(f"{what}={spec!r} names a dict key, but {where} is a {type(batch).__name__}; pass a "
-                        f"function batch -> array instead.")
+            raise DataError(
+                f"{where} has no {what} key {spec!r}; its keys are {sorted(map(str, batch))}. "
+                f"Pass {what}= one of them, or a function batch -> array."
+            )
+        raise DataError(
+            f"{what}={spec!r} names a dict key, but {where} is a {type(batch).__name__}; pass a "
+            f"function batch -> array instead."
+        )
     if spec is not None:
-        raise DataError(f"{what} must be a function batch -> array, a dict key or None, got "
-                        f"{type(spec).__name__}.")
+        raise DataError(f"{what} must be a function batch -> array, a dict key or None, got {type(spec).__name__}.")
     if isinstance(batch, Mapping):
         for k in keys:
             if k in batch:
                 return batch[k]
         if required:
-            raise DataError(f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
-                            f"{list(keys)}. Pass {what}='your_key' or a function batch -> array.")
+            raise DataError(
+                f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
+                f"{list(keys)}. Pass {what}='your_key' or a function batch -> array."
+            )
         return None
     if isinstance(batch, tuple):
         if index is not None and len(batch) > index:
             return batch[index]
         if required:
-            raise DataError(f"{where} is a tuple of {len(batch)} arrays; the {what} should be element {index}. "
-                            f"Pass {what}= a function batch -> array.")
+            raise DataError(
+                f"{where} is a tuple of {len(batch)} arrays; the {what} should be element {index}. "
+                f"Pass {what}= a function batch -> array."
+            )
         return None
     if what == "inputs":  # a bare array is the inputs
         return batch
     if required:
-        raise DataError(f"{where} is a bare {type(batch).__name__} (inputs only) but {what} are needed (num_classes "
-                        f"was given): pass (x, y), a dict with a label key, or {what}= a function batch -> array.")
+        raise DataError(
+            f"{where} is a bare {type(batch).__name__} (inputs only) but {what} are needed (num_classes "
+            f"was given): pass (x, y), a dict with a label key, or {what}= a function batch -> array."
+        )
     return None
 
 

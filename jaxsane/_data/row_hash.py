@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 U64 = np.uint64
-_C1, _C2 = U64(0xBF58476D1CE4E5B9), U64(0x94D049BB133111EB)   # splitmix64 multipliers
+_C1, _C2 = U64(0xBF58476D1CE4E5B9), U64(0x94D049BB133111EB)  # splitmix64 multipliers
 _GOLDEN = U64(0x9E3779B97F4A7C15)
-_HASH_BLOCK_BYTES = 1 << 20    # rows hashed per numpy pass: ~1 MiB of words stays in cache
+_HASH_BLOCK_BYTES = 1 << 20  # rows hashed per numpy pass: ~1 MiB of words stays in cache
 
 
 def _splitmix(z: np.ndarray) -> np.ndarray:
@@ -33,7 +33,7 @@ _KEYS_CACHE: dict[int, np.ndarray] = {}
 def _position_keys(words: int) -> np.ndarray:
     keys = _KEYS_CACHE.get(words)
     if keys is None:
-        keys = _splitmix((np.arange(1, words + 1, dtype=U64) * _GOLDEN))
+        keys = _splitmix(np.arange(1, words + 1, dtype=U64) * _GOLDEN)
         _KEYS_CACHE[words] = keys
     return keys
 
@@ -55,7 +55,7 @@ def hash_rows(x: np.ndarray) -> np.ndarray:
     keys = _position_keys(width // 8)
     block = max(1, _HASH_BLOCK_BYTES // width)
     for s in range(0, n, block):
-        part = rows[s:s + block]
+        part = rows[s : s + block]
         if width != nbytes:  # pad each row to whole 8-byte words
             padded = np.zeros((len(part), width), np.uint8)
             padded[:, :nbytes] = part
@@ -65,7 +65,7 @@ def hash_rows(x: np.ndarray) -> np.ndarray:
         z ^= z >> U64(32)
         z *= _C2
         z ^= z >> U64(29)
-        out[s:s + block] = z.sum(axis=1, dtype=U64)
+        out[s : s + block] = z.sum(axis=1, dtype=U64)
     out ^= U64((nbytes * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
     return _splitmix(out)
 

@@ -14,26 +14,24 @@ from typing import Any
 import jax
 import numpy as np
 
-from .read import Stream, apply_handle, as_arrays, host_array, named_leaves, num_rows, slice_rows
-from .split import Cycle, Flags, LeafStats, Split, is_feature
 from .._core.errors import DataError
-from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS, LABEL_KEYS as _LABEL_KEYS, MASK_KEYS as _MASK_KEYS
 from .._core.finding import Finding
-from .row_hash import U64 as _U64, combine_hashes as _combine, hash_rows
 from .._core.tree import PyTree
+from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS, LABEL_KEYS as _LABEL_KEYS, MASK_KEYS as _MASK_KEYS
+from .read import Stream, apply_handle, as_arrays, host_array, named_leaves, num_rows, slice_rows
+from .row_hash import U64 as _U64, combine_hashes as _combine, hash_rows
+from .split import Cycle, Flags, LeafStats, Split, is_feature
 
-
-_STATS_ROWS = 1024             # rows per chunk sampled for mean/std (scale check)
-_STATS_VALUES = 1 << 22        # after this many sampled values, sample every 16th row
-_MAX_CLASSES = 100_000         # integer labels above this (without num_classes) are not class ids
-DEFAULT_MAX_BATCHES = 1000     # batches read from an iterable split when max_batches is None
+_STATS_ROWS = 1024  # rows per chunk sampled for mean/std (scale check)
+_STATS_VALUES = 1 << 22  # after this many sampled values, sample every 16th row
+_MAX_CLASSES = 100_000  # integer labels above this (without num_classes) are not class ids
+DEFAULT_MAX_BATCHES = 1000  # batches read from an iterable split when max_batches is None
 
 
 def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> Split:
     """Read one split once (see the module docstring) into a :class:`~jaxsane._data.split.Split`. Not jit-safe."""
     split = Split(what, k)
-    batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches,
-                     peek=max_batches is None)
+    batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches, peek=max_batches is None)
     split.stream = stream = batches.is_stream
     if stream:
         split.cycle = Cycle()
@@ -49,8 +47,14 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
         _signature(split, batch, b, where, padded is not None)
         if n == 0:
             split.empty_batches.add_index(b)
-        row_bytes = max(1, sum(int(np.prod(np.shape(a)[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize
-                               for _, a in named_leaves(batch, "") if np.ndim(a)))
+        row_bytes = max(
+            1,
+            sum(
+                int(np.prod(np.shape(a)[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize
+                for _, a in named_leaves(batch, "")
+                if np.ndim(a)
+            ),
+        )
         step = max(1, int(opts["chunk_bytes"]) // row_bytes)
         batch_lo: dict[str, float] = {}
         batch_hi: dict[str, float] = {}
@@ -58,8 +62,9 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
         batch_has_mask = False
         for s in range(0, n, step):
             chunk = slice_rows(batch, s, min(n, s + step)) if (s > 0 or step < n) else batch
-            lo, hi, has_mask, any_mask = _scan_chunk(split, chunk, offset + s, where, opts,
-                                                     first=(b == 0 and s == 0), findings=findings)
+            lo, hi, has_mask, any_mask = _scan_chunk(
+                split, chunk, offset + s, where, opts, first=(b == 0 and s == 0), findings=findings
+            )
             for p in lo:
                 batch_lo[p] = min(batch_lo.get(p, math.inf), lo[p])
                 batch_hi[p] = max(batch_hi.get(p, -math.inf), hi[p])
@@ -74,9 +79,11 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
         if split.cycle is not None and split.cycle.confirmed:
             break  # the stream started over: one epoch has been read, the rest repeats it
     if split.batches == 0:
-        raise DataError(f"the {what} data is empty: its iterator yielded no batch. Likely cause: an exhausted "
-                        "generator (already read once) or a filter that dropped everything. Fix: pass a fresh "
-                        "iterable, or a zero-argument function returning one.")
+        raise DataError(
+            f"the {what} data is empty: its iterator yielded no batch. Likely cause: an exhausted "
+            "generator (already read once) or a filter that dropped everything. Fix: pass a fresh "
+            "iterable, or a zero-argument function returning one."
+        )
     split.rows = offset
     split.partial = batches.more
     if split.cycle is not None:
@@ -116,15 +123,15 @@ def _signature(split: Split, batch: PyTree, b: int, where: str, padded: bool) ->
     if sig == split.signature:
         return
     if [p for p, _, _ in sig] != [p for p, _, _ in split.signature]:
-        detail = (f"{where} has leaves {[p for p, _, _ in sig]} but batch 0 had "
-                  f"{[p for p, _, _ in split.signature]}")
+        detail = f"{where} has leaves {[p for p, _, _ in sig]} but batch 0 had {[p for p, _, _ in split.signature]}"
         severe = True
     else:
         diffs = [(p, s0, d0, s1, d1) for (p, s1, d1), (_, s0, d0) in zip(sig, split.signature) if (s1, d1) != (s0, d0)]
         severe = not padded or any(d0 != d1 or len(s0) != len(s1) for _, s0, d0, s1, d1 in diffs)
         p, s0, d0, s1, d1 = diffs[0]
-        detail = (f"{p} has per-example shape {s1} dtype {np.dtype(d1)} in {where} but {s0} dtype "
-                  f"{np.dtype(d0)} in batch 0")
+        detail = (
+            f"{p} has per-example shape {s1} dtype {np.dtype(d1)} in {where} but {s0} dtype {np.dtype(d0)} in batch 0"
+        )
     if severe:
         if not split.shape_errors.count:
             split.shape_detail = detail
@@ -139,13 +146,21 @@ def _leaf_signature(leaves: list[tuple[str, Any]]) -> list[tuple[str, tuple, np.
     return [(p, tuple(np.shape(a)[1:]), np.dtype(getattr(a, "dtype", np.asarray(a).dtype))) for p, a in leaves]
 
 
-def _scan_chunk(split: Split, chunk: PyTree, offset: int, where: str, opts: dict, *, first: bool,
-                findings: list[Finding]):
+def _scan_chunk(
+    split: Split, chunk: PyTree, offset: int, where: str, opts: dict, *, first: bool, findings: list[Finding]
+):
     """Accumulate one chunk of rows; returns per-leaf (min, max) and mask presence/any."""
     x = apply_handle(chunk, opts["inputs"], _INPUT_KEYS, 0, "inputs", where, required=True)
     x = as_arrays(x, f"{where} inputs")
-    y = apply_handle(chunk, opts["labels"], _LABEL_KEYS, 1, "labels", where,
-             required=opts["labels"] is not None or opts["num_classes"] is not None)
+    y = apply_handle(
+        chunk,
+        opts["labels"],
+        _LABEL_KEYS,
+        1,
+        "labels",
+        where,
+        required=opts["labels"] is not None or opts["num_classes"] is not None,
+    )
     m = apply_handle(chunk, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
     rows = None
     leaves = [(p, host_array(a)) for p, a in named_leaves(x, "inputs")]
@@ -209,8 +224,10 @@ def _scan_chunk(split: Split, chunk: PyTree, offset: int, where: str, opts: dict
     if m is not None:
         mk = host_array(as_arrays(m, f"{where} mask"))
         if mk.ndim == 0 or mk.shape[0] != rows:
-            raise DataError(f"the mask of {where} has shape {mk.shape} but the inputs have {rows} rows; the mask "
-                            "needs the same leading (example) axis.")
+            raise DataError(
+                f"the mask of {where} has shape {mk.shape} but the inputs have {rows} rows; the mask "
+                "needs the same leading (example) axis."
+            )
         has_mask = True
         if mk.ndim >= 2:
             row_any = mk.reshape(rows, -1).any(axis=1)
@@ -241,15 +258,17 @@ def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: st
         return  # multi-task label pytrees: only the input checks apply
     lab = host_array(leaves[0])
     if lab.ndim == 0 or lab.shape[0] != rows:
-        raise DataError(f"ragged batch in {where}: the labels have shape {lab.shape} but the inputs have {rows} "
-                        "rows; every example needs a label.")
+        raise DataError(
+            f"ragged batch in {where}: the labels have shape {lab.shape} but the inputs have {rows} "
+            "rows; every example needs a label."
+        )
     split.has_labels = True
     split.label_dtype, split.label_ndim = lab.dtype, lab.ndim
     C = opts["num_classes"]
     valid = None
     if m is not None:
         mk = host_array(m)
-        if mk.shape == lab.shape or (mk.ndim < lab.ndim and lab.shape[:mk.ndim] == mk.shape and mk.ndim >= 2):
+        if mk.shape == lab.shape or (mk.ndim < lab.ndim and lab.shape[: mk.ndim] == mk.shape and mk.ndim >= 2):
             valid = mk.astype(bool).reshape(mk.shape + (1,) * (lab.ndim - mk.ndim))
     flat_rows = lab.reshape(rows, -1)
     if lab.dtype.kind in "fc":
@@ -295,8 +314,7 @@ def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: st
                 split.class_counts[: counts.size] += counts
 
 
-def _scan_shift(split: Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: Any, rows: int,
-                offset: int) -> None:
+def _scan_shift(split: Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: Any, rows: int, offset: int) -> None:
     """Next-token targets ``[B, T]`` against integer inputs of the same shape: targets equal to the
     inputs (not shifted), or equal to the inputs one position late (``targets[:, 1:] == inputs[:, :-1]``,
     shifted the wrong way). Only rows that can tell are counted: at least 3 valid positions whose
@@ -340,9 +358,15 @@ def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:
         except Exception:
             out = fn(xs)
     except Exception as e:
-        return [Finding("doctor.skipped", f"predictions-vs-labels check skipped: apply raised "
-                        f"{type(e).__name__}: {str(e)[:200]} on {where} inputs", "make apply(params, inputs) "
-                        "work on a slice of a batch", severity="info")]
+        return [
+            Finding(
+                "doctor.skipped",
+                f"predictions-vs-labels check skipped: apply raised "
+                f"{type(e).__name__}: {str(e)[:200]} on {where} inputs",
+                "make apply(params, inputs) work on a slice of a batch",
+                severity="info",
+            )
+        ]
     leaves = jax.tree_util.tree_leaves(out)
     if y is None or not leaves:
         return []
@@ -357,21 +381,37 @@ def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:
         return []
     if lab.dtype.kind in "iu" and pred_shape[:-1] == lab_shape and pred_shape[-1] > 1:
         if C is not None and pred_shape[-1] != C:
-            return [Finding("data.shape", f"predictions have {pred_shape[-1]} classes (shape {pred_shape}) but "
-                            f"num_classes={C}", "make the output layer's width equal num_classes",
-                            path="predictions")]
+            return [
+                Finding(
+                    "data.shape",
+                    f"predictions have {pred_shape[-1]} classes (shape {pred_shape}) but num_classes={C}",
+                    "make the output layer's width equal num_classes",
+                    path="predictions",
+                )
+            ]
         return []  # logits (B, C) against integer class ids (B,)
     try:
         joint = np.broadcast_shapes(pred_shape, lab_shape)
     except ValueError:
-        return [Finding("data.shape", f"predictions of shape {pred_shape} cannot be compared with labels of shape "
-                        f"{lab_shape} ({k} examples of {where})",
-                        "make the model output match the labels (one value per label, or logits (B, C) for "
-                        "integer class ids)", path="predictions")]
+        return [
+            Finding(
+                "data.shape",
+                f"predictions of shape {pred_shape} cannot be compared with labels of shape "
+                f"{lab_shape} ({k} examples of {where})",
+                "make the model output match the labels (one value per label, or logits (B, C) for integer class ids)",
+                path="predictions",
+            )
+        ]
     if joint != pred_shape or joint != lab_shape:
-        return [Finding("data.shape", f"predictions of shape {pred_shape} and labels of shape {lab_shape} "
-                        f"silently broadcast to {joint} in an elementwise loss ({k} examples of {where}): every "
-                        f"prediction is compared with every label",
-                        "squeeze the trailing axis (preds[:, 0] or labels[:, None]) so both have one shape",
-                        path="predictions", extra={"predictions": pred_shape, "labels": lab_shape})]
+        return [
+            Finding(
+                "data.shape",
+                f"predictions of shape {pred_shape} and labels of shape {lab_shape} "
+                f"silently broadcast to {joint} in an elementwise loss ({k} examples of {where}): every "
+                f"prediction is compared with every label",
+                "squeeze the trailing axis (preds[:, 0] or labels[:, None]) so both have one shape",
+                path="predictions",
+                extra={"predictions": pred_shape, "labels": lab_shape},
+            )
+        ]
     return []

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from .row_hash import U64 as _U64
 from .._core.tree import PyTree
+from .row_hash import U64 as _U64
 
 
 class Flags:
@@ -43,7 +43,7 @@ class LeafStats:
         self.lo, self.hi = math.inf, -math.inf
         self.n = 0
         self.s = self.ss = 0.0
-        self.row_scale: list[np.ndarray] = []   # per-row max |value| (float32, NaN for non-finite rows)
+        self.row_scale: list[np.ndarray] = []  # per-row max |value| (float32, NaN for non-finite rows)
 
 
 class Cycle:
@@ -62,7 +62,7 @@ class Cycle:
         self.confirm_rows = confirm_rows
 
     def _matches(self, k: int, end: int) -> bool:
-        return bool(np.array_equal(self.buf[k:end], self.buf[:end - k]))
+        return bool(np.array_equal(self.buf[k:end], self.buf[: end - k]))
 
     def add(self, h: np.ndarray) -> None:
         n0, n1 = self.n, self.n + len(h)
@@ -83,7 +83,7 @@ class Cycle:
 
     def _varied(self) -> bool:
         """The epoch holds at least two distinct rows (a stream of one repeated row is data.constant's)."""
-        return bool((self.buf[1:self.k] != self.buf[0]).any())
+        return bool((self.buf[1 : self.k] != self.buf[0]).any())
 
     @property
     def confirmed(self) -> bool:
@@ -103,15 +103,15 @@ class Split:
         self.what, self.k = what, k
         self.rows = self.batches = 0
         self.stream = False
-        self.memory: PyTree = None            # the split itself when it is in memory (for exact checks)
+        self.memory: PyTree = None  # the split itself when it is in memory (for exact checks)
         self.hashes: list[np.ndarray] = []
         self.hash_index: list[np.ndarray] = []
         self.signature: list | None = None
-        self.input_signature: list | None = None   # (path, per-example shape, dtype) of the inputs
+        self.input_signature: list | None = None  # (path, per-example shape, dtype) of the inputs
         self.label_signature: list | None = None
         self.padded = False
         self.empty_batches = Flags(k)
-        self.partial = False                       # stopped at the default batch limit, more was left
+        self.partial = False  # stopped at the default batch limit, more was left
         self.shape_errors = Flags(k)
         self.shape_warnings = Flags(k)
         self.shape_detail = ""
@@ -125,17 +125,17 @@ class Split:
         self.label_lo, self.label_hi = math.inf, -math.inf
         self.label_float = Flags(k)
         self.label_soft_bad = Flags(k)
-        self.label_column = None              # shape of (B, 1) class-id labels, when seen
+        self.label_column = None  # shape of (B, 1) class-id labels, when seen
         self.label_dtype = None
         self.label_ndim = None
         self.class_counts = np.zeros(0, np.int64)
         self.has_labels = False
         self.count_classes = True
-        self.seq_rows = 0                        # token rows whose targets can be compared with inputs
-        self.seq_same = Flags(k)                # targets == inputs (not shifted)
-        self.seq_lag = Flags(k)                 # targets[:, 1:] == inputs[:, :-1] (shifted the wrong way)
-        self.cycle: Cycle | None = None          # the wrap detector of a stream (set by scan_split)
-        self.epoch: int | None = None            # rows in one pass of a stream that wraps to its start
+        self.seq_rows = 0  # token rows whose targets can be compared with inputs
+        self.seq_same = Flags(k)  # targets == inputs (not shifted)
+        self.seq_lag = Flags(k)  # targets[:, 1:] == inputs[:, :-1] (shifted the wrong way)
+        self.cycle: Cycle | None = None  # the wrap detector of a stream (set by scan_split)
+        self.epoch: int | None = None  # rows in one pass of a stream that wraps to its start
 
 
 def is_feature(dtype: np.dtype, integer_features: bool | None) -> bool:

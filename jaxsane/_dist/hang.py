@@ -42,7 +42,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .._core.errors import DistHangError, JaxsaneError
 from .._core.finding import Finding
@@ -64,9 +65,11 @@ def check_hang_timeout(value: Any, where: str, error: type) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) < float("inf"):
-        raise error(f"[jaxsane] {where}(hang_timeout=...) must be None (off) or a number of seconds > 0; got "
-                    f"{value!r} ({type(value).__name__}). Fix: pass e.g. hang_timeout=600 (seconds a step may "
-                    f"take, compile and any host-side pause between steps included).")
+        raise error(
+            f"[jaxsane] {where}(hang_timeout=...) must be None (off) or a number of seconds > 0; got "
+            f"{value!r} ({type(value).__name__}). Fix: pass e.g. hang_timeout=600 (seconds a step may "
+            f"take, compile and any host-side pause between steps included)."
+        )
     return float(value)
 
 
@@ -78,6 +81,7 @@ def check_period(timeout: float) -> float:
 def _client():
     """``(client, process_id, num_processes)`` of ``jax.distributed`` (client None when not initialised)."""
     from jax._src.distributed import global_state
+
     return global_state.client, global_state.process_id, global_state.num_processes
 
 
@@ -121,8 +125,12 @@ def detect(records: dict[int, dict], num_processes: int, timeout: float, now: fl
     missing = [p for p in range(num_processes) if records.get(p, {}).get("entered", -1) < top]
     since = min(r["entered_at"] for r in records.values() if r["entered"] == top)
     if missing and now - since > timeout:
-        return {"step": top, "missing": missing, "reason": f"step {top} was entered {now - since:.1f}s ago and "
-                                                           f"process(es) {_names(missing)} have not entered it"}
+        return {
+            "step": top,
+            "missing": missing,
+            "reason": f"step {top} was entered {now - since:.1f}s ago and "
+            f"process(es) {_names(missing)} have not entered it",
+        }
     return None
 
 
@@ -136,8 +144,9 @@ def _clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 10)}"
 
 
-def hang_finding(request: dict, records: dict[int, dict], stacks: dict[int, dict], num_processes: int,
-                 timeout: float, now: float) -> Finding:
+def hang_finding(
+    request: dict, records: dict[int, dict], stacks: dict[int, dict], num_processes: int, timeout: float, now: float
+) -> Finding:
     """The ``dist.hang`` finding from the request, every process's record and the stacks that came. Pure,
     not jit-safe."""
     entered_by = [records.get(p, {}).get("entered", -1) for p in range(num_processes)]
@@ -155,55 +164,100 @@ def hang_finding(request: dict, records: dict[int, dict], stacks: dict[int, dict
         at = f"{frame[0]}:{frame[1]}" if frame else None
         if p in missing and where is None and frame:
             where = frame
-        state = ("has exited" if rec.get("exited") else "waits inside the guarded call" if rec.get("in_call")
-                 else "is outside the guarded step")
+        state = (
+            "has exited"
+            if rec.get("exited")
+            else "waits inside the guarded call"
+            if rec.get("in_call")
+            else "is outside the guarded step"
+        )
         if ans is None:
             state += "; it did not answer the stack request (exited, died, or holds the GIL)"
-        last = (f"last entered step {entered} at {_clock(rec.get('entered_at'))} "
-                f"({now - rec['entered_at']:.1f}s ago)" if entered >= 0 else "entered no step")
-        lines.append(f"  process {p}{' (missing)' if p in missing else ''}: {last}, finished step {finished}; "
-                     f"{state}" + (f"; main thread at {at} in {frame[2]}: {frame[3]}" if frame else ""))
-        per_process[p] = {"entered": entered, "entered_at": rec.get("entered_at"), "finished": finished,
-                          "finished_at": rec.get("finished_at"), "in_call": bool(rec.get("in_call")),
-                          "exited": bool(rec.get("exited")), "answered": ans is not None, "where": at}
+        last = (
+            f"last entered step {entered} at {_clock(rec.get('entered_at'))} ({now - rec['entered_at']:.1f}s ago)"
+            if entered >= 0
+            else "entered no step"
+        )
+        lines.append(
+            f"  process {p}{' (missing)' if p in missing else ''}: {last}, finished step {finished}; "
+            f"{state}" + (f"; main thread at {at} in {frame[2]}: {frame[3]}" if frame else "")
+        )
+        per_process[p] = {
+            "entered": entered,
+            "entered_at": rec.get("entered_at"),
+            "finished": finished,
+            "finished_at": rec.get("finished_at"),
+            "in_call": bool(rec.get("in_call")),
+            "exited": bool(rec.get("exited")),
+            "answered": ans is not None,
+            "where": at,
+        }
         if p in missing and ans is not None:
             for t in ans["threads"]:
                 lines.append(f"    thread {t['name']}{' (main)' if t['main'] else ''} of process {p}:")
-                lines.extend(f'      File "{f[0]}", line {f[1]}, in {f[2]}' + (f"\n        {f[3]}" if f[3] else "")
-                             for f in t["frames"])
+                lines.extend(
+                    f'      File "{f[0]}", line {f[1]}, in {f[2]}' + (f"\n        {f[3]}" if f[3] else "")
+                    for f in t["frames"]
+                )
             per_process[p]["stacks"] = ans["threads"]
     cause = request.get("cause")
     if missing and cause:
-        what = (f"process(es) {_names(missing)} did not enter step {step}, and the step failed on process "
-                f"{request.get('by')} in a collective (it raised {cause})")
+        what = (
+            f"process(es) {_names(missing)} did not enter step {step}, and the step failed on process "
+            f"{request.get('by')} in a collective (it raised {cause})"
+        )
     elif missing:
-        what = (f"process(es) {_names(missing)} did not enter step {step} within hang_timeout={timeout:g}s; the "
-                f"others wait for them in a collective")
+        what = (
+            f"process(es) {_names(missing)} did not enter step {step} within hang_timeout={timeout:g}s; the "
+            f"others wait for them in a collective"
+        )
     silent = [p for p in missing if p not in stacks]
     if missing:
-        hint = (f"see where process(es) {_names(missing)} are (their stacks above): a data loader that blocks, a "
-                f"branch only some processes take, a host that died. If steps are legitimately this slow "
-                f"(compile, checkpoint, evaluation on one process), raise hang_timeout=.")
+        hint = (
+            f"see where process(es) {_names(missing)} are (their stacks above): a data loader that blocks, a "
+            f"branch only some processes take, a host that died. If steps are legitimately this slow "
+            f"(compile, checkpoint, evaluation on one process), raise hang_timeout=."
+        )
         if silent:
-            hint = (f"process(es) {_names(silent)} did not answer: they most likely died (read their own log and "
-                    f"the scheduler's events: out of memory, preemption, a crash). " + hint.replace("see", "Else see", 1))
+            hint = (
+                f"process(es) {_names(silent)} did not answer: they most likely died (read their own log and "
+                f"the scheduler's events: out of memory, preemption, a crash). " + hint.replace("see", "Else see", 1)
+            )
     else:
-        what = (f"step {step} did not finish within hang_timeout={timeout:g}s although every process entered it: "
-                f"a collective inside it never completes")
-        hint = ("the processes run different collectives (a branch or shape that differs by process), or a "
-                "device is stuck; if the step is legitimately this slow, raise hang_timeout=.")
+        what = (
+            f"step {step} did not finish within hang_timeout={timeout:g}s although every process entered it: "
+            f"a collective inside it never completes"
+        )
+        hint = (
+            "the processes run different collectives (a branch or shape that differs by process), or a "
+            "device is stuck; if the step is legitimately this slow, raise hang_timeout=."
+        )
     message = what
     report = "\n".join(lines)
-    return Finding("dist.hang", message, hint=hint, step=step, file=where[0] if where else None,
-                   line=where[1] if where else None,
-                   extra={"missing": missing, "timeout": timeout, "detected_by": request.get("by"),
-                          "reason": request.get("reason"), "processes": per_process, "report": report})
+    return Finding(
+        "dist.hang",
+        message,
+        hint=hint,
+        step=step,
+        file=where[0] if where else None,
+        line=where[1] if where else None,
+        extra={
+            "missing": missing,
+            "timeout": timeout,
+            "detected_by": request.get("by"),
+            "reason": request.get("reason"),
+            "processes": per_process,
+            "report": report,
+        },
+    )
 
 
 def report_text(finding: Finding) -> str:
     """The text printed to stderr and carried by :class:`DistHangError`. Not jit-safe."""
-    return (f"[jaxsane] {finding.headline()}\n{finding.extra['report']}\n  fix: {finding.hint}\n"
-            f"  (jaxsane ends this process with exit code {EXIT_CODE} so the job fails fast)")
+    return (
+        f"[jaxsane] {finding.headline()}\n{finding.extra['report']}\n  fix: {finding.hint}\n"
+        f"  (jaxsane ends this process with exit code {EXIT_CODE} so the job fails fast)"
+    )
 
 
 def _raise_in_main(error: type) -> None:
@@ -227,8 +281,8 @@ class HangWatch:
         self.finding: Finding | None = None
         self.entered, self.entered_at, self.finished, self.finished_at = -1, 0.0, -1, 0.0
         self.in_call = False
-        self.exited = False    # the interpreter is exiting (atexit ran)
-        self._version = 0      # bumped by the main thread on every change; the publisher compares it
+        self.exited = False  # the interpreter is exiting (atexit ran)
+        self._version = 0  # bumped by the main thread on every change; the publisher compares it
         self._active: bool | None = None  # None: not started; False: single process (a no-op)
         self._respond_lock = threading.Lock()
         self._exit_lock = threading.Lock()
@@ -260,6 +314,7 @@ class HangWatch:
 
     def _start(self) -> None:
         import jax
+
         client, pid, n = _client()
         self._active = client is not None and jax.process_count() > 1
         if not self._active:
@@ -285,10 +340,17 @@ class HangWatch:
         self._main_raises = True
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         try:
-            self._post_request({"step": step, "by": self.pid, "at": time.time(), "missing": missing,
-                                "cause": f"{type(error).__name__}: {first}",
-                                "reason": f"step {step} raised on process {self.pid} while process(es) "
-                                          f"{_names(missing)} had not entered it"})
+            self._post_request(
+                {
+                    "step": step,
+                    "by": self.pid,
+                    "at": time.time(),
+                    "missing": missing,
+                    "cause": f"{type(error).__name__}: {first}",
+                    "reason": f"step {step} raised on process {self.pid} while process(es) "
+                    f"{_names(missing)} had not entered it",
+                }
+            )
             self._respond(self._request() or {"step": step, "by": self.pid})
         except Exception:  # the service went away meanwhile: the step's own error is all there is
             self._main_raises = False
@@ -309,9 +371,12 @@ class HangWatch:
                 # the first call (compile, gloo's connections) is not timed here: only the global rule
                 # (a process that has not entered it) watches it
                 if request is None and self.in_call and self.finished >= 0 and now - self.entered_at > self.timeout:
-                    request = {"step": self.entered, "by": self.pid, "at": now,
-                               "reason": f"process {self.pid} waited {now - self.entered_at:.1f}s inside step "
-                                         f"{self.entered}"}
+                    request = {
+                        "step": self.entered,
+                        "by": self.pid,
+                        "at": now,
+                        "reason": f"process {self.pid} waited {now - self.entered_at:.1f}s inside step {self.entered}",
+                    }
                     self._post_request(request)
                     request = self._request() or request
                 elif request is None and self.pid == 0:
@@ -328,8 +393,14 @@ class HangWatch:
                     return
 
     def _record(self) -> dict:
-        return {"entered": self.entered, "entered_at": self.entered_at, "finished": self.finished,
-                "finished_at": self.finished_at, "in_call": self.in_call, "exited": self.exited}
+        return {
+            "entered": self.entered,
+            "entered_at": self.entered_at,
+            "finished": self.finished,
+            "finished_at": self.finished_at,
+            "in_call": self.in_call,
+            "exited": self.exited,
+        }
 
     def _publish(self) -> None:
         self.client.key_value_set(f"{self.prefix}rec/{self.pid}", json.dumps(self._record()), allow_overwrite=True)
@@ -361,9 +432,11 @@ class HangWatch:
                 return
             self._publish()
             me = threading.current_thread().ident
-            self.client.key_value_set(f"{self.prefix}stacks/{self.pid}", json.dumps(
-                {"threads": thread_stacks(skip=me if me != threading.main_thread().ident else None)}),
-                allow_overwrite=True)
+            self.client.key_value_set(
+                f"{self.prefix}stacks/{self.pid}",
+                json.dumps({"threads": thread_stacks(skip=me if me != threading.main_thread().ident else None)}),
+                allow_overwrite=True,
+            )
             deadline = time.monotonic() + 2 * self.period + GRACE_S
             stacks = self._dir("stacks/")
             while len(stacks) < self.n and time.monotonic() < deadline:
@@ -379,8 +452,13 @@ class HangWatch:
         """After the report: raise in the main thread where it runs Python, then leave the process."""
         if not self.in_call and not self._main_raises and not self.exited:  # (exited: main is in atexit)
             finding = self.finding
-            _raise_in_main(type("DistHangError", (DistHangError,),
-                                {"__init__": lambda e: DistHangError.__init__(e, report_text(finding), finding)}))
+            _raise_in_main(
+                type(
+                    "DistHangError",
+                    (DistHangError,),
+                    {"__init__": lambda e: DistHangError.__init__(e, report_text(finding), finding)},
+                )
+            )
             time.sleep(GRACE_S)
         elif self._main_raises:
             time.sleep(GRACE_S)

@@ -25,39 +25,30 @@ every process, so that no process waits in a collective the others never enter.
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .._core.errors import JaxsaneError
 from .._core.finding import Finding
 from .._core.tree import PyTree, is_inexact, leaves_with_paths
 from .._core.validate import require_int, require_str
 
-
-_PROCESS_HINT = ("the processes disagree while the devices of each process agree: every process must build the "
-                 "replicated state from the same seed and the same data (use one PRNG key for init, not "
-                 "jax.random.key(jax.process_index())), or broadcast it from process 0 with "
-                 "jax.experimental.multihost_utils.broadcast_one_to_all.")
-_DEVICE_HINT = ("devices disagree: a data-parallel step that computes gradients on its local batch shard must "
-                "all-reduce them (jax.lax.pmean(grads, axis_name) inside shard_map) before the update; with "
-                "check_vma=False and out_specs=P() JAX does not check that the 'replicated' outputs agree. "
-                "Also look for per-device RNG (fold_in(key, axis_index)) feeding replicated values.")
-
-
-class ReplicaDivergenceError(JaxsaneError):
-    """Values meant to be replicated differ across devices or processes (raised by ``guard``).
-
-    Attributes:
-      findings: the ``dist.replica_divergence`` :class:`~jaxsane.Finding` objects.
-    """
-
-    def __init__(self, message: str, findings: Any = None):
-        super().__init__(message)
-        self.findings = findings
+_PROCESS_HINT = (
+    "the processes disagree while the devices of each process agree: every process must build the "
+    "replicated state from the same seed and the same data (use one PRNG key for init, not "
+    "jax.random.key(jax.process_index())), or broadcast it from process 0 with "
+    "jax.experimental.multihost_utils.broadcast_one_to_all."
+)
+_DEVICE_HINT = (
+    "devices disagree: a data-parallel step that computes gradients on its local batch shard must "
+    "all-reduce them (jax.lax.pmean(grads, axis_name) inside shard_map) before the update; with "
+    "check_vma=False and out_specs=P() JAX does not check that the 'replicated' outputs agree. "
+    "Also look for per-device RNG (fold_in(key, axis_index)) feeding replicated values."
+)
 
 
 # ---------------------------------------------------------------------------------------------- basics
@@ -154,8 +145,10 @@ def replica_plan(tree: PyTree) -> tuple:
         if len(first) == len(flat):  # every device holds a different piece: nothing to compare
             continue
         groups.setdefault(mesh, []).append((i, spec, tuple(reps)))
-    return tuple((mesh, tuple(g[0] for g in items), tuple(g[1] for g in items), tuple(g[2] for g in items))
-                 for mesh, items in groups.items())
+    return tuple(
+        (mesh, tuple(g[0] for g in items), tuple(g[1] for g in items), tuple(g[2] for g in items))
+        for mesh, items in groups.items()
+    )
 
 
 def replica_fingerprints(tree: PyTree, plan: tuple) -> tuple[jax.Array, list[jax.Array]]:
@@ -178,13 +171,14 @@ def replica_fingerprints(tree: PyTree, plan: tuple) -> tuple[jax.Array, list[jax
         axes = tuple(mesh.axis_names)
 
         def local(*xs):
-            fp = jnp.stack([fingerprint(x) for x in xs])                    # (n, 2) on this device
+            fp = jnp.stack([fingerprint(x) for x in xs])  # (n, 2) on this device
             return jax.lax.all_gather(fp, axes if len(axes) > 1 else axes[0])  # (n_dev, n, 2) everywhere
 
         gathered = jax.shard_map(local, mesh=mesh, in_specs=tuple(specs), out_specs=P(), check_vma=False)(
-            *[leaves[i] for i in indices])
+            *[leaves[i] for i in indices]
+        )
         gathered = gathered.reshape(-1, len(indices), 2)
-        rep = np.asarray(reps).T                                            # (n_dev, n)
+        rep = np.asarray(reps).T  # (n_dev, n)
         ref = gathered[rep, np.arange(len(indices))[None, :]]
         oks.append(jnp.all(gathered == ref, axis=(0, 2)))
         fps.append(gathered)
@@ -192,8 +186,14 @@ def replica_fingerprints(tree: PyTree, plan: tuple) -> tuple[jax.Array, list[jax
     return ok, fps
 
 
-def plan_findings(plan: tuple, fps: Sequence[Any], paths: Sequence[str], *, step: int | None = None,
-                  leaves: Sequence[Any] | None = None) -> list[Finding]:
+def plan_findings(
+    plan: tuple,
+    fps: Sequence[Any],
+    paths: Sequence[str],
+    *,
+    step: int | None = None,
+    leaves: Sequence[Any] | None = None,
+) -> list[Finding]:
     """Host side: turn the in-graph fingerprints of :func:`replica_fingerprints` into findings. Not jit-safe.
 
     Args:
@@ -209,8 +209,9 @@ def plan_findings(plan: tuple, fps: Sequence[Any], paths: Sequence[str], *, step
         fp = np.asarray(fp)
         devices = list(mesh.devices.flat)
         for k, leaf_index in enumerate(indices):
-            records = [(device_id(d), int(d.process_index), reps[k][pos], tuple(fp[pos, k]))
-                       for pos, d in enumerate(devices)]
+            records = [
+                (device_id(d), int(d.process_index), reps[k][pos], tuple(fp[pos, k])) for pos, d in enumerate(devices)
+            ]
             finding = _divergence_finding(paths[leaf_index], records, step=step)
             if finding is not None and leaves is not None:
                 diffs = _local_diffs(leaves[leaf_index], finding.extra["devices"], finding.extra["reference_devices"])
@@ -221,8 +222,9 @@ def plan_findings(plan: tuple, fps: Sequence[Any], paths: Sequence[str], *, step
 
 
 # -------------------------------------------------------------------------- host replica checks
-def _divergence_finding(path: str, records: list[tuple], *, step: int | None = None,
-                        diffs: dict[int, float] | None = None) -> Finding | None:
+def _divergence_finding(
+    path: str, records: list[tuple], *, step: int | None = None, diffs: dict[int, float] | None = None
+) -> Finding | None:
     """``records``: ``(device_id, process, group, fingerprint)`` per copy. None when all groups agree."""
     by_group: dict[Any, list] = collections.defaultdict(list)
     for rec in records:
@@ -247,20 +249,33 @@ def _divergence_finding(path: str, records: list[tuple], *, step: int | None = N
     ref_dev = [r[0] for r in reference]
     procs = sorted({r[1] for r in records})
     # processes disagree while each process's own copies agree -> a per-process cause
-    per_process = len(procs) > 1 and all(len({r[3] for r in records if r[1] == p and r[2] == g}) <= 1
-                                         for p in procs for g in {r[2] for r in records})
+    per_process = len(procs) > 1 and all(
+        len({r[3] for r in records if r[1] == p and r[2] == g}) <= 1 for p in procs for g in {r[2] for r in records}
+    )
     where = f"device(s) {short_ids(bad_dev)} (process {', '.join(map(str, bad_proc))})"
-    message = (f"{path} should be identical on {n_copies} copies but {len(bad)} differ: {where} disagree with "
-               f"device(s) {short_ids(ref_dev)}")
+    message = (
+        f"{path} should be identical on {n_copies} copies but {len(bad)} differ: {where} disagree with "
+        f"device(s) {short_ids(ref_dev)}"
+    )
     if diffs:
         message += f" (max |difference| {max(diffs.values()):.3g})"
     if per_process:
         message += "; every process's own devices agree, the processes do not"
-    return Finding("dist.replica_divergence", message, _PROCESS_HINT if per_process else _DEVICE_HINT,
-                   path=path, step=step,
-                   extra={"devices": bad_dev, "processes": bad_proc, "reference_devices": ref_dev,
-                          "reference_processes": sorted({r[1] for r in reference}), "per_process": per_process,
-                          **({"max_abs_diff": max(diffs.values())} if diffs else {})})
+    return Finding(
+        "dist.replica_divergence",
+        message,
+        _PROCESS_HINT if per_process else _DEVICE_HINT,
+        path=path,
+        step=step,
+        extra={
+            "devices": bad_dev,
+            "processes": bad_proc,
+            "reference_devices": ref_dev,
+            "reference_processes": sorted({r[1] for r in reference}),
+            "per_process": per_process,
+            **({"max_abs_diff": max(diffs.values())} if diffs else {}),
+        },
+    )
 
 
 def short_ids(ids: Sequence[int], n: int = 8) -> str:
@@ -316,8 +331,11 @@ def check_replicas(tree: PyTree, *, root: str = "", step: int | None = None) -> 
     require_str("check_replicas", "root", root)
     require_int("check_replicas", "step", step, min=0, optional=True)
     named = [(p, x) for p, x in leaves_with_paths(tree, root) if x is not None]
-    spread = [i for i, (_, x) in enumerate(named)
-              if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and len(x.sharding.device_set) > 1]
+    spread = [
+        i
+        for i, (_, x) in enumerate(named)
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and len(x.sharding.device_set) > 1
+    ]
     findings: dict[int, Finding] = {}
     values = [named[i][1] for i in spread]
     plan = replica_plan(values)
@@ -344,15 +362,19 @@ def _allgather_records(local: list[list[tuple]]) -> list[list[tuple]]:
     """Exchange every process's fingerprint records (two collectives, same on every process)."""
     from jax.experimental import multihost_utils
 
-    rows = [(k, dev, proc, hash(key) & 0x7FFFFFFF, fp[0], fp[1])
-            for k, recs in enumerate(local) for dev, proc, key, fp in recs]
+    rows = [
+        (k, dev, proc, hash(key) & 0x7FFFFFFF, fp[0], fp[1])
+        for k, recs in enumerate(local)
+        for dev, proc, key, fp in recs
+    ]
     n = np.asarray(multihost_utils.process_allgather(np.asarray([len(rows)], np.int32))).max()
     table = np.full((int(n), 6), -1, np.int64)
     if rows:
-        table[:len(rows)] = np.asarray(rows, np.int64)
+        table[: len(rows)] = np.asarray(rows, np.int64)
     # uint32 fingerprints travel as two int32 halves (x64 is usually off)
-    wire = np.concatenate([table[:, :4], table[:, 4:5] >> 16, table[:, 4:5] & 0xFFFF,
-                           table[:, 5:6] >> 16, table[:, 5:6] & 0xFFFF], axis=1).astype(np.int32)
+    wire = np.concatenate(
+        [table[:, :4], table[:, 4:5] >> 16, table[:, 4:5] & 0xFFFF, table[:, 5:6] >> 16, table[:, 5:6] & 0xFFFF], axis=1
+    ).astype(np.int32)
     allrows = np.asarray(multihost_utils.process_allgather(wire)).reshape(-1, wire.shape[1])
     out: list[list[tuple]] = [[] for _ in local]
     for k, dev, proc, key, a, b, c, d in allrows.tolist():

@@ -10,17 +10,20 @@ rule of :mod:`jaxsane._dist.replicas` holds here: the same collectives in the sa
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from .replicas import device_id, index_key, is_multiprocess, short_ids
 from .._core.finding import Finding
 from .._core.tree import PyTree, is_inexact
+from .replicas import device_id, index_key, is_multiprocess, short_ids
 
-_SHARD_HINT = ("only some shards hold NaN/Inf: look at the named batch rows (jaxsane.check_data on them) and at "
-               "what differs on those devices/processes (their data shard, a per-device overflow).")
+_SHARD_HINT = (
+    "only some shards hold NaN/Inf: look at the named batch rows (jaxsane.check_data on them) and at "
+    "what differs on those devices/processes (their data shard, a per-device overflow)."
+)
 
 
 # ----------------------------------------------------------------- non-finite shard attribution
@@ -40,8 +43,9 @@ def _shard_table(leaf: jax.Array, devices: list) -> tuple[np.ndarray, np.ndarray
     return table, rows
 
 
-def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | None = None,
-                     what: str = "") -> Finding | None:
+def nonfinite_shards(
+    named_leaves: Sequence[tuple[str, Any]], *, step: int | None = None, what: str = ""
+) -> Finding | None:
     """Which devices/processes hold the NaN/Inf of the given (failing) leaves. Not jit-safe.
 
     Meant for the failure path only: it copies the failing leaves' local shards to the host. Under
@@ -59,8 +63,9 @@ def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | Non
       its devices, those devices, their processes, the rows of dim 0 they held and the rows that are
       non-finite; None when no leaf is sharded or every leaf is non-finite on every device.
     """
-    sharded = [(p, x) for p, x in named_leaves
-               if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 and is_inexact(x)]
+    sharded = [
+        (p, x) for p, x in named_leaves if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 and is_inexact(x)
+    ]
     if not sharded:
         return None
     devices = sorted({d for _, x in sharded for d in x.sharding.device_set}, key=device_id)
@@ -71,15 +76,16 @@ def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | Non
         masks.append(r)
     if is_multiprocess():
         from jax.experimental import multihost_utils
+
         flat = np.concatenate([t.ravel() for t in tables] + masks).astype(np.int32)
         gathered = np.asarray(multihost_utils.process_allgather(flat)).reshape(jax.process_count(), -1)
         merged = gathered.max(axis=0)  # each device is filled by exactly one process; -1 elsewhere
         off = 0
         for k, t in enumerate(tables):
-            tables[k] = merged[off:off + t.size].reshape(t.shape)
+            tables[k] = merged[off : off + t.size].reshape(t.shape)
             off += t.size
         for k, m in enumerate(masks):
-            masks[k] = merged[off:off + m.size]
+            masks[k] = merged[off : off + m.size]
             off += m.size
     all_bad = []
     for (path, x), table, mask in zip(sharded, tables, masks):
@@ -96,14 +102,27 @@ def nonfinite_shards(named_leaves: Sequence[tuple[str, Any]], *, step: int | Non
         bad_rows = np.flatnonzero(mask).tolist()
         n_bad = int(sum(r[0] for _, r in bad))
         rows_txt = ", ".join(f"{a}:{b}" for a, b in held_rows)
-        message = (f"{path}: {n_bad} NaN/Inf confined to {len(bad)} of {len(held)} devices: device(s) "
-                   f"{short_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}"
-                   + (f", holding rows {rows_txt} of dim 0; non-finite rows {short_ids(bad_rows, 16)}" if x.ndim else ""))
+        message = (
+            f"{path}: {n_bad} NaN/Inf confined to {len(bad)} of {len(held)} devices: device(s) "
+            f"{short_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}"
+            + (f", holding rows {rows_txt} of dim 0; non-finite rows {short_ids(bad_rows, 16)}" if x.ndim else "")
+        )
         if what:
             message += f" ({what})"
-        return Finding("dist.nonfinite_shard", message, _SHARD_HINT, path=path, step=step,
-                       extra={"devices": dev_ids, "processes": procs, "rows_held": [list(r) for r in held_rows],
-                              "rows": bad_rows, "n_devices": len(held)})
+        return Finding(
+            "dist.nonfinite_shard",
+            message,
+            _SHARD_HINT,
+            path=path,
+            step=step,
+            extra={
+                "devices": dev_ids,
+                "processes": procs,
+                "rows_held": [list(r) for r in held_rows],
+                "rows": bad_rows,
+                "n_devices": len(held),
+            },
+        )
     return None
 
 
@@ -135,8 +154,15 @@ def _take_rows(sharding: Any):
     return jax.jit(lambda x, idx: x[idx], out_shardings=sharding)
 
 
-def replay_shards(run: Callable[[tuple, dict], bool], args: tuple, kwargs: dict, *, step: int | None = None,
-                  max_groups: int = 64, max_rows: int = 32) -> Finding | None:
+def replay_shards(
+    run: Callable[[tuple, dict], bool],
+    args: tuple,
+    kwargs: dict,
+    *,
+    step: int | None = None,
+    max_groups: int = 64,
+    max_rows: int = 32,
+) -> Finding | None:
     """Find the batch shard(s) whose rows alone make a step non-finite, by replaying it. Not jit-safe.
 
     For a step whose batch leaves (``args[1:]`` and ``kwargs``) are split along dim 0 over
@@ -179,17 +205,32 @@ def replay_shards(run: Callable[[tuple, dict], bool], args: tuple, kwargs: dict,
     if sum(b - a for a, b in culprits) <= max_rows:
         rows = [r for a, b in culprits for r in range(a, b) if not replay(np.asarray([r]))]
     x = flat[rowed[0]]
-    holders = [d for d, idx in x.sharding.devices_indices_map(x.shape).items()
-               if index_key(idx, x.shape)[0] in culprits]
+    holders = [
+        d for d, idx in x.sharding.devices_indices_map(x.shape).items() if index_key(idx, x.shape)[0] in culprits
+    ]
     dev_ids = sorted(device_id(d) for d in holders)
     procs = sorted({int(d.process_index) for d in holders})
     held = ", ".join(f"{a}:{b}" for a, b in culprits)
-    message = (f"the step goes non-finite when every device is given the batch rows {held} held by device(s) "
-               f"{short_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}; the other {len(groups) - len(culprits)} "
-               f"shard(s)' rows stay finite" + (f"; row(s) {short_ids(rows, 16)} alone reproduce it" if rows else ""))
-    return Finding("dist.nonfinite_shard", message, _SHARD_HINT, path=None, step=step,
-                   extra={"devices": dev_ids, "processes": procs, "rows_held": [list(g) for g in culprits],
-                          "rows": rows, "n_shards": len(groups), "replayed": True})
+    message = (
+        f"the step goes non-finite when every device is given the batch rows {held} held by device(s) "
+        f"{short_ids(dev_ids)} of process(es) {', '.join(map(str, procs))}; the other {len(groups) - len(culprits)} "
+        f"shard(s)' rows stay finite" + (f"; row(s) {short_ids(rows, 16)} alone reproduce it" if rows else "")
+    )
+    return Finding(
+        "dist.nonfinite_shard",
+        message,
+        _SHARD_HINT,
+        path=None,
+        step=step,
+        extra={
+            "devices": dev_ids,
+            "processes": procs,
+            "rows_held": [list(g) for g in culprits],
+            "rows": rows,
+            "n_shards": len(groups),
+            "replayed": True,
+        },
+    )
 
 
 # ------------------------------------------------------------------------------ host transfers
@@ -200,13 +241,16 @@ def gather_to_host(tree: PyTree) -> PyTree:
     every process must call this with the same structure); others are copied locally.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    remote = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable
-              and not x.is_fully_replicated]
+    remote = [
+        i
+        for i, x in enumerate(leaves)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated
+    ]
     if remote:
         from jax.experimental import multihost_utils
+
         got = multihost_utils.process_allgather([leaves[i] for i in remote], tiled=True)
         for i, value in zip(remote, got):
             leaves[i] = np.asarray(value)
     out = [np.asarray(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) else x for x in leaves]
     return jax.tree_util.tree_unflatten(treedef, out)
-

@@ -23,16 +23,18 @@ import re
 import sys
 import time
 import traceback
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 
-from .._jaxpr.compile_cache import enable_compilation_cache
+from .._core.diagnosis import Diagnosis
 from .._core.errors import DoctorOptionError, JaxsaneError
-from .._experiment.contract import Adapted, Experiment
-from .._experiment.batches import first_batch, replayable
-from .._core.finding import Diagnosis, Finding
+from .._core.finding import Finding
 from .._core.frames import is_library_file, source_text
+from .._experiment.batches import first_batch, replayable
+from .._experiment.contract import Experiment, PureExperiment
+from .._jaxpr.compile_cache import enable_compilation_cache
 from .options import resolve, select_stages
 from .pipeline import PREPARE, STAGES, StageContext, check_options
 
@@ -63,8 +65,9 @@ class DoctorDiagnosis(Diagnosis):
     def complete(self) -> bool:
         """True when every requested stage ran. With the default stage list, a stage that is not
         applicable (a handle it needs is missing) is listed but does not count against it."""
-        return all(s["status"] == RAN or (s["status"] == NOT_APPLICABLE and not s.get("requested"))
-                   for s in self.stages)
+        return all(
+            s["status"] == RAN or (s["status"] == NOT_APPLICABLE and not s.get("requested")) for s in self.stages
+        )
 
     @property
     def passed(self) -> bool:
@@ -74,8 +77,15 @@ class DoctorDiagnosis(Diagnosis):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["complete"] = self.complete
-        d["stages"] = [dict(s, seconds=round(s["seconds"], 4), compile_seconds=round(s.get("compile_seconds", 0.0), 4),
-                            background_seconds=round(s.get("background_seconds", 0.0), 4)) for s in self.stages]
+        d["stages"] = [
+            dict(
+                s,
+                seconds=round(s["seconds"], 4),
+                compile_seconds=round(s.get("compile_seconds", 0.0), 4),
+                background_seconds=round(s.get("background_seconds", 0.0), 4),
+            )
+            for s in self.stages
+        ]
         d["compiles"] = self.artifacts.get("compiles", {})
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
         d["compile_cache"] = self.artifacts.get("compile_cache")
@@ -88,26 +98,37 @@ class DoctorDiagnosis(Diagnosis):
         if ran:
             total = sum(s["seconds"] for s in self.stages)
             ahead = {s["name"] for s in ran if s.get("background_seconds", 0) >= 0.05}  # worth a mention
-            lines.append("stages run: " + ", ".join(
-                f"{s['name']} {s['seconds']:.1f} s" + (f" (+{s['background_seconds']:.1f} s ahead)"
-                                                       if s["name"] in ahead else "")
-                for s in ran) + f" (total {total:.1f} s" + ("; ahead: run in the background while earlier stages ran)"
-                                                             if ahead else ")"))
+            lines.append(
+                "stages run: "
+                + ", ".join(
+                    f"{s['name']} {s['seconds']:.1f} s"
+                    + (f" (+{s['background_seconds']:.1f} s ahead)" if s["name"] in ahead else "")
+                    for s in ran
+                )
+                + f" (total {total:.1f} s"
+                + ("; ahead: run in the background while earlier stages ran)" if ahead else ")")
+            )
             compiled = [s for s in ran if s.get("compiles")]
             if compiled:
                 background = self.artifacts.get("compiles", {}).get("background", 0)
-                lines.append("compiles per stage: " + ", ".join(
-                    f"{s['name']} {s['compiles']} ({s['compile_seconds']:.1f} s)" for s in compiled)
-                    + (f"; {background} in the background while they ran" if background else ""))
+                lines.append(
+                    "compiles per stage: "
+                    + ", ".join(f"{s['name']} {s['compiles']} ({s['compile_seconds']:.1f} s)" for s in compiled)
+                    + (f"; {background} in the background while they ran" if background else "")
+                )
         for s in self.stages:
             if s["status"] != RAN:
-                lines.append(f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: "
-                             f"{s['reason']}")
+                lines.append(
+                    f"stage {s['name']} {'did not finish' if s['status'] == FAILED else s['status']}: {s['reason']}"
+                )
         if not self.complete:
-            missing = sum(s["status"] != RAN and (s["status"] != NOT_APPLICABLE or s.get("requested"))
-                          for s in self.stages)
-            lines.append(f"incomplete: {missing} of {len(self.stages)} requested stages did not run, so doctor "
-                         "cannot pass this program (give what a skipped stage needs, or leave it out with skip=)")
+            missing = sum(
+                s["status"] != RAN and (s["status"] != NOT_APPLICABLE or s.get("requested")) for s in self.stages
+            )
+            lines.append(
+                f"incomplete: {missing} of {len(self.stages)} requested stages did not run, so doctor "
+                "cannot pass this program (give what a skipped stage needs, or leave it out with skip=)"
+            )
         return lines
 
     def __str__(self) -> str:
@@ -129,6 +150,7 @@ class DoctorDiagnosis(Diagnosis):
 
 
 # ----------------------------------------------------------------------------- crash triage
+
 
 def _chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and its causes, outermost first (explicit ``from`` causes, else unsuppressed context)."""
@@ -172,7 +194,7 @@ def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
 def _first_line(exc: BaseException, limit: int = 300) -> str:
     text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
     text = text.removeprefix("[jaxsane] ")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _crash_finding(crash: tuple[BaseException, str, int], during: str) -> Finding:
@@ -180,12 +202,14 @@ def _crash_finding(crash: tuple[BaseException, str, int], during: str) -> Findin
     src = source_text(file, line)
     return Finding(
         "doctor.user_code_crashed",
-        f"your code raised {type(exc).__name__}: {_first_line(exc)} (during {during})"
-        + (f"   {src}" if src else ""),
-        (f"fix the exception at {file}:{line}" if file else
-         "fix what the check in your code (eqx.error_if) reports") + "; doctor cannot check a program that crashes "
+        f"your code raised {type(exc).__name__}: {_first_line(exc)} (during {during})" + (f"   {src}" if src else ""),
+        (f"fix the exception at {file}:{line}" if file else "fix what the check in your code (eqx.error_if) reports")
+        + "; doctor cannot check a program that crashes "
         "(call that function yourself on the first batch to see the whole traceback)",
-        file=file, line=line, extra={"exception": type(exc).__name__, "during": [during]})
+        file=file,
+        line=line,
+        extra={"exception": type(exc).__name__, "during": [during]},
+    )
 
 
 def _at(file: str | None, line: int | None) -> str:
@@ -218,20 +242,31 @@ class _Triage:
             return blocked
         if isinstance(exc, JaxsaneError):
             reason = f"could not run: {_first_line(exc)}"
-            self.diagnosis.add(Finding("doctor.skipped", f"stage {name!r} {reason}",
-                                       "fix the Experiment as the message says, then run doctor again",
-                                       severity="warning"))
+            self.diagnosis.add(
+                Finding(
+                    "doctor.skipped",
+                    f"stage {name!r} {reason}",
+                    "fix the Experiment as the message says, then run doctor again",
+                    severity="warning",
+                )
+            )
             return SKIPPED, reason
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
         reason = f"crashed inside jaxsane (a jaxsane bug): {type(exc).__name__}: {_first_line(exc)}{where}"
-        self.diagnosis.add(Finding("doctor.skipped", f"stage {name!r} {reason}",
-                                   f"please report this jaxsane bug with the message; meanwhile skip={name!r} "
-                                   "(CLI: --skip) runs the other stages", severity="warning"))
+        self.diagnosis.add(
+            Finding(
+                "doctor.skipped",
+                f"stage {name!r} {reason}",
+                f"please report this jaxsane bug with the message; meanwhile skip={name!r} "
+                "(CLI: --skip) runs the other stages",
+                severity="warning",
+            )
+        )
         return FAILED, reason
 
 
-def _step_output_problem(adapted: Adapted, batch: Any, triage: _Triage) -> tuple[str, str] | None:
+def _step_output_problem(adapted: PureExperiment, batch: Any, triage: _Triage) -> tuple[str, str] | None:
     """Trace the step once (no FLOPs): ``(status, reason)`` when the step is unusable (its finding added)."""
     if adapted.nnx:  # NNX steps update objects in place: any output (or none) is fine
         return None
@@ -242,17 +277,21 @@ def _step_output_problem(adapted: Adapted, batch: Any, triage: _Triage) -> tuple
         if crash is not None:
             return CRASHED, triage.user(crash, "the first trace of the step")
         if isinstance(e, JaxsaneError) and e.__cause__ is None:
-            triage.diagnosis.add(Finding(
-                "doctor.step_output",
-                f"the step cannot train: {_first_line(e, 1000)}",
-                "return the updated state from the step: `return new_state, metrics` (or `return new_state`)",
-                extra={"structure": str(e)}))
+            triage.diagnosis.add(
+                Finding(
+                    "doctor.step_output",
+                    f"the step cannot train: {_first_line(e, 1000)}",
+                    "return the updated state from the step: `return new_state, metrics` (or `return new_state`)",
+                    extra={"structure": str(e)},
+                )
+            )
             return SKIPPED, "the step returns no usable new state (see doctor.step_output)"
         return None  # not the user's code, not the output: let the stages run and report it
     return None
 
 
 # ----------------------------------------------------------------------------- progress
+
 
 class _Progress:
     """A rich spinner on a terminal; plain ``[jaxsane] name: stage ... 1.2 s`` lines otherwise; or nothing."""
@@ -267,6 +306,7 @@ class _Progress:
             return
         if self.tty:
             from rich.console import Console
+
             self._status = Console(stderr=True).status(f"[jaxsane] {self.name}: {description}")
             self._status.__enter__()
         else:
@@ -278,7 +318,9 @@ class _Progress:
             self._status.__exit__(None, None, None)
             self._status = None
         if self.enabled and not self.tty:
-            tail = f"{record['seconds']:.1f} s" if record["status"] == RAN else f"{record['status']} ({record['reason']})"
+            tail = (
+                f"{record['seconds']:.1f} s" if record["status"] == RAN else f"{record['status']} ({record['reason']})"
+            )
             sys.stderr.write(f" {tail}\n")
             sys.stderr.flush()
 
@@ -302,6 +344,7 @@ class _TimedPool:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[self.name] = self.seconds.get(self.name, 0.0) + time.perf_counter() - start
+
         return self.pool.submit(timed)
 
 
@@ -317,12 +360,13 @@ class _CompileLog:
         if event != _COMPILE_EVENT:
             return
         import threading
+
         where = "background" if threading.current_thread().name.startswith(_BACKGROUND) else self.stage
         entry = self.counts.setdefault(where, [0, 0.0])
         entry[0] += 1
         entry[1] += duration
 
-    def __enter__(self) -> "_CompileLog":
+    def __enter__(self) -> _CompileLog:
         jax.monitoring.register_event_duration_secs_listener(self.listener)
         return self
 
@@ -336,9 +380,17 @@ class _CompileLog:
 
 # ----------------------------------------------------------------------------- doctor
 
-def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip: Iterable[str] = (),
-           key: jax.Array | None = None, progress: bool = True, compile_cache: bool | str = True,
-           **options: Any) -> Diagnosis:
+
+def doctor(
+    experiment: Experiment,
+    *,
+    stages: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+    key: jax.Array | None = None,
+    progress: bool = True,
+    compile_cache: bool | str = True,
+    **options: Any,
+) -> Diagnosis:
     """Run the sanity checklist on ``experiment`` and return a :class:`DoctorDiagnosis`.
 
     Args:
@@ -371,21 +423,24 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
       >>> diagnosis = doctor(load("digits_optax"), progress=False)  # doctest: +SKIP
     """
     if not isinstance(experiment, Experiment):
-        raise JaxsaneError(f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
-                           "jaxsane.Experiment(init=..., step=..., train=...).")
+        raise JaxsaneError(
+            f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
+            "jaxsane.Experiment(init=..., step=..., train=...)."
+        )
     chosen = select_stages(stages, skip)
     opts = resolve(options)
     check_options(opts)
     if not isinstance(progress, bool):
         raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
     if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
-        raise DoctorOptionError(f"doctor: compile_cache must be True, False or a directory path, got "
-                                f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off.")
+        raise DoctorOptionError(
+            f"doctor: compile_cache must be True, False or a directory path, got "
+            f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off."
+        )
     cache_dir = enable_compilation_cache(None if compile_cache is True else compile_cache)
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
-    experiment = dataclasses.replace(experiment, train=replayable(experiment.train),
-                                     eval=replayable(experiment.eval))
+    experiment = dataclasses.replace(experiment, train=replayable(experiment.train), eval=replayable(experiment.eval))
     diagnosis = DoctorDiagnosis(name=experiment.name)
     records: list[dict[str, Any]] = []
     diagnosis.artifacts["stages"] = records
@@ -408,7 +463,7 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
             blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
         if "data" not in blocked:
             try:
-                adapted = Adapted(experiment, key=key, reuse_init=True)
+                adapted = PureExperiment(experiment, key=key, reuse_init=True)
             except Exception as e:
                 crash = user_crash(e)
                 if crash is None:
@@ -427,25 +482,57 @@ def doctor(experiment: Experiment, *, stages: Iterable[str] | None = None, skip:
     if adapted is not None and not blocked:
         for name, prepare in PREPARE.items():
             if name in chosen:
-                prepared[name] = prepare(StageContext(experiment, adapted, key, batch, eval_batch, opts[name],
-                                                      diagnosis.artifacts), _TimedPool(pool, name, ahead))
+                prepared[name] = prepare(
+                    StageContext(experiment, adapted, key, batch, eval_batch, opts[name], diagnosis.artifacts),
+                    _TimedPool(pool, name, ahead),
+                )
     try:
-        _run_stages(experiment, adapted, key, batch, eval_batch, opts, chosen, stages, prepared,
-                    diagnosis, triage, blocked, progress, log, ahead)
+        _run_stages(
+            experiment,
+            adapted,
+            key,
+            batch,
+            eval_batch,
+            opts,
+            chosen,
+            stages,
+            prepared,
+            diagnosis,
+            triage,
+            blocked,
+            progress,
+            log,
+            ahead,
+        )
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         log.__exit__()
         count, seconds = log.of("background")
-        diagnosis.artifacts["compiles"] = {"setup": log.of("setup")[0], "background": count,
-                                           "background_seconds": seconds}
+        diagnosis.artifacts["compiles"] = {
+            "setup": log.of("setup")[0],
+            "background": count,
+            "background_seconds": seconds,
+        }
     return diagnosis
 
 
-def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array, batch: Any, eval_batch: Any,
-                opts: dict[str, Any], chosen: list[str], stages: Iterable[str] | None,
-                prepared: dict[str, dict[str, Any]], diagnosis: DoctorDiagnosis, triage: _Triage,
-                blocked: dict[str, tuple[str, str]], progress: bool, log: _CompileLog,
-                ahead: dict[str, float]) -> None:
+def _run_stages(
+    experiment: Experiment,
+    adapted: PureExperiment | None,
+    key: jax.Array,
+    batch: Any,
+    eval_batch: Any,
+    opts: dict[str, Any],
+    chosen: list[str],
+    stages: Iterable[str] | None,
+    prepared: dict[str, dict[str, Any]],
+    diagnosis: DoctorDiagnosis,
+    triage: _Triage,
+    blocked: dict[str, tuple[str, str]],
+    progress: bool,
+    log: _CompileLog,
+    ahead: dict[str, float],
+) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
@@ -462,8 +549,16 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
             failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
             status, reason = failed_need or (RAN, "")
             if failed_need is None:
-                ctx = StageContext(experiment, adapted, key, batch, eval_batch, opts[stage.name],
-                                   diagnosis.artifacts, prepared.get(stage.name, {}))
+                ctx = StageContext(
+                    experiment,
+                    adapted,
+                    key,
+                    batch,
+                    eval_batch,
+                    opts[stage.name],
+                    diagnosis.artifacts,
+                    prepared.get(stage.name, {}),
+                )
                 try:
                     found = list(stage.run(ctx))
                 except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
@@ -476,8 +571,15 @@ def _run_stages(experiment: Experiment, adapted: Adapted | None, key: jax.Array,
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             timings[stage.name] = time.perf_counter() - start
             compiles, compile_seconds = log.of(stage.name)
-            record = {"name": stage.name, "status": status, "reason": reason, "seconds": timings[stage.name],
-                      "requested": stages is not None, "compiles": compiles, "compile_seconds": compile_seconds,
-                      "background_seconds": ahead.get(stage.name, 0.0)}
+            record = {
+                "name": stage.name,
+                "status": status,
+                "reason": reason,
+                "seconds": timings[stage.name],
+                "requested": stages is not None,
+                "compiles": compiles,
+                "compile_seconds": compile_seconds,
+                "background_seconds": ahead.get(stage.name, 0.0),
+            }
             records.append(record)
             show.end(record)

@@ -17,15 +17,22 @@ import json
 import numbers
 import types
 import typing
-from typing import Any, ClassVar, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 from .._core.errors import DoctorOptionError
 
 _UNSET = object()
 
 
-def _opt(default: Any = _UNSET, doc: str = "", *, factory: Any = None, minimum: float | None = None,
-         choices: tuple | None = None) -> Any:
+def _opt(
+    default: Any = _UNSET,
+    doc: str = "",
+    *,
+    factory: Any = None,
+    minimum: float | None = None,
+    choices: tuple | None = None,
+) -> Any:
     """A documented option field: its help text, and an optional lower bound or set of choices."""
     meta = {"doc": doc, "minimum": minimum, "choices": choices}
     if factory is not None:
@@ -39,8 +46,11 @@ class DataOptions:
 
     stage: ClassVar[str] = "data"
     description: ClassVar[str] = "data: shapes, labels, leakage, duplicates, padding, scale"
-    data_max_batches: int | None = _opt(None, "batches read from an iterable split (default: all of a sized "
-                                        "iterable up to 1000, otherwise 20)", minimum=1)
+    data_max_batches: int | None = _opt(
+        None,
+        "batches read from an iterable split (default: all of a sized iterable up to 1000, otherwise 20)",
+        minimum=1,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +58,19 @@ class InitOptions:
     """Options of the ``init`` stage (loss at init, activation statistics)."""
 
     stage: ClassVar[str] = "init"
-    description: ClassVar[str] = "init: loss at init against ln C or the best constant, activation scale, symmetric units"
+    description: ClassVar[str] = (
+        "init: loss at init against ln C or the best constant, activation scale, symmetric units"
+    )
     init_loss_rtol: float = _opt(0.5, "relative distance from ln C that init.loss tolerates", minimum=0)
-    init_loss_factor: float = _opt(30.0, "for a loss that is not a C-way cross-entropy: how many times the best "
-                                   "constant prediction's loss init.loss tolerates", minimum=1)
-    init_scale_ratio: float = _opt(10.0, "growth/shrink of activation scale through depth that init.scale "
-                                   "tolerates", minimum=0)
+    init_loss_factor: float = _opt(
+        30.0,
+        "for a loss that is not a C-way cross-entropy: how many times the best "
+        "constant prediction's loss init.loss tolerates",
+        minimum=1,
+    )
+    init_scale_ratio: float = _opt(
+        10.0, "growth/shrink of activation scale through depth that init.scale tolerates", minimum=0
+    )
     init_per_layer_factor: float = _opt(2.0, "scale change per layer that init.scale tolerates", minimum=0)
     init_max_saturated: float = _opt(0.5, "fraction of saturated units tolerated", minimum=0)
     init_symmetric_tol: float = _opt(1e-6, "tolerance under which two units count as identical", minimum=0)
@@ -95,17 +112,23 @@ class OverfitOptions:
 
     stage: ClassVar[str] = "overfit"
     description: ClassVar[str] = "overfit one small batch (vmapped sweep)"
-    overfit_seeds: int | tuple[int, ...] | None = _opt(None, "number of seeds, or the seeds themselves (default: 2, "
-                                                       "or 1 for a model too large for 2 in the sweep's budget)")
+    overfit_seeds: int | tuple[int, ...] | None = _opt(
+        None,
+        "number of seeds, or the seeds themselves (default: 2, or 1 for a model too large for 2 in the sweep's budget)",
+    )
     overfit_steps: int = _opt(300, "steps per configuration", minimum=1)
-    overfit_learning_rates: tuple[float, ...] | None = _opt(None, "learning rates swept (default: 0.1, 1 and 10 x the "
-                                                            "optimizer's own rate)", minimum=0)
-    overfit_init_scales: tuple[float, ...] | None = _opt(None, "init scale multipliers swept (default: 1)",
-                                                         minimum=0)
+    overfit_learning_rates: tuple[float, ...] | None = _opt(
+        None, "learning rates swept (default: 0.1, 1 and 10 x the optimizer's own rate)", minimum=0
+    )
+    overfit_init_scales: tuple[float, ...] | None = _opt(None, "init scale multipliers swept (default: 1)", minimum=0)
     overfit_batch_size: int = _opt(16, "examples of the first batch to overfit", minimum=1)
-    init_scales: tuple[float, ...] | None = _opt((0.5, 1.0, 2.0), "scales of the init-scale sweep drawn in the "
-                                                 "HTML report (None: no sweep; the CLI passes None unless it writes "
-                                                 "--html)", minimum=0)
+    init_scales: tuple[float, ...] | None = _opt(
+        (0.5, 1.0, 2.0),
+        "scales of the init-scale sweep drawn in the "
+        "HTML report (None: no sweep; the CLI passes None unless it writes "
+        "--html)",
+        minimum=0,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +140,21 @@ class RunOptions:
     run_steps: int = _opt(30, "steps of the run", minimum=1)
     run_eval_every: int = _opt(5, "steps between eval losses (0: none)", minimum=0)
     run_dead_every: int = _opt(5, "steps between dead-ReLU samples (0: none)", minimum=0)
-    run_thresholds: dict[str, int | float] = _opt(doc="keyword overrides for jaxsane.check_training "
-                                            "(e.g. plateau_rel:0.02)", factory=dict)
+    run_thresholds: dict[str, int | float] = _opt(
+        doc="keyword overrides for jaxsane.check_training (e.g. plateau_rel:0.02)", factory=dict
+    )
 
 
 # The stages' options, in checklist order (the pipeline checks it runs the same order).
-OPTION_CLASSES: tuple[type, ...] = (DataOptions, InitOptions, GradsOptions, StepOptions, BatchOptions,
-                                    OverfitOptions, RunOptions)
+OPTION_CLASSES: tuple[type, ...] = (
+    DataOptions,
+    InitOptions,
+    GradsOptions,
+    StepOptions,
+    BatchOptions,
+    OverfitOptions,
+    RunOptions,
+)
 STAGE_NAMES: tuple[str, ...] = tuple(cls.stage for cls in OPTION_CLASSES)
 
 
@@ -149,8 +180,15 @@ def _specs() -> dict[str, OptionSpec]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            out[f.name] = OptionSpec(f.name, cls.stage, hints[f.name], default, f.metadata["doc"],
-                                     f.metadata["minimum"], f.metadata["choices"])
+            out[f.name] = OptionSpec(
+                f.name,
+                cls.stage,
+                hints[f.name],
+                default,
+                f.metadata["doc"],
+                f.metadata["minimum"],
+                f.metadata["choices"],
+            )
     return out
 
 
@@ -224,13 +262,16 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def _range_problem(spec: OptionSpec, value: Any) -> str | None:
-    items = list(value.values()) if isinstance(value, dict) else (
-        list(value) if isinstance(value, tuple) else [value])
+    items = list(value.values()) if isinstance(value, dict) else (list(value) if isinstance(value, tuple) else [value])
     for item in items:
         if spec.choices is not None and item not in spec.choices:
             return f"must be one of {list(spec.choices)}, got {item!r}"
-        if (spec.minimum is not None and isinstance(item, (int, float)) and not isinstance(item, bool)
-                and item < spec.minimum):
+        if (
+            spec.minimum is not None
+            and isinstance(item, (int, float))
+            and not isinstance(item, bool)
+            and item < spec.minimum
+        ):
             return f"must be >= {spec.minimum:g}, got {item!r}"
     return None
 
@@ -253,8 +294,10 @@ def check_value(name: str, value: Any) -> Any:
     try:
         out = _coerce(value, spec.type)
     except _Mismatch:
-        raise DoctorOptionError(f"doctor option {name} must be {type_name(spec.type)} (default "
-                                f"{spec.default!r}: {spec.doc}), got {value!r} ({type(value).__name__}).") from None
+        raise DoctorOptionError(
+            f"doctor option {name} must be {type_name(spec.type)} (default "
+            f"{spec.default!r}: {spec.doc}), got {value!r} ({type(value).__name__})."
+        ) from None
     problem = _range_problem(spec, out)
     if problem:
         raise DoctorOptionError(f"doctor option {name} {problem} (default {spec.default!r}: {spec.doc}).")
@@ -327,12 +370,19 @@ def parse_text(name: str, text: str) -> Any:
         value = _parse(text, spec.type)
     except _Mismatch:
         example = {int: "3", float: "0.5"}.get(spec.type, None)
-        form = (f"e.g. {name}={example}" if example else
-                f"a comma list, e.g. {name}={','.join(map(str, spec.default or (0.001, 0.01)))}"
-                if "tuple" in type_name(spec.type) else
-                f"e.g. {name}=plateau_rel:0.02,min_steps:5" if isinstance(spec.default, dict) else "")
-        raise DoctorOptionError(f"doctor option {name} must be {type_name(spec.type)} (default {spec.default!r}: "
-                                f"{spec.doc}), got {text!r}{'; ' + form if form else ''}.") from None
+        form = (
+            f"e.g. {name}={example}"
+            if example
+            else f"a comma list, e.g. {name}={','.join(map(str, spec.default or (0.001, 0.01)))}"
+            if "tuple" in type_name(spec.type)
+            else f"e.g. {name}=plateau_rel:0.02,min_steps:5"
+            if isinstance(spec.default, dict)
+            else ""
+        )
+        raise DoctorOptionError(
+            f"doctor option {name} must be {type_name(spec.type)} (default {spec.default!r}: "
+            f"{spec.doc}), got {text!r}{'; ' + form if form else ''}."
+        ) from None
     return check_value(name, value)
 
 
@@ -358,6 +408,8 @@ def select_stages(stages: Iterable[str] | str | None, skip: Iterable[str] | str 
         raise DoctorOptionError(f"unknown doctor stage(s) {unknown}; the stages are {list(STAGE_NAMES)}.")
     selected = [s for s in STAGE_NAMES if s in chosen and s not in skipped]
     if not selected:
-        raise DoctorOptionError(f"no doctor stage left to run (stages={chosen}, skip={skipped}); a diagnosis that "
-                                f"checked nothing cannot pass. The stages are {list(STAGE_NAMES)}.")
+        raise DoctorOptionError(
+            f"no doctor stage left to run (stages={chosen}, skip={skipped}); a diagnosis that "
+            f"checked nothing cannot pass. The stages are {list(STAGE_NAMES)}."
+        )
     return selected

@@ -14,27 +14,54 @@ import concurrent.futures
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 
 from .._checks.batch import check_batch_independence, check_example_slices
+from .._checks.grads import check_grads
+from .._checks.init import (
+    activation_stats,
+    check_activations,
+    check_init_loss,
+    classification_of,
+    initial_loss,
+    traceable,
+)
+from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
+from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
 from .._checks.sequence import check_causal, check_padding_in_loss, loss_reads_first_target
+from .._checks.step import check_step
+from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
+from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
 from .._data.read import is_data
-from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
-from .._experiment.contract import Adapted, Experiment
-from .._experiment.batches import axis_text, count_examples, example_view, get_inputs, get_labels, get_mask, leading_sizes, slice_examples, sliceable
-from .._core.finding import Finding
-from .._checks.grads import check_grads
-from .._checks.init import activation_stats, check_activations, check_init_loss, classification_of, initial_loss, traceable
-from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
-from .run_stage import prepare_run, run_stage
+from .._experiment.batches import (
+    axis_text,
+    count_examples,
+    example_view,
+    get_inputs,
+    get_labels,
+    get_mask,
+    leading_sizes,
+    slice_examples,
+    sliceable,
+)
+from .._experiment.contract import Experiment, PureExperiment
 from .._monitor.train_checks import check_training
-from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
-from .options import OPTION_CLASSES, BatchOptions, DataOptions, GradsOptions, InitOptions, OverfitOptions, RunOptions, StepOptions
 from .._overfit.overfit import plan_overfit
-from .._checks.step import check_step
+from .options import (
+    OPTION_CLASSES,
+    BatchOptions,
+    DataOptions,
+    GradsOptions,
+    InitOptions,
+    OverfitOptions,
+    RunOptions,
+    StepOptions,
+)
+from .run_stage import prepare_run, run_stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +70,7 @@ class StageContext:
 
     Attributes:
       experiment: the user's :class:`~jaxsane.Experiment` (train/eval replayable from the start).
-      adapted: the pure view of it (:class:`Adapted`); None only when ``Experiment.init`` crashed,
+      adapted: the pure view of it (:class:`PureExperiment`); None only when ``Experiment.init`` crashed,
         in which case only stages that need no state run.
       key: the PRNG key for init and the checks.
       batch: the first train batch.
@@ -55,7 +82,7 @@ class StageContext:
     """
 
     experiment: Experiment
-    adapted: Adapted | None
+    adapted: PureExperiment | None
     key: jax.Array
     batch: Any
     eval_batch: Any
@@ -86,6 +113,7 @@ class Stage:
 
 # ----------------------------------------------------------------------------- the stages
 
+
 def data_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
     exp = ctx.experiment
@@ -100,16 +128,30 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
         except Exception:  # init problems are the init stage's to report
             apply_fn = params = None
     try:
-        diagnosis = check_data(exp.train, exp.eval, num_classes=exp.num_classes, inputs=exp.inputs,
-                               labels=exp.labels, mask=exp.mask, apply=apply_fn, params=params, max_batches=limit)
+        diagnosis = check_data(
+            exp.train,
+            exp.eval,
+            num_classes=exp.num_classes,
+            inputs=exp.inputs,
+            labels=exp.labels,
+            mask=exp.mask,
+            apply=apply_fn,
+            params=params,
+            max_batches=limit,
+        )
     except DataError as e:
         view = example_view(exp, ctx.batch)
         if len(leading_sizes(view)) <= 1:
             raise
-        return [Finding("doctor.skipped", "data checks not run: they read one example per row, and the batch's "
-                        f"leaves disagree on the leading axis ({axis_text(view)}; a graph batch, packed "
-                        f"sequences), so rows are not examples ({str(e)[10:160]})",
-                        "check such data in your own pipeline tests")]
+        return [
+            Finding(
+                "doctor.skipped",
+                "data checks not run: they read one example per row, and the batch's "
+                f"leaves disagree on the leading axis ({axis_text(view)}; a graph batch, packed "
+                f"sequences), so rows are not examples ({str(e)[10:160]})",
+                "check such data in your own pipeline tests",
+            )
+        ]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
     found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
     loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
@@ -129,9 +171,16 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
         return False
     try:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        return loss_reads_first_target(traceable(adapted, "loss"), params, ctx.batch,
-                                       get_labels(ctx.experiment, ctx.batch),
-                                       get_inputs(ctx.experiment, ctx.batch)) is False
+        return (
+            loss_reads_first_target(
+                traceable(adapted, "loss"),
+                params,
+                ctx.batch,
+                get_labels(ctx.experiment, ctx.batch),
+                get_inputs(ctx.experiment, ctx.batch),
+            )
+            is False
+        )
     except Exception:  # the loss's own problems are the later stages' to report
         return False
 
@@ -148,50 +197,89 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
     if num_classes is None:
         findings += _init_loss_vs_constant(ctx, state, loss, why_not, factor=opts.init_loss_factor)
     elif loss is None:
-        findings.append(Finding("doctor.skipped", "loss at init not checked: needs a loss (Experiment.loss, "
-                                "apply + labels, or a step reporting 'loss')", ""))
+        findings.append(
+            Finding(
+                "doctor.skipped",
+                "loss at init not checked: needs a loss (Experiment.loss, apply + labels, or a step reporting 'loss')",
+                "",
+            )
+        )
     else:
         findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
     if ctx.adapted.apply_fn is None:
-        findings.append(Finding("doctor.skipped", "activation statistics at init not checked: they need "
-                                "Experiment.apply ((params, inputs) -> outputs)", "pass Experiment(apply=...)"))
+        findings.append(
+            Finding(
+                "doctor.skipped",
+                "activation statistics at init not checked: they need Experiment.apply ((params, inputs) -> outputs)",
+                "pass Experiment(apply=...)",
+            )
+        )
         return findings
-    layers = activation_stats(traceable(ctx.adapted, "apply"), ctx.adapted.params(state),
-                              get_inputs(ctx.experiment, ctx.batch))
+    layers = activation_stats(
+        traceable(ctx.adapted, "apply"), ctx.adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
+    )
     ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
-    findings += check_activations(layers, scale_ratio=opts.init_scale_ratio,
-                                  per_layer_factor=opts.init_per_layer_factor,
-                                  max_saturated=opts.init_max_saturated, symmetric_tol=opts.init_symmetric_tol)
+    findings += check_activations(
+        layers,
+        scale_ratio=opts.init_scale_ratio,
+        per_layer_factor=opts.init_per_layer_factor,
+        max_saturated=opts.init_max_saturated,
+        symmetric_tol=opts.init_symmetric_tol,
+    )
     return findings
 
 
-def _init_loss_vs_constant(ctx: StageContext, state: Any, loss: float | None, why_not: str, *,
-                           factor: float) -> list[Finding]:
+def _init_loss_vs_constant(
+    ctx: StageContext, state: Any, loss: float | None, why_not: str, *, factor: float
+) -> list[Finding]:
     """``init.loss`` of a loss that is not a C-way cross-entropy, against the best constant prediction."""
     adapted, exp = ctx.adapted, ctx.experiment
     if loss is not None and not math.isfinite(loss):
         return check_init_loss_vs_constant(loss, math.nan)
     if adapted.loss_fn is None or adapted.apply_fn is None:
-        return [Finding("doctor.skipped", f"loss at init not compared with chance level ln C ({why_not}), nor with "
-                        "the best constant prediction: that needs Experiment.loss ((params, batch) -> scalar) and "
-                        "Experiment.apply ((params, inputs) -> outputs)",
-                        "pass Experiment(loss=..., apply=...), or Experiment(num_classes=C) for a C-way classifier")]
+        return [
+            Finding(
+                "doctor.skipped",
+                f"loss at init not compared with chance level ln C ({why_not}), nor with "
+                "the best constant prediction: that needs Experiment.loss ((params, batch) -> scalar) and "
+                "Experiment.apply ((params, inputs) -> outputs)",
+                "pass Experiment(loss=..., apply=...), or Experiment(num_classes=C) for a C-way classifier",
+            )
+        ]
     try:
         labels = get_labels(exp, ctx.batch)
     except Exception:  # an autoencoder's batch: no labels, the starts of the fit do without them
         labels = None
     try:
-        base = constant_loss(traceable(adapted, "loss"), traceable(adapted, "apply"), adapted.params(state),
-                             ctx.batch, get_inputs(exp, ctx.batch), examples=count_examples(exp, ctx.batch),
-                             labels=labels)
+        base = constant_loss(
+            traceable(adapted, "loss"),
+            traceable(adapted, "apply"),
+            adapted.params(state),
+            ctx.batch,
+            get_inputs(exp, ctx.batch),
+            examples=count_examples(exp, ctx.batch),
+            labels=labels,
+        )
     except CannotCompare as e:
-        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: {e} (nor "
-                        f"with chance level ln C: {why_not})", "")]
+        return [
+            Finding(
+                "doctor.skipped",
+                f"loss at init not compared with the best constant prediction: {e} (nor "
+                f"with chance level ln C: {why_not})",
+                "",
+            )
+        ]
     ctx.artifacts["init_loss"]["constant_loss"] = base.constant_loss
     if not base.constant_loss > 0:
-        return [Finding("doctor.skipped", f"loss at init not compared with the best constant prediction: its loss is "
-                        f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
-                        f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)", "")]
+        return [
+            Finding(
+                "doctor.skipped",
+                f"loss at init not compared with the best constant prediction: its loss is "
+                f"{base.constant_loss:.4g}, not positive, so a ratio says nothing (a log-likelihood that can "
+                f"go negative, a loss unbounded below such as a flipped sign, or labels constant on this batch)",
+                "",
+            )
+        ]
     return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=factor)
 
 
@@ -205,12 +293,23 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     opts: GradsOptions = ctx.options
     adapted = ctx.adapted
     if adapted.loss_fn is None:
-        return [Finding("doctor.skipped", "gradient check skipped: it needs Experiment.loss "
-                        "((params, batch) -> scalar)", "pass Experiment(loss=...) to check gradients")]
+        return [
+            Finding(
+                "doctor.skipped",
+                "gradient check skipped: it needs Experiment.loss ((params, batch) -> scalar)",
+                "pass Experiment(loss=...) to check gradients",
+            )
+        ]
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
-    return check_grads(traceable(adapted, "loss"), adapted.params(state), batch, order=opts.grads_order,
-                       modes=opts.grads_modes, max_leaves=opts.grads_max_leaves or None)
+    return check_grads(
+        traceable(adapted, "loss"),
+        adapted.params(state),
+        batch,
+        order=opts.grads_order,
+        modes=opts.grads_modes,
+        max_leaves=opts.grads_max_leaves or None,
+    )
 
 
 def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
@@ -228,21 +327,41 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     adapted = ctx.adapted
     findings = list(_sequence_checks(ctx))
     if adapted.apply_fn is None:
-        return findings + [Finding("doctor.skipped", "batch independence not checked: it needs Experiment.apply "
-                                   "((params, inputs) -> outputs, in eval mode)", "pass Experiment(apply=...)")]
+        return findings + [
+            Finding(
+                "doctor.skipped",
+                "batch independence not checked: it needs Experiment.apply ((params, inputs) -> outputs, in eval mode)",
+                "pass Experiment(apply=...)",
+            )
+        ]
     if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
         if sliceable(ctx.experiment, ctx.batch) is None:  # Experiment.examples cuts them: compare cuts
             exp, state = ctx.experiment, adapted.init(ctx.key)
-            return findings + check_example_slices(traceable(adapted, "apply"), adapted.params(state), ctx.batch,
-                                                   exp.examples, lambda b: get_inputs(exp, b),
-                                                   count_examples(exp, ctx.batch))
-        return findings + [Finding("doctor.skipped", "batch independence not checked: the inputs' leaves disagree on "
-                                   "the leading axis, so outputs cannot be matched to examples row by row (a graph "
-                                   "batch, packed sequences)", "pass Experiment(examples=lambda batch, n: ...) returning "
-                                   "the first n examples, and this stage compares the outputs of cut batches")]
+            return findings + check_example_slices(
+                traceable(adapted, "apply"),
+                adapted.params(state),
+                ctx.batch,
+                exp.examples,
+                lambda b: get_inputs(exp, b),
+                count_examples(exp, ctx.batch),
+            )
+        return findings + [
+            Finding(
+                "doctor.skipped",
+                "batch independence not checked: the inputs' leaves disagree on "
+                "the leading axis, so outputs cannot be matched to examples row by row (a graph "
+                "batch, packed sequences)",
+                "pass Experiment(examples=lambda batch, n: ...) returning "
+                "the first n examples, and this stage compares the outputs of cut batches",
+            )
+        ]
     state = adapted.init(ctx.key)
-    return findings + check_batch_independence(traceable(adapted, "apply"), adapted.params(state),
-                                               get_inputs(ctx.experiment, ctx.batch), probes=ctx.options.batch_probes)
+    return findings + check_batch_independence(
+        traceable(adapted, "apply"),
+        adapted.params(state),
+        get_inputs(ctx.experiment, ctx.batch),
+        probes=ctx.options.batch_probes,
+    )
 
 
 def _sequence_checks(ctx: StageContext) -> list[Finding]:
@@ -252,8 +371,14 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
     params = None
     if exp.causal:
         if adapted.apply_fn is None:
-            out.append(Finding("doctor.skipped", "causal check not run: Experiment(causal=True) needs "
-                               "Experiment.apply ((params, inputs) -> per-position outputs)", "pass apply=..."))
+            out.append(
+                Finding(
+                    "doctor.skipped",
+                    "causal check not run: Experiment(causal=True) needs "
+                    "Experiment.apply ((params, inputs) -> per-position outputs)",
+                    "pass apply=...",
+                )
+            )
         else:
             params = adapted.params(adapted.init(ctx.key))
             try:
@@ -267,8 +392,9 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
             labels = get_labels(exp, ctx.batch)
         except JaxsaneError:
             labels = None
-        out += check_padding_in_loss(traceable(adapted, "loss"), params, ctx.batch, mask,
-                                     inputs=get_inputs(exp, ctx.batch), labels=labels)
+        out += check_padding_in_loss(
+            traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
+        )
     return out
 
 
@@ -281,11 +407,20 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     opts: OverfitOptions = ctx.options
     why_not = sliceable(ctx.experiment, ctx.batch)
     if why_not is not None:
-        return [Finding("doctor.skipped", f"overfit sweep not run: it fits the first {opts.overfit_batch_size} "
-                        f"examples, and {why_not}", "pass Experiment(examples=lambda batch, n: ...)")]
+        return [
+            Finding(
+                "doctor.skipped",
+                f"overfit sweep not run: it fits the first {opts.overfit_batch_size} examples, and {why_not}",
+                "pass Experiment(examples=lambda batch, n: ...)",
+            )
+        ]
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
-                 init_scales=opts.overfit_init_scales)
+    sweep = dict(
+        seeds=opts.overfit_seeds,
+        steps=opts.overfit_steps,
+        learning_rates=opts.overfit_learning_rates,
+        init_scales=opts.overfit_init_scales,
+    )
     precompiled = None
     ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
     if ahead is not None:
@@ -300,9 +435,11 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         return list(result.findings)
     try:
         scales = _prepared_result(ctx.prepared.get("scales"))
-        ctx.artifacts["init_scales"] = (scales.run() if scales is not None else
-                                        init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key,
-                                                         progress=False))
+        ctx.artifacts["init_scales"] = (
+            scales.run()
+            if scales is not None
+            else init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
+        )
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
@@ -326,8 +463,12 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
     if sliceable(ctx.experiment, ctx.batch) is not None:
         return {}
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = dict(seeds=opts.overfit_seeds, steps=opts.overfit_steps, learning_rates=opts.overfit_learning_rates,
-                 init_scales=opts.overfit_init_scales)
+    sweep = dict(
+        seeds=opts.overfit_seeds,
+        steps=opts.overfit_steps,
+        learning_rates=opts.overfit_learning_rates,
+        init_scales=opts.overfit_init_scales,
+    )
 
     def plan_and_compile():
         plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)
@@ -337,8 +478,11 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
         plan = plan_init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
         plan.compile()
         return plan
-    return {"future": pool.submit(plan_and_compile),
-            **({"scales": pool.submit(plan_scales)} if opts.init_scales is not None else {})}
+
+    return {
+        "future": pool.submit(plan_and_compile),
+        **({"scales": pool.submit(plan_scales)} if opts.init_scales is not None else {}),
+    }
 
 
 # ----------------------------------------------------------------------------- the list
@@ -354,8 +498,11 @@ STAGES: tuple[Stage, ...] = (
 )
 # stages whose work doctor starts ahead, in the background, before the first stage runs
 # (``prepare(ctx, pool) -> ctx.prepared``), in this order
-PREPARE: dict[str, Callable[..., dict[str, Any]]] = {"grads": prepare_grads, "overfit": prepare_overfit,
-                                                     "run": prepare_run}
+PREPARE: dict[str, Callable[..., dict[str, Any]]] = {
+    "grads": prepare_grads,
+    "overfit": prepare_overfit,
+    "run": prepare_run,
+}
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 
@@ -365,5 +512,7 @@ def check_options(options: dict[str, Any]) -> None:
     known = [p for p, v in inspect.signature(check_training).parameters.items() if v.kind is v.KEYWORD_ONLY]
     unknown = [k for k in run.run_thresholds if k not in known]
     if unknown:
-        raise DoctorOptionError(f"doctor option run_thresholds has unknown key(s) {unknown}; the thresholds of "
-                                f"jaxsane.check_training are {known}.")
+        raise DoctorOptionError(
+            f"doctor option run_thresholds has unknown key(s) {unknown}; the thresholds of "
+            f"jaxsane.check_training are {known}."
+        )

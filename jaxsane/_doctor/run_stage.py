@@ -20,24 +20,34 @@ the paths, the located origin) is exactly guard's. Nothing here is jit-safe; the
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from .._experiment.purify import uncounted
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import NonFiniteError
-from .._experiment.contract import Adapted
-from .._experiment.batches import get_inputs, iter_batches
 from .._core.finding import Finding
-from .._guard.guard import Guarded
-from .._monitor.monitor import MODE_BARE, MODE_FULL, Monitor, check_training, dead_fractions, finite_or_minus_one, leaf_norms, relu_outputs
-from .options import RunOptions
 from .._core.tree import PyTree, grouped_finite_flags, is_inexact
+from .._experiment.batches import get_inputs, iter_batches
+from .._experiment.contract import PureExperiment
+from .._experiment.purify import uncounted
+from .._guard.guard import Guarded
+from .._jaxpr.compile_level import quick_jit
+from .._monitor.monitor import (
+    MODE_BARE,
+    MODE_FULL,
+    Monitor,
+    check_training,
+    dead_fractions,
+    finite_or_minus_one,
+    leaf_norms,
+    relu_outputs,
+)
+from .options import RunOptions
 
 
-def host_step(adapted: Adapted) -> Callable:
+def host_step(adapted: PureExperiment) -> Callable:
     """The pure step as called from the host: through the pure view when the user's step is jitted (its
     compiled program is the one :func:`~jaxsane.check_step` compiled), else one shared ``jax.jit`` of it."""
     exp = adapted.experiment
@@ -52,7 +62,7 @@ def _floats(tree: PyTree) -> list:
 class RunPrograms:
     """The run stage's step and its telemetry programs, for one :class:`Monitor`. Not jit-safe to build."""
 
-    def __init__(self, adapted: Adapted, monitor: Monitor, steps: int):
+    def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int):
         self.adapted, self.monitor = adapted, monitor
         self.step = host_step(adapted)
         self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
@@ -88,11 +98,11 @@ class RunPrograms:
         return self.dead(params, inputs)
 
 
-def _monitor(adapted: Adapted, dead_every: int, steps: int) -> Monitor:
+def _monitor(adapted: PureExperiment, dead_every: int, steps: int) -> Monitor:
     return Monitor(adapted, every=1, dead_every=dead_every, log_every=max(1, steps))
 
 
-def _eval_loss(adapted: Adapted, eval_batch: Any, opts: RunOptions) -> Callable | None:
+def _eval_loss(adapted: PureExperiment, eval_batch: Any, opts: RunOptions) -> Callable | None:
     if eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
         return adapted.jitted("loss")
     return None
@@ -116,26 +126,34 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
             eval_loss.lower(params, eval_batch).compile()
+
     return {"programs": programs, "future": pool.submit(compile_all)}
 
 
 def _copy(tree: PyTree) -> PyTree:
     """A copy of every array in ``tree`` (no compile), on the same devices with the same sharding, committed
     only where the original is (jit's cache tells the two apart: the programs compiled ahead would miss)."""
-    return jax.tree_util.tree_map(lambda x: jax.device_put(x, x.sharding if x.committed else None, may_alias=False)
-                                  if isinstance(x, jax.Array) else x, tree)
+    return jax.tree_util.tree_map(
+        lambda x: (
+            jax.device_put(x, x.sharding if x.committed else None, may_alias=False) if isinstance(x, jax.Array) else x
+        ),
+        tree,
+    )
 
 
-def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, metrics: Any,
-                   reports_loss: bool) -> Finding:
+def _guard_finding(
+    adapted: PureExperiment, state: PyTree, batch: PyTree, step: int, metrics: Any, reports_loss: bool
+) -> Finding:
     """The finding guard gives for step ``step`` on these inputs (the step runs once more under it). A step that
     reports no loss runs with Experiment.loss before it as its loss, the loss the run recorded for it."""
     step_fn = adapted.step
     if not reports_loss and adapted.loss_fn is not None:
+
         def step_fn(state, batch):
             loss = adapted.loss_fn(adapted.params(state), batch)  # first, as the run computed it: before the step
             new_state, out = adapted.step(state, batch)
             return new_state, {**out, "loss": loss}
+
     guarded = Guarded(step_fn, on_nonfinite="raise", sync=True, runs=1)  # one call: a quick compile
     guarded.step_count = step
     try:
@@ -144,11 +162,13 @@ def _guard_finding(adapted: Adapted, state: PyTree, batch: PyTree, step: int, me
     except NonFiniteError as e:
         return e.finding
     in_metrics = not bool(jnp.all(grouped_finite_flags(metrics)))
-    return Finding("nonfinite.forward" if in_metrics else "nonfinite.update",
-                   f"step {step} produced NaN/Inf in its {'metrics' if in_metrics else 'new state'}, but not when it "
-                   "ran again on the same inputs under jaxsane.guard: the step is not deterministic",
-                   "wrap the step in jaxsane.guard(step, dump_dir=...) in the training loop to catch and dump it",
-                   step=step)
+    return Finding(
+        "nonfinite.forward" if in_metrics else "nonfinite.update",
+        f"step {step} produced NaN/Inf in its {'metrics' if in_metrics else 'new state'}, but not when it "
+        "ran again on the same inputs under jaxsane.guard: the step is not deterministic",
+        "wrap the step in jaxsane.guard(step, dump_dir=...) in the training loop to catch and dump it",
+        step=step,
+    )
 
 
 def run_stage(ctx: Any) -> Iterable[Finding]:
@@ -172,7 +192,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     failed = False
     if eval_loss is not None:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
-    copy_inputs = True   # until the first step shows that the step does not donate its inputs
+    copy_inputs = True  # until the first step shows that the step does not donate its inputs
     for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
         mode = monitor.mode_for(i)
         # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an

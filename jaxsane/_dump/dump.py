@@ -26,14 +26,23 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._core.errors import DumpError, DumpShapeError
 from .._experiment.purify import combine, needs_partition, partition
-from .format import FORMAT as FORMAT, MAX_BYTES as MAX_BYTES, MAX_DEPTH as MAX_DEPTH, MAX_JSON_BYTES as _MAX_JSON_BYTES, MAX_NODES as MAX_NODES, PYTHON_SCALARS as _PYTHON, RAW_DTYPES as _RAW, READABLE as _READABLE
+from .format import (
+    FORMAT as FORMAT,
+    MAX_BYTES as MAX_BYTES,
+    MAX_DEPTH as MAX_DEPTH,
+    MAX_JSON_BYTES as _MAX_JSON_BYTES,
+    MAX_NODES as MAX_NODES,
+    PYTHON_SCALARS as _PYTHON,
+    RAW_DTYPES as _RAW,
+    READABLE as _READABLE,
+)
 from .nnx import nnx_templates, objects_error, read_records, standin
 from .save import Encoder as _Encoder, save_dump as save_dump
-from .._core.errors import DumpError, DumpShapeError
-
 
 # ----------------------------------------------------------------------------- load
+
 
 def _open_regular(file: str, what: str):
     """Open ``file`` for reading only if it is a regular file (no symlink, FIFO or device; never blocks)."""
@@ -41,15 +50,19 @@ def _open_regular(file: str, what: str):
     try:
         st = os.lstat(file)
     except FileNotFoundError:
-        raise DumpError(f"{os.path.dirname(file)!r} is not a jaxsane dump: {what} is missing. A dump directory "
-                        "holds tree.json and arrays.npz; point at the directory a guarded step printed in its "
-                        "NonFiniteError.") from None
+        raise DumpError(
+            f"{os.path.dirname(file)!r} is not a jaxsane dump: {what} is missing. A dump directory "
+            "holds tree.json and arrays.npz; point at the directory a guarded step printed in its "
+            "NonFiniteError."
+        ) from None
     except OSError as e:
         raise DumpError(f"cannot read {file}: {e.strerror or e}.") from e
     if not stat.S_ISREG(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-        raise DumpError(f"{file} is {kind}; a dump is read only from regular files. Copy the real file into "
-                        "the dump directory if you trust it.")
+        raise DumpError(
+            f"{file} is {kind}; a dump is read only from regular files. Copy the real file into "
+            "the dump directory if you trust it."
+        )
     try:
         fd = os.open(file, flags)
     except OSError as e:
@@ -85,43 +98,69 @@ class _Reader:
         if t == "leaf":
             i = node.get("i")
             if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
-                raise self.fail(where, f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves "
-                                f"(expected {self.next_leaf})")
+                raise self.fail(
+                    where,
+                    f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves (expected {self.next_leaf})",
+                )
             self.next_leaf += 1
             return
         if t == "opaque":  # format v1: a run of leaves of a node that could not be described
             r = node.get("range")
-            if (not isinstance(r, list) or len(r) != 2 or any(type(v) is not int for v in r)
-                    or r[0] != self.next_leaf or not r[0] <= r[1] <= len(self.leaf_meta)):
+            if (
+                not isinstance(r, list)
+                or len(r) != 2
+                or any(type(v) is not int for v in r)
+                or r[0] != self.next_leaf
+                or not r[0] <= r[1] <= len(self.leaf_meta)
+            ):
                 raise self.fail(where, f"bad leaf range {r!r}")
             self.next_leaf = r[1]
             return
         if t not in ("tuple", "list", "dict", "namedtuple", "node"):
-            raise self.fail(where, f"unknown node kind {t!r} (a dump holds only none, leaf, tuple, list, dict, "
-                            "namedtuple and node)")
+            raise self.fail(
+                where, f"unknown node kind {t!r} (a dump holds only none, leaf, tuple, list, dict, namedtuple and node)"
+            )
         kids = node.get("c")
         if not isinstance(kids, list):
             raise self.fail(where, "a container without a 'c' list of children")
         if t == "dict":
             keys = node.get("k")
-            if (not isinstance(keys, list) or len(keys) != len(kids) or len({type(k) for k in keys}) > 1
-                    or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
-                    or len(set(keys)) != len(keys)):
+            if (
+                not isinstance(keys, list)
+                or len(keys) != len(kids)
+                or len({type(k) for k in keys}) > 1
+                or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
+                or len(set(keys)) != len(keys)
+            ):
                 raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
         elif t == "namedtuple":
             fields = node.get("fields")
             if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
                 node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
-            if (not _identifier(node.get("name")) or not isinstance(fields, list) or len(fields) != len(kids)
-                    or not all(_identifier(f) and not f.startswith("_") for f in fields)
-                    or len(set(fields)) != len(fields)):
-                raise self.fail(where, "a namedtuple needs an identifier name and distinct identifier fields, "
-                                "one per child")
+            if (
+                not _identifier(node.get("name"))
+                or not isinstance(fields, list)
+                or len(fields) != len(kids)
+                or not all(_identifier(f) and not f.startswith("_") for f in fields)
+                or len(set(fields)) != len(fields)
+            ):
+                raise self.fail(
+                    where, "a namedtuple needs an identifier name and distinct identifier fields, one per child"
+                )
         elif t == "node":
             keys = node.get("keys")
-            if (not isinstance(node.get("type"), str) or not isinstance(keys, list) or len(keys) != len(kids)
-                    or not all(isinstance(k, dict) and len(k) == 1 and _KEY_KINDS.get(next(iter(k))) is not None
-                               and _KEY_KINDS[next(iter(k))](next(iter(k.values()))) for k in keys)):
+            if (
+                not isinstance(node.get("type"), str)
+                or not isinstance(keys, list)
+                or len(keys) != len(kids)
+                or not all(
+                    isinstance(k, dict)
+                    and len(k) == 1
+                    and _KEY_KINDS.get(next(iter(k))) is not None
+                    and _KEY_KINDS[next(iter(k))](next(iter(k.values())))
+                    for k in keys
+                )
+            ):
                 raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
         for j, c in enumerate(kids):
             self.check(c, f"{where}.c[{j}]", depth + 1)
@@ -133,7 +172,7 @@ class _Reader:
         if t == "leaf":
             return leaves[node["i"]]
         if t == "opaque":
-            return list(leaves[node["range"][0]:node["range"][1]])
+            return list(leaves[node["range"][0] : node["range"][1]])
         kids = node["c"]
         if t == "dict":
             return {k: self.build(c, leaves, f"{path}[{k!r}]") for k, c in zip(node["k"], kids)}
@@ -149,20 +188,29 @@ class _Reader:
         self.generic[path or "<root>"] = type_name
         short = type_name.rpartition(":")[2].rpartition(".")[2]
         names = [v for kind, v in keys if kind == "a"]
-        if len(names) == len(keys) and all(_identifier(v) and not v.startswith("_") for v in names) \
-                and len(set(names)) == len(names):
+        if (
+            len(names) == len(keys)
+            and all(_identifier(v) and not v.startswith("_") for v in names)
+            and len(set(names)) == len(names)
+        ):
             items = [self.build(c, leaves, f"{path}.{n}") for n, c in zip(names, kids)]
             return _generic_type(short if _identifier(short) else "Node", tuple(names), type_name)(*items)
-        if all(kind == "d" for kind, _ in keys) and len({type(v) for _, v in keys}) <= 1 \
-                and len({v for _, v in keys}) == len(keys):
+        if (
+            all(kind == "d" for kind, _ in keys)
+            and len({type(v) for _, v in keys}) <= 1
+            and len({v for _, v in keys}) == len(keys)
+        ):
             return {v: self.build(c, leaves, f"{path}[{v!r}]") for (_, v), c in zip(keys, kids)}
         return tuple(self.build(c, leaves, f"{path}[{j}]") for j, c in enumerate(kids))
 
 
 # the key objects of a custom node's children: attribute name, dict key, position, repr (information only)
-_KEY_KINDS = {"a": lambda v: isinstance(v, str), "r": lambda v: isinstance(v, str),
-              "d": lambda v: isinstance(v, (str, int)) and not isinstance(v, bool),
-              "i": lambda v: type(v) is int}
+_KEY_KINDS = {
+    "a": lambda v: isinstance(v, str),
+    "r": lambda v: isinstance(v, str),
+    "d": lambda v: isinstance(v, (str, int)) and not isinstance(v, bool),
+    "i": lambda v: type(v) is int,
+}
 
 
 def _identifier(name: Any) -> bool:
@@ -185,28 +233,42 @@ def _generic_type(name: str, fields: tuple, origin: str) -> type:
         raise DumpShapeError(
             f"{name} read from a dump is a generic shape with fields {list(fields)} (the dump recorded "
             f"{origin}); it has no attribute {attr!r}. Dumps never import classes: pass like=<a pytree of "
-            "your own types> to jaxsane.load_dump, or `jaxsane replay DUMP --step module:experiment`.")
+            "your own types> to jaxsane.load_dump, or `jaxsane replay DUMP --step module:experiment`."
+        )
 
-    cls = type(name, (base,), {"__slots__": (), "__getattr__": __getattr__, "_jaxsane_origin": origin,
-                               "__module__": __name__})
+    cls = type(
+        name, (base,), {"__slots__": (), "__getattr__": __getattr__, "_jaxsane_origin": origin, "__module__": __name__}
+    )
     if len(_GENERIC_TYPES) < 4096:
         _GENERIC_TYPES[key] = cls
     return cls
 
 
-_NPY_ERRORS = (ValueError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError, RuntimeError,
-               NotImplementedError)  # RuntimeError: an encrypted member; NotImplementedError: its compression
+_NPY_ERRORS = (
+    ValueError,
+    OSError,
+    zipfile.BadZipFile,
+    EOFError,
+    SyntaxError,
+    TypeError,
+    RuntimeError,
+    NotImplementedError,
+)  # RuntimeError: an encrypted member; NotImplementedError: its compression
 # the header np.save writes for a plain dtype; anything else goes through numpy's own (literal-only) parser
-_NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': (True|False), "
-                         r"'shape': \(((?:[0-9]+, ?)*[0-9]*)\), \}\s*")
+_NPY_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': (True|False), "
+    r"'shape': \(((?:[0-9]+, ?)*[0-9]*)\), \}\s*"
+)
 
 
 def _open_npz(fh, file: str, needed: dict, max_bytes: int) -> zipfile.ZipFile:
     """Open the archive after checking its size, magic and zip directory, before anything is inflated."""
     size = os.fstat(fh.fileno()).st_size
     if size > max_bytes + 1024 * (len(needed) + 1) + 2**20:  # a stored zip is its data plus small headers
-        raise DumpError(f"{file} is {size} bytes, more than max_bytes={max_bytes} of arrays can take. If you "
-                        "trust this dump, pass a larger max_bytes= to load_dump.")
+        raise DumpError(
+            f"{file} is {size} bytes, more than max_bytes={max_bytes} of arrays can take. If you "
+            "trust this dump, pass a larger max_bytes= to load_dump."
+        )
     if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):
         raise DumpError(f"{file} is not a zip archive (.npz); the dump is damaged or was not written by jaxsane.")
     fh.seek(0)
@@ -218,13 +280,16 @@ def _open_npz(fh, file: str, needed: dict, max_bytes: int) -> zipfile.ZipFile:
     total = sum(i.file_size for i in infos.values())
     if total > max_bytes:
         zf.close()
-        raise DumpError(f"{file} declares {total} bytes of arrays once inflated, over max_bytes={max_bytes}. "
-                        "If you trust this dump, pass a larger max_bytes= to load_dump.")
+        raise DumpError(
+            f"{file} declares {total} bytes of arrays once inflated, over max_bytes={max_bytes}. "
+            "If you trust this dump, pass a larger max_bytes= to load_dump."
+        )
     for name, meta in needed.items():
         if f"{name}.npy" not in infos:
             zf.close()
-            raise DumpError(f"{file} lacks the array {name}.npy for {meta.get('path') or name}; the dump is "
-                            "incomplete.")
+            raise DumpError(
+                f"{file} lacks the array {name}.npy for {meta.get('path') or name}; the dump is incomplete."
+            )
     return zf
 
 
@@ -248,16 +313,19 @@ def _read_npy(zf: zipfile.ZipFile, file: str, name: str) -> np.ndarray:
             else:  # numpy's parser reads Python literals only (ast.literal_eval)
                 member.seek(0)
                 np.lib.format.read_magic(member)
-                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape, fortran, dtype = read(member)
             if dtype.hasobject:
-                raise DumpError(f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
-                                "The file was not written by jaxsane.")
+                raise DumpError(
+                    f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
+                    "The file was not written by jaxsane."
+                )
             nbytes = math.prod(shape) * dtype.itemsize
             if member.tell() + nbytes != info.file_size:
-                raise DumpError(f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not "
-                                "match its size in the archive; the dump is truncated or damaged.")
+                raise DumpError(
+                    f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not "
+                    "match its size in the archive; the dump is truncated or damaged."
+                )
             buf = np.empty(nbytes, np.uint8)
             if nbytes and member.readinto(memoryview(buf)) != nbytes:
                 raise ValueError("the member ends early")
@@ -269,8 +337,10 @@ def _read_npy(zf: zipfile.ZipFile, file: str, name: str) -> np.ndarray:
     except DumpError:
         raise
     except _NPY_ERRORS as e:
-        raise DumpError(f"{file}: member {name}.npy cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump "
-                        "is truncated or damaged.") from None
+        raise DumpError(
+            f"{file}: member {name}.npy cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump "
+            "is truncated or damaged."
+        ) from None
 
 
 def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
@@ -291,14 +361,19 @@ def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
         try:
             return jax.random.wrap_key_data(a, impl=impl)
         except Exception as e:  # an unknown implementation or key data of the wrong shape
-            raise DumpError(f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} "
-                            f"({e}).") from None
+            raise DumpError(
+                f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} ({e})."
+            ) from None
     if kind == "python":
         typ = _PYTHON.get(meta.get("type"))
-        if typ is None or a.ndim != 0 or a.dtype.kind != {"bool": "b", "int": "i", "float": "f", "complex": "c"}[
-                meta["type"]]:
-            raise DumpError(f"{where}: bad Python scalar type {meta.get('type')!r} for a {a.dtype} array of "
-                            f"shape {a.shape}.")
+        if (
+            typ is None
+            or a.ndim != 0
+            or a.dtype.kind != {"bool": "b", "int": "i", "float": "f", "complex": "c"}[meta["type"]]
+        ):
+            raise DumpError(
+                f"{where}: bad Python scalar type {meta.get('type')!r} for a {a.dtype} array of shape {a.shape}."
+            )
         return typ(a.item())
     if kind != "array":
         raise DumpError(f"{where}: unknown leaf kind {kind!r} (array, key, python or bigint).")
@@ -347,6 +422,7 @@ class Dump:
 
 def _first_difference(want: dict, got: dict, path: str) -> str | None:
     """The first path where two structure descriptions differ, with what differs; None when equal."""
+
     def kind(n):
         if n["t"] == "namedtuple":
             return f"namedtuple {n['name']}{tuple(n['fields'])}"
@@ -361,8 +437,7 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
     if same and tw == "namedtuple":
         same = want["name"] == got["name"] and list(want["fields"]) == list(got["fields"])
     if same and tw == "node":
-        same = (want["type"].rpartition(":")[2] == got["type"].rpartition(":")[2]
-                and want["keys"] == got["keys"])
+        same = want["type"].rpartition(":")[2] == got["type"].rpartition(":")[2] and want["keys"] == got["keys"]
     if same and tw == "dict":
         same = list(want["k"]) == list(got["k"])
     if same and tw in ("tuple", "list", "namedtuple", "node", "dict"):
@@ -372,8 +447,10 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
         if tw == tg == "dict":
             extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
         elif tw == tg == "node" and want["keys"] != got["keys"]:
+
             def names(n):
                 return [next(iter(k.values())) for k in n["keys"]]
+
             extra = f" (children {names(want)} vs {names(got)})"
         elif tw == tg and "c" in want:
             extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
@@ -385,8 +462,10 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
     elif tw == "namedtuple":
         steps = [f".{f}" for f in want["fields"]]
     elif tw == "node":
-        steps = [jax.tree_util.keystr((jax.tree_util.GetAttrKey(v),)) if k == "a" else f"[{v!r}]"
-                 for k, v in (next(iter(d.items())) for d in want["keys"])]
+        steps = [
+            jax.tree_util.keystr((jax.tree_util.GetAttrKey(v),)) if k == "a" else f"[{v!r}]"
+            for k, v in (next(iter(d.items())) for d in want["keys"])
+        ]
     else:
         steps = [f"[{j}]" for j in range(len(want["c"]))]
     for s, a, b in zip(steps, want["c"], got["c"]):
@@ -396,8 +475,9 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
     return None
 
 
-def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH,
-              max_nodes: int = MAX_NODES) -> Dump:
+def load_dump(
+    path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
+) -> Dump:
     """Read a dump written by a guarded step (``guard(..., dump_dir=...)``). Not jit-safe.
 
     Safe on a dump from a stranger: nothing named in the files is imported or called, arrays are
@@ -431,8 +511,9 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, an int of too many digits
-        raise DumpError(f"{tree_file} is not valid JSON ({type(e).__name__}: {str(e)[:200]}); the dump is "
-                        "truncated or damaged.") from None
+        raise DumpError(
+            f"{tree_file} is not valid JSON ({type(e).__name__}: {str(e)[:200]}); the dump is truncated or damaged."
+        ) from None
     if not isinstance(meta, dict):
         raise DumpError(f"{tree_file} holds a JSON {type(meta).__name__}, not the object a dump description is.")
     if meta.get("format") not in _READABLE:
@@ -447,13 +528,20 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
         reader.check(tree, "tree")
     except RecursionError:
         raise reader.fail("tree", f"nested too deeply for Python (max_depth={max_depth})") from None
-    if (tree["t"] != "tuple" or len(tree["c"]) != 2 or tree["c"][0]["t"] not in ("tuple", "list")
-            or tree["c"][1]["t"] != "dict"):
+    if (
+        tree["t"] != "tuple"
+        or len(tree["c"]) != 2
+        or tree["c"][0]["t"] not in ("tuple", "list")
+        or tree["c"][1]["t"] != "dict"
+    ):
         raise reader.fail("tree", "the root must be (args tuple, kwargs dict)")
     if reader.next_leaf != len(leaf_meta):
         raise reader.fail("leaves", f"the tree uses {reader.next_leaf} of {len(leaf_meta)} leaves")
-    stored = {f"leaf_{i}": m for i, m in enumerate(leaf_meta) if m.get("kind") not in ("bigint",)
-              and not (m.get("kind") == "python" and m.get("type") == "str")}
+    stored = {
+        f"leaf_{i}": m
+        for i, m in enumerate(leaf_meta)
+        if m.get("kind") not in ("bigint",) and not (m.get("kind") == "python" and m.get("type") == "str")
+    }
     leaves = []
     with _open_regular(array_file, "arrays.npz") as fh, _open_npz(fh, array_file, stored, max_bytes) as zf:
         for i, m in enumerate(leaf_meta):
@@ -475,17 +563,20 @@ def load_dump(path: str, like: Any = None, *, max_bytes: int = MAX_BYTES, max_de
         head = {**args_node, "c": args_node["c"][:k]} if k < len(args_node["c"]) else args_node  # the rest: data
         diff = _first_difference(want, head, "args")
         if diff:
-            raise DumpError(f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
-                            "with the structure of the dumped step's (first) positional args, or no like= at all.")
+            raise DumpError(
+                f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
+                "with the structure of the dumped step's (first) positional args, or no like= at all."
+            )
         n_args = sum(1 for _ in _leaf_indices(head))
         if jax.tree_util.tree_structure(like_args).num_leaves != n_args:
-            raise DumpError(f"load_dump(like=...) does not match the dump at {path}: like= has "
-                            f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}.")
+            raise DumpError(
+                f"load_dump(like=...) does not match the dump at {path}: like= has "
+                f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}."
+            )
         args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
         if rest is not None:
             args = combine(args, rest)
-        args = finish(list(args)) + [reader.build(c, leaves, f"args[{j}]")
-                                     for j, c in enumerate(args_node["c"][k:], k)]
+        args = finish(list(args)) + [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"][k:], k)]
     missing = {p: c for p, c in objects.items() if like is None or p >= len(like_args)}
     if missing:  # NNX objects without a template: their states, refusing to stand in for the objects
         names = meta.get("arg_names") if isinstance(meta.get("arg_names"), list) else None

@@ -18,12 +18,13 @@ Nothing here imports, calls or evaluates a name found in a dump. Not jit-safe.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
-from .._experiment.purify import is_nnx_object, nnx_module
 from .._core.errors import DumpError, DumpShapeError
+from .._experiment.purify import is_nnx_object, nnx_module
 
 _STATE_SUFFIX = ":State"  # a dumped nnx.State node's recorded type ends so (flax.nnx.statelib:State)
 
@@ -72,13 +73,21 @@ def read_records(meta: dict, args_node: dict, where: str) -> dict[int, str]:
         if not isinstance(records, list) or len(records) > n:
             raise DumpError(f"{where} is malformed at nnx: expected a list of at most {n} records.")
         for r in records:
-            if (not isinstance(r, dict) or type(r.get("arg")) is not int or not 0 <= r["arg"] < n
-                    or not isinstance(r.get("class"), str) or len(r["class"]) > 500):
-                raise DumpError(f"{where} is malformed at nnx: each record is {{'arg': a position below {n}, "
-                                "'class': a name}.")
+            if (
+                not isinstance(r, dict)
+                or type(r.get("arg")) is not int
+                or not 0 <= r["arg"] < n
+                or not isinstance(r.get("class"), str)
+                or len(r["class"]) > 500
+            ):
+                raise DumpError(
+                    f"{where} is malformed at nnx: each record is {{'arg': a position below {n}, 'class': a name}}."
+                )
             if not is_state_node(args_node["c"][r["arg"]]):
-                raise DumpError(f"{where} is malformed at nnx: args[{r['arg']}] is recorded as an NNX object but "
-                                "its data is not an nnx.State.")
+                raise DumpError(
+                    f"{where} is malformed at nnx: args[{r['arg']}] is recorded as an NNX object but "
+                    "its data is not an nnx.State."
+                )
             found[r["arg"]] = r["class"]
     return dict(sorted(found.items()))
 
@@ -93,13 +102,17 @@ def objects_error(path: str, objects: dict[int, str], names: list[str] | None = 
     """The DumpError that says a dump's NNX objects need templates, and the three ways to give them."""
     names = [n for n in (names or []) if isinstance(n, str) and n.isidentifier()]
     listed = ", ".join(f"args[{p}]: {c}" for p, c in objects.items())
-    like = ", ".join(names) if len(names) > max(objects) else \
-        ", ".join(f"<args[{p}]>" for p in range(max(objects) + 1)) + ", ..."
+    like = (
+        ", ".join(names)
+        if len(names) > max(objects)
+        else ", ".join(f"<args[{p}]>" for p in range(max(objects) + 1)) + ", ..."
+    )
     return DumpError(
         f"[jaxsane] the dump at {path} holds NNX objects ({listed}); their classes cannot be rebuilt from data "
         f"(a dump never imports a class). Pass like=({like}) built as in your training script to "
         "jaxsane.load_dump, or replay with --step module:experiment, or --like module:make_objects (a "
-        "zero-argument function returning those objects).")
+        "zero-argument function returning those objects)."
+    )
 
 
 class NNXStateShape(dict):
@@ -183,5 +196,16 @@ def nnx_templates(like_args: tuple, args_node: dict) -> tuple[tuple, Callable[[l
     return tuple(templates), finish
 
 
-__all__ = ["NNXStateShape", "class_name", "find_standins", "is_state_node", "nnx_templates", "objects_error",
-           "read_records", "records_for", "split_for_dump", "standin", "standin_message"]
+__all__ = [
+    "NNXStateShape",
+    "class_name",
+    "find_standins",
+    "is_state_node",
+    "nnx_templates",
+    "objects_error",
+    "read_records",
+    "records_for",
+    "split_for_dump",
+    "standin",
+    "standin_message",
+]

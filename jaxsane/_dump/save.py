@@ -15,13 +15,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from .format import FORMAT, INT64_RANGE as _INT64, MAX_DEPTH, NATIVE_KINDS as _NATIVE_KINDS, RAW_DTYPES as _RAW
-from .nnx import split_for_dump
 from .._core.errors import DumpError
 from .._core.tree import is_key as _is_key
-
+from .format import FORMAT, INT64_RANGE as _INT64, MAX_DEPTH, NATIVE_KINDS as _NATIVE_KINDS, RAW_DTYPES as _RAW
+from .nnx import split_for_dump
 
 # ----------------------------------------------------------------------------- save
+
 
 def _key_desc(k: Any) -> dict:
     """A child's key entry -> JSON (field name, dict key or position)."""
@@ -58,14 +58,22 @@ class Encoder:
             bad = [k for k in x if not isinstance(k, (str, int)) or isinstance(k, bool)]
             if bad or len({type(k) for k in x}) > 1:
                 what = f"a {type(bad[0]).__name__} key {bad[0]!r}" if bad else "both str and int keys"
-                raise DumpError(f"cannot dump {path}: the dict has {what}. Dumps keep dict keys that are all "
-                                "str or all int; convert the keys (e.g. str(k)) before the step.")
+                raise DumpError(
+                    f"cannot dump {path}: the dict has {what}. Dumps keep dict keys that are all "
+                    "str or all int; convert the keys (e.g. str(k)) before the step."
+                )
         kids = _children(x)
         if kids is None:
             return self.leaf(x, path)
         # a dump's root is (args, kwargs): its children are named so, deeper ones by jax's key path
-        sub = [self.node(c, self.root_names[j] if depth == 0 and self.root_names else
-                         path + jax.tree_util.keystr((k,)), depth + 1) for j, (k, c) in enumerate(kids)]
+        sub = [
+            self.node(
+                c,
+                self.root_names[j] if depth == 0 and self.root_names else path + jax.tree_util.keystr((k,)),
+                depth + 1,
+            )
+            for j, (k, c) in enumerate(kids)
+        ]
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):
             return {"t": "namedtuple", "name": type(x).__name__, "fields": list(type(x)._fields), "c": sub}
         if type(x) in (tuple, list):
@@ -73,8 +81,13 @@ class Encoder:
         if type(x) is dict:
             return {"t": "dict", "k": [k.key for k, _ in kids], "c": sub}
         cls = type(x)
-        return {"t": "node", "type": f"{cls.__module__}:{cls.__qualname__}", "keys": [_key_desc(k) for k, _ in kids],
-                "dataclass": dataclasses.is_dataclass(x), "c": sub}
+        return {
+            "t": "node",
+            "type": f"{cls.__module__}:{cls.__qualname__}",
+            "keys": [_key_desc(k) for k, _ in kids],
+            "dataclass": dataclasses.is_dataclass(x),
+            "c": sub,
+        }
 
     def leaf(self, x: Any, path: str) -> dict:
         self.paths.append(path)
@@ -101,11 +114,16 @@ def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
         a = a.view(np.dtype(f"u{a.dtype.itemsize}"))
         meta["raw"] = True
     elif a.dtype.kind not in _NATIVE_KINDS or a.dtype.hasobject:
-        what = (f"a {type(x).__name__} object" if a.dtype.kind == "O" and not isinstance(x, np.ndarray)
-                else f"an array of dtype {a.dtype}")
-        raise DumpError(f"cannot dump {path}: it is {what}, which has no exact pickle-free form. Dumps hold "
-                        "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; convert it to "
-                        "one of those before the step, or make the argument static.")
+        what = (
+            f"a {type(x).__name__} object"
+            if a.dtype.kind == "O" and not isinstance(x, np.ndarray)
+            else f"an array of dtype {a.dtype}"
+        )
+        raise DumpError(
+            f"cannot dump {path}: it is {what}, which has no exact pickle-free form. Dumps hold "
+            "numeric, bool, string and ml_dtypes arrays, PRNG keys and Python scalars; convert it to "
+            "one of those before the step, or make the argument static."
+        )
     return a, meta
 
 
@@ -169,6 +187,8 @@ def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict 
         _write_atomic(os.path.join(path, "arrays.npz"), write_arrays)
         _write_atomic(os.path.join(path, "tree.json"), lambda fh: fh.write(text.encode()))
     except OSError as e:
-        raise DumpError(f"cannot write the dump to {path}: {e.strerror or e}. Point dump_dir at a writable "
-                        "directory with free space.") from e
+        raise DumpError(
+            f"cannot write the dump to {path}: {e.strerror or e}. Point dump_dir at a writable "
+            "directory with free space."
+        ) from e
     return path

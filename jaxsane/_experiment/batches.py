@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from .purify import positional_arity as _positional_arity
 from .._core.errors import DataError, ExampleAxisError
 from .._core.tree import PyTree, explicit_sharding, is_array
+from .purify import positional_arity as _positional_arity
 
 if TYPE_CHECKING:
     from .contract import Experiment
@@ -42,8 +42,10 @@ def is_batch(data: Any) -> bool:
 def first_batch(data: Any, what: str = "train") -> PyTree:
     """The first batch of ``data`` (one batch, a callable, or an iterable). Not jit-safe."""
     if data is None:
-        raise DataError(f"no {what} data: pass Experiment({what}=...) with a batch, an iterable of batches "
-                        "or a callable returning one.")
+        raise DataError(
+            f"no {what} data: pass Experiment({what}=...) with a batch, an iterable of batches "
+            "or a callable returning one."
+        )
     if callable(data) and not is_batch(data):
         data = data()  # a batch, or a fresh iterable of batches (a generator function, a loader factory)
     if is_batch(data):
@@ -52,11 +54,15 @@ def first_batch(data: Any, what: str = "train") -> PyTree:
         try:
             batch = next(iter(data))
         except StopIteration:
-            raise DataError(f"the {what} data is empty: its iterator yielded no batch. Pass a non-empty "
-                            "iterable, or a callable that returns a batch.") from None
+            raise DataError(
+                f"the {what} data is empty: its iterator yielded no batch. Pass a non-empty "
+                "iterable, or a callable that returns a batch."
+            ) from None
     else:
-        raise DataError(f"cannot read batches from {what} data of type {type(data).__name__}: pass a batch "
-                        "(dict/tuple of arrays), an iterable of batches or a callable returning one.")
+        raise DataError(
+            f"cannot read batches from {what} data of type {type(data).__name__}: pass a batch "
+            "(dict/tuple of arrays), an iterable of batches or a callable returning one."
+        )
     check_batch(batch, what)
     return batch
 
@@ -70,10 +76,12 @@ def iter_batches(data: Any, limit: int | None = None, what: str = "train"):
     if callable(data) and not is_batch(data):
         made = data()
         if is_batch(made):  # a batch per call
+
             def calls():
                 yield made
                 while True:
                     yield data()
+
             source = calls()
         else:  # a fresh iterable of batches
             source = made
@@ -137,15 +145,21 @@ def check_batch(batch: PyTree, what: str = "train") -> None:
         raise DataError(f"a {what} batch is empty (no array leaves): {type(batch).__name__}.")
     for path, leaf in leaves:
         if isinstance(leaf, (str, bytes)):
-            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a string; "
-                            "tokenize/encode it to numbers before it reaches the step.")
+            raise DataError(
+                f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a string; "
+                "tokenize/encode it to numbers before it reaches the step."
+            )
         if not (is_array(leaf) or isinstance(leaf, (int, float, bool, complex))):
-            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a "
-                            f"{type(leaf).__name__}, not an array; convert it with np.asarray.")
+            raise DataError(
+                f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} is a "
+                f"{type(leaf).__name__}, not an array; convert it with np.asarray."
+            )
         dtype = getattr(leaf, "dtype", None)
         if dtype is not None and dtype.kind in "OUS":
-            raise DataError(f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} has dtype {dtype} "
-                            "(object/string); convert it to a numeric array (ragged rows must be padded).")
+            raise DataError(
+                f"{what} batch leaf {jax.tree_util.keystr(path) or '<root>'} has dtype {dtype} "
+                "(object/string); convert it to a numeric array (ragged rows must be padded)."
+            )
 
 
 def _lookup(batch: PyTree, keys: tuple[str, ...], index: int | None, what: str, field: str) -> Any:
@@ -153,15 +167,19 @@ def _lookup(batch: PyTree, keys: tuple[str, ...], index: int | None, what: str, 
         for k in keys:
             if k in batch:
                 return batch[k]
-        raise DataError(f"cannot find the {what} in a batch with keys {sorted(map(str, batch))}: "
-                        f"looked for {list(keys)}. Pass Experiment({field}=lambda batch: batch[...]).")
+        raise DataError(
+            f"cannot find the {what} in a batch with keys {sorted(map(str, batch))}: "
+            f"looked for {list(keys)}. Pass Experiment({field}=lambda batch: batch[...])."
+        )
     if isinstance(batch, (tuple, list)) and index is not None and len(batch) > index:
         return batch[index]
     for k in keys:
         if hasattr(batch, k):
             return getattr(batch, k)
-    raise DataError(f"cannot find the {what} in a batch of type {type(batch).__name__}: expected a dict with "
-                    f"one of {list(keys)} or an (x, y) tuple. Pass Experiment({field}=lambda batch: ...).")
+    raise DataError(
+        f"cannot find the {what} in a batch of type {type(batch).__name__}: expected a dict with "
+        f"one of {list(keys)} or an (x, y) tuple. Pass Experiment({field}=lambda batch: ...)."
+    )
 
 
 def get_inputs(exp: Experiment, batch: PyTree) -> Any:
@@ -202,6 +220,7 @@ def slice_batch(batch: PyTree, n: int, size: int | None = None) -> PyTree:
         if explicit_sharding(x) is not None and x.is_fully_addressable:
             return np.asarray(x)[:n]
         return x[:n]
+
     return jax.tree_util.tree_map(head, batch)
 
 
@@ -215,8 +234,11 @@ def leading_sizes(tree: PyTree) -> list[int]:
 
 
 def axis_text(tree: PyTree) -> str:
-    shapes = [f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}" for p, x in
-              jax.tree_util.tree_leaves_with_path(tree) if getattr(x, "ndim", 0) >= 1]
+    shapes = [
+        f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}"
+        for p, x in jax.tree_util.tree_leaves_with_path(tree)
+        if getattr(x, "ndim", 0) >= 1
+    ]
     return ", ".join(shapes[:6]) + (", ..." if len(shapes) > 6 else "")
 
 
@@ -237,13 +259,18 @@ def example_view(exp: Experiment, batch: PyTree) -> PyTree:
 def sliceable(exp: Experiment, batch: PyTree) -> str | None:
     """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
     if exp.examples is not None:
-        return None if _positional_arity(exp.examples) != 1 else (
-            "Experiment.examples counts examples but does not say how to take some of them")
+        return (
+            None
+            if _positional_arity(exp.examples) != 1
+            else ("Experiment.examples counts examples but does not say how to take some of them")
+        )
     view = example_view(exp, batch)
     if len(leading_sizes(view)) > 1:
-        return (f"the batch's leaves disagree on the leading axis ({axis_text(view)}), so it is not one "
-                "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
-                "...) returning the first n examples to let this stage cut it")
+        return (
+            f"the batch's leaves disagree on the leading axis ({axis_text(view)}), so it is not one "
+            "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
+            "...) returning the first n examples to let this stage cut it"
+        )
     return None
 
 

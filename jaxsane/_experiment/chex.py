@@ -13,7 +13,8 @@ import contextlib
 import os
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .purify import unwrap
 
@@ -24,9 +25,13 @@ _CHEX_FAILED = re.compile(r"\[Chex\] chexify assertion '([A-Za-z_][A-Za-z0-9_]*)
 def is_chexified(fn: Any) -> bool:
     """True for a function returned by ``chex.chexify`` (chex's wrapper, with ``wait_checks``). Not jit-relevant."""
     code = getattr(fn, "__code__", None)
-    return (callable(getattr(fn, "wait_checks", None)) and callable(getattr(fn, "__wrapped__", None))
-            and code is not None and code.co_name == "_chexified_fn"
-            and os.path.basename(code.co_filename).startswith("asserts_chexify"))
+    return (
+        callable(getattr(fn, "wait_checks", None))
+        and callable(getattr(fn, "__wrapped__", None))
+        and code is not None
+        and code.co_name == "_chexified_fn"
+        and os.path.basename(code.co_filename).startswith("asserts_chexify")
+    )
 
 
 def failed_assertion(exc: BaseException) -> str | None:

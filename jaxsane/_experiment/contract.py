@@ -21,18 +21,29 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import numpy as np
 
-from .purify import arrays_of, call_split, combine, is_nnx_state as is_nnx_state, needs_partition, nnx_module as _nnx, partition, positional_arity as _positional_arity, split_whole, uncounted
-from .._jaxpr.compile_level import quick_jit
 from .._core.errors import ExperimentError
-from .._jaxpr.trace_cache import TracedOnce
 from .._core.tree import PyTree, is_array, is_inexact, same_structure
 from .._core.validate import show
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.trace_cache import TracedOnce
+from .purify import (
+    arrays_of,
+    call_split,
+    combine,
+    is_nnx_state as is_nnx_state,
+    needs_partition,
+    nnx_module as _nnx,
+    partition,
+    positional_arity as _positional_arity,
+    split_whole,
+    uncounted,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,54 +94,76 @@ class Experiment:
             if not callable(value):
                 raise ExperimentError(
                     f"Experiment.{field} must be callable, got {show(value)}. Likely cause: "
-                    + ("the state itself (init(key)) was passed instead of the function. Fix: pass "
-                       "init=lambda key: state (a fresh train state from a PRNG key)."
-                       if field == "init" else "the step's result was passed instead of the function. Fix: pass "
-                       "step=train_step, a function (state, batch) -> (state, metrics)."))
-        if self.examples is not None and (not callable(self.examples)
-                                          or _positional_arity(self.examples) not in (1, 2, None)):
+                    + (
+                        "the state itself (init(key)) was passed instead of the function. Fix: pass "
+                        "init=lambda key: state (a fresh train state from a PRNG key)."
+                        if field == "init"
+                        else "the step's result was passed instead of the function. Fix: pass "
+                        "step=train_step, a function (state, batch) -> (state, metrics)."
+                    )
+                )
+        if self.examples is not None and (
+            not callable(self.examples) or _positional_arity(self.examples) not in (1, 2, None)
+        ):
             raise ExperimentError(
                 f"Experiment.examples must be a function (batch, n) -> the batch's first n examples, or "
                 f"batch -> the number of examples in it; got {show(self.examples)}. Fix: pass e.g. "
                 "examples=lambda batch, n: take_first_graphs(batch, n), or leave it out for batches whose "
-                "leading axis is the example axis.")
+                "leading axis is the example axis."
+            )
         for field in ("loss", "apply", "params", "inputs", "labels", "mask"):
             value = getattr(self, field)
             if value is not None and not callable(value):
-                hint = (f" (for a dict key use {field}=lambda batch: batch[{value!r}])"
-                        if isinstance(value, str) and field in ("inputs", "labels", "mask") else "")
+                hint = (
+                    f" (for a dict key use {field}=lambda batch: batch[{value!r}])"
+                    if isinstance(value, str) and field in ("inputs", "labels", "mask")
+                    else ""
+                )
                 raise ExperimentError(
                     f"Experiment.{field} must be a callable or None, got {show(value)}. Likely cause: a value "
                     f"was passed where the function that computes it is needed. Fix: pass {field}=<a function>"
-                    f"{hint}, or leave it out.")
+                    f"{hint}, or leave it out."
+                )
         for field in ("train", "eval"):
             value = getattr(self, field)
             if value is None and field == "train":
-                raise ExperimentError("Experiment.train is required: one batch, an iterable of batches, "
-                                      "or a callable returning a batch.")
+                raise ExperimentError(
+                    "Experiment.train is required: one batch, an iterable of batches, or a callable returning a batch."
+                )
             if isinstance(value, (str, bytes, bool, int, float, complex)):
                 raise ExperimentError(
                     f"Experiment.{field} must be data (a batch, an iterable of batches or a callable returning "
                     f"one), got {show(value)}. Likely cause: a path or a size was passed instead of the data. "
-                    f"Fix: load the data first and pass {field}=the batches.")
+                    f"Fix: load the data first and pass {field}=the batches."
+                )
         nc = self.num_classes
         if nc is not None and (not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 2):
             raise ExperimentError(
                 f"Experiment.num_classes must be an int >= 2 or None, got {show(nc)}. Likely cause: "
-                + ("a string from a config file was not converted" if isinstance(nc, str) else
-                   "a float or a count of outputs other than classes" if not isinstance(nc, numbers.Integral) else
-                   "a regression or binary-logit model (one output) given num_classes")
+                + (
+                    "a string from a config file was not converted"
+                    if isinstance(nc, str)
+                    else "a float or a count of outputs other than classes"
+                    if not isinstance(nc, numbers.Integral)
+                    else "a regression or binary-logit model (one output) given num_classes"
+                )
                 + ". Fix: pass num_classes=C (the number of class ids, labels in [0, C)), or None to skip the "
-                "label-range and init-loss checks.")
+                "label-range and init-loss checks."
+            )
         if not isinstance(self.causal, bool):
-            raise ExperimentError(f"Experiment.causal must be True or False, got {show(self.causal)}. Fix: pass "
-                                  "causal=True for an autoregressive model (output at t sees inputs <= t only).")
+            raise ExperimentError(
+                f"Experiment.causal must be True or False, got {show(self.causal)}. Fix: pass "
+                "causal=True for an autoregressive model (output at t sees inputs <= t only)."
+            )
         if not isinstance(self.name, str):
-            raise ExperimentError(f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
-                                  f"name=str(...) (it is shown in reports).")
+            raise ExperimentError(
+                f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
+                f"name=str(...) (it is shown in reports)."
+            )
 
 
 # ----------------------------------------------------------------------------- the adapter
+
 
 def _as_metrics(out: Any) -> dict[str, Any]:
     if out is None:
@@ -165,12 +198,12 @@ def _any_deleted(tree: PyTree) -> bool:
     return any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array))
 
 
-class Adapted:
+class PureExperiment:
     """An Experiment seen through one pure interface, whatever its step style (public as
     ``jaxsane.PureExperiment``; every tool that takes an Experiment also takes this view of one).
 
     * ``state = adapted.init(key)`` — the pure state (for NNX, an ``nnx.State`` pytree; with
-      ``Adapted(exp, reuse_init=True)`` the user's init runs once per key);
+      ``PureExperiment(exp, reuse_init=True)`` the user's init runs once per key);
     * ``state, metrics = adapted.step(state, batch)`` — pure and jit-safe; ``metrics`` is a dict;
     * ``adapted.params(state)`` — the trainable parameters;
     * ``adapted.user_state(state)`` — back to the user's own objects (NNX: ``nnx.merge``);
@@ -184,8 +217,10 @@ class Adapted:
         try:
             example = exp.init(key)
         except TypeError as e:
-            raise ExperimentError(f"Experiment.init(key) failed: {e}. init must take one PRNG key "
-                                  "(jax.random.key) and return a fresh train state.") from e
+            raise ExperimentError(
+                f"Experiment.init(key) failed: {e}. init must take one PRNG key "
+                "(jax.random.key) and return a fresh train state."
+            ) from e
         if example is None:
             raise ExperimentError("Experiment.init(key) returned None; it must return the train state.")
         self.nnx = is_nnx_state(example)
@@ -194,11 +229,11 @@ class Adapted:
             model = self._model_of(example)
             self._model_def, _, self._model_rest = nnx.split(model, nnx.Param, ...)
             arity = _positional_arity(exp.step)
-            self._unpack = (isinstance(example, (tuple, list)) and arity is not None
-                            and arity == len(example) + 1)
+            self._unpack = isinstance(example, (tuple, list)) and arity is not None and arity == len(example) + 1
             # step(model, optimizer, batch) spreads the objects over the arguments; step(objs, batch) packs them
-            self._layout, _ = split_whole(example, tuple(range(len(example))) if self._unpack else (0,),
-                                          packed=not self._unpack)
+            self._layout, _ = split_whole(
+                example, tuple(range(len(example))) if self._unpack else (0,), packed=not self._unpack
+            )
             self._graphdef = self._layout.graphdef
         self._static = self._params_static = None
         self._spread = False
@@ -210,8 +245,11 @@ class Adapted:
                 self._params_static = partition(self._params_of(example))[1]
             else:
                 self._check_leaves(example)
-            self._spread = (isinstance(example, (tuple, list)) and len(example) >= 2
-                            and _positional_arity(exp.step, required=True) == len(example) + 1)
+            self._spread = (
+                isinstance(example, (tuple, list))
+                and len(example) >= 2
+                and _positional_arity(exp.step, required=True) == len(example) + 1
+            )
         self._example = example
         self._style: str | None = None
         # reuse_init (doctor: its stages ask for the same state often): the last init(key), as (key fingerprint,
@@ -264,14 +302,18 @@ class Adapted:
 
     @staticmethod
     def _check_leaves(state: PyTree) -> None:
-        bad = [(p, leaf) for p, leaf in jax.tree_util.tree_leaves_with_path(state)
-               if not (is_array(leaf) or isinstance(leaf, (int, float, bool)))]
+        bad = [
+            (p, leaf)
+            for p, leaf in jax.tree_util.tree_leaves_with_path(state)
+            if not (is_array(leaf) or isinstance(leaf, (int, float, bool)))
+        ]
         if bad:
             path, leaf = bad[0]
             raise ExperimentError(
                 f"the train state has a non-array leaf at state{jax.tree_util.keystr(path)} "
                 f"({type(leaf).__name__}); steps need arrays there. Mark it static "
-                "(flax.struct.field(pytree_node=False)) or convert it with jnp.asarray.")
+                "(flax.struct.field(pytree_node=False)) or convert it with jnp.asarray."
+            )
 
     # -- the step
     def _call_user_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, Any]:
@@ -319,7 +361,8 @@ class Adapted:
                 f"new_state with the structure {jax.tree_util.tree_structure(state)}, got {shown}. "
                 "Return the updated state (same pytree as init's) and optionally a metrics dict (a step "
                 "step(model, opt_state, batch) over a tuple state may return (model, opt_state, loss)); "
-                "a step that returns only the loss is supported for NNX objects updated in place.")
+                "a step that returns only the loss is supported for NNX objects updated in place."
+            )
         return self._style
 
     # -- params / loss / apply on pure params
@@ -385,10 +428,11 @@ class Adapted:
             if self._params_static is not None:
                 return TracedOnce(lambda params, x: fn(combine(params, self._params_static), x))
             return TracedOnce(fn)
+
         return self.memo(name, make)
 
     def memo(self, name: str, make: Callable[[], Any]) -> Any:
-        """One ``make()`` per ``name`` for this Adapted: the checks' shared functions (so jit and
+        """One ``make()`` per ``name`` for this PureExperiment: the checks' shared functions (so jit and
         :class:`~jaxsane._jaxpr.trace_cache.TracedOnce` caches see one object). Not jit-safe to build."""
         memo = self.__dict__.setdefault("_memo_table", {})
         if name not in memo:
@@ -397,12 +441,14 @@ class Adapted:
 
     def jitted(self, name: str) -> Callable | None:
         """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
-        :attr:`apply_fn`, :meth:`step`), shared by every check of this Adapted so that no check
+        :attr:`apply_fn`, :meth:`step`), shared by every check of this PureExperiment so that no check
         compiles what another already compiled (one program per input shape); None when the
         Experiment has no such handle. Call it outside jit (it is already jitted); not jit-safe."""
         fns = {"loss": lambda: self.loss_fn, "apply": lambda: self.apply_fn, "step": lambda: self.step}
         if name not in fns:
-            raise ValueError(f"[jaxsane] Adapted.jitted: unknown function {name!r}; choose one of {sorted(fns)}.")
+            raise ValueError(
+                f"[jaxsane] PureExperiment.jitted: unknown function {name!r}; choose one of {sorted(fns)}."
+            )
         fn = fns[name]()
         if fn is None:
             return None
@@ -424,8 +470,10 @@ class Adapted:
         state_leaves, state_def = jax.tree_util.tree_flatten(state)
         replaced = [new_leaves[ids[id(x)]] if id(x) in ids else x for x in state_leaves]
         if sum(id(x) in ids for x in state_leaves) != len(old_leaves):
-            raise ExperimentError("cannot map the parameters back into the state: pass Experiment(params=...) "
-                                  "returning a sub-tree of the state.")
+            raise ExperimentError(
+                "cannot map the parameters back into the state: pass Experiment(params=...) "
+                "returning a sub-tree of the state."
+            )
         return jax.tree_util.tree_unflatten(state_def, replaced)
 
 
@@ -452,18 +500,19 @@ def nnx_mode_model(model: Any, training: bool) -> Any:
 
 
 def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
-    """Raise ExperimentError unless ``value`` is an :class:`Experiment` (or its :class:`Adapted`
+    """Raise ExperimentError unless ``value`` is an :class:`Experiment` (or its :class:`PureExperiment`
     view). Not jit-safe."""
-    if not isinstance(value, (Experiment, Adapted)):
-        cause = ("a step function was passed where its Experiment is needed" if callable(value)
-                 else "the arguments are in the wrong order, or a train state was passed")
+    if not isinstance(value, (Experiment, PureExperiment)):
+        cause = (
+            "a step function was passed where its Experiment is needed"
+            if callable(value)
+            else "the arguments are in the wrong order, or a train state was passed"
+        )
         raise ExperimentError(
             f"{fn}({name}=...): expected a jaxsane.Experiment, got {show(value)}. Likely cause: {cause}. "
-            f"Fix: pass jaxsane.Experiment(init=..., step=..., train=...).")
+            f"Fix: pass jaxsane.Experiment(init=..., step=..., train=...)."
+        )
 
 
 def float_leaves(tree: PyTree) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
-
-
-PureExperiment = Adapted  # the public name of the pure view: jaxsane.PureExperiment(experiment)

@@ -15,10 +15,10 @@ eqx.is_array)`` without importing equinox): the array part keeps the tree's stru
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 
@@ -29,6 +29,7 @@ from .._core.tree import PyTree, is_array
 def nnx_module():
     """``flax.nnx`` (raises ImportError when Flax is not installed). Not jit-relevant."""
     from flax import nnx
+
     return nnx
 
 
@@ -95,8 +96,9 @@ def merge(layout: Layout, state: PyTree) -> Any:
     return nnx_module().merge(layout.graphdef, state)
 
 
-def call_split(fn: Callable, layout: Layout | None, state: PyTree, args: tuple | list,
-               kwargs: dict | None = None) -> tuple[Any, PyTree]:
+def call_split(
+    fn: Callable, layout: Layout | None, state: PyTree, args: tuple | list, kwargs: dict | None = None
+) -> tuple[Any, PyTree]:
     """Call ``fn(*args, **kwargs)`` with the NNX objects of ``layout`` rebuilt from ``state`` in their
     places, and return ``(fn's output, the objects' state after the call)``: a pure function of
     ``state`` and ``args``. Without a layout it is ``(fn(*args, **kwargs), None)``. Jit-safe.
@@ -117,6 +119,7 @@ def call_split(fn: Callable, layout: Layout | None, state: PyTree, args: tuple |
 
 
 # ----------------------------------------------------------------------------- Equinox: arrays and the rest
+
 
 class _ArraySlot:
     """Marks where :class:`Static` expects an array leaf."""
@@ -201,8 +204,7 @@ def needs_partition(tree: PyTree) -> bool:
     if module is None:
         return False
     nodes = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, module))
-    return any(isinstance(x, module) and not all(is_array(y) for y in jax.tree_util.tree_leaves(x))
-               for x in nodes)
+    return any(isinstance(x, module) and not all(is_array(y) for y in jax.tree_util.tree_leaves(x)) for x in nodes)
 
 
 def partition(tree: PyTree) -> tuple[PyTree, Static]:
@@ -229,9 +231,11 @@ def combine(arrays: PyTree, static: Static) -> PyTree:
     values = jax.tree_util.tree_leaves(arrays)
     slots = sum(x is _ARRAY for x in static.leaves)
     if len(values) != slots:
-        raise JaxsaneError(f"[jaxsane] cannot put {len(values)} arrays back into a tree with {slots} array leaves "
-                           f"({static.treedef}). Likely cause: the array part of another tree was passed. Fix: "
-                           "pass the arrays split from this tree (same structure, None where the rest was).")
+        raise JaxsaneError(
+            f"[jaxsane] cannot put {len(values)} arrays back into a tree with {slots} array leaves "
+            f"({static.treedef}). Likely cause: the array part of another tree was passed. Fix: "
+            "pass the arrays split from this tree (same structure, None where the rest was)."
+        )
     it = iter(values)
     return jax.tree_util.tree_unflatten(static.treedef, [next(it) if x is _ARRAY else x for x in static.leaves])
 
@@ -254,6 +258,7 @@ def uncounted(fn: Callable) -> Callable:
 
 
 # ----------------------------------------------------------------------------- signatures
+
 
 def unwrap(fn: Callable) -> Callable:
     """The innermost Python function under ``jax.jit``/``nnx.jit``/``functools.wraps`` wrappers."""

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.errors import CheckpointError
-from .._monitor.monitor import History
+from .._core.history import History
 from .._core.tree import PyTree, is_key, leaves_with_paths
 
 DAMAGED_SUFFIX = ".jaxsane-damaged"
@@ -58,10 +58,12 @@ class Checkpoints:
 
     def __init__(self, directory: str, keep: int, like: PyTree):
         import orbax.checkpoint as ocp
+
         self.ocp = ocp
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1,
-                                               enable_async_checkpointing=True, cleanup_tmp_directories=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, save_interval_steps=1, enable_async_checkpointing=True, cleanup_tmp_directories=True
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         leaves, self.treedef = jax.tree_util.tree_flatten(like)
         self.paths = [p for p, _ in leaves_with_paths(like, "state")]
@@ -79,21 +81,26 @@ class Checkpoints:
         """Save asynchronously; an OSError (now or from the previous async save) becomes a CheckpointError."""
         leaves = self._encode(jax.tree_util.tree_leaves(state))
         meta = {**meta, "checksums": [leaf_checksum(x) for x in leaves]}
-        args = self.ocp.args.Composite(state=self.ocp.args.StandardSave(leaves),
-                                       meta=self.ocp.args.JsonSave(_json_safe(meta)))
+        args = self.ocp.args.Composite(
+            state=self.ocp.args.StandardSave(leaves), meta=self.ocp.args.JsonSave(_json_safe(meta))
+        )
         try:
             self.manager.save(step, args=args, force=True)
         except Exception as e:
-            raise self.write_error(e, f"checkpoint of step {step} (or of the one before it, still being "
-                                      "written in the background)") from e
+            raise self.write_error(
+                e, f"checkpoint of step {step} (or of the one before it, still being written in the background)"
+            ) from e
 
     def restore(self, step: int) -> tuple[PyTree, dict]:
         """Restore ``step`` as saved (no verification; see :meth:`restore_verified`)."""
-        args = self.ocp.args.Composite(state=self.ocp.args.StandardRestore(self.abstract),
-                                       meta=self.ocp.args.JsonRestore())
+        args = self.ocp.args.Composite(
+            state=self.ocp.args.StandardRestore(self.abstract), meta=self.ocp.args.JsonRestore()
+        )
         out = self.manager.restore(step, args=args)
-        leaves = [jax.random.wrap_key_data(x, impl=impl) if impl is not None else x
-                  for x, impl in zip(out.state, self.key_impls)]
+        leaves = [
+            jax.random.wrap_key_data(x, impl=impl) if impl is not None else x
+            for x, impl in zip(out.state, self.key_impls)
+        ]
         return jax.tree_util.tree_unflatten(self.treedef, leaves), dict(out.meta)
 
     def verify(self, step: int) -> tuple[PyTree, dict] | str:
@@ -125,7 +132,7 @@ class Checkpoints:
         lists ``(step, reason)`` of the newer damaged ones, which are renamed aside so that new checkpoints can
         take their step numbers. Raises CheckpointError, changing no file, when none is intact."""
         skipped: list[tuple[int, str]] = []
-        for step in ([only] if only is not None else reversed(self.steps())):
+        for step in [only] if only is not None else reversed(self.steps()):
             out = self.verify(step)
             if isinstance(out, str):
                 skipped.append((step, out))
@@ -137,7 +144,9 @@ class Checkpoints:
         raise CheckpointError(
             f"no intact checkpoint in {self.directory}:\n{listing}\n  No file was changed or deleted. "
             "fix: restore the directory from a backup, or start afresh with another checkpoint_dir "
-            "(or move this one away).", skipped=skipped)
+            "(or move this one away).",
+            skipped=skipped,
+        )
 
     def _set_aside(self, steps: list[int]) -> None:
         for step in steps:
@@ -160,8 +169,11 @@ class Checkpoints:
     def complete_steps(self) -> list[int]:
         """Step directories orbax finished writing (they hold ``_CHECKPOINT_METADATA``), oldest first."""
         try:
-            return sorted(int(d) for d in os.listdir(self.directory)
-                          if d.isdigit() and os.path.exists(os.path.join(self.directory, d, "_CHECKPOINT_METADATA")))
+            return sorted(
+                int(d)
+                for d in os.listdir(self.directory)
+                if d.isdigit() and os.path.exists(os.path.join(self.directory, d, "_CHECKPOINT_METADATA"))
+            )
         except OSError:
             return []
 
@@ -195,29 +207,43 @@ def _find_oserror(error: BaseException | None) -> OSError | None:
     return None
 
 
-_DISK_HINTS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
-               errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-               errno.EDQUOT: "the disk quota is exceeded", errno.ENOTDIR: "a path component is a regular file"}
+_DISK_HINTS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.ENOTDIR: "a path component is a regular file",
+}
 
 
-def disk_error(error: BaseException, what: str, directory: str | None,
-               complete: list[int] | None = None) -> BaseException:
+def disk_error(
+    error: BaseException, what: str, directory: str | None, complete: list[int] | None = None
+) -> BaseException:
     """Turn a failed write into a CheckpointError naming the cause and the last complete checkpoint; an
     error not caused by an OSError is returned unchanged."""
     os_error = _find_oserror(error)
     if os_error is None:
         return error
     cause = _DISK_HINTS.get(os_error.errno, os.strerror(os_error.errno) if os_error.errno else str(os_error))
-    last = (f"the last complete checkpoint is step {complete[-1]} in {directory}" if complete
-            else "no checkpoint was completed" if directory else "no checkpoint_dir was given")
+    last = (
+        f"the last complete checkpoint is step {complete[-1]} in {directory}"
+        if complete
+        else "no checkpoint was completed"
+        if directory
+        else "no checkpoint_dir was given"
+    )
     return CheckpointError(
         f"fit stopped: writing the {what} failed: {cause} ({type(os_error).__name__}: {os_error}).\n"
         f"  {last}; files written before are untouched.\n"
         "  fix: free space or fix the permissions (or pass another checkpoint_dir/metrics_path), then call fit "
-        "again with the same arguments to resume.", skipped=[])
+        "again with the same arguments to resume.",
+        skipped=[],
+    )
 
 
 # ----------------------------------------------------------------------------- metrics files
+
 
 def _json_safe(value: Any) -> Any:
     if isinstance(value, dict):
@@ -275,8 +301,10 @@ def history_from_meta(meta: dict, before: int) -> History | None:
 
 def truncate_history(h: History, position: int) -> History:
     """Drop in place what ``h`` recorded for steps ``>= position`` (evaluations ``> position``); returns ``h``."""
+
     def cut(steps: list, inclusive: bool) -> int:
         return sum(1 for s in steps if (s <= position if inclusive else s < position))
+
     k = cut(h.steps, False)
     del h.steps[k:], h.loss[k:]
     for v in h.train_metrics.values():

@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._data.check import check_data
 from .._core.errors import DataError
-from .._experiment.contract import Adapted, Experiment
-from .._experiment.batches import get_inputs, get_labels, is_batch, iter_batches
 from .._core.tree import PyTree
-
+from .._data.check import check_data
+from .._experiment.batches import get_inputs, get_labels, is_batch, iter_batches
+from .._experiment.contract import Experiment, PureExperiment
 
 # ----------------------------------------------------------------------------- data and eval
+
 
 def train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]]:
     """``(data index, batch)`` pairs after the first ``skip`` (a deterministic iterator resumes exactly).
@@ -37,7 +38,7 @@ def train_stream(data: Any, skip: int, repeat: bool) -> Iterator[tuple[int, Any]
                     yield index, batch
                 index += 1
         except DataError:
-            if passes == 1 or count:   # empty on a second pass: a one-shot iterator, ends the stream
+            if passes == 1 or count:  # empty on a second pass: a one-shot iterator, ends the stream
                 raise
         if not repeat or count == 0:
             return
@@ -49,22 +50,30 @@ def check_first_labels(experiment: Experiment, batch: Any, index: int) -> None:
     labels, soft labels outside [0, 1]), before any step trains on them. Batches the data check cannot
     read as rows (graph batches, no labels) pass: the doctor's data stage says why. Not jit-safe."""
     try:
-        found = check_data(batch, num_classes=experiment.num_classes, inputs=experiment.inputs,
-                           labels=experiment.labels, mask=experiment.mask, max_batches=1)
+        found = check_data(
+            batch,
+            num_classes=experiment.num_classes,
+            inputs=experiment.inputs,
+            labels=experiment.labels,
+            mask=experiment.mask,
+            max_batches=1,
+        )
     except DataError:
         return
     bad = [f for f in found.by_code("data.label_range") if f.severity == "error"]
     if bad:
-        raise DataError(f"[jaxsane] fit: train batch {index} has labels out of range, so the loss would train on "
-                        f"wrong targets: {bad[0].message}\n  fix: {bad[0].hint}. An ignore index that the loss "
-                        "masks is fine once the Experiment declares the mask: Experiment(mask=lambda b: "
-                        "b['labels'] != -100) (with your batch's key).")
+        raise DataError(
+            f"[jaxsane] fit: train batch {index} has labels out of range, so the loss would train on "
+            f"wrong targets: {bad[0].message}\n  fix: {bad[0].hint}. An ignore index that the loss "
+            "masks is fine once the Experiment declares the mask: Experiment(mask=lambda b: "
+            "b['labels'] != -100) (with your batch's key)."
+        )
 
 
 class Evaluator:
     """Mean loss (and accuracy when ``apply`` and integer labels allow) over a fixed list of eval batches."""
 
-    def __init__(self, adapted: Adapted, data: Any, max_batches: int):
+    def __init__(self, adapted: PureExperiment, data: Any, max_batches: int):
         self.adapted = adapted
         self.batches = [data] if is_batch(data) else list(iter_batches(data, max_batches, "eval"))
         self.loss = jax.jit(adapted.loss_fn)
@@ -76,11 +85,12 @@ class Evaluator:
             def accuracy(params, batch):
                 logits, labels = apply(params, get_inputs(exp, batch)), get_labels(exp, batch)
                 return jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
+
             try:
                 b = self.batches[0]
                 labels = get_labels(exp, b)
                 out = jax.eval_shape(apply, adapted.params(adapted.example_state), get_inputs(exp, b))
-                if (jnp.issubdtype(labels.dtype, jnp.integer) and out.ndim == labels.ndim + 1):
+                if jnp.issubdtype(labels.dtype, jnp.integer) and out.ndim == labels.ndim + 1:
                     self.acc = jax.jit(accuracy)
             except Exception:
                 self.acc = None
@@ -108,25 +118,35 @@ class Progress:
     (at most one a second), and a last one at the end. Nothing when disabled. Not jit-safe.
     """
 
-    def __init__(self, enabled: bool, total: int, start: int, name: str, stream: Any = None,
-                 every_seconds: float = 30.0):
+    def __init__(
+        self, enabled: bool, total: int, start: int, name: str, stream: Any = None, every_seconds: float = 30.0
+    ):
         self.enabled, self.total, self.start, self.name = bool(enabled), int(total), int(start), name
         self.stream = stream if stream is not None else sys.stderr
         self.every = float(every_seconds)
         self.tty = self.enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = time.perf_counter()
-        self.first: tuple[float, int] | None = None   # (time, steps) at the end of the first step
+        self.first: tuple[float, int] | None = None  # (time, steps) at the end of the first step
         self.drawn, self.completed, self.info = -1.0, int(start), ""
         self.bar = None
         self.lines = 0
         if self.tty:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn
-            self.bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[info]}"),
-                           console=Console(file=self.stream), transient=False, refresh_per_second=10)
-            self.task = self.bar.add_task(f"[jaxsane] fit {name}", total=total, completed=start,
-                                          rate="compiling", info="")
+
+            self.bar = Bar(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[info]}"),
+                console=Console(file=self.stream),
+                transient=False,
+                refresh_per_second=10,
+            )
+            self.task = self.bar.add_task(
+                f"[jaxsane] fit {name}", total=total, completed=start, rate="compiling", info=""
+            )
             self.bar.start()
 
     def rate(self, now: float | None = None) -> str:
@@ -151,8 +171,9 @@ class Progress:
         if self.tty:
             if now - self.drawn >= 0.1 or self.completed >= self.total:
                 self.drawn = now
-                self.bar.update(self.task, completed=self.completed, rate=self.rate(now),
-                                info=info() if callable(info) else info)
+                self.bar.update(
+                    self.task, completed=self.completed, rate=self.rate(now), info=info() if callable(info) else info
+                )
             return
         tenth = max(1, self.total // 10)
         crossed = self.completed // tenth != previous // tenth and now - self.drawn >= 1.0
@@ -165,8 +186,9 @@ class Progress:
     def _line(self, now: float, info: str) -> None:
         pct = f" ({self.completed / self.total:.0%})" if self.total else ""
         extra = f", {info}" if info else ""
-        self.stream.write(f"[jaxsane] fit {self.name}: step {self.completed}/{self.total}{pct}, "
-                          f"{self.rate(now)}{extra}\n")
+        self.stream.write(
+            f"[jaxsane] fit {self.name}: step {self.completed}/{self.total}{pct}, {self.rate(now)}{extra}\n"
+        )
         self.stream.flush()
         self.lines += 1
 
@@ -176,6 +198,8 @@ class Progress:
         elif self.enabled and not self.tty and self.lines:
             info = info() if callable(info) else (info or (self.info() if callable(self.info) else self.info))
             wall = time.perf_counter() - self.started
-            self.stream.write(f"[jaxsane] fit {self.name}: stopped at step {self.completed}/{self.total} after "
-                              f"{_clock(wall)}, {self.rate()}{', ' + info if info else ''}\n")
+            self.stream.write(
+                f"[jaxsane] fit {self.name}: stopped at step {self.completed}/{self.total} after "
+                f"{_clock(wall)}, {self.rate()}{', ' + info if info else ''}\n"
+            )
             self.stream.flush()

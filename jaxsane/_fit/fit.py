@@ -29,20 +29,21 @@ from typing import Any
 
 import jax
 
-from . import checkpoint as _ckpt
+from .._core.diagnosis import Diagnosis
+from .._core.errors import CheckpointError, ExperimentError, FitArgumentError, JaxsaneWarning, NonFiniteError
+from .._core.history import History
+from .._core.tree import PyTree
 from .._dist.hang import DEFAULT_FIT_TIMEOUT, check_hang_timeout
-from .._core.errors import CheckpointError, ExperimentError, FitArgumentError, NonFiniteError
-from .._experiment.contract import Adapted, Experiment
-from .._core.finding import Diagnosis
+from .._experiment.contract import Experiment, PureExperiment
+from .._guard.guard import Guarded
+from .._monitor.monitor import Monitor, check_training
+from .._monitor.writers import require_writer
+from . import checkpoint as _ckpt
 from .args import POLICIES as POLICIES, check_dir_arg, check_file_arg, check_fit_arguments
 from .data import Evaluator, Progress, check_first_labels, train_stream
 from .metrics_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from .prechecks import record_meta, run_checks
 from .state import Snapshot, best_state, dtype_changes, keep_copy
-from .._guard.guard import Guarded, JaxsaneWarning
-from .._monitor.writers import require_writer
-from .._monitor.monitor import History, Monitor, check_training
-from .._core.tree import PyTree
 
 
 @dataclasses.dataclass
@@ -78,7 +79,7 @@ class FitResult:
     rollbacks: int
     checkpoint_dir: str | None
     metrics_path: str | None
-    adapted: Adapted = dataclasses.field(repr=False, default=None)
+    adapted: PureExperiment = dataclasses.field(repr=False, default=None)
     last_state: PyTree = dataclasses.field(repr=False, default=None)
     restored_best: bool = False
     skipped_batches: list = dataclasses.field(default_factory=list)
@@ -96,27 +97,50 @@ class FitResult:
 
     def __repr__(self) -> str:
         from .._render.reprs import fit_repr
+
         return fit_repr(self)
 
     def _repr_html_(self) -> str:
-        from .._render.reprs import fit_html
         from .._render.html import plot_losses
+        from .._render.reprs import fit_html
+
         return fit_html(self, plot_losses)
 
 
 # ----------------------------------------------------------------------------- fit
 
-def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, checkpoint_dir: str | None = None,
-        checkpoint_every: int = 100, keep: int = 3, resume: bool = True, key: jax.Array | None = None,
-        on_nonfinite: str = "rollback", max_rollbacks: int = 3, patience: int | None = None,
-        min_delta: float = 0.0, eval_batches: int = 10, telemetry_every: int | None = None,
-        dead_every: int | None = None,
-        log_every: int = 100, metrics_path: str | None = None, tensorboard_dir: str | None = None,
-        writer: Any = None,
-        progress: bool = True, report: str | None = None, dump_dir: str | None = None,
-        thresholds: dict | None = None, restore_best: bool = False, repeat: bool = False,
-        rollback_every: int | None = None, checks: bool = False,
-        hang_timeout: float | None | str = "auto") -> FitResult:
+
+def fit(
+    experiment: Experiment,
+    *,
+    steps: int,
+    eval_every: int | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 100,
+    keep: int = 3,
+    resume: bool = True,
+    key: jax.Array | None = None,
+    on_nonfinite: str = "rollback",
+    max_rollbacks: int = 3,
+    patience: int | None = None,
+    min_delta: float = 0.0,
+    eval_batches: int = 10,
+    telemetry_every: int | None = None,
+    dead_every: int | None = None,
+    log_every: int = 100,
+    metrics_path: str | None = None,
+    tensorboard_dir: str | None = None,
+    writer: Any = None,
+    progress: bool = True,
+    report: str | None = None,
+    dump_dir: str | None = None,
+    thresholds: dict | None = None,
+    restore_best: bool = False,
+    repeat: bool = False,
+    rollback_every: int | None = None,
+    checks: bool = False,
+    hang_timeout: float | None | str = "auto",
+) -> FitResult:
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
     Args:
@@ -197,10 +221,22 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     """
     if not isinstance(experiment, Experiment):
         raise ExperimentError(f"fit needs a jaxsane.Experiment, got {type(experiment).__name__}.")
-    check_fit_arguments(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
-                        on_nonfinite=on_nonfinite, max_rollbacks=max_rollbacks, patience=patience, min_delta=min_delta,
-                        eval_batches=eval_batches, telemetry_every=telemetry_every, dead_every=dead_every,
-                        log_every=log_every, rollback_every=rollback_every, thresholds=thresholds)
+    check_fit_arguments(
+        steps=steps,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        keep=keep,
+        on_nonfinite=on_nonfinite,
+        max_rollbacks=max_rollbacks,
+        patience=patience,
+        min_delta=min_delta,
+        eval_batches=eval_batches,
+        telemetry_every=telemetry_every,
+        dead_every=dead_every,
+        log_every=log_every,
+        rollback_every=rollback_every,
+        thresholds=thresholds,
+    )
     steps = int(steps)
     writer = require_writer("jaxsane.fit", writer)
     if hang_timeout != "auto":
@@ -219,7 +255,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         raise FitArgumentError(f"fit(checks=...) must be True or False, got {checks!r}.")
     started, timings = time.perf_counter(), {}
     key = jax.random.key(0) if key is None else key
-    adapted = Adapted(experiment, key=key)
+    adapted = PureExperiment(experiment, key=key)
     state = adapted.init(key)
     can_eval = experiment.eval is not None and adapted.loss_fn is not None
     if eval_every is None:
@@ -244,15 +280,18 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
             resumed_from, state, meta, skipped_ckpts = ckpt.restore_verified()
             if skipped_ckpts:
                 names = "; ".join(f"step {s}: {why}" for s, why in skipped_ckpts)
-                warnings.warn(f"[jaxsane] resuming from checkpoint step {resumed_from}, the newest intact one; "
-                              f"skipped damaged checkpoints ({names}). They were renamed to "
-                              f"<step>{_ckpt.DAMAGED_SUFFIX} in {ckpt.directory}, not deleted.",
-                              JaxsaneWarning, stacklevel=2)
+                warnings.warn(
+                    f"[jaxsane] resuming from checkpoint step {resumed_from}, the newest intact one; "
+                    f"skipped damaged checkpoints ({names}). They were renamed to "
+                    f"<step>{_ckpt.DAMAGED_SUFFIX} in {ckpt.directory}, not deleted.",
+                    JaxsaneWarning,
+                    stacklevel=2,
+                )
             start = int(meta.get("position", resumed_from))
             loop.update({k: meta[k] for k in loop if k in meta})
             stored = _ckpt.history_from_meta(meta, start)
             if stored is None and metrics_path and os.path.exists(metrics_path):  # a checkpoint from before
-                stored = read_history(metrics_path, before=start)                  # histories were saved
+                stored = read_history(metrics_path, before=start)  # histories were saved
             monitor.history = stored if stored is not None else History()
             if metrics_path:
                 _rewrite(metrics_path, monitor.history)
@@ -263,23 +302,33 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         if ckpt is not None:
             ckpt.manager.close()
         if isinstance(e, OSError):
-            raise _ckpt.disk_error(e, "metrics file or checkpoint directory at start", checkpoint_dir,
-                                   complete) from e
+            raise _ckpt.disk_error(e, "metrics file or checkpoint directory at start", checkpoint_dir, complete) from e
         raise
-    log = _MetricsLog(metrics_path, tensorboard_dir, monitor.history, checkpoint_dir,
-                      ckpt.complete_steps if ckpt is not None else None, writer=writer)
+    log = _MetricsLog(
+        metrics_path,
+        tensorboard_dir,
+        monitor.history,
+        checkpoint_dir,
+        ckpt.complete_steps if ckpt is not None else None,
+        writer=writer,
+    )
 
     # the monitored step compiles one variant per telemetry mode (a static argument): not worth a warning.
     # Guarded, not guard(): JAXSANE_ON_NONFINITE is for the user's own guard() calls; fit keeps its policy
-    guarded = Guarded(monitor.compiled_step, on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
-                      dump_dir=dump_dir, warn_recompiles=False,
-                      hang_timeout=(DEFAULT_FIT_TIMEOUT if jax.process_count() > 1 else None)
-                      if hang_timeout == "auto" else hang_timeout)
-    positions: list[int] = []     # guard call index -> data position
+    guarded = Guarded(
+        monitor.compiled_step,
+        on_nonfinite="skip" if on_nonfinite == "skip" else "raise",
+        dump_dir=dump_dir,
+        warn_recompiles=False,
+        hang_timeout=(DEFAULT_FIT_TIMEOUT if jax.process_count() > 1 else None)
+        if hang_timeout == "auto"
+        else hang_timeout,
+    )
+    positions: list[int] = []  # guard call index -> data position
     diagnosis = Diagnosis(name=experiment.name)
     evaluator = Evaluator(adapted, experiment.eval, eval_batches) if eval_every else None
     rollback = on_nonfinite == "rollback"
-    snap = [Snapshot(start, state) if rollback else None]   # the last state known finite, on the host
+    snap = [Snapshot(start, state) if rollback else None]  # the last state known finite, on the host
     if checks and start == 0:
         run_checks(adapted, diagnosis, timings, progress)
     bar = Progress(progress, steps, start, experiment.name)
@@ -287,8 +336,8 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     seen_failures = 0
     exhausted_at = None
     skip_set = set(loop["skipped_batches"])
-    replay: collections.deque = collections.deque()   # (index, batch) to run again after a rollback
-    consumed: list = []           # (index, batch) consumed since the last snapshot
+    replay: collections.deque = collections.deque()  # (index, batch) to run again after a rollback
+    consumed: list = []  # (index, batch) consumed since the last snapshot
     dtype_checked = False
 
     def note_failures() -> None:
@@ -299,7 +348,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         seen_failures = len(guarded.failures)
 
     saved = [start]
-    best: list = [None]           # (position, host copy of the state) at the best evaluation
+    best: list = [None]  # (position, host copy of the state) at the best evaluation
 
     def verified(position: int) -> None:
         """Wait for every step's flags (may raise NonFiniteError); the state is then known finite."""
@@ -315,8 +364,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         monitor.pull()
         log.sync(monitor.history)
         if ckpt is not None and saved[0] != position:
-            ckpt.save(position, state, {"position": position, **loop,
-                                        "history": _ckpt.history_json(monitor.history)})
+            ckpt.save(position, state, {"position": position, **loop, "history": _ckpt.history_json(monitor.history)})
         saved[0] = position
 
     def evaluate(position: int) -> bool:
@@ -351,7 +399,7 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         monitor.pull()
         _ckpt.truncate_history(monitor.history, back)
         log.written = {name: min(n, len(getattr(monitor.history, name))) for name, n in log.written.items()}
-        if bad is None or bad < back:   # cannot tell which batch: skip everything consumed since the snapshot
+        if bad is None or bad < back:  # cannot tell which batch: skip everything consumed since the snapshot
             bad_batches = [i for i, _ in consumed]
         else:
             bad_batches = [bad]
@@ -361,9 +409,11 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         consumed = []
         what = f"batch {bad_batches[0]}" if len(bad_batches) == 1 else f"batches {bad_batches}"
         where = f"{getattr(finding, 'code', 'nonfinite')} at {getattr(finding, 'path', None) or 'step'}"
-        line = (f"[jaxsane] non-finite step ({where}): rolled back to the state after step {back} "
-                f"({loop['rollbacks']}/{max_rollbacks} rollbacks); {what} is skipped, the good batches since "
-                f"step {back} are replayed.")
+        line = (
+            f"[jaxsane] non-finite step ({where}): rolled back to the state after step {back} "
+            f"({loop['rollbacks']}/{max_rollbacks} rollbacks); {what} is skipped, the good batches since "
+            f"step {back} are replayed."
+        )
         warnings.warn(line + (f"\n{error}" if loop["rollbacks"] == 1 else ""), JaxsaneWarning, stacklevel=3)
         return back
 
@@ -371,10 +421,10 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
         return replay.popleft() if replay else next(batches, None)
 
     if patience is not None and loop["bad_evals"] >= patience:
-        stopped_early = True      # resumed after early stopping: nothing left to do
+        stopped_early = True  # resumed after early stopping: nothing left to do
         steps = start
     batches = train_stream(experiment.train, start, repeat)
-    position = start              # batches consumed so far: the data position and the step count
+    position = start  # batches consumed so far: the data position and the step count
     failure: BaseException | None = None
     try:
         if eval_every and start == 0:
@@ -409,14 +459,14 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
                     bar.update(position, lambda: _bar_info(monitor.history))
                     if stop:
                         break
-                verified(position)    # the last steps' flags, and the final checkpoint
+                verified(position)  # the last steps' flags, and the final checkpoint
                 if saved[0] != position:
                     checkpoint(position)
                 break
             except NonFiniteError as e:
                 position = handle(e)
                 exhausted_at, stopped_early = None, False
-    except BaseException as e:    # KeyboardInterrupt too: the report and the metrics are still written
+    except BaseException as e:  # KeyboardInterrupt too: the report and the metrics are still written
         failure = e
     finally:
         bar.close(lambda: _bar_info(monitor.history))
@@ -433,41 +483,84 @@ def fit(experiment: Experiment, *, steps: int, eval_every: int | None = None, ch
     if loop["rollbacks"]:
         diagnosis.artifacts["rollbacks"] = loop["rollbacks"]
         diagnosis.artifacts["skipped_batches"] = sorted(skip_set)
-    record_meta(diagnosis, steps=steps, position=position, started=started, timings=timings,
-                checkpoint_dir=checkpoint_dir, metrics_path=metrics_path, loop=loop, resumed_from=resumed_from,
-                stopped_early=stopped_early, skipped=sorted(skip_set), error=failure)
+    record_meta(
+        diagnosis,
+        steps=steps,
+        position=position,
+        started=started,
+        timings=timings,
+        checkpoint_dir=checkpoint_dir,
+        metrics_path=metrics_path,
+        loop=loop,
+        resumed_from=resumed_from,
+        stopped_early=stopped_early,
+        skipped=sorted(skip_set),
+        error=failure,
+    )
     if failure is not None:
         raised = _failed(failure, diagnosis, report)
         if raised is failure:
             raise failure
         raise raised from failure
     if exhausted_at is not None and exhausted_at < steps:
-        warnings.warn(f"[jaxsane] the training data ran out after {exhausted_at} batches, before steps={steps}: "
-                      f"fit stopped at step {exhausted_at}. fix: pass more data, steps={exhausted_at}, or "
-                      "repeat=True to read the data again from its start.", JaxsaneWarning, stacklevel=2)
+        warnings.warn(
+            f"[jaxsane] the training data ran out after {exhausted_at} batches, before steps={steps}: "
+            f"fit stopped at step {exhausted_at}. fix: pass more data, steps={exhausted_at}, or "
+            "repeat=True to read the data again from its start.",
+            JaxsaneWarning,
+            stacklevel=2,
+        )
     last_state = state
     if restore_best:
-        state = best_state(best[0], loop["best_step"], ckpt_dir=checkpoint_dir, keep=keep, like=state,
-                            init=lambda: adapted.init(key)) if loop["best_step"] is not None else state
+        state = (
+            best_state(
+                best[0],
+                loop["best_step"],
+                ckpt_dir=checkpoint_dir,
+                keep=keep,
+                like=state,
+                init=lambda: adapted.init(key),
+            )
+            if loop["best_step"] is not None
+            else state
+        )
     diagnosis.add(check_training(monitor.history, **(thresholds or {})))
-    result = FitResult(state=state, history=monitor.history, diagnosis=diagnosis, step=position,
-                       resumed_from=resumed_from, stopped_early=stopped_early, best_step=loop["best_step"],
-                       best_eval_loss=loop["best"], rollbacks=loop["rollbacks"], checkpoint_dir=checkpoint_dir,
-                       metrics_path=metrics_path, adapted=adapted, last_state=last_state,
-                       restored_best=state is not last_state, skipped_batches=sorted(skip_set),
-                       skipped_checkpoints=skipped_ckpts, data_exhausted_at=exhausted_at)
+    result = FitResult(
+        state=state,
+        history=monitor.history,
+        diagnosis=diagnosis,
+        step=position,
+        resumed_from=resumed_from,
+        stopped_early=stopped_early,
+        best_step=loop["best_step"],
+        best_eval_loss=loop["best"],
+        rollbacks=loop["rollbacks"],
+        checkpoint_dir=checkpoint_dir,
+        metrics_path=metrics_path,
+        adapted=adapted,
+        last_state=last_state,
+        restored_best=state is not last_state,
+        skipped_batches=sorted(skip_set),
+        skipped_checkpoints=skipped_ckpts,
+        data_exhausted_at=exhausted_at,
+    )
     if report is not None:
         from .._render.html import write_html
+
         write_html(report, [diagnosis])
     return result
 
 
 def _warn_dtype(step: int, changed: list[str]) -> None:
     if changed:
-        warnings.warn(f"[jaxsane] step {step} changed the dtype of {len(changed)} parameter(s): "
-                      f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. Later steps then run in "
-                      "the new dtype (and the step compiles again). fix: cast updates back to the parameter's "
-                      "dtype (e.g. (p + u).astype(p.dtype)).", JaxsaneWarning, stacklevel=3)
+        warnings.warn(
+            f"[jaxsane] step {step} changed the dtype of {len(changed)} parameter(s): "
+            f"{'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}. Later steps then run in "
+            "the new dtype (and the step compiles again). fix: cast updates back to the parameter's "
+            "dtype (e.g. (p + u).astype(p.dtype)).",
+            JaxsaneWarning,
+            stacklevel=3,
+        )
 
 
 def _failed(error: BaseException, diagnosis: Diagnosis, report: str | None) -> BaseException:
@@ -476,14 +569,16 @@ def _failed(error: BaseException, diagnosis: Diagnosis, report: str | None) -> B
         return error
     try:
         from .._render.html import write_html
+
         write_html(report, [diagnosis])
     except Exception as e:  # the report must never hide the failure
         where = f"  report: could not be written to {report} ({type(e).__name__}: {e})"
     else:
         where = f"  report: {os.path.abspath(report)}"
     if isinstance(error, NonFiniteError):
-        return NonFiniteError(f"{error}\n{where}", error.finding, dump_path=error.dump_path, inputs=error.inputs,
-                              located=error.located)
+        return NonFiniteError(
+            f"{error}\n{where}", error.finding, dump_path=error.dump_path, inputs=error.inputs, located=error.located
+        )
     if isinstance(error, CheckpointError):
         return CheckpointError(f"{error}\n{where}", skipped=error.skipped)
     if hasattr(error, "add_note"):

@@ -7,10 +7,10 @@ import json
 import warnings
 from typing import Any
 
-from . import checkpoint as _ckpt
-from .._guard.guard import JaxsaneWarning
+from .._core.errors import JaxsaneWarning
+from .._core.history import History
 from .._monitor.writers import write_scalars
-from .._monitor.monitor import History
+from . import checkpoint as _ckpt
 
 
 class MetricsLog:
@@ -21,11 +21,23 @@ class MetricsLog:
     "loss", ...}``. :func:`read_history` rebuilds a History from them.
     """
 
-    _SERIES = (("steps", "train"), ("tele_steps", "telemetry"), ("grad_steps", "grad"),
-               ("dead_steps", "dead"), ("eval_steps", "eval"))
+    _SERIES = (
+        ("steps", "train"),
+        ("tele_steps", "telemetry"),
+        ("grad_steps", "grad"),
+        ("dead_steps", "dead"),
+        ("eval_steps", "eval"),
+    )
 
-    def __init__(self, path: str | None, tensorboard_dir: str | None, history: History,
-                 ckpt_dir: str | None = None, complete: Any = None, writer: Any = None):
+    def __init__(
+        self,
+        path: str | None,
+        tensorboard_dir: str | None,
+        history: History,
+        ckpt_dir: str | None = None,
+        complete: Any = None,
+        writer: Any = None,
+    ):
         self.path, self.ckpt_dir, self.complete, self.writer = path, ckpt_dir, complete, writer
         self.written = {name: len(getattr(history, name)) for name, _ in self._SERIES}
         self.tb = _tensorboard_writer(tensorboard_dir) if tensorboard_dir else None
@@ -38,8 +50,9 @@ class MetricsLog:
             try:
                 _ckpt.append_lines(self.path, [_ckpt.dumps(rec) for rec in records])
             except OSError as e:
-                raise _ckpt.disk_error(e, f"metrics file {self.path}", self.ckpt_dir,
-                                       self.complete() if self.complete else None) from e
+                raise _ckpt.disk_error(
+                    e, f"metrics file {self.path}", self.ckpt_dir, self.complete() if self.complete else None
+                ) from e
         if self.tb is not None:
             self._tensorboard(h, records)
         if self.writer is not None:  # a clu-style writer (fit(writer=...))
@@ -53,8 +66,14 @@ class MetricsLog:
             rec.update({k: v[i] for k, v in h.train_metrics.items() if i < len(v)})
             records.append(rec)
         for i in range(self.written["tele_steps"], len(h.tele_steps)):
-            records.append({"kind": "telemetry", "step": h.tele_steps[i], "param_norm": h.param_norm[i],
-                            "update_norm": h.update_norm[i]})
+            records.append(
+                {
+                    "kind": "telemetry",
+                    "step": h.tele_steps[i],
+                    "param_norm": h.param_norm[i],
+                    "update_norm": h.update_norm[i],
+                }
+            )
         for i in range(self.written["grad_steps"], len(h.grad_steps)):
             records.append({"kind": "grad", "step": h.grad_steps[i], "grad_norm": h.grad_norm[i]})
         for i in range(self.written["dead_steps"], len(h.dead_steps)):
@@ -93,14 +112,19 @@ def _tensorboard_writer(logdir: str):
     try:
         import tensorflow as tf  # type: ignore
     except ImportError:
-        warnings.warn("[jaxsane] fit(tensorboard_dir=...) needs tensorboardX, torch or tensorflow installed; "
-                      "writing JSONL metrics only.", JaxsaneWarning, stacklevel=4)
+        warnings.warn(
+            "[jaxsane] fit(tensorboard_dir=...) needs tensorboardX, torch or tensorflow installed; "
+            "writing JSONL metrics only.",
+            JaxsaneWarning,
+            stacklevel=4,
+        )
         return None
     writer = tf.summary.create_file_writer(logdir)
 
     def write(tag, value, step):
         with writer.as_default():
             tf.summary.scalar(tag, value, step=step)
+
     return write
 
 

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from .._experiment.chex import chex_asserts_off, locate_target
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
-from .flags import grouped_flags
 from .._core.tree import finite_flags, to_host
+from .._experiment.chex import chex_asserts_off, locate_target
+from .flags import grouped_flags
+
 
 @jax.jit
 def flags_of(inputs: Any, kwargs: Any, out: Any) -> jax.Array:
@@ -47,6 +48,7 @@ def chex_failure(guarded: Any, exc: AssertionError, candidates: list[tuple[int, 
     args, kwargs)`` the guard still holds, oldest first) on which locate finds a non-finite value gives the
     step, origin and dump; chex's message is kept in the text (and the caller raises it ``from exc``)."""
     from .._locate.locate import locate
+
     chex_text = " ".join(str(exc).split())
     target = locate_target(guarded.step)
     step, args, kwargs, located = (candidates[-1] if candidates else (guarded.step_count, None, None)) + (None,)
@@ -68,28 +70,40 @@ def chex_failure(guarded: Any, exc: AssertionError, candidates: list[tuple[int, 
     if origin is not None:
         message += f"; origin: {origin.summary()}"
     elif located is None:
-        message += ("; locate finds no NaN/Inf reaching the step's outputs on the inputs guard still holds: the "
-                    "asserted value may be masked before the outputs, or (chexify's async_check) the failing call "
-                    "is older than those; chex.chexify(step, async_check=False) pins it to its call")
+        message += (
+            "; locate finds no NaN/Inf reaching the step's outputs on the inputs guard still holds: the "
+            "asserted value may be masked before the outputs, or (chexify's async_check) the failing call "
+            "is older than those; chex.chexify(step, async_check=False) pins it to its call"
+        )
     inputs = (to_host(args), to_host(kwargs)) if args is not None else None
     dump_path, dump_error = None, None
     if guarded.dump_dir and inputs is not None:
         from .._dump.dump import save_dump
+
         dump_path = os.path.join(guarded.dump_dir, f"step_{step:06d}")
         try:
-            save_dump(dump_path, inputs[0], inputs[1], meta={"step": step, "finding": {"code": code,
-                                                                                      "message": message}})
+            save_dump(
+                dump_path, inputs[0], inputs[1], meta={"step": step, "finding": {"code": code, "message": message}}
+            )
             message += f" (inputs dumped to {dump_path})"
         except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
             dump_error, dump_path = str(e), None
     hint = (getattr(origin, "fix", None) if origin is not None else None) or (
-        "run jaxsane.locate on the step under chex.chexify (step.__wrapped__) with the dumped inputs to find "
-        "the line")
-    finding = Finding(code, message, hint, step=step, file=getattr(origin, "file", None),
-                      line=getattr(origin, "line", None),
-                      extra={"chex": chex_text, "policy": guarded.on_nonfinite, **({"dump": dump_path} if dump_path else {})})
+        "run jaxsane.locate on the step under chex.chexify (step.__wrapped__) with the dumped inputs to find the line"
+    )
+    finding = Finding(
+        code,
+        message,
+        hint,
+        step=step,
+        file=getattr(origin, "file", None),
+        line=getattr(origin, "line", None),
+        extra={"chex": chex_text, "policy": guarded.on_nonfinite, **({"dump": dump_path} if dump_path else {})},
+    )
     guarded.failures.append(finding)
-    text = f"[jaxsane] {code} at step {step}: {message}\n  fix: {hint}" + (f"\n{located}" if located is not None else "")
+    text = f"[jaxsane] {code} at step {step}: {message}\n  fix: {hint}" + (
+        f"\n{located}" if located is not None else ""
+    )
     return NonFiniteError(text, finding, dump_path=dump_path, inputs=inputs, located=located, dump_error=dump_error)
 
 

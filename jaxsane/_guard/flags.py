@@ -16,7 +16,6 @@ import numpy as np
 from .._core.errors import GuardConfigError
 from .._core.tree import is_inexact, leaves_with_paths, same_structure
 
-
 _CHUNK = 64  # leaves per grouped reduction: XLA:CPU compiles many small fusions faster than a few huge ones
 
 
@@ -44,7 +43,7 @@ def flag_chunks(leaves: list) -> list[list[int]]:
     for i, x in enumerate(leaves):
         if is_inexact(x) and np.size(x):  # empty leaves are trivially finite
             groups.setdefault((np.shape(x), np.dtype(x.dtype)), []).append(i)
-    return [idx[start:start + _CHUNK] for idx in groups.values() for start in range(0, len(idx), _CHUNK)]
+    return [idx[start : start + _CHUNK] for idx in groups.values() for start in range(0, len(idx), _CHUNK)]
 
 
 def select_tree(ok: jax.Array, new: Any, old: Any) -> Any:
@@ -62,7 +61,8 @@ def select_tree(ok: jax.Array, new: Any, old: Any) -> Any:
                 f"[jaxsane] guard(on_nonfinite='skip') keeps the old state when a step fails, so the step must "
                 f"return its state with the same shapes and dtypes; {path} comes in as "
                 f"{jnp.result_type(o)}{list(jnp.shape(o))} and goes out as {jnp.result_type(n)}{list(jnp.shape(n))}. "
-                f"Cast it back in the step (a dtype change is usually a bug), or use on_nonfinite='raise'.")
+                f"Cast it back in the step (a dtype change is usually a bug), or use on_nonfinite='raise'."
+            )
     chosen = jax.lax.cond(ok, lambda n, o: list(n), lambda n, o: list(o), new_leaves, old_leaves)
     return jax.tree_util.tree_unflatten(new_def, chosen)
 
@@ -75,9 +75,11 @@ def select_state(ok: jax.Array, out: Any, state_in: Any) -> Any:
         return (select_tree(ok, out[0], state_in), *out[1:])
     if same_structure(out, state_in):
         return select_tree(ok, out, state_in)
-    raise GuardConfigError("[jaxsane] guard(on_nonfinite='skip') needs a step that returns its new state (or "
-                           "(state, metrics)) with the same structure as its first argument; use "
-                           "on_nonfinite='raise' for steps that return something else.")
+    raise GuardConfigError(
+        "[jaxsane] guard(on_nonfinite='skip') needs a step that returns its new state (or "
+        "(state, metrics)) with the same structure as its first argument; use "
+        "on_nonfinite='raise' for steps that return something else."
+    )
 
 
 def replica_target(out: Any, new_nnx_state: Any, state_in: Any) -> Any:

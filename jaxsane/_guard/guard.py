@@ -18,26 +18,35 @@ import functools
 import os
 import warnings
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._experiment.purify import call_split, combine, needs_partition, nnx_module as _nnx, nnx_positions, partition, positional_names, split_objects
-from .._dist.hang import HangWatch, check_hang_timeout
-from .._core.errors import GuardConfigError, NonFiniteError
+from .._core.errors import GuardConfigError, JaxsaneWarning, NonFiniteError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_stacklevel
+from .._core.tree import finite_flags, leaves_with_paths
+from .._core.validate import policy_from_env, require_policy
+from .._dist.hang import HangWatch, check_hang_timeout
 from .._experiment.chex import FINITE_ASSERTIONS, failed_assertion, is_chexified
+from .._experiment.purify import (
+    call_split,
+    combine,
+    needs_partition,
+    nnx_module as _nnx,
+    nnx_positions,
+    partition,
+    positional_names,
+    split_objects,
+)
 from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.recompile import RecompileTracker, recompile_finding, signature
 from .chex import chex_failure, flags_of
 from .flags import grouped_flags, replica_target, select_state, select_tree
 from .host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
-from .host import JaxsaneWarning as JaxsaneWarning  # public: jaxsane.JaxsaneWarning
-from .._jaxpr.recompile import RecompileTracker, recompile_finding, signature
-from .._core.tree import finite_flags, leaves_with_paths
-from .._core.validate import policy_from_env, require_policy
 
 POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
 ENV_ONLY = ("breakpoint",)  # and of _validate.ENV_ONLY_POLICIES (JAXSANE_ON_NONFINITE only)
@@ -68,16 +77,38 @@ class Guarded(HostSide):
         debugger at its origin, then raises as ``"raise"`` (``on_nonfinite`` is ``"raise"``).
     """
 
-    def __init__(self, step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
-                 max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True,
-                 sync: bool = False, locate: bool = True, check_replicas: bool | int = False,
-                 warn_recompiles: bool = True, hang_timeout: float | None = None, runs: float | None = None):
+    def __init__(
+        self,
+        step: Callable,
+        *,
+        on_nonfinite: str = "raise",
+        dump_dir: str | None = None,
+        max_consecutive_skips: int = 10,
+        max_lag: int = 2,
+        keep_inputs: bool = True,
+        sync: bool = False,
+        locate: bool = True,
+        check_replicas: bool | int = False,
+        warn_recompiles: bool = True,
+        hang_timeout: float | None = None,
+        runs: float | None = None,
+    ):
         """``runs``: about how many calls this guard will see, when the caller knows it is few (doctor's one re-run
         of a failing step: 1); guard's program is then compiled for that many runs (:func:`~jaxsane._jaxpr.compile_level.quick_jit`,
         on XLA:CPU its quick level, as jaxsane's other one-off programs). None (the default, and what
         :func:`guard` passes): XLA's defaults, as for a training loop. The other arguments are :func:`guard`'s."""
-        dump_dir = _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync,
-                               locate, check_replicas, warn_recompiles)
+        dump_dir = _check_args(
+            step,
+            on_nonfinite,
+            dump_dir,
+            max_consecutive_skips,
+            max_lag,
+            keep_inputs,
+            sync,
+            locate,
+            check_replicas,
+            warn_recompiles,
+        )
         hang_timeout = check_hang_timeout(hang_timeout, "jaxsane.guard", GuardConfigError)
         functools.update_wrapper(self, step)
         self.step = step
@@ -119,9 +150,11 @@ class Guarded(HostSide):
         self._plain_ok = not self._static_argnums and not self._static_argnames
         self._chex = is_chexified(step)  # chex.chexify(step): called as it is, chex stays the outermost transform
         if self._chex and self.on_nonfinite == "skip":
-            raise GuardConfigError("[jaxsane] guard(chex.chexify(step), on_nonfinite='skip'): a chexified step runs "
-                                   "outside guard's compiled program, so guard cannot select the old state inside "
-                                   "it. Use on_nonfinite='raise' or 'warn', or guard the step under chexify.")
+            raise GuardConfigError(
+                "[jaxsane] guard(chex.chexify(step), on_nonfinite='skip'): a chexified step runs "
+                "outside guard's compiled program, so guard cannot select the old state inside "
+                "it. Use on_nonfinite='raise' or 'warn', or guard the step under chexify."
+            )
         atexit.register(flush_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ naming
@@ -129,8 +162,9 @@ class Guarded(HostSide):
         return self._arg_names[i] if i < len(self._arg_names) else f"args[{i}]"
 
     # ------------------------------------------------------------------ the compiled body
-    def _body(self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), skip=None, per_leaf=None,
-              rest=None):
+    def _body(
+        self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), skip=None, per_leaf=None, rest=None
+    ):
         """Run the step and reduce inputs and outputs to finite flags. Jit-safe.
 
         ``rest`` (an ``_adapter.Static``) holds the args' non-array leaves (an Equinox model's activations) when
@@ -168,6 +202,7 @@ class Guarded(HostSide):
         replica = None
         if replicas:  # check_replicas: fingerprints of the new state's replicated leaves, compared across devices
             from .._dist.replicas import replica_fingerprints
+
             replica = replica_fingerprints(replica_target(out, new_nnx_state, state_in), replicas)
         if self.on_nonfinite == "skip":
             keep = ok if skip is None else ok | ~skip
@@ -303,8 +338,18 @@ class Guarded(HostSide):
             _nnx().update(objs, new_nnx_state)
         kept = None
         if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
-            kept = KeptCall(positions, nnx_in, plain, kwargs, new_nnx_state, out_arrays, layout[0] if layout else None,
-                            statics, static_kw, rest=rest)
+            kept = KeptCall(
+                positions,
+                nnx_in,
+                plain,
+                kwargs,
+                new_nnx_state,
+                out_arrays,
+                layout[0] if layout else None,
+                statics,
+                static_kw,
+                rest=rest,
+            )
         self._pending.append(PendingStep(self.step_count, flags, kept, replica))
         self.step_count += 1
         if self.sync:
@@ -320,7 +365,8 @@ class Guarded(HostSide):
                 f"[jaxsane] JAXSANE_ON_NONFINITE='breakpoint' cannot be used under jax.distributed "
                 f"({jax.process_count()} processes) in jaxsane.guard: a debugger stopped on one process leaves the "
                 "others waiting in the step's collectives until the job hangs. Fix: unset it (or use raise) and "
-                "pass dump_dir=...; then debug the dump in one process: jaxsane replay DUMP --step module:step --pdb.")
+                "pass dump_dir=...; then debug the dump in one process: jaxsane replay DUMP --step module:step --pdb."
+            )
 
     @property
     def hang(self) -> Finding | None:
@@ -335,16 +381,23 @@ class Guarded(HostSide):
             args[i] = value
         for k, p in enumerate(positions):  # NNX objects: their split state
             args[p] = nnx_state[k] if len(positions) > 1 else nnx_state
-        sig = signature(args, {**kwargs, **dict(static_kw)}, names=[self._arg_name(i) for i in range(len(args))],
-                        static_argnums=[i for i, _ in statics], static_argnames=[k for k, _ in static_kw])
+        sig = signature(
+            args,
+            {**kwargs, **dict(static_kw)},
+            names=[self._arg_name(i) for i in range(len(args))],
+            static_argnums=[i for i, _ in statics],
+            static_argnames=[k for k, _ in static_kw],
+        )
         rec = self._recompile.seen(sig, True, user_call_site())
         if rec is None:
             return
         finding = recompile_finding(rec, "the guarded step", step=self.step_count)
         self.recompiles.append(finding)
         if len(self.recompiles) == 1 and self.warn_recompiles:
-            warning = JaxsaneWarning(f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
-                                     f"every later compilation is listed in guarded.recompiles)")
+            warning = JaxsaneWarning(
+                f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
+                f"every later compilation is listed in guarded.recompiles)"
+            )
             warning.finding = finding
             warnings.warn(warning, stacklevel=user_stacklevel())
 
@@ -355,10 +408,13 @@ class Guarded(HostSide):
         if self.check_replicas is not True and self.step_count % int(self.check_replicas):
             return ()  # check_replicas=N: every N-th step (a second compiled variant, compiled once)
         leaves = jax.tree_util.tree_leaves(state)
-        key = (jax.tree_util.tree_structure(state),
-               tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in leaves))
+        key = (
+            jax.tree_util.tree_structure(state),
+            tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in leaves),
+        )
         if key not in self._replica_plans:
             from .._dist.replicas import replica_plan
+
             self._replica_plans[key] = replica_plan(state)
         return self._replica_plans[key]
 
@@ -381,20 +437,35 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, keep_inputs, sync, locate,
-                check_replicas, warn_recompiles=True) -> str | None:
+def _check_args(
+    step,
+    on_nonfinite,
+    dump_dir,
+    max_consecutive_skips,
+    max_lag,
+    keep_inputs,
+    sync,
+    locate,
+    check_replicas,
+    warn_recompiles=True,
+) -> str | None:
     """Validate guard's arguments before any work; returns ``dump_dir`` as a ``str`` (or None). Not jit-safe.
 
     Raises:
       GuardConfigError: naming the argument, what it got, and the values it accepts.
     """
+
     def bad(name: str, value: Any, valid: str) -> GuardConfigError:
-        return GuardConfigError(f"[jaxsane] {name} must be {valid}; got {value!r} ({type(value).__name__}). "
-                                f"Fix the {name}= argument of jaxsane.guard.")
+        return GuardConfigError(
+            f"[jaxsane] {name} must be {valid}; got {value!r} ({type(value).__name__}). "
+            f"Fix the {name}= argument of jaxsane.guard."
+        )
 
     if not callable(step):
-        raise GuardConfigError(f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
-                               f"got {type(step).__name__}. Pass the train step function itself, not its result.")
+        raise GuardConfigError(
+            f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
+            f"got {type(step).__name__}. Pass the train step function itself, not its result."
+        )
     require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
     if dump_dir is not None:
         if not isinstance(dump_dir, (str, os.PathLike)) or isinstance(dump_dir, bytes):
@@ -403,29 +474,44 @@ def _check_args(step, on_nonfinite, dump_dir, max_consecutive_skips, max_lag, ke
         if not isinstance(dump_dir, str) or not dump_dir:
             raise bad("dump_dir", dump_dir, "None or a non-empty directory path (str or os.PathLike)")
         if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-            raise GuardConfigError(f"[jaxsane] guard(dump_dir={dump_dir!r}): the path exists and is not a "
-                                   f"directory. Pass a directory (it is created on the first failure) or None.")
+            raise GuardConfigError(
+                f"[jaxsane] guard(dump_dir={dump_dir!r}): the path exists and is not a "
+                f"directory. Pass a directory (it is created on the first failure) or None."
+            )
     if not _is_int(max_consecutive_skips) or max_consecutive_skips < 1:
         raise bad("max_consecutive_skips", max_consecutive_skips, "an int >= 1 (default 10)")
     if not _is_int(max_lag) or max_lag < 0:
         raise bad("max_lag", max_lag, "an int >= 0 (default 2; 0 reads each step's flags at the next call)")
-    for name, value in (("keep_inputs", keep_inputs), ("sync", sync), ("locate", locate),
-                        ("warn_recompiles", warn_recompiles)):
+    for name, value in (
+        ("keep_inputs", keep_inputs),
+        ("sync", sync),
+        ("locate", locate),
+        ("warn_recompiles", warn_recompiles),
+    ):
         if not isinstance(value, (bool, np.bool_)):
             raise bad(name, value, "True or False")
     if not isinstance(check_replicas, (bool, np.bool_)) and not (_is_int(check_replicas) and check_replicas >= 1):
-        raise bad("check_replicas", check_replicas, "True, False, or a step interval int >= 1 (check every N-th "
-                                                    "step)")
+        raise bad("check_replicas", check_replicas, "True, False, or a step interval int >= 1 (check every N-th step)")
     return dump_dir
 
 
 _SKIP, _NO_SKIP = np.bool_(True), np.bool_(False)  # the traced ``skip`` argument of the compiled body
 
 
-def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None = None,
-          max_consecutive_skips: int = 10, max_lag: int = 2, keep_inputs: bool = True, sync: bool = False,
-          locate: bool = True, check_replicas: bool | int = False, warn_recompiles: bool = True,
-          hang_timeout: float | None = None) -> Guarded:
+def guard(
+    step: Callable,
+    *,
+    on_nonfinite: str = "raise",
+    dump_dir: str | None = None,
+    max_consecutive_skips: int = 10,
+    max_lag: int = 2,
+    keep_inputs: bool = True,
+    sync: bool = False,
+    locate: bool = True,
+    check_replicas: bool | int = False,
+    warn_recompiles: bool = True,
+    hang_timeout: float | None = None,
+) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
@@ -507,12 +593,20 @@ def guard(step: Callable, *, on_nonfinite: str = "raise", dump_dir: str | None =
       >>> state, metrics = guarded(jnp.zeros(2), jnp.ones(2))
     """
     require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError,
-                                   env_only=ENV_ONLY)
+    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError, env_only=ENV_ONLY)
     debug = on_nonfinite == "breakpoint"  # "raise", with a debugger at the origin first
-    guarded = Guarded(step, on_nonfinite="raise" if debug else on_nonfinite, dump_dir=dump_dir,
-                      max_consecutive_skips=max_consecutive_skips, max_lag=max_lag, keep_inputs=keep_inputs,
-                      sync=sync, locate=locate, check_replicas=check_replicas, warn_recompiles=warn_recompiles,
-                      hang_timeout=hang_timeout)
+    guarded = Guarded(
+        step,
+        on_nonfinite="raise" if debug else on_nonfinite,
+        dump_dir=dump_dir,
+        max_consecutive_skips=max_consecutive_skips,
+        max_lag=max_lag,
+        keep_inputs=keep_inputs,
+        sync=sync,
+        locate=locate,
+        check_replicas=check_replicas,
+        warn_recompiles=warn_recompiles,
+        hang_timeout=hang_timeout,
+    )
     guarded.breakpoint = debug
     return guarded

@@ -12,33 +12,29 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
-from .._experiment.purify import Layout, combine, nnx_module as _nnx
-from .._core.errors import NonFiniteError
+from .._core.errors import JaxsaneWarning, NonFiniteError, ReplicaDivergenceError
 from .._core.finding import Finding
 from .._core.frames import user_stacklevel
-from .._experiment.chex import chex_asserts_off, locate_target
-from .flags import flag_chunks
 from .._core.tree import host_finite_flags, leaves_with_paths, same_structure, to_host
-
+from .._experiment.chex import chex_asserts_off, locate_target
+from .._experiment.purify import Layout, combine, nnx_module as _nnx
+from .flags import flag_chunks
 
 _FIX = {
     "nonfinite.input": "the batch already holds NaN/Inf: check the data pipeline (jaxsane.check_data) and "
-                       "drop or repair bad rows before they reach the step.",
+    "drop or repair bad rows before they reach the step.",
     "nonfinite.forward": "run jaxsane.locate(step, *inputs) on the dumped inputs to find the line; typical "
-                         "causes are log(0), exp overflow, 0/0 in a masked mean, fp16 overflow.",
+    "causes are log(0), exp overflow, 0/0 in a masked mean, fp16 overflow.",
     "nonfinite.update": "the loss was finite but the new state is not: run jaxsane.locate on the dumped inputs; "
-                        "typical causes are a NaN gradient (double-where trap, norm at 0), fp16 Adam eps "
-                        "underflow, or a learning rate blow-up.",
+    "typical causes are a NaN gradient (double-where trap, norm at 0), fp16 Adam eps "
+    "underflow, or a learning rate blow-up.",
 }
-
-
-class JaxsaneWarning(RuntimeWarning):
-    """Issued by ``guard(..., on_nonfinite="warn")``."""
 
 
 def _all_set(flags: np.ndarray) -> bool:
@@ -51,26 +47,28 @@ def _all_set(flags: np.ndarray) -> bool:
 @dataclasses.dataclass
 class PendingStep:
     """A dispatched guarded step whose flag vector is not read yet."""
+
     step: int
     flags: jax.Array
-    call: "KeptCall | None"  # what the call saw, kept by reference (None with keep_inputs=False)
-    replica: Any = None      # check_replicas: (plan, fingerprints, input state, root names); see _dist
+    call: KeptCall | None  # what the call saw, kept by reference (None with keep_inputs=False)
+    replica: Any = None  # check_replicas: (plan, fingerprints, input state, root names); see _dist
 
 
 @dataclasses.dataclass
 class KeptCall:
     """What one guarded call saw, kept by reference until its flags are read."""
+
     positions: tuple
-    nnx_in: Any             # (leaves, treedef) of the NNX objects' state as it came in, or None
-    plain: tuple            # positional args, with NNX objects and static args replaced by None
+    nnx_in: Any  # (leaves, treedef) of the NNX objects' state as it came in, or None
+    plain: tuple  # positional args, with NNX objects and static args replaced by None
     kwargs: dict
     new_nnx_state: Any
     out: Any
     graphdef: Any
-    statics: tuple = ()     # (position, value) of static positional args
-    static_kw: tuple = ()   # (name, value) of static keyword args
+    statics: tuple = ()  # (position, value) of static positional args
+    static_kw: tuple = ()  # (name, value) of static keyword args
     replayed: bool = False  # skip: out/new_nnx_state replaced by the failing step's own (unselected) outputs
-    rest: Any = None        # the args' non-array part (an _adapter.Static) when plain/kwargs/out are array parts
+    rest: Any = None  # the args' non-array part (an _adapter.Static) when plain/kwargs/out are array parts
 
     def args(self) -> tuple:
         """The positional args as the step saw them; NNX objects as their pure input ``nnx.State``."""
@@ -142,7 +140,7 @@ class HostSide:
         """Wait for every dispatched step's flags and handle failures (may raise). Not jit-safe."""
         self._poll(block=True)
 
-    def _names(self, call: "KeptCall") -> tuple[list[str], list[str]]:
+    def _names(self, call: KeptCall) -> tuple[list[str], list[str]]:
         """(input leaf paths, output leaf paths), in the order of the flag vector."""
         obj_names = [self._arg_name(p) for p in call.positions]
         in_paths = []
@@ -155,7 +153,9 @@ class HostSide:
         if call.positions:
             root = "metrics" if isinstance(out, (dict, tuple, list)) else "loss"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
-        elif _echoes_args(out, call.plain):  # (state, metrics), or (model, opt_state, loss) for step(model, opt_state, ..)
+        elif _echoes_args(
+            out, call.plain
+        ):  # (state, metrics), or (model, opt_state, loss) for step(model, opt_state, ..)
             for k, part in enumerate(out[:-1]):
                 out_paths += [p for p, _ in leaves_with_paths(part, self._arg_name(k))]
             out_paths += [p for p, _ in leaves_with_paths(out[-1], "metrics" if isinstance(out[-1], dict) else "loss")]
@@ -169,33 +169,36 @@ class HostSide:
         """Split the replica flags off the flag vector; dist.replica_divergence findings for those that failed."""
         plan, fps, state_in, names, is_nnx = rec.replica
         n = sum(len(group[1]) for group in plan)
-        finite, agree = flags[:len(flags) - n], flags[len(flags) - n:]
+        finite, agree = flags[: len(flags) - n], flags[len(flags) - n :]
         if agree.all():
             return finite, []
         from .._dist.replicas import plan_findings
+
         paths = _nnx_paths(state_in, names) if is_nnx else [p for p, _ in leaves_with_paths(state_in, names[0])]
         return finite, plan_findings(plan, fps, paths, step=rec.step)
 
     def _on_divergence(self, rec: PendingStep, divergence: list[Finding]) -> None:
         """check_replicas: report copies of replicated state that differ ("skip" cannot undo it: it warns)."""
-        from .._dist.replicas import ReplicaDivergenceError
+
         self.failures.extend(divergence)
-        text = (f"[jaxsane] dist.replica_divergence at step {rec.step}: the new state is not the same on every "
-                f"device/process\n" + "\n".join(f"  {d.message}" for d in divergence)
-                + f"\n  fix: {divergence[0].hint}")
+        text = (
+            f"[jaxsane] dist.replica_divergence at step {rec.step}: the new state is not the same on every "
+            f"device/process\n" + "\n".join(f"  {d.message}" for d in divergence) + f"\n  fix: {divergence[0].hint}"
+        )
         if self.on_nonfinite != "raise":
             warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
         self._pending.clear()
         raise ReplicaDivergenceError(text, divergence)
 
-    def _shard_finding(self, call: "KeptCall", bad: np.ndarray, step: int, code: str) -> Finding | None:
+    def _shard_finding(self, call: KeptCall, bad: np.ndarray, step: int, code: str) -> Finding | None:
         """dist.nonfinite_shard for a failing sharded step (failure path only), else None.
 
         First the failing leaves' shards are inspected; when the NaN/Inf is everywhere (spread by an
         all-reduce), the step is replayed once per batch shard to find the shard whose rows cause it.
         """
         from .._dist.shards import nonfinite_shards, replay_shards
+
         values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
         values += jax.tree_util.tree_leaves(call.kwargs)
         values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
@@ -203,8 +206,9 @@ class HostSide:
         names = in_paths + out_paths
         found = None
         # (if the flag layout changed under us, better no attribution than a wrong one)
-        if len(names) == len(values) and any(isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1
-                                             for i in bad if i < len(values)):
+        if len(names) == len(values) and any(
+            isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1 for i in bad if i < len(values)
+        ):
             found = nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
         if found is not None or code == "nonfinite.input" or call.positions or self._static_argnames:
             return found
@@ -231,26 +235,39 @@ class HostSide:
         call = rec.call
         if self._per_leaf_flags():
             return flags
-        in_values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions
-                     for x in jax.tree_util.tree_leaves(a)] + jax.tree_util.tree_leaves(call.kwargs)
-        in_flags = flags[:len(in_values)]
+        in_values = [
+            x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)
+        ] + jax.tree_util.tree_leaves(call.kwargs)
+        in_flags = flags[: len(in_values)]
         if self.on_nonfinite == "skip" and in_flags.all() and not call.replayed:
             state = jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]) if call.positions else None
             layout = Layout(call.graphdef, call.positions) if call.positions else None
             plan = rec.replica[0] if rec.replica is not None else ()
             try:
-                call.out, call.new_nnx_state, _ = self._run(layout, call.statics, call.static_kw, state, call.plain,
-                                                            call.kwargs, plan, skip=False, rest=call.rest)
+                call.out, call.new_nnx_state, _ = self._run(
+                    layout,
+                    call.statics,
+                    call.static_kw,
+                    state,
+                    call.plain,
+                    call.kwargs,
+                    plan,
+                    skip=False,
+                    rest=call.rest,
+                )
                 if call.rest is not None:
                     call.out = call.out[0]  # (arrays, Static): the flags and names are the arrays'
 
                 call.replayed = True
             except Exception as e:  # the report must never hide the original failure
-                warnings.warn(f"[jaxsane] replaying the skipped step to name its non-finite leaves failed: "
-                              f"{type(e).__name__}: {e}", JaxsaneWarning)
+                warnings.warn(
+                    f"[jaxsane] replaying the skipped step to name its non-finite leaves failed: "
+                    f"{type(e).__name__}: {e}",
+                    JaxsaneWarning,
+                )
         out_values = jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
         out_flags = host_finite_flags(out_values)
-        grouped = flags[len(in_values):]
+        grouped = flags[len(in_values) :]
         if out_flags.all() and not grouped.all():  # not reproduced (or not replayed): every leaf of a failing group
             for chunk, finite in zip(flag_chunks(out_values), grouped):
                 out_flags[chunk] &= bool(finite)
@@ -286,6 +303,7 @@ class HostSide:
             shard = self._shard_finding(call, bad, rec.step, code)
             if self._multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
                 from .._dist.shards import gather_to_host
+
                 host_inputs = gather_to_host((call.args(), call.kwargs))
             else:
                 host_inputs = (to_host(call.args()), to_host(call.kwargs))
@@ -302,26 +320,43 @@ class HostSide:
         dump_path, dump_error = None, None
         if self.dump_dir and host_inputs is not None:
             from .._dump.dump import save_dump
+
             dump_path = os.path.join(self.dump_dir, f"step_{rec.step:06d}")
             try:
                 if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
-                    save_dump(dump_path, host_inputs[0], host_inputs[1],
-                              meta={"step": rec.step, "finding": {"code": code, "message": message, "paths": paths},
-                                    "arg_names": [self._arg_name(i) for i in range(len(host_inputs[0]))],
-                                    **_nnx_records(call)})
+                    save_dump(
+                        dump_path,
+                        host_inputs[0],
+                        host_inputs[1],
+                        meta={
+                            "step": rec.step,
+                            "finding": {"code": code, "message": message, "paths": paths},
+                            "arg_names": [self._arg_name(i) for i in range(len(host_inputs[0]))],
+                            **_nnx_records(call),
+                        },
+                    )
                 message += f" (inputs dumped to {dump_path})"
             except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
                 dump_error, dump_path = str(e), None
-                message += (f" (warning: the inputs could not be dumped: {dump_error}; they are still in "
-                            "NonFiniteError.inputs)")
-        finding = Finding(code, message, hint, path=paths[0] if paths else None, step=rec.step, file=file,
-                          line=line, extra={"paths": paths,
-                                            "policy": "breakpoint" if getattr(self, "breakpoint", False)
-                                            else self.on_nonfinite,
-                                            **({"dump": dump_path} if dump_path else {}),
-                                            **({"dump_error": dump_error} if dump_error else {}),
-                                            **({"nonfinite_shard": {"message": shard.message, **shard.extra}}
-                                               if shard is not None else {})})
+                message += (
+                    f" (warning: the inputs could not be dumped: {dump_error}; they are still in NonFiniteError.inputs)"
+                )
+        finding = Finding(
+            code,
+            message,
+            hint,
+            path=paths[0] if paths else None,
+            step=rec.step,
+            file=file,
+            line=line,
+            extra={
+                "paths": paths,
+                "policy": "breakpoint" if getattr(self, "breakpoint", False) else self.on_nonfinite,
+                **({"dump": dump_path} if dump_path else {}),
+                **({"dump_error": dump_error} if dump_error else {}),
+                **({"nonfinite_shard": {"message": shard.message, **shard.extra}} if shard is not None else {}),
+            },
+        )
         self.failures.append(finding)
         self.failures.extend([shard] if shard is not None else [])
         self.failures.extend(divergence)
@@ -338,16 +373,19 @@ class HostSide:
             self.skipped += 1
             if self._consecutive < self.max_consecutive_skips:
                 return
-            text = (f"[jaxsane] {self._consecutive} consecutive steps skipped (max_consecutive_skips="
-                    f"{self.max_consecutive_skips}); the last one:\n{text}")
+            text = (
+                f"[jaxsane] {self._consecutive} consecutive steps skipped (max_consecutive_skips="
+                f"{self.max_consecutive_skips}); the last one:\n{text}"
+            )
         elif self.on_nonfinite == "warn":
             warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
         self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
         if getattr(self, "breakpoint", False):  # JAXSANE_ON_NONFINITE=breakpoint: stop at the origin, then raise
             _stop_at_origin(text, located, code)
-        raise NonFiniteError(text, finding, dump_path=dump_path, inputs=host_inputs, located=located,
-                             dump_error=dump_error)
+        raise NonFiniteError(
+            text, finding, dump_path=dump_path, inputs=host_inputs, located=located, dump_error=dump_error
+        )
 
 
 def traced_failure(ref, names, flags) -> None:
@@ -362,9 +400,18 @@ def traced_failure(ref, names, flags) -> None:
     flat = flags.reshape(-1, flags.shape[-1]).all(axis=0) if flags.ndim > 1 else flags
     bad = [all_names[i] if i < len(all_names) else f"leaf {i}" for i in np.flatnonzero(~flat)]
     code = "nonfinite.input" if any(i < len(in_names) for i in np.flatnonzero(~flat)) else "nonfinite.forward"
-    where = "" if flags.ndim == 1 else f" (batch index {np.flatnonzero(~flags.reshape(-1, flags.shape[-1]).all(-1)).tolist()} under vmap)"
-    finding = Finding(code, f"a guarded step traced under jit/vmap produced NaN/Inf in {_some(bad)}{where}",
-                      _FIX[code], path=bad[0] if bad else None, extra={"paths": bad, "traced": True})
+    where = (
+        ""
+        if flags.ndim == 1
+        else f" (batch index {np.flatnonzero(~flags.reshape(-1, flags.shape[-1]).all(-1)).tolist()} under vmap)"
+    )
+    finding = Finding(
+        code,
+        f"a guarded step traced under jit/vmap produced NaN/Inf in {_some(bad)}{where}",
+        _FIX[code],
+        path=bad[0] if bad else None,
+        extra={"paths": bad, "traced": True},
+    )
     self.failures.append(finding)
     if self.on_nonfinite == "raise":
         raise NonFiniteError(f"[jaxsane] {finding}", finding)
@@ -378,19 +425,26 @@ def _stop_at_origin(text: str, located: Any, code: str) -> None:
     """JAXSANE_ON_NONFINITE=breakpoint: print the failure and open the debugger at its origin (or say why
     there is none: bad inputs, locate=False, a NaN only the compiled program makes). Not jit-safe."""
     from .._locate.debugger import post_mortem
+
     print(text, flush=True)
     if located is None:
-        why = ("the step's inputs already hold NaN/Inf: nothing the step computed made it"
-               if code == "nonfinite.input" else "the failing step was not located (locate=False, keep_inputs=False, "
-                                                 "or locate failed)")
-        print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: no debugger opened: {why}; raising NonFiniteError.",
-              flush=True)
+        why = (
+            "the step's inputs already hold NaN/Inf: nothing the step computed made it"
+            if code == "nonfinite.input"
+            else "the failing step was not located (locate=False, keep_inputs=False, or locate failed)"
+        )
+        print(
+            f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: no debugger opened: {why}; raising NonFiniteError.", flush=True
+        )
         return
     try:
         opened = post_mortem(located)
     except Exception as e:  # noqa: BLE001 - no terminal (stdin captured, closed): the failure is still raised
-        print(f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: the debugger could not run ({type(e).__name__}: {e}); "
-              "raising NonFiniteError.", flush=True)
+        print(
+            f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: the debugger could not run ({type(e).__name__}: {e}); "
+            "raising NonFiniteError.",
+            flush=True,
+        )
         return
     if opened:
         print("[jaxsane] leaving the debugger: raising NonFiniteError (JAXSANE_ON_NONFINITE=breakpoint).", flush=True)
@@ -416,8 +470,7 @@ def _try_locate(step: Callable, call: KeptCall):
         with chex_asserts_off():  # a chexified step: replay the step under it, chex's assertions off
             return locate(locate_target(step), *args, **kwargs)
     except Exception as e:  # locate must never hide the original failure
-        warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",
-                      JaxsaneWarning)
+        warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}", JaxsaneWarning)
         return None
 
 
@@ -426,6 +479,7 @@ def _nnx_records(call: KeptCall) -> dict:
     if not call.positions:
         return {}
     from .._dump.nnx import records_for
+
     try:
         objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
     except Exception:  # the names are for messages only: never let them cost the dump

@@ -52,8 +52,11 @@ def enable_compilation_cache(directory: str | bool | None = None) -> str | None:
         if not os.access(path, os.W_OK):
             raise PermissionError(f"{path} is not writable")
     except OSError as e:
-        warnings.warn(f"[jaxsane] the compilation cache is off: cannot use {path} ({e}); set JAXSANE_CACHE_DIR to "
-                      "a writable directory or JAXSANE_CACHE=0 to silence this", stacklevel=2)
+        warnings.warn(
+            f"[jaxsane] the compilation cache is off: cannot use {path} ({e}); set JAXSANE_CACHE_DIR to "
+            "a writable directory or JAXSANE_CACHE=0 to silence this",
+            stacklevel=2,
+        )
         return None
     if configured != path:
         jax.config.update("jax_compilation_cache_dir", path)

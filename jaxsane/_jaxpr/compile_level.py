@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterator
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -98,7 +98,7 @@ def program_cost(jaxpr: Any) -> ProgramCost:
     return ProgramCost(equations, work, flops)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quick_compiles() -> bool:
     """Whether this jax and XLA take :data:`QUICK` (an XLA that renamed the option refuses it): one tiny
     compile, once per process."""

@@ -27,10 +27,12 @@ values recorded inside a traced ``while`` body or a traced ``cond`` branch are d
 number of iterations / branch is not known when tracing). Hooks must not keep values any other
 way, or tracers of a loop body would leak.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +40,18 @@ import numpy as np
 from jax.extend import core as jcore
 
 # call-like primitives: the parameter holding the body, whose invars are the equation's last invars
-CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-         "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-         "remat2": "jaxpr", "remat": "jaxpr", "checkpoint": "jaxpr"}
+CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat2": "jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+}
 LOOPS = ("scan", "while", "cond")
 
 
@@ -92,7 +103,7 @@ def all_eqns(jaxpr) -> Iterator[Any]:
     for eqn in closed(jaxpr)[0].eqns:
         yield eqn
         for value in eqn.params.values():
-            for item in (value if isinstance(value, (tuple, list)) else (value,)):
+            for item in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(item, (jcore.Jaxpr, jcore.ClosedJaxpr)):
                     yield from all_eqns(item)
 
@@ -119,7 +130,7 @@ class Interpreter:
     """
 
     def __init__(self):
-        self.path: list[Any] = []           # the call/loop equations being evaluated, outermost first
+        self.path: list[Any] = []  # the call/loop equations being evaluated, outermost first
         self.records: dict[tuple, Any] = {}  # site -> recorded value (see emit)
         self.sites: dict[tuple, tuple] = {}  # site -> (eqn, enclosing equations), kept across collectors
 
@@ -190,8 +201,9 @@ class Interpreter:
         return any(_is_tracer(self.value(v)) for v in invals)
 
     # ------------------------------------------------------------------ the walk
-    def run(self, jaxpr, consts: Sequence[Any], args: Sequence[Any], ctx: Any = None,
-            tags: Sequence[Any] | None = None) -> tuple[list, list]:
+    def run(
+        self, jaxpr, consts: Sequence[Any], args: Sequence[Any], ctx: Any = None, tags: Sequence[Any] | None = None
+    ) -> tuple[list, list]:
         """Evaluate ``jaxpr`` (open; its consts given) on ``args``; ``(outputs, output tags)``."""
         env: dict = {}
         tag_env: dict = {}
@@ -246,7 +258,7 @@ def _call_rule(it: Interpreter, eqn, invals, tags, ectx):
     if sub is None:
         return None
     k = len(sub[0].invars)
-    return it.run(sub[0], sub[1], invals[len(invals) - k:], it.child(eqn, ectx), tags[len(tags) - k:])
+    return it.run(sub[0], sub[1], invals[len(invals) - k :], it.child(eqn, ectx), tags[len(tags) - k :])
 
 
 def _reemit(it: Interpreter, site_values: dict) -> None:
@@ -258,7 +270,7 @@ def _scan_rule(it: Interpreter, eqn, invals, tags, ectx):
     p = eqn.params
     body, body_consts = closed(p["jaxpr"])
     nconst, ncarry, length, reverse = p["num_consts"], p["num_carry"], int(p["length"]), bool(p["reverse"])
-    consts, carry, xs = invals[:nconst], invals[nconst:nconst + ncarry], invals[nconst + ncarry:]
+    consts, carry, xs = invals[:nconst], invals[nconst : nconst + ncarry], invals[nconst + ncarry :]
     body_tags = list(tags)
     if it.traced(invals):
         out_tags: list = [None] * len(eqn.outvars)
@@ -266,23 +278,31 @@ def _scan_rule(it: Interpreter, eqn, invals, tags, ectx):
         def step(c, x):
             nonlocal out_tags
             with it.collecting() as rec:
-                outs, out_tags = it.run(body, body_consts, [*consts, *c, *x], it.child(eqn, ectx, "scan body"),
-                                        body_tags)
+                outs, out_tags = it.run(
+                    body, body_consts, [*consts, *c, *x], it.child(eqn, ectx, "scan body"), body_tags
+                )
             return outs[:ncarry], (outs[ncarry:], dict(rec))
 
         unroll = p.get("unroll", 1)
-        carry, (ys, rec) = jax.lax.scan(step, list(carry), list(xs), length=length, reverse=reverse,
-                                        unroll=unroll if isinstance(unroll, (bool, int)) else 1)
+        carry, (ys, rec) = jax.lax.scan(
+            step,
+            list(carry),
+            list(xs),
+            length=length,
+            reverse=reverse,
+            unroll=unroll if isinstance(unroll, (bool, int)) else 1,
+        )
         _reemit(it, rec)
         return list(carry) + list(ys), out_tags
     ys_parts: list[list] = [[None] * length for _ in range(len(eqn.outvars) - ncarry)]
     per_site: dict[tuple, list] = {}
-    out_tags = list(tags[nconst:nconst + ncarry]) + [None] * len(ys_parts)
-    for t in (range(length - 1, -1, -1) if reverse else range(length)):
+    out_tags = list(tags[nconst : nconst + ncarry]) + [None] * len(ys_parts)
+    for t in range(length - 1, -1, -1) if reverse else range(length):
         x_t = [it.index(x, t, eqn, ectx) for x in xs]
         with it.collecting() as rec:
-            outs, out_tags = it.run(body, body_consts, [*consts, *carry, *x_t],
-                                    it.child(eqn, ectx, f"scan iteration {t}", (t,)), body_tags)
+            outs, out_tags = it.run(
+                body, body_consts, [*consts, *carry, *x_t], it.child(eqn, ectx, f"scan iteration {t}", (t,)), body_tags
+            )
         carry = outs[:ncarry]
         for k, y in enumerate(outs[ncarry:]):
             ys_parts[k][t] = y
@@ -298,7 +318,7 @@ def _while_rule(it: Interpreter, eqn, invals, tags, ectx):
     cj, cconsts_extra = closed(p["cond_jaxpr"])
     bj, bconsts_extra = closed(p["body_jaxpr"])
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
     body_tags = list(tags[nc:])
     raw_cconsts = [it.value(c) for c in cconsts]
 
@@ -311,18 +331,18 @@ def _while_rule(it: Interpreter, eqn, invals, tags, ectx):
         def body(c):
             nonlocal out_tags
             with it.collecting():  # records of a traced while body are dropped (unknown trip count)
-                outs, out_tags = it.run(bj, bconsts_extra, [*bconsts, *c], it.child(eqn, ectx, "while body"),
-                                        body_tags)
+                outs, out_tags = it.run(bj, bconsts_extra, [*bconsts, *c], it.child(eqn, ectx, "while body"), body_tags)
             return outs
 
         return list(jax.lax.while_loop(pred, body, list(carry))), out_tags
     per_site: dict[tuple, list] = {}
-    out_tags = list(tags[nc + nb:])
+    out_tags = list(tags[nc + nb :])
     n = 0
     while bool(np.asarray(pred(carry))):
         with it.collecting() as rec:
-            carry, out_tags = it.run(bj, bconsts_extra, [*bconsts, *carry],
-                                     it.child(eqn, ectx, f"while iteration {n}", (n,)), body_tags)
+            carry, out_tags = it.run(
+                bj, bconsts_extra, [*bconsts, *carry], it.child(eqn, ectx, f"while iteration {n}", (n,)), body_tags
+            )
         for site, v in rec.items():
             per_site.setdefault(site, []).append(v)
         n += 1
@@ -343,6 +363,7 @@ def _cond_rule(it: Interpreter, eqn, invals, tags, ectx):
                 with it.collecting():  # records of a traced branch are dropped (branch unknown)
                     outs, out_tags = it.run(sub, consts, list(xs), it.child(eqn, ectx, f"branch {k}"), op_tags)
                 return outs
+
             return fn
 
         index = jnp.asarray(it.value(invals[0]))
@@ -353,7 +374,10 @@ def _cond_rule(it: Interpreter, eqn, invals, tags, ectx):
     return it.run(sub, consts, list(ops), it.child(eqn, ectx, f"branch {index}"), op_tags)
 
 
-RULES: dict[str, Rule] = {**{name: _call_rule for name in CALLS},
-                          "scan": _scan_rule, "while": _while_rule, "cond": _cond_rule}
+RULES: dict[str, Rule] = {
+    **{name: _call_rule for name in CALLS},
+    "scan": _scan_rule,
+    "while": _while_rule,
+    "cond": _cond_rule,
+}
 """How the interpreter recurses, one rule per primitive; primitives not listed are bound whole."""
-

@@ -16,7 +16,8 @@ Everything here runs on the host and is not jit-safe (it reads concrete arrays' 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,22 +31,22 @@ _PY_SCALARS = (bool, int, float, complex)
 
 _FIXES = {
     "shape": "a shape changed: pad or bucket batches to a few fixed shapes (e.g. drop the last partial batch, "
-             "drop_remainder=True)",
+    "drop_remainder=True)",
     "dtype": "a dtype changed: cast the argument to one dtype before the call (jnp.asarray(x, jnp.float32)), and "
-             "return the state with the dtypes it came in with",
+    "return the state with the dtypes it came in with",
     "weak_type": "a weak type changed (a Python scalar became an array, or the reverse): build the state from "
-                 "jnp arrays with explicit dtypes, not Python numbers",
+    "jnp arrays with explicit dtypes, not Python numbers",
     "type": "a Python scalar's type changed (an int and a float trace differently): pass jnp.asarray(value, "
-            "jnp.float32) instead of the Python number",
+    "jnp.float32) instead of the Python number",
     "sharding": "a sharding changed: put the argument on one sharding every call (jax.device_put(x, sharding)), "
-                "e.g. the new state on the sharding of the initial one",
+    "e.g. the new state on the sharding of the initial one",
     "value": "a static argument's value changed: each new value compiles a new program; pass it as a traced "
-             "jnp array argument instead, or keep it constant",
+    "jnp array argument instead, or keep it constant",
     "added": "the pytree structure changed: pass the same keys every call (fill a missing one with zeros)",
     "removed": "the pytree structure changed: pass the same keys every call (fill a missing one with zeros)",
     "structure": "the pytree structure changed: pass the same container types every call",
     "identical": "jit the step once, outside the loop, and pass values that change as jnp array arguments "
-                 "(not closed over, not static)",
+    "(not closed over, not static)",
 }
 
 
@@ -54,6 +55,7 @@ class Change:
     """One difference between two calls' arguments: ``path`` (``batch['x']``), ``field`` (``shape``,
     ``dtype``, ``weak_type``, ``sharding``, ``type``, ``value``, ``added``, ``removed``, ``structure``)
     and the old and new value as text."""
+
     path: str
     field: str
     old: str
@@ -74,6 +76,7 @@ class Change:
 class Recompile:
     """A call that compiled again: its index (0 = the first call seen), what changed since the call
     that compiled last (empty: the arguments are identical), and the user's ``file:line``."""
+
     call: int
     changes: tuple[Change, ...]
     site: str | None = None
@@ -98,10 +101,10 @@ class Recompile:
 @dataclasses.dataclass(frozen=True)
 class _Arg:
     name: str
-    treedef: Any              # None for a static argument
-    leaves: tuple             # leaf descriptors (see describe); a static argument: (("static", type, value),)
+    treedef: Any  # None for a static argument
+    leaves: tuple  # leaf descriptors (see describe); a static argument: (("static", type, value),)
 
-    def same(self, other: "_Arg") -> bool:
+    def same(self, other: _Arg) -> bool:
         return self.name == other.name and self.treedef == other.treedef and _same_leaves(self.leaves, other.leaves)
 
 
@@ -130,8 +133,14 @@ def describe(x: Any) -> tuple:
     return ("object", type(x))
 
 
-def signature(args: Sequence[Any], kwargs: dict | None = None, *, names: Sequence[str] = (),
-              static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()) -> tuple[_Arg, ...]:
+def signature(
+    args: Sequence[Any],
+    kwargs: dict | None = None,
+    *,
+    names: Sequence[str] = (),
+    static_argnums: Sequence[int] = (),
+    static_argnames: Sequence[str] = (),
+) -> tuple[_Arg, ...]:
     """The signature of one call ``fn(*args, **kwargs)``: per argument (named ``names[i]``, else
     ``args[i]``) its treedef and leaf descriptors; static arguments by value. Cheap: one flatten per
     argument, no paths. Not jit-safe."""
@@ -164,8 +173,7 @@ def diff(old: tuple[_Arg, ...], new: tuple[_Arg, ...]) -> list[Change]:
     news = {a.name: a for a in new}
     for name, a in olds.items():
         if name not in news:
-            changes.append(Change(name, "removed", _leaf_text(a.leaves[0]) if a.treedef is None else "an argument",
-                                  ""))
+            changes.append(Change(name, "removed", _leaf_text(a.leaves[0]) if a.treedef is None else "an argument", ""))
     for name, b in news.items():
         a = olds.get(name)
         if a is None:
@@ -187,8 +195,17 @@ def _arg_diff(a: _Arg, b: _Arg) -> list[Change]:
     if pa == pb:  # same leaves by name, other containers (tuple -> list, another namedtuple type)
         return [Change(a.name, "structure", _short(str(a.treedef)), _short(str(b.treedef)))]
     old, new = dict(zip(pa, a.leaves)), dict(zip(pb, b.leaves))
-    changes = [c for p in pb for c in ([Change(p, "added", "", _leaf_text(new[p]))] if p not in old else
-                                       _leaf_diff(p, old[p], new[p]) if old[p] != new[p] else [])]  # tree order
+    changes = [
+        c
+        for p in pb
+        for c in (
+            [Change(p, "added", "", _leaf_text(new[p]))]
+            if p not in old
+            else _leaf_diff(p, old[p], new[p])
+            if old[p] != new[p]
+            else []
+        )
+    ]  # tree order
     changes += [Change(p, "removed", _leaf_text(old[p]), "") for p in pa if p not in new]
     return changes or [Change(a.name, "structure", _short(str(a.treedef)), _short(str(b.treedef)))]
 
@@ -254,7 +271,7 @@ def _sharding_text(s: Any) -> str:
 
 
 def _short(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[:n - 3] + "..."
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class RecompileTracker:
@@ -294,10 +311,16 @@ def recompile_finding(rec: Recompile, what: str = "the step", step: int | None =
     hint says what to change, ``extra["changes"]`` lists them as dicts. Not jit-safe."""
     file, line = _split_site(rec.site)  # shown in the finding's where, beside the path
     when = f"call {rec.call}" if step is None else f"step {step}"
-    return Finding("step.recompiles", f"{what} compiled again at {when}: {rec.summary()}", rec.hint(),
-                   path=rec.changes[0].path if rec.changes else None, step=step, file=file, line=line,
-                   extra={"changes": [c.as_dict() for c in rec.changes],
-                          **({"call": rec.call} if step is None else {})})
+    return Finding(
+        "step.recompiles",
+        f"{what} compiled again at {when}: {rec.summary()}",
+        rec.hint(),
+        path=rec.changes[0].path if rec.changes else None,
+        step=step,
+        file=file,
+        line=line,
+        extra={"changes": [c.as_dict() for c in rec.changes], **({"call": rec.call} if step is None else {})},
+    )
 
 
 def _split_site(site: str | None) -> tuple[str | None, int | None]:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax._src import core as jcore  # trace_state_clean: whether a trace is active (as _compile_level)
@@ -28,8 +29,10 @@ from jax._src import core as jcore  # trace_state_clean: whether a trace is acti
 try:  # the configuration that shapes a trace (x64, promotion rules, matmul precision...), as jit keys its cache
     from jax._src.config import trace_context as _trace_context
 except ImportError:  # pragma: no cover - a jax without it: key by the public x64 flag alone
+
     def _trace_context() -> tuple:
         return (jax.config.jax_enable_x64,)
+
 
 _UNTRACEABLE = object()
 

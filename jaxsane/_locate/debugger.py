@@ -23,6 +23,7 @@ their parameter names. Every frame sees ``origin``, ``report``, ``phase``, ``pri
 
 Nothing is traced or compiled inside the debugger. Not jit-safe: host-side only, after a failure.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,27 +32,54 @@ import inspect
 import keyword
 import pdb
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from .._experiment.purify import unwrap
 from .._core.errors import NonFiniteError
 from .._core.frames import display_location
+from .._core.validate import fail, require_int
+from .._experiment.purify import unwrap
 from .locate import locate
 from .result import LocateReport, Origin, OriginContext
-from .._core.validate import fail, require_int
 
 # call name in the user's source -> the primitives it makes (default: the same name)
-_CALLS = {"divide": ("div",), "true_divide": ("div",), "multiply": ("mul",), "subtract": ("sub",),
-          "add": ("add",), "power": ("pow", "integer_pow"), "float_power": ("pow",), "negative": ("neg",),
-          "arcsin": ("asin",), "arccos": ("acos",), "arctan": ("atan",), "arctanh": ("atanh",),
-          "arcsinh": ("asinh",), "arccosh": ("acosh",), "arctan2": ("atan2",), "maximum": ("max",),
-          "minimum": ("min",), "sigmoid": ("logistic",), "reciprocal": ("div", "integer_pow"),
-          "square": ("square", "integer_pow"), "log": ("log",), "mod": ("rem",), "remainder": ("rem",)}
-_OPS = {ast.Div: ("div",), ast.Mult: ("mul",), ast.Add: ("add",), ast.Sub: ("sub",), ast.Mod: ("rem",),
-        ast.Pow: ("pow", "integer_pow"), ast.MatMult: ("dot_general",)}
+_CALLS = {
+    "divide": ("div",),
+    "true_divide": ("div",),
+    "multiply": ("mul",),
+    "subtract": ("sub",),
+    "add": ("add",),
+    "power": ("pow", "integer_pow"),
+    "float_power": ("pow",),
+    "negative": ("neg",),
+    "arcsin": ("asin",),
+    "arccos": ("acos",),
+    "arctan": ("atan",),
+    "arctanh": ("atanh",),
+    "arcsinh": ("asinh",),
+    "arccosh": ("acosh",),
+    "arctan2": ("atan2",),
+    "maximum": ("max",),
+    "minimum": ("min",),
+    "sigmoid": ("logistic",),
+    "reciprocal": ("div", "integer_pow"),
+    "square": ("square", "integer_pow"),
+    "log": ("log",),
+    "mod": ("rem",),
+    "remainder": ("rem",),
+}
+_OPS = {
+    ast.Div: ("div",),
+    ast.Mult: ("mul",),
+    ast.Add: ("add",),
+    ast.Sub: ("sub",),
+    ast.Mod: ("rem",),
+    ast.Pow: ("pow", "integer_pow"),
+    ast.MatMult: ("dot_general",),
+}
 _HELPERS = ("__jaxsane_next__", "__jaxsane_args__", "__jaxsane_stop__")
 
 
@@ -60,6 +88,7 @@ class _Stop(Exception):
 
 
 # ----------------------------------------------------------------------------- naming the operands
+
 
 def _parse(text: str) -> ast.AST | None:
     text = text.strip()
@@ -108,6 +137,7 @@ def source_names(source: str, primitive: str, n_operands: int) -> dict[str, int]
 
 # ----------------------------------------------------------------------------- the frames' variables
 
+
 def _host(x: Any) -> Any:
     """A value as a numpy array (pytrees of arrays leaf by leaf); anything else as it is."""
     try:
@@ -130,19 +160,28 @@ def _origin_vars(origin: Origin, ctx: OriginContext) -> dict[str, Any]:
     results = [_host(x) for x in ctx.results]
     bad = [r for r in results if isinstance(r, np.ndarray) and r.dtype.kind in "fc" and not np.isfinite(r).all()]
     out: dict[str, Any] = {}
-    if ctx.primal is not None:   # backward: the user's names belong to the forward equation's operands
+    if ctx.primal is not None:  # backward: the user's names belong to the forward equation's operands
         prim, p_ops, p_res = ctx.primal
         primal_operands = [_host(x) for x in p_ops]
         out.update({k: primal_operands[i] for k, i in source_names(origin.source, prim, len(p_ops)).items()})
-        out.update(primal_primitive=prim, primal_operands=primal_operands,
-                   primal_result=_host(p_res[0]) if len(p_res) == 1 else [_host(x) for x in p_res])
+        out.update(
+            primal_primitive=prim,
+            primal_operands=primal_operands,
+            primal_result=_host(p_res[0]) if len(p_res) == 1 else [_host(x) for x in p_res],
+        )
     elif origin.phase != "backward":
         out.update({k: operands[i] for k, i in source_names(origin.source, ctx.primitive, len(operands)).items()})
     out.update({f"in{i}": v for i, v in enumerate(operands)})
-    out.update(operands=operands, result=bad[0] if bad else (results[0] if results else None), primitive=ctx.primitive,
-               params=dict(ctx.params), phase=origin.phase, origin=origin,
-               iteration=ctx.iterations[-1][1] if ctx.iterations else None,
-               inputs={k: _host(v) for k, v in ctx.inputs.items()})
+    out.update(
+        operands=operands,
+        result=bad[0] if bad else (results[0] if results else None),
+        primitive=ctx.primitive,
+        params=dict(ctx.params),
+        phase=origin.phase,
+        origin=origin,
+        iteration=ctx.iterations[-1][1] if ctx.iterations else None,
+        inputs={k: _host(v) for k, v in ctx.inputs.items()},
+    )
     if len(results) > 1:
         out["results"] = results
     if len(ctx.iterations) > 1:
@@ -168,8 +207,10 @@ def _step_vars(ctx: OriginContext, frame: tuple) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the frames
 
-def _frame_function(file: str, line: int, function: str, start: int, params: Sequence[str], statement: str,
-                    globs: dict) -> Callable:
+
+def _frame_function(
+    file: str, line: int, function: str, start: int, params: Sequence[str], statement: str, globs: dict
+) -> Callable:
     """A function whose ``def`` is on ``start`` and whose one ``statement`` is on ``line`` of ``file``."""
     line = max(int(line or 1), 1)
     start = int(start) if start and 0 < int(start) <= line else line
@@ -207,7 +248,7 @@ def _traceback(chain: list[tuple], frame_vars: list[dict], common: dict):
     except _Stop as e:
         tb = e.__traceback__
     finally:
-        for g in globs:   # every call is over: the helpers go, so globals() shows only the user's names
+        for g in globs:  # every call is over: the helpers go, so globals() shows only the user's names
             for name in _HELPERS:
                 g.pop(name, None)
     while tb is not None and tb.tb_frame.f_code is not fns[0].__code__:
@@ -226,15 +267,18 @@ def _report_of(target: Any) -> tuple[LocateReport | None, Origin | None]:
 def no_origin_reason(report: LocateReport | None) -> str | None:
     """Why :func:`post_mortem` cannot open a debugger on ``report`` (origins[0]), or None when it can."""
     if report is None:
-        return ("every output is finite on these inputs (no locate report): there is no NaN/Inf origin to stop "
-                "at")
+        return "every output is finite on these inputs (no locate report): there is no NaN/Inf origin to stop at"
     if not report.origins:
-        return (f"{report.summary()}. The equation-by-equation replay is finite, so no equation holds the "
-                "NaN/Inf to stop at; run the step without jit or with XLA's fast-math flags off to confirm")
+        return (
+            f"{report.summary()}. The equation-by-equation replay is finite, so no equation holds the "
+            "NaN/Inf to stop at; run the step without jit or with XLA's fast-math flags off to confirm"
+        )
     if report.origins[0].context is None:
         o = report.origins[0]
-        return (f"the origin is a non-finite input ({o.values}): nothing the step computed made it, so there "
-                "is no line to stop at; check the data (jaxsane.check_data) or inspect NonFiniteError.inputs")
+        return (
+            f"the origin is a non-finite input ({o.values}): nothing the step computed made it, so there "
+            "is no line to stop at; check the data (jaxsane.check_data) or inspect NonFiniteError.inputs"
+        )
     return None
 
 
@@ -265,8 +309,13 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
     """
     out = stdout if stdout is not None else sys.stdout
     if report is not None and not isinstance(report, (LocateReport, Origin, NonFiniteError)):
-        raise fail("jaxsane.post_mortem", "report", "a LocateReport, an Origin, a NonFiniteError or None", report,
-                   fix="pass what jaxsane.locate returned (or the NonFiniteError a guarded step raised)")
+        raise fail(
+            "jaxsane.post_mortem",
+            "report",
+            "a LocateReport, an Origin, a NonFiniteError or None",
+            report,
+            fix="pass what jaxsane.locate returned (or the NonFiniteError a guarded step raised)",
+        )
     origin = require_int("jaxsane.post_mortem", "origin", origin, min=0)
     report, chosen = _report_of(report)
     if chosen is None:
@@ -279,26 +328,36 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
         chosen = report.origins[origin]
     ctx = chosen.context
     if ctx is None:
-        print(f"[jaxsane] post_mortem: no debugger opened: {no_origin_reason(LocateReport([chosen], []))}.",
-              file=out)
+        print(f"[jaxsane] post_mortem: no debugger opened: {no_origin_reason(LocateReport([chosen], []))}.", file=out)
         return False
-    chain = list(ctx.chain) or [(chosen.file or "<jaxsane: no user frame>", chosen.line or 1, "<traced code>",
-                                 chosen.line or 1)]
+    chain = list(ctx.chain) or [
+        (chosen.file or "<jaxsane: no user frame>", chosen.line or 1, "<traced code>", chosen.line or 1)
+    ]
     innermost = _origin_vars(chosen, ctx)
     frame_vars = [_step_vars(ctx, fr) for fr in chain]
-    frame_vars[-1] = {**frame_vars[-1], **innermost}   # the line's own operand names win over stale arguments
-    common = {"np": np, "origin": chosen, "report": report, "phase": chosen.phase, "primitive": ctx.primitive,
-              "iteration": innermost["iteration"], "inputs": innermost["inputs"]}
+    frame_vars[-1] = {**frame_vars[-1], **innermost}  # the line's own operand names win over stale arguments
+    common = {
+        "np": np,
+        "origin": chosen,
+        "report": report,
+        "phase": chosen.phase,
+        "primitive": ctx.primitive,
+        "iteration": innermost["iteration"],
+        "inputs": innermost["inputs"],
+    }
     tb = _traceback(chain, frame_vars, common)
     where = f" [{', '.join(chosen.where)}]" if chosen.where else ""
     names = ", ".join(k for k in frame_vars[-1] if k not in ("origin", "inputs")) + ", origin, inputs, np"
-    print(f"[jaxsane] post-mortem at the origin: {chosen.primitive} ({chosen.phase}) at "
-          f"{display_location(chosen.file, chosen.line)}{where}: {chosen.values}\n"
-          f"  locals: {names}\n"
-          f"  'where' lists your call chain, 'up'/'down' walk it, 'l' shows the source, 'c' leaves.", file=out)
+    print(
+        f"[jaxsane] post-mortem at the origin: {chosen.primitive} ({chosen.phase}) at "
+        f"{display_location(chosen.file, chosen.line)}{where}: {chosen.values}\n"
+        f"  locals: {names}\n"
+        f"  'where' lists your call chain, 'up'/'down' walk it, 'l' shows the source, 'c' leaves.",
+        file=out,
+    )
     debugger = pdb.Pdb(stdin=stdin, stdout=stdout, nosigint=True)
     if stdin is not None:
-        debugger.use_rawinput = False   # pdb reads a given stdin only when it does not use input()
+        debugger.use_rawinput = False  # pdb reads a given stdin only when it does not use input()
     debugger.reset()
     try:
         debugger.interaction(None, tb)

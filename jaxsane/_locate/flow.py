@@ -9,13 +9,12 @@ Nothing here is jit-safe: it runs on the host, after a failure.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from .replay import EXPANDABLE, Node, Replay, Val, raw
 from .._core.tree import is_inexact
-
+from .replay import EXPANDABLE, Node, Replay, Val, raw
 
 OUT = "output"
 

@@ -29,28 +29,40 @@ the origins and custom_vjp backward lines in :mod:`jaxsane._locate.origins`, the
 :mod:`jaxsane._locate.result`, the traceback frames in :mod:`jaxsane._core.frames` and the post-mortem debugger
 at an origin in :mod:`jaxsane._locate.debugger`.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax._src import core as jcore
 
-from .._experiment.purify import arrays_of, call_split, nnx_module, nnx_positions, positional_arity, positional_names, split_objects, uncounted, unwrap
-from .._experiment.chex import chex_asserts_off, locate_target
-from .._jaxpr.compile_level import quick_jit
-from .._dump.nnx import standin_message
 from .._core.frames import user_frame
-from .result import LocateReport, Origin
+from .._core.tree import is_inexact, leaves_with_paths
+from .._dump.nnx import standin_message
+from .._experiment.chex import chex_asserts_off, locate_target
+from .._experiment.purify import (
+    arrays_of,
+    call_split,
+    nnx_positions,
+    positional_arity,
+    positional_names,
+    split_objects,
+    uncounted,
+    unwrap,
+)
+from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import closed as open_closed
 from .flow import Analysis, nonfinite_counts
 from .origins import find_origins, recording_custom_vjp
 from .replay import Ctx, Replay, Val, flags
-from .._core.tree import is_inexact, leaves_with_paths
+from .result import LocateReport, Origin
 
 # ----------------------------------------------------------------------------- entry point
+
 
 def _arg_names(fn: Callable, n: int) -> list[str]:
     names = positional_names(fn)
@@ -86,9 +98,9 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
     def out_paths(out) -> list[str]:
         if positions:
             res, new_state = out
-            return (_named_out_paths(res, args, names, positions)
-                    + [_rename(p, names, positions, prefix="(state)") for p, _ in
-                       leaves_with_paths((new_state, None, None))])
+            return _named_out_paths(res, args, names, positions) + [
+                _rename(p, names, positions, prefix="(state)") for p, _ in leaves_with_paths((new_state, None, None))
+            ]
         return _named_out_paths(out, args, names, positions)
 
     return pure, [leaves[i] for i in traced], [paths[i] for i in traced], out_paths
@@ -100,7 +112,7 @@ def _rename(path: str, names: list[str], positions: list[int], prefix: str = "")
         rest = path[3:]
         k = rest[1:].split("]")[0] if rest.startswith("[") else ""
         if k.isdigit() and int(k) < len(positions):
-            return names[positions[int(k)]] + rest[len(k) + 2:]
+            return names[positions[int(k)]] + rest[len(k) + 2 :]
         return "nnx_state" + rest
     if path.startswith("[1]["):
         rest = path[4:]
@@ -113,13 +125,13 @@ def _rename(path: str, names: list[str], positions: list[int], prefix: str = "")
 
 def _named_out_paths(out, args, names, positions) -> list[str]:
     from .._core.tree import same_structure
+
     plain0 = arrays_of(args[0]) if args and 0 not in positions else None
     if plain0 is not None and len(jax.tree_util.tree_leaves(plain0)) < 2:
-        plain0 = None   # a single array is not a train state: name the outputs "out"
+        plain0 = None  # a single array is not a train state: name the outputs "out"
     if isinstance(out, tuple) and len(out) == 2 and plain0 is not None and same_structure(out[0], plain0):
         root = "metrics" if isinstance(out[1], dict) else "loss"
-        return ([p for p, _ in leaves_with_paths(out[0], names[0])]
-                + [p for p, _ in leaves_with_paths(out[1], root)])
+        return [p for p, _ in leaves_with_paths(out[0], names[0])] + [p for p, _ in leaves_with_paths(out[1], root)]
     if plain0 is not None and same_structure(out, plain0):
         return [p for p, _ in leaves_with_paths(out, names[0])]
     if positions and not isinstance(out, (tuple, list, dict)):
@@ -168,6 +180,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       ('log', 'nonfinite.forward')
     """
     from .._core.errors import DumpError, JaxsaneError
+
     if not callable(fn):
         raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
     message = standin_message(args)
@@ -179,9 +192,11 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         with chex_asserts_off():
             closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
-        raise JaxsaneError(f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
-                           f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
-                           "that are not arrays are held static.") from e
+        raise JaxsaneError(
+            f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
+            f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
+            "that are not arrays are held static."
+        ) from e
     out_paths = out_paths_of(out_shape)
     replay = Replay()
     ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
@@ -195,9 +210,12 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
             return None
         bad_outputs = [(out_paths[i], *nonfinite_counts(compiled[i])) for i in bad]
         target, target_env = closed, env
-        while (len(target.jaxpr.eqns) == 1 and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
-               and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)):
-            inner = target.jaxpr.eqns[0].params["jaxpr"]   # a jitted function: bisect its body
+        while (
+            len(target.jaxpr.eqns) == 1
+            and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
+            and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)
+        ):
+            inner = target.jaxpr.eqns[0].params["jaxpr"]  # a jitted function: bisect its body
             target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
         pre = bisect_compiled(target, arrays, env=target_env)
         return _xla_report(bad_outputs, pre, replay.count)
@@ -206,7 +224,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
     origins = find_origins(analysis)
     inputs = dict(zip(in_paths, arrays))
-    for o in origins:   # for the debugger (post_mortem): the inputs by path and the call, by reference
+    for o in origins:  # for the debugger (post_mortem): the inputs by path and the call, by reference
         if o.context is not None:
             o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
     if not origins and analysis.xla:
@@ -215,7 +233,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         pre = None
         if sub is not None and node.prim in ("pjit", "jit"):
             pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
-        if pre is None and node.jaxpr is not None:   # the compiled loop/branch itself is the smallest prefix
+        if pre is None and node.jaxpr is not None:  # the compiled loop/branch itself is the smallest prefix
             frame = node.frame
             at = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
             pre = (node.index + 1, len(node.jaxpr.eqns), f"{node.prim} at {at}")
@@ -229,7 +247,7 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
     Args:
       path: the dump directory.
       target: the step function, an :class:`~jaxsane.Experiment`, or a zero-argument callable returning
-        one. For an Experiment the step runs through ``Adapted(experiment).step`` on the dumped
+        one. For an Experiment the step runs through ``PureExperiment(experiment).step`` on the dumped
         ``(state, batch)``; a dump of an NNX step's ``(model, optimizer, batch)`` is merged back into
         the Experiment's NNX objects. A step whose dump holds NNX objects, given without ``like``, takes
         its templates from an Experiment in the step's own module (an ``Experiment`` object, or a
@@ -246,11 +264,11 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
       DumpError: the dump is damaged, or it holds NNX objects and nothing can rebuild them (the message
         says how: ``like=``, ``--step module:experiment`` or ``--like module:make_objects``).
     """
+    from .._core.errors import JaxsaneError
     from .._dump.dump import load_dump
     from .._dump.nnx import objects_error
-    from .._core.errors import JaxsaneError
-    from .._experiment.contract import Adapted, Experiment
     from .._experiment.batches import first_batch
+    from .._experiment.contract import Experiment, PureExperiment
 
     load = load or load_dump
     exp = target if isinstance(target, Experiment) else None
@@ -262,7 +280,7 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
     if like is not None:
         templates = like() if callable(like) and positional_arity(like) == 0 else like
         dump = load(path, like=tuple(templates) if isinstance(templates, (tuple, list)) else (templates,))
-        step = target if exp is None else exp.step if Adapted(exp).nnx else Adapted(exp).step
+        step = target if exp is None else exp.step if PureExperiment(exp).nnx else PureExperiment(exp).step
         return locate(step, *dump.args, **dump.kwargs)
     if exp is None:
         if not callable(target):
@@ -276,7 +294,7 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
         objs = found.init(jax.random.key(0))
         dump = load(path, like=tuple(objs) if isinstance(objs, (tuple, list)) else (objs,))
         return locate(target, *dump.args, **dump.kwargs)
-    adapted = Adapted(exp)
+    adapted = PureExperiment(exp)
     batch = first_batch(exp.train)
     n_args = len(load(path).args)
     if adapted.nnx:
@@ -286,8 +304,10 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
             dump = load(path, like=objs)  # the objects from templates, the batch from the dump's data
             return locate(exp.step, *dump.args, **dump.kwargs)
     if n_args != 2:
-        raise JaxsaneError(f"the dump at {path} holds {n_args} positional arguments; an Experiment's step "
-                           "replays (state, batch). Pass the step function itself with --step instead.")
+        raise JaxsaneError(
+            f"the dump at {path} holds {n_args} positional arguments; an Experiment's step "
+            "replays (state, batch). Pass the step function itself with --step instead."
+        )
     try:
         dump = load(path, like=(adapted.example_state, batch))
     except Exception:  # plain containers rebuild without a template
@@ -299,6 +319,7 @@ def _module_experiment(step: Callable) -> Any:
     """The Experiment in ``step``'s own module (already imported): one whose step is ``step``, else the only
     ``Experiment`` there, else what a zero-argument ``experiment()`` there returns; None when none is."""
     from .._experiment.contract import Experiment
+
     namespace = getattr(unwrap(step), "__globals__", None)
     if not isinstance(namespace, dict):
         return None
@@ -328,11 +349,11 @@ def _xla_report(bad_outputs, pre, count) -> LocateReport:
     if pre is None:
         return LocateReport([], bad_outputs, xla_only=True, equations=count)
     k, total, at = pre
-    return LocateReport([], bad_outputs, xla_only=True, prefix=k, prefix_total=total, prefix_at=at,
-                        equations=count)
+    return LocateReport([], bad_outputs, xla_only=True, prefix=k, prefix_total=total, prefix_at=at, equations=count)
 
 
 # ----------------------------------------------------------------------------- XLA-only bisection
+
 
 def _prefix(closed, k: int):
     """The first ``k`` equations of ``closed`` as a ClosedJaxpr returning every float value they define."""
@@ -344,8 +365,9 @@ def _prefix(closed, k: int):
     return jcore.ClosedJaxpr(pj, closed.consts), outvars
 
 
-def bisect_compiled(closed, args: Sequence, env: dict | None = None,
-                    run: Callable | None = None) -> tuple[int, int, str] | None:
+def bisect_compiled(
+    closed, args: Sequence, env: dict | None = None, run: Callable | None = None
+) -> tuple[int, int, str] | None:
     """Smallest prefix of ``closed`` whose compiled run makes a value non-finite that the replay kept finite.
 
     Args:
@@ -378,7 +400,7 @@ def bisect_compiled(closed, args: Sequence, env: dict | None = None,
 
     if not bad(n):
         return None
-    lo, hi = 0, n          # bad(lo) False, bad(hi) True
+    lo, hi = 0, n  # bad(lo) False, bad(hi) True
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if bad(mid):

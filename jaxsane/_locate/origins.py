@@ -15,18 +15,19 @@ import sys
 import jax
 import numpy as np
 
-from .nan_causes import Cause, explain, primal_eqn
 from .._core.frames import frames_of, is_library_file, source_text, user_chain, user_frame
 from .._jaxpr.interpret import all_eqns
 from .flow import OUT, Analysis, nonfinite_counts
-from .result import Origin, OriginContext
+from .nan_causes import Cause, explain, primal_eqn
 from .replay import Node, Val, raw
+from .result import Origin, OriginContext
 
 
 @contextlib.contextmanager
 def recording_custom_vjp(records: list):
     """Record every custom_vjp call made while tracing: (user call site, the custom_vjp, arg shapes)."""
     from jax._src.custom_derivatives import custom_vjp as cls
+
     original = cls.__call__
 
     def call(self, *args, **kwargs):
@@ -79,7 +80,7 @@ def find_origins(analysis: Analysis) -> list[Origin]:
     infinite constant enters on its way to the outputs. Not jit-safe."""
     found: list[tuple[tuple, Origin]] = []
     keys: dict[tuple, int] = {}
-    forward: list[Node] = []   # forward births so far: a later backward birth at their inputs follows from them
+    forward: list[Node] = []  # forward births so far: a later backward birth at their inputs follows from them
     for node in sorted(analysis.births, key=lambda n: n.order):
         o = _origin_of(analysis, node)
         if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
@@ -147,11 +148,20 @@ def _first_real(analysis: Analysis, c) -> Node | None:
 
 def _input_origin(analysis: Analysis, v: Val) -> Origin:
     n_nan, n_inf = nonfinite_counts(v.value)
-    return Origin("nonfinite.input", "input", "input", None, None, "", "",
-                  f"{v.name} holds {n_nan} NaN and {n_inf} Inf before any computation",
-                  "the function's input is already non-finite",
-                  "check the data pipeline (jaxsane.check_data) or the state passed in; repair or drop bad rows",
-                  analysis.reaches(v), [])
+    return Origin(
+        "nonfinite.input",
+        "input",
+        "input",
+        None,
+        None,
+        "",
+        "",
+        f"{v.name} holds {n_nan} NaN and {n_inf} Inf before any computation",
+        "the function's input is already non-finite",
+        "check the data pipeline (jaxsane.check_data) or the state passed in; repair or drop bad rows",
+        analysis.reaches(v),
+        [],
+    )
 
 
 def _origin_of(analysis: Analysis, node: Node) -> Origin:
@@ -160,14 +170,14 @@ def _origin_of(analysis: Analysis, node: Node) -> Origin:
     if deriv:
         phase = "backward"
     elif phase == "backward" and node.prim in _COEFF_PRIMS and not any(x.bad for x in node.ins):
-        deriv = _primal_of(node) is not None   # e.g. a derivative recomputed by remat in the backward pass
+        deriv = _primal_of(node) is not None  # e.g. a derivative recomputed by remat in the backward pass
     frame = node.frame
     if phase == "backward":
         frame = _custom_vjp_bwd_frame(node, analysis.vjp_records()) or frame
-    file, line = (frame if frame else (None, None))
+    file, line = frame if frame else (None, None)
     reaches = analysis.reaches(node)
     if phase == "update" and reaches and all(p.startswith(("metrics", "loss")) for p in reaches):
-        phase = "forward"   # computed after the gradients, but only for the reported metrics
+        phase = "forward"  # computed after the gradients, but only for the reported metrics
     info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
     where = list(node.ctx.tags)
     shard = _shard_index(node)
@@ -177,11 +187,23 @@ def _origin_of(analysis: Analysis, node: Node) -> Origin:
         rows = _batch_rows(analysis, node)
         if rows:
             where.append("batch index " + ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else ""))
-    code = {"forward": "nonfinite.forward", "backward": "nonfinite.backward",
-            "update": "nonfinite.update"}[phase]
-    return Origin(code, node.prim, phase, file, line, source_text(file, line), node.stack, info.values,
-                  info.cause, info.fix, reaches, where, info.then,
-                  context=_context_of(node, phase, frame))
+    code = {"forward": "nonfinite.forward", "backward": "nonfinite.backward", "update": "nonfinite.update"}[phase]
+    return Origin(
+        code,
+        node.prim,
+        phase,
+        file,
+        line,
+        source_text(file, line),
+        node.stack,
+        info.values,
+        info.cause,
+        info.fix,
+        reaches,
+        where,
+        info.then,
+        context=_context_of(node, phase, frame),
+    )
 
 
 def _context_of(node: Node, phase: str, frame) -> OriginContext:
@@ -201,9 +223,15 @@ def _context_of(node: Node, phase: str, frame) -> OriginContext:
         kind, _, index = str(tag).partition(" iteration ")
         if index.isdigit():
             iterations.append((kind, int(index)))
-    return OriginContext(node.prim, dict(node.eqn.params) if node.eqn is not None else {},
-                         [raw(x.value) for x in node.ins], [raw(o.value) for o in node.outs], chain, primal,
-                         iterations)
+    return OriginContext(
+        node.prim,
+        dict(node.eqn.params) if node.eqn is not None else {},
+        [raw(x.value) for x in node.ins],
+        [raw(o.value) for o in node.outs],
+        chain,
+        primal,
+        iterations,
+    )
 
 
 _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")

@@ -10,20 +10,23 @@ opens their body. :class:`Replay` is a set of hooks on jaxsane's one interpreter
 ``shard_map`` expansion is its own. The names here are shared with :mod:`jaxsane._locate.locate` only.
 Not jit-safe: everything here runs on the host, off the hot path.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from .._jaxpr.compile_level import quick_options
 from .._core.frames import in_optax, user_frame
-from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
 from .._core.tree import is_inexact
+from .._jaxpr.compile_level import quick_options
+from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
 
 # ----------------------------------------------------------------------------- values and nodes
+
 
 def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
@@ -39,13 +42,14 @@ def flags(x: Any) -> tuple[bool, bool]:
 
 class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
+
     __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
 
     def __init__(self, value, producer=None, kind=None, name=None):
         self.value = value
         self.nan, self.inf = flags(value)
         self.producer = producer
-        self.kind = kind    # None (computed), "input", "literal", "const"
+        self.kind = kind  # None (computed), "input", "literal", "const"
         self.name = name
 
     @property
@@ -56,26 +60,40 @@ class Val:
 @dataclasses.dataclass
 class Ctx:
     """Where a jaxpr is being replayed: enclosing name stack, fallback frame, phase, shard mode, tags."""
+
     stack: str = ""
     frame: tuple[str, int] | None = None
     phase: str | None = None
-    mesh: Any = None             # (axis_names, axis_sizes) while inside a shard_map body
+    mesh: Any = None  # (axis_names, axis_sizes) while inside a shard_map body
     tags: tuple = ()
     order: tuple = ()
     in_optax: bool = False
-    eqns: tuple = ()             # the call/loop equations around this jaxpr, outermost first
+    eqns: tuple = ()  # the call/loop equations around this jaxpr, outermost first
 
 
 class Node:
     """One equation executed by the replay (or a link that forwards values, e.g. a scan's ys)."""
-    __slots__ = ("eqn", "ins", "outs", "ctx", "order", "jaxpr", "index", "inner", "link", "env", "siblings",
-                 "last_grad")
+
+    __slots__ = (
+        "eqn",
+        "ins",
+        "outs",
+        "ctx",
+        "order",
+        "jaxpr",
+        "index",
+        "inner",
+        "link",
+        "env",
+        "siblings",
+        "last_grad",
+    )
 
     def __init__(self, eqn, ins, ctx, order, jaxpr=None, index=-1, link=False):
         self.eqn, self.ins, self.ctx, self.order = eqn, ins, ctx, order
         self.jaxpr, self.index, self.link = jaxpr, index, link
         self.outs: list[Val] = []
-        self.inner: list[list[Val]] | None = None   # expanded: outer out i <- inner values
+        self.inner: list[list[Val]] | None = None  # expanded: outer out i <- inner values
         self.env = None
         self.siblings: list = []
         self.last_grad = -1
@@ -120,14 +138,15 @@ def _last_grad_index(jaxpr) -> int:
 
 # ----------------------------------------------------------------------------- the replay
 
-EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)   # nodes whose body expand() can open
+EXPANDABLE = {"shard_map"} | set(LOOPS) | set(CALLS)  # nodes whose body expand() can open
 
 
 # primitives numpy does not replay that only move, pick or add values: each runs as one program compiled at
 # XLA:CPU's quick level (it runs once, on one shape), which gives the values eager dispatch gives
-QUICK_BOUND = frozenset({"gather", "scatter", "scatter-add", "split", "dynamic_slice", "dynamic_update_slice",
-                         "concatenate", "pad"})
-_QUICK_PROGRAMS: dict = {}   # (primitive, params) -> its jitted bind
+QUICK_BOUND = frozenset(
+    {"gather", "scatter", "scatter-add", "split", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad"}
+)
+_QUICK_PROGRAMS: dict = {}  # (primitive, params) -> its jitted bind
 
 
 def _quick_bind(primitive, params: dict) -> Any:
@@ -149,8 +168,11 @@ def _quick_bind(primitive, params: dict) -> Any:
 def _bind(eqn, values: list, mesh=None) -> list:
     bp = eqn.primitive.get_bind_params(eqn.params)
     subfuns, params = bp if isinstance(bp, tuple) else ((), bp)
-    quick = (_quick_bind(eqn.primitive, params)
-             if mesh is None and not subfuns and eqn.primitive.name in QUICK_BOUND else None)
+    quick = (
+        _quick_bind(eqn.primitive, params)
+        if mesh is None and not subfuns and eqn.primitive.name in QUICK_BOUND
+        else None
+    )
 
     def call(*xs):
         out = quick(*xs) if quick is not None else eqn.primitive.bind(*subfuns, *xs, **params)
@@ -171,6 +193,7 @@ def _bind(eqn, values: list, mesh=None) -> list:
 
 # -- a host replay for the common primitives: no compilation, the values XLA's kernels give up to rounding
 
+
 def _np_dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
     (lc, rc), (lb, rb) = dimension_numbers
     letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -183,8 +206,11 @@ def _np_dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_
         xs[i] = xs[i] or next(letters)
     for j in range(y.ndim):
         ys[j] = ys[j] or next(letters)
-    out = ([xs[i] for i in lb] + [xs[i] for i in range(x.ndim) if i not in lb and i not in lc]
-           + [ys[j] for j in range(y.ndim) if j not in rb and j not in rc])
+    out = (
+        [xs[i] for i in lb]
+        + [xs[i] for i in range(x.ndim) if i not in lb and i not in lc]
+        + [ys[j] for j in range(y.ndim) if j not in rb and j not in rc]
+    )
     dt = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(x, y)
     if dt.kind == "f" and dt.itemsize < 4:  # XLA's CPU dots accumulate float16/bfloat16 in float32
         x, y = x.astype(np.float32), y.astype(np.float32)
@@ -214,41 +240,131 @@ def _reduce(fn):
 
 
 _NP = {
-    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
-    "logistic": lambda x, **_: 1 / (1 + np.exp(-x)), "sin": np.sin, "cos": np.cos, "tan": np.tan,
-    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "sqrt": np.sqrt,
-    "rsqrt": lambda x, **_: 1 / np.sqrt(x), "cbrt": np.cbrt, "abs": np.abs, "not": np.invert,
-    "square": np.square, "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
-    "div": lambda x, y, **_: (np.trunc(x / y).astype(x.dtype) if x.dtype.kind in "iu" else np.divide(x, y)),
-    "rem": np.fmod, "pow": np.power, "max": np.maximum, "min": np.minimum, "atan2": np.arctan2,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
-    "integer_pow": lambda x, *, y, **_: x ** y if y >= 0 else 1 / (x ** -y),
-    "select_n": _np_select, "convert_element_type": lambda x, *, new_dtype, **_: x.astype(new_dtype),
-    "broadcast_in_dim": _np_broadcast, "reshape": lambda x, *, new_sizes, **_: x.reshape(new_sizes),
+    "neg": np.negative,
+    "sign": np.sign,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "is_finite": np.isfinite,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "log": np.log,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "tanh": np.tanh,
+    "logistic": lambda x, **_: 1 / (1 + np.exp(-x)),
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x, **_: 1 / np.sqrt(x),
+    "cbrt": np.cbrt,
+    "abs": np.abs,
+    "not": np.invert,
+    "square": np.square,
+    "add": np.add,
+    "add_any": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": lambda x, y, **_: np.trunc(x / y).astype(x.dtype) if x.dtype.kind in "iu" else np.divide(x, y),
+    "rem": np.fmod,
+    "pow": np.power,
+    "max": np.maximum,
+    "min": np.minimum,
+    "atan2": np.arctan2,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+    "integer_pow": lambda x, *, y, **_: x**y if y >= 0 else 1 / (x**-y),
+    "select_n": _np_select,
+    "convert_element_type": lambda x, *, new_dtype, **_: x.astype(new_dtype),
+    "broadcast_in_dim": _np_broadcast,
+    "reshape": lambda x, *, new_sizes, **_: x.reshape(new_sizes),
     "squeeze": lambda x, *, dimensions, **_: np.squeeze(x, axis=tuple(dimensions)),
     "expand_dims": lambda x, *, dimensions, **_: np.expand_dims(x, tuple(dimensions)),
     "transpose": lambda x, *, permutation, **_: np.transpose(x, permutation),
-    "reduce_sum": _reduce(np.sum), "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min),
-    "reduce_prod": _reduce(np.prod), "reduce_and": _reduce(np.all), "reduce_or": _reduce(np.any),
-    "dot_general": _np_dot_general, "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, dimension),
-    "slice": _np_slice, "copy": lambda x, **_: x, "copy_p": lambda x, **_: x,
+    "reduce_sum": _reduce(np.sum),
+    "reduce_max": _reduce(np.max),
+    "reduce_min": _reduce(np.min),
+    "reduce_prod": _reduce(np.prod),
+    "reduce_and": _reduce(np.all),
+    "reduce_or": _reduce(np.any),
+    "dot_general": _np_dot_general,
+    "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, dimension),
+    "slice": _np_slice,
+    "copy": lambda x, **_: x,
+    "copy_p": lambda x, **_: x,
     "clamp": lambda lo, x, hi, **_: np.minimum(np.maximum(x, lo), hi),
     "stop_gradient": lambda x, **_: x,
 }
-_NP_PARAMS = {"neg", "sign", "floor", "ceil", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh", "sin",
-              "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "cbrt",
-              "abs", "not", "square", "add", "add_any", "sub", "mul", "rem", "pow", "max", "min", "atan2", "eq",
-              "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "select_n"}   # ufuncs: called without params
+_NP_PARAMS = {
+    "neg",
+    "sign",
+    "floor",
+    "ceil",
+    "is_finite",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "tanh",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "sqrt",
+    "cbrt",
+    "abs",
+    "not",
+    "square",
+    "add",
+    "add_any",
+    "sub",
+    "mul",
+    "rem",
+    "pow",
+    "max",
+    "min",
+    "atan2",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "and",
+    "or",
+    "xor",
+    "select_n",
+}  # ufuncs: called without params
 
 
 def _evaluate(eqn, values: list, mesh=None) -> list:
     """One equation on real values: on the host with numpy when it can, else ``bind`` (jax caches it)."""
     name = eqn.primitive.name
     if name == "check" and not eqn.outvars:  # a checkify check (a chex value assertion traced under chexify, kept
-        return []                            # in jit's trace cache): the replay finds values, it asserts nothing
+        return []  # in jit's trace cache): the replay finds values, it asserts nothing
     fn = _NP.get(name)
     if fn is None or mesh is not None or any(_is_extended(v) for v in values):
         return _bind(eqn, values, mesh)
@@ -276,6 +392,7 @@ def _is_extended(v: Any) -> bool:
 
 class _Stacked:
     """A per-shard value inside a shard_map body: leading axes are the mesh axes."""
+
     __slots__ = ("value",)
 
     def __init__(self, value):
@@ -308,8 +425,8 @@ class Replay(Interpreter):
     def __init__(self):
         super().__init__()
         self.count = 0
-        self.envs: dict[int, tuple] = {}   # id(replayed jaxpr) -> (jaxpr, its replayed values)
-        self._runs: list[tuple[int, list]] = []   # per jaxpr being replayed: (last backward index, its nodes)
+        self.envs: dict[int, tuple] = {}  # id(replayed jaxpr) -> (jaxpr, its replayed values)
+        self._runs: list[tuple[int, list]] = []  # per jaxpr being replayed: (last backward index, its nodes)
         self._last_env: dict = {}
 
     def replay(self, jaxpr, consts: Sequence, ins: Sequence[Val], ctx: Ctx) -> tuple[list[Val], dict]:
@@ -339,7 +456,7 @@ class Replay(Interpreter):
         return node
 
     def enters(self, eqn, node: Node) -> bool:
-        return eqn.primitive.name in CALLS and node.ctx.mesh is None   # loops wait for expand()
+        return eqn.primitive.name in CALLS and node.ctx.mesh is None  # loops wait for expand()
 
     def bind(self, eqn, invals, node: Node) -> list:
         outs = [Val(o, producer=node) for o in _evaluate(eqn, [x.value for x in invals], node.ctx.mesh)]
@@ -365,16 +482,22 @@ class Replay(Interpreter):
         return val
 
     def stack(self, parts, eqn, node, aval=None) -> list:
-        return list(parts[::-1]) if eqn.params.get("reverse") else list(parts)   # in the order they ran
+        return list(parts[::-1]) if eqn.params.get("reverse") else list(parts)  # in the order they ran
 
     @staticmethod
     def _child(node: Node, tags: tuple = (), order_extra: tuple = ()) -> Ctx:
         phase = node.phase
         ctx = node.ctx
-        return Ctx(stack=node.stack, frame=node.frame, phase=phase if phase != "forward" else ctx.phase,
-                    mesh=ctx.mesh, tags=ctx.tags + tags, order=node.order + order_extra,
-                    in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)),
-                    eqns=ctx.eqns + ((node.eqn,) if node.eqn is not None else ()))
+        return Ctx(
+            stack=node.stack,
+            frame=node.frame,
+            phase=phase if phase != "forward" else ctx.phase,
+            mesh=ctx.mesh,
+            tags=ctx.tags + tags,
+            order=node.order + order_extra,
+            in_optax=ctx.in_optax or (node.eqn is not None and in_optax(node.eqn)),
+            eqns=ctx.eqns + ((node.eqn,) if node.eqn is not None else ()),
+        )
 
     # -- lazy descent into compiled calls
     def expand(self, node: Node) -> None:
@@ -408,8 +531,10 @@ class Replay(Interpreter):
     def _expand_shard_map(self, node: Node) -> None:
         p = node.eqn.params
         mesh = p["mesh"]
-        names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes")
-                                                       else mesh.devices.shape)
+        names, sizes = (
+            tuple(mesh.axis_names),
+            tuple(mesh.axis_sizes if hasattr(mesh, "axis_sizes") else mesh.devices.shape),
+        )
         sub, consts = closed(p["jaxpr"])
         ins = []
         for x, spec in zip(node.ins, p["in_specs"]):
@@ -441,4 +566,3 @@ def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:
         blocks.append(a[tuple(index)])
     stacked = np.stack(blocks)
     return stacked.reshape(*sizes, *blocks[0].shape)
-

@@ -1,5 +1,6 @@
 """The report of :func:`jaxsane.locate`: :class:`LocateReport`, its :class:`Origin` entries and what the
 replay held at each origin (:class:`OriginContext`, read by the debugger, :mod:`jaxsane._locate.debugger`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ class OriginContext:
       inputs: the traced function's input leaves by path (``batch['x']``), set by ``locate``.
       call: ``(fn, args, kwargs)`` as passed to ``locate``.
     """
+
     primitive: str
     params: dict
     operands: list
@@ -55,6 +57,7 @@ class Origin:
       context: the replay's values there (:class:`OriginContext`, for :func:`jaxsane.post_mortem`; None for
         a non-finite input); not compared, not in the repr.
     """
+
     code: str
     primitive: str
     phase: str
@@ -80,8 +83,10 @@ class Origin:
         return f"{self.code}: {self.primitive} ({self.phase}) at {self.location}{where}: {self.values}"
 
     def render(self) -> str:
-        lines = [f"  origin: {self.primitive} ({self.phase}) at {self.location}"
-                 + (f"   {self.source}" if self.source else "")]
+        lines = [
+            f"  origin: {self.primitive} ({self.phase}) at {self.location}"
+            + (f"   {self.source}" if self.source else "")
+        ]
         if self.where:
             lines.append(f"    where: {', '.join(self.where)}")
         if self.name_stack:
@@ -98,11 +103,23 @@ class Origin:
         return "\n".join(lines)
 
     def to_finding(self) -> Finding:
-        return Finding(self.code, f"{self.primitive} ({self.phase}) at {self.location} produced a non-finite value: "
-                       f"{self.values}; {self.cause}", self.fix, path=self.reaches[0] if self.reaches else None,
-                       file=self.file, line=self.line,
-                       extra={"primitive": self.primitive, "phase": self.phase, "reaches": list(self.reaches),
-                              "name_stack": self.name_stack, "where": list(self.where), "source": self.source})
+        return Finding(
+            self.code,
+            f"{self.primitive} ({self.phase}) at {self.location} produced a non-finite value: "
+            f"{self.values}; {self.cause}",
+            self.fix,
+            path=self.reaches[0] if self.reaches else None,
+            file=self.file,
+            line=self.line,
+            extra={
+                "primitive": self.primitive,
+                "phase": self.phase,
+                "reaches": list(self.reaches),
+                "name_stack": self.name_stack,
+                "where": list(self.where),
+                "source": self.source,
+            },
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +134,7 @@ class LocateReport:
       prefix_at: the primitive and file:line of that prefix's last equation.
       equations: how many equations the replay executed.
     """
+
     origins: list[Origin]
     bad_outputs: list[tuple[str, int, int]]
     xla_only: bool = False
@@ -129,16 +147,24 @@ class LocateReport:
         if self.origins:
             return [o.to_finding() for o in self.origins]
         paths = [p for p, _, _ in self.bad_outputs]
-        return [Finding("nonfinite.forward", f"non-finite outputs {', '.join(paths[:4])}: {self._xla_text()}",
-                        "run the step without jit (jax.disable_jit()) or with XLA_FLAGS=--xla_cpu_enable_fast_math="
-                        "false / --xla_gpu_enable_fast_min_max=false to confirm; check the reported prefix",
-                        path=paths[0] if paths else None, extra={"xla_only": True, "prefix": self.prefix})]
+        return [
+            Finding(
+                "nonfinite.forward",
+                f"non-finite outputs {', '.join(paths[:4])}: {self._xla_text()}",
+                "run the step without jit (jax.disable_jit()) or with XLA_FLAGS=--xla_cpu_enable_fast_math="
+                "false / --xla_gpu_enable_fast_min_max=false to confirm; check the reported prefix",
+                path=paths[0] if paths else None,
+                extra={"xla_only": True, "prefix": self.prefix},
+            )
+        ]
 
     def _xla_text(self) -> str:
         text = "not reproduced outside XLA: the equation-by-equation replay is finite but the compiled program is not"
         if self.prefix is not None:
-            text += (f"; the smallest compiled prefix that produces it has {self.prefix} of {self.prefix_total} "
-                     f"equations, ending with {self.prefix_at}")
+            text += (
+                f"; the smallest compiled prefix that produces it has {self.prefix} of {self.prefix_total} "
+                f"equations, ending with {self.prefix_at}"
+            )
         elif self.xla_only:
             text += "; no compiled prefix reproduced it (XLA optimises the prefixes differently)"
         return text
@@ -163,5 +189,5 @@ class LocateReport:
 
     def _repr_html_(self) -> str:
         from .._render.reprs import locate_html
-        return locate_html(self)
 
+        return locate_html(self)

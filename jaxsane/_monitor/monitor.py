@@ -26,30 +26,33 @@ the recorded :class:`History`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._experiment.contract import Adapted, require_experiment
-from .._experiment.batches import get_inputs
 from .._core.finding import Finding
 from .._core.frames import frames_of, is_library_file, user_location
-from .._jaxpr.interpret import Interpreter, bodies
-from .writers import require_writer, write_scalars
-from .train_checks import History as History, check_training as check_training
+from .._core.history import History
 from .._core.tree import PyTree, is_inexact, leaves_with_paths
 from .._core.validate import require_bool, require_int
-
+from .._experiment.batches import get_inputs
+from .._experiment.contract import PureExperiment, require_experiment
+from .._jaxpr.interpret import Interpreter, bodies
+from .train_checks import check_training as check_training
+from .writers import require_writer, write_scalars
 
 MODE_BARE, MODE_NORMS, MODE_FULL = 0, 1, 2
 
 # ----------------------------------------------------------------------------- jaxpr helpers
 
+
 def _is_relu(eqn) -> bool:
     """``max(x, 0)`` with a literal zero operand (what ``jax.nn.relu`` and ``jnp.maximum(x, 0)`` lower to)."""
     from jax.extend.core import Literal
+
     if eqn.primitive.name != "max" or len(eqn.invars) != 2:
         return False
     for v in eqn.invars:
@@ -62,8 +65,18 @@ def _is_relu(eqn) -> bool:
     return False
 
 
-RELU_FAMILY = ("relu", "relu6", "leaky_relu", "hard_tanh", "hard_sigmoid", "hard_swish", "hard_silu", "elu", "celu",
-               "selu")
+RELU_FAMILY = (
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "hard_tanh",
+    "hard_sigmoid",
+    "hard_swish",
+    "hard_silu",
+    "elu",
+    "celu",
+    "selu",
+)
 
 
 def _is_activation(eqn, enclosing: Sequence[Any]) -> bool:
@@ -72,7 +85,7 @@ def _is_activation(eqn, enclosing: Sequence[Any]) -> bool:
     library code for another purpose (the variance ``max(0, E[x²] - E[x]²)`` of flax's LayerNorm) is not."""
     if any(e.params.get("name") in RELU_FAMILY for e in enclosing):
         return True
-    for fr in frames_of(eqn):   # the innermost frame outside jax itself says who wrote the max
+    for fr in frames_of(eqn):  # the innermost frame outside jax itself says who wrote the max
         parts = fr.file_name.replace("\\", "/").split("/")
         if "jax" in parts or "jaxlib" in parts:
             continue
@@ -133,7 +146,8 @@ def relu_labels(apply_fn: Callable, params: PyTree, inputs: Any) -> list[str]:
     names = []
     for eqn, enclosing in found:
         scope = str(eqn.source_info.name_stack) or "/".join(
-            str(e.source_info.name_stack) for e in enclosing if str(e.source_info.name_stack))
+            str(e.source_info.name_stack) for e in enclosing if str(e.source_info.name_stack)
+        )
         where = (user_location(eqn, enclosing) or "").replace("\\", "/").rsplit("/", 1)[-1]
         names.append(scope or where or "relu")
     shapes = [eqn.outvars[0].aval.str_short(short_dtypes=True) for eqn, _ in found]
@@ -160,11 +174,12 @@ def depth_order(fn: Callable, params: PyTree, *rest: Any) -> list[int]:
     r_leaves, r_def = jax.tree_util.tree_flatten(rest)
 
     def flat_fn(*leaves):
-        p = jax.tree_util.tree_unflatten(p_def, leaves[:len(p_leaves)])
-        return fn(p, *jax.tree_util.tree_unflatten(r_def, leaves[len(p_leaves):]))
+        p = jax.tree_util.tree_unflatten(p_def, leaves[: len(p_leaves)])
+        return fn(p, *jax.tree_util.tree_unflatten(r_def, leaves[len(p_leaves) :]))
 
-    closed = jax.make_jaxpr(flat_fn)(*[jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
-                                       for x in (*p_leaves, *r_leaves)])
+    closed = jax.make_jaxpr(flat_fn)(
+        *[jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in (*p_leaves, *r_leaves)]
+    )
     first_use: dict[int, int] = {}
     counter = [0]
 
@@ -172,21 +187,28 @@ def depth_order(fn: Callable, params: PyTree, *rest: Any) -> list[int]:
         for eqn in jaxpr.eqns:
             counter[0] += 1
             subs = bodies(eqn)
-            for sub, index in subs:   # calls, loop bodies, branches: first use inside them
-                walk(sub, {iv: tags[eqn.invars[i]] for iv, i in zip(sub.invars, index)
-                           if not hasattr(eqn.invars[i], "val") and eqn.invars[i] in tags})
+            for sub, index in subs:  # calls, loop bodies, branches: first use inside them
+                walk(
+                    sub,
+                    {
+                        iv: tags[eqn.invars[i]]
+                        for iv, i in zip(sub.invars, index)
+                        if not hasattr(eqn.invars[i], "val") and eqn.invars[i] in tags
+                    },
+                )
             if subs:
                 continue
             for v in eqn.invars:
                 if not hasattr(v, "val") and v in tags:
                     first_use.setdefault(tags[v], counter[0])
 
-    walk(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars[:len(p_leaves)])})
+    walk(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars[: len(p_leaves)])})
     never = len(p_leaves) + counter[0] + 1
     return sorted(range(len(p_leaves)), key=lambda i: (first_use.get(i, never), i))
 
 
 # ----------------------------------------------------------------------------- the monitor
+
 
 def _norm(x: jax.Array) -> jax.Array:
     x = x.astype(jnp.float32) if not jnp.issubdtype(x.dtype, jnp.complexfloating) else jnp.abs(x)
@@ -241,11 +263,22 @@ class Monitor:
       3
     """
 
-    def __init__(self, adapted: Adapted, *, every: int = 50, dead_every: int = 250, grads: bool = True,
-                 log_every: int = 100, lag: int = 2, writer: Any = None):
+    def __init__(
+        self,
+        adapted: PureExperiment,
+        *,
+        every: int = 50,
+        dead_every: int = 250,
+        grads: bool = True,
+        log_every: int = 100,
+        lag: int = 2,
+        writer: Any = None,
+    ):
         require_experiment("Monitor", adapted, "adapted")
         self.writer = require_writer("Monitor", writer)
-        adapted = adapted if isinstance(adapted, Adapted) else Adapted(adapted)  # an Experiment is adapted here
+        adapted = (
+            adapted if isinstance(adapted, PureExperiment) else PureExperiment(adapted)
+        )  # an Experiment is adapted here
         every = require_int("Monitor", "every", every, min=1)
         log_every = require_int("Monitor", "log_every", log_every, min=1)
         dead_every = require_int("Monitor", "dead_every", dead_every, min=0)
@@ -264,9 +297,11 @@ class Monitor:
         # one jitted function per mode (the bare one is the user's step itself), so that a call
         # costs exactly a plain jit dispatch; compiled_step takes the mode as a static argument
         # for wrappers such as guard that need one callable.
-        self._jitted = {MODE_BARE: jax.jit(adapted.step),
-                        MODE_NORMS: jax.jit(functools.partial(self._monitored_step, mode=MODE_NORMS)),
-                        MODE_FULL: jax.jit(functools.partial(self._monitored_step, mode=MODE_FULL))}
+        self._jitted = {
+            MODE_BARE: jax.jit(adapted.step),
+            MODE_NORMS: jax.jit(functools.partial(self._monitored_step, mode=MODE_NORMS)),
+            MODE_FULL: jax.jit(functools.partial(self._monitored_step, mode=MODE_FULL)),
+        }
         self.compiled_step = jax.jit(self._monitored_step, static_argnums=(2,))
 
     def step(self, state: PyTree, batch: PyTree, mode: int = MODE_NORMS) -> tuple[PyTree, dict]:
@@ -293,8 +328,7 @@ class Monitor:
             metrics = {**metrics, "loss": handle_loss}
         p1 = adapted.params(new_state)
         leaves1 = [x for x in jax.tree_util.tree_leaves(p1) if is_inexact(x)]
-        tel = {"param_norm": leaf_norms(leaves0),
-               "update_norm": leaf_norms([a - b for a, b in zip(leaves1, leaves0)])}
+        tel = {"param_norm": leaf_norms(leaves0), "update_norm": leaf_norms([a - b for a, b in zip(leaves1, leaves0)])}
         if grad_norm is not None:
             tel["grad_norm"] = grad_norm
         if mode == MODE_FULL and self.dead:
@@ -356,7 +390,7 @@ class Monitor:
         cut = len(self._pending) - keep
         pending, self._pending = self._pending[:cut], self._pending[cut:]
         groups: dict = {}
-        for i, m in pending:   # one group per step mode (bare / norms / full): same structure, same shapes
+        for i, m in pending:  # one group per step mode (bare / norms / full): same structure, same shapes
             groups.setdefault(jax.tree_util.tree_structure(m), []).append((i, m))
         train, tele, grad, dead = [], [], [], []
         for items in groups.values():
@@ -366,10 +400,16 @@ class Monitor:
                 cols = {"loss": cols}
             tel = cols.pop("telemetry", None)
             loss = cols.pop("loss", None)
-            loss = (np.asarray(loss, np.float64).reshape(len(steps), -1).mean(axis=1) if loss is not None
-                    else np.full(len(steps), np.nan))
-            scalars = {k: np.asarray(v, np.float64).reshape(len(steps)) for k, v in cols.items()
-                       if np.size(v) == len(steps) and np.issubdtype(np.asarray(v).dtype, np.number)}
+            loss = (
+                np.asarray(loss, np.float64).reshape(len(steps), -1).mean(axis=1)
+                if loss is not None
+                else np.full(len(steps), np.nan)
+            )
+            scalars = {
+                k: np.asarray(v, np.float64).reshape(len(steps))
+                for k, v in cols.items()
+                if np.size(v) == len(steps) and np.issubdtype(np.asarray(v).dtype, np.number)
+            }
             train += [(i, loss[k], {n: v[k] for n, v in scalars.items()}) for k, i in enumerate(steps)]
             if tel is not None:
                 tele += [(i, tel["param_norm"][k], tel["update_norm"][k]) for k, i in enumerate(steps)]
@@ -394,9 +434,12 @@ class Monitor:
             h.dead_steps.append(i)
             h.dead_fraction.append(d.tolist())
         if self.writer is not None:
-            write_scalars(self.writer, [{"kind": "train", "step": i, "loss": float(loss), **scalars}
-                                        for i, loss, scalars in train]
-                          + [{"kind": "grad", "step": i, "grad_norm": g.tolist()} for i, g in grad], h.leaf_paths)
+            write_scalars(
+                self.writer,
+                [{"kind": "train", "step": i, "loss": float(loss), **scalars} for i, loss, scalars in train]
+                + [{"kind": "grad", "step": i, "grad_norm": g.tolist()} for i, g in grad],
+                h.leaf_paths,
+            )
         return h
 
     def record_eval(self, step: int, loss: float, **metrics: float) -> None:

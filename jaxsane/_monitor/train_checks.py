@@ -8,95 +8,16 @@ AUTOTRAINER (ICSE 2021) and DeepDiagnosis (ICSE 2022) where those publish one. H
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from .._core.finding import Finding
+from .._core.history import History
 from .._core.validate import fail, require_float, require_int
 
-
-# ----------------------------------------------------------------------------- the history
-
-@dataclasses.dataclass
-class History:
-    """What a monitored run recorded, on the host. Arrays are ``(samples, leaves)``.
-
-    Attributes:
-      steps, loss: the train loss of every step (``metrics["loss"]``).
-      train_metrics: other scalar train metrics, step-aligned with ``steps``.
-      eval_steps, eval_loss, eval_metrics: evaluations (after ``eval_steps[k]`` steps).
-      leaf_paths: parameter leaf paths; ``depth`` orders their indices input-side first.
-      weight_leaves: indices of leaves with ``ndim >= 2`` (kernels), the ones the layer rules look at.
-      tele_steps, param_norm, update_norm, grad_norm: sampled telemetry (``grad_norm`` empty without loss).
-      dead_steps, dead_fraction, relu_shapes: sampled dead-ReLU fractions per ReLU site.
-      relu_labels: a label per ReLU site (its module scope or ``file:line``), when the monitor found them.
-    """
-
-    steps: list = dataclasses.field(default_factory=list)
-    loss: list = dataclasses.field(default_factory=list)
-    train_metrics: dict = dataclasses.field(default_factory=dict)
-    eval_steps: list = dataclasses.field(default_factory=list)
-    eval_loss: list = dataclasses.field(default_factory=list)
-    eval_metrics: dict = dataclasses.field(default_factory=dict)
-    leaf_paths: list = dataclasses.field(default_factory=list)
-    depth: list = dataclasses.field(default_factory=list)
-    weight_leaves: list = dataclasses.field(default_factory=list)
-    tele_steps: list = dataclasses.field(default_factory=list)
-    param_norm: list = dataclasses.field(default_factory=list)
-    update_norm: list = dataclasses.field(default_factory=list)
-    grad_norm: list = dataclasses.field(default_factory=list)
-    grad_steps: list = dataclasses.field(default_factory=list)
-    dead_steps: list = dataclasses.field(default_factory=list)
-    dead_fraction: list = dataclasses.field(default_factory=list)
-    relu_shapes: list = dataclasses.field(default_factory=list)
-    relu_labels: list = dataclasses.field(default_factory=list)
-
-    def arrays(self, name: str) -> np.ndarray:
-        """A recorded telemetry field as a float array ``(samples, leaves)`` (``NaN`` for sanitized values)."""
-        rows = getattr(self, name)
-        if not rows:
-            return np.zeros((0, 0))
-        a = np.asarray(rows, dtype=np.float64)
-        return np.where(a < 0, np.nan, a)
-
-    def to_dict(self) -> dict:
-        """A JSON-able dict (``from_dict`` reads it back)."""
-        def conv(v):
-            if isinstance(v, dict):
-                return {k: conv(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [conv(x) for x in v]
-            if isinstance(v, (np.generic, np.ndarray)):
-                return conv(v.tolist())
-            if isinstance(v, float) and not math.isfinite(v):
-                return None
-            return v
-        return {f.name: conv(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "History":
-        names = {f.name for f in dataclasses.fields(cls)}
-        def conv(v):
-            if isinstance(v, list):
-                return [conv(x) for x in v]
-            if isinstance(v, dict):
-                return {k: conv(x) for k, x in v.items()}
-            return float("nan") if v is None else v
-        return cls(**{k: conv(v) for k, v in d.items() if k in names})
-
-    def layer_grad_norms(self) -> tuple[list[str], np.ndarray]:
-        """(weight leaf paths in depth order, grad norms ``(samples, layers)``) for plots and the layer rules."""
-        g = self.arrays("grad_norm")
-        if g.size == 0:
-            return [], g
-        idx = [i for i in self.depth if i in set(self.weight_leaves)] or list(self.depth)
-        return [self.leaf_paths[i] for i in idx], g[:, idx]
-
-
 # ----------------------------------------------------------------------------- detectors
+
 
 def _median(x) -> float:
     x = np.asarray(x, dtype=np.float64)
@@ -108,12 +29,24 @@ def _window(n: int, frac: float = 0.2, minimum: int = 3) -> int:
     return max(minimum, int(round(n * frac)))
 
 
-def check_training(history: History, *, min_steps: int = 10, diverge_factor: float = 2.0,
-                   plateau_rel: float = 0.01, oscillation_rel: float = 0.25, oscillation_trend: float = 0.1,
-                   update_ratio_low: float = 1e-5, update_ratio_high: float = 1e-1,
-                   vanishing_ratio: float = 1e-3, vanishing_first: float = 1e-4, exploding_ratio: float = 70.0,
-                   grad_growth: float = 1e3, dead_fraction: float = 0.7, overfit_rise: float = 0.2,
-                   min_evals: int = 3) -> list[Finding]:
+def check_training(
+    history: History,
+    *,
+    min_steps: int = 10,
+    diverge_factor: float = 2.0,
+    plateau_rel: float = 0.01,
+    oscillation_rel: float = 0.25,
+    oscillation_trend: float = 0.1,
+    update_ratio_low: float = 1e-5,
+    update_ratio_high: float = 1e-1,
+    vanishing_ratio: float = 1e-3,
+    vanishing_first: float = 1e-4,
+    exploding_ratio: float = 70.0,
+    grad_growth: float = 1e3,
+    dead_fraction: float = 0.7,
+    overfit_rise: float = 0.2,
+    min_evals: int = 3,
+) -> list[Finding]:
     """Judge a recorded :class:`History` and return ``train.*`` findings (never raises on a finding).
 
     Every rule looks at medians over windows of the history, never at one step.
@@ -150,20 +83,38 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
     if isinstance(history, Mapping):
         history = History.from_dict(history)  # e.g. History.to_dict() read back from JSON
     if not isinstance(history, History):
-        raise fail("check_training", "history", "a jaxsane.History (or a dict from History.to_dict())", history,
-                   fix="pass FitResult.history from jaxsane.fit, or Monitor.pull()")
+        raise fail(
+            "check_training",
+            "history",
+            "a jaxsane.History (or a dict from History.to_dict())",
+            history,
+            fix="pass FitResult.history from jaxsane.fit, or Monitor.pull()",
+        )
     if len(history.steps) != len(history.loss):
-        raise fail("check_training", "history", "a History with one loss per step", history,
-                   cause=f"history.steps has {len(history.steps)} entries but history.loss {len(history.loss)}",
-                   fix="record each step's index and loss together (Monitor.record)")
+        raise fail(
+            "check_training",
+            "history",
+            "a History with one loss per step",
+            history,
+            cause=f"history.steps has {len(history.steps)} entries but history.loss {len(history.loss)}",
+            fix="record each step's index and loss together (Monitor.record)",
+        )
     require_int("check_training", "min_steps", min_steps, min=1)
     require_int("check_training", "min_evals", min_evals, min=1)
-    for _name, _v in (("diverge_factor", diverge_factor), ("plateau_rel", plateau_rel),
-                      ("oscillation_rel", oscillation_rel), ("oscillation_trend", oscillation_trend),
-                      ("update_ratio_low", update_ratio_low),
-                      ("update_ratio_high", update_ratio_high), ("vanishing_ratio", vanishing_ratio),
-                      ("vanishing_first", vanishing_first), ("exploding_ratio", exploding_ratio),
-                      ("grad_growth", grad_growth), ("dead_fraction", dead_fraction), ("overfit_rise", overfit_rise)):
+    for _name, _v in (
+        ("diverge_factor", diverge_factor),
+        ("plateau_rel", plateau_rel),
+        ("oscillation_rel", oscillation_rel),
+        ("oscillation_trend", oscillation_trend),
+        ("update_ratio_low", update_ratio_low),
+        ("update_ratio_high", update_ratio_high),
+        ("vanishing_ratio", vanishing_ratio),
+        ("vanishing_first", vanishing_first),
+        ("exploding_ratio", exploding_ratio),
+        ("grad_growth", grad_growth),
+        ("dead_fraction", dead_fraction),
+        ("overfit_rise", overfit_rise),
+    ):
         require_float("check_training", _name, _v, min=0.0)
     out: list[Finding] = []
     loss = np.asarray(history.loss, dtype=np.float64)
@@ -180,51 +131,68 @@ def check_training(history: History, *, min_steps: int = 10, diverge_factor: flo
         if went_nonfinite:
             first_bad = int(np.flatnonzero(finite)[-1]) + 1
             diverging = True
-            out.append(Finding(
-                "train.diverging",
-                f"the train loss went non-finite: finite from {start:.4g} (median of the first {kf} finite steps) "
-                f"to {values[-1]:.4g}, then {loss[first_bad]:.4g} from step {steps[first_bad]} to the end of the "
-                f"{n} steps",
-                "run the step under jaxsane.guard to catch the first non-finite value and its line; lower the "
-                "learning rate (try 10x smaller); add gradient clipping (optax.clip_by_global_norm)",
-                step=steps[first_bad], extra={"start": start, "end": float(loss[-1]), "nonfinite_from": steps[first_bad]}))
+            out.append(
+                Finding(
+                    "train.diverging",
+                    f"the train loss went non-finite: finite from {start:.4g} (median of the first {kf} finite steps) "
+                    f"to {values[-1]:.4g}, then {loss[first_bad]:.4g} from step {steps[first_bad]} to the end of the "
+                    f"{n} steps",
+                    "run the step under jaxsane.guard to catch the first non-finite value and its line; lower the "
+                    "learning rate (try 10x smaller); add gradient clipping (optax.clip_by_global_norm)",
+                    step=steps[first_bad],
+                    extra={"start": start, "end": float(loss[-1]), "nonfinite_from": steps[first_bad]},
+                )
+            )
         elif values.size < min_steps:
             pass  # too few finite losses to judge a trend
         elif end > diverge_factor * max(start, 1e-12) and end > start:
             diverging = True
-            out.append(Finding(
-                "train.diverging",
-                f"the train loss rose from {start:.4g} (median of the first {kf} steps) to "
-                f"{end:.4g} (median of the last {kf}) over {n} steps",
-                "lower the learning rate (try 10x smaller); check the update's sign (params - lr * grad, "
-                "optax.apply_updates with the optimizer's updates, not + grads); add gradient clipping "
-                "(optax.clip_by_global_norm)", step=steps[-1],
-                extra={"start": start, "end": end, "factor": diverge_factor}))
+            out.append(
+                Finding(
+                    "train.diverging",
+                    f"the train loss rose from {start:.4g} (median of the first {kf} steps) to "
+                    f"{end:.4g} (median of the last {kf}) over {n} steps",
+                    "lower the learning rate (try 10x smaller); check the update's sign (params - lr * grad, "
+                    "optax.apply_updates with the optimizer's updates, not + grads); add gradient clipping "
+                    "(optax.clip_by_global_norm)",
+                    step=steps[-1],
+                    extra={"start": start, "end": end, "factor": diverge_factor},
+                )
+            )
         elif abs(start - end) < plateau_rel * abs(start) + 1e-12:
-            out.append(Finding(
-                "train.plateau",
-                f"the train loss stayed flat over {n} steps: {start:.4g} -> {end:.4g} "
-                f"(less than {plateau_rel:.0%} change); the model is not learning (underfitting)",
-                "check that the learning rate is not 0 or far too small, that the parameters are not frozen "
-                "(stop_gradient, an optax.set_to_zero/masked transform) and that the update is applied to "
-                "the state the step returns", step=steps[-1], extra={"start": start, "end": end}))
+            out.append(
+                Finding(
+                    "train.plateau",
+                    f"the train loss stayed flat over {n} steps: {start:.4g} -> {end:.4g} "
+                    f"(less than {plateau_rel:.0%} change); the model is not learning (underfitting)",
+                    "check that the learning rate is not 0 or far too small, that the parameters are not frozen "
+                    "(stop_gradient, an optax.set_to_zero/masked transform) and that the update is applied to "
+                    "the state the step returns",
+                    step=steps[-1],
+                    extra={"start": start, "end": end},
+                )
+            )
         if not diverging and values.size >= min_steps and n >= 2 * min_steps:
-            half = loss[n // 2:]
+            half = loss[n // 2 :]
             half = half[np.isfinite(half)]
             if half.size >= min_steps:
                 w = max(3, half.size // 5) | 1
                 pad = np.pad(half, (w // 2, w // 2), mode="edge")
-                moving = np.array([np.median(pad[i:i + w]) for i in range(half.size)])
+                moving = np.array([np.median(pad[i : i + w]) for i in range(half.size)])
                 spread = _median(np.abs(half - moving)) * 1.4826
                 k2 = _window(half.size)
                 h0, h1 = _median(half[:k2]), _median(half[-k2:])
                 if spread > oscillation_rel * abs(start) and (h0 - h1) < oscillation_trend * abs(h0):
-                    out.append(Finding(
-                        "train.oscillating",
-                        f"the train loss oscillates without trend over the second half of the run: spread "
-                        f"{spread:.3g} around its moving median (start {start:.3g}), {h0:.3g} -> {h1:.3g}",
-                        "lower the learning rate or add a warmup/decay schedule; if the batch is tiny, "
-                        "increase it", step=steps[-1], extra={"spread": spread}))
+                    out.append(
+                        Finding(
+                            "train.oscillating",
+                            f"the train loss oscillates without trend over the second half of the run: spread "
+                            f"{spread:.3g} around its moving median (start {start:.3g}), {h0:.3g} -> {h1:.3g}",
+                            "lower the learning rate or add a warmup/decay schedule; if the batch is tiny, increase it",
+                            step=steps[-1],
+                            extra={"spread": spread},
+                        )
+                    )
     out += _check_update_ratio(history, update_ratio_low, update_ratio_high)
     out += _check_gradients(history, vanishing_ratio, vanishing_first, exploding_ratio, grad_growth)
     out += _check_dead(history, dead_fraction)
@@ -245,7 +213,7 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     # too high: the largest median over a sliding window (an early burst counts, one spike does not);
     # too low: the median over the whole run (a persistently frozen or lr-0 kernel).
     k = _window(len(ratio))
-    windows = [ratio[i:i + k] for i in range(0, max(1, len(ratio) - k + 1))]
+    windows = [ratio[i : i + k] for i in range(0, max(1, len(ratio) - k + 1))]
     peak = np.array([max((_median(w[:, j]) for w in windows), default=float("nan")) for j in range(ratio.shape[1])])
     med = np.array([_median(ratio[:, j]) for j in range(ratio.shape[1])])
     out = []
@@ -258,27 +226,37 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     names = [h.leaf_paths[i] if i < len(h.leaf_paths) else f"leaf {i}" for i in idx]
     if hi:
         j = max(hi, key=lambda j: peak[j])
-        out.append(Finding(
-            "train.update_ratio",
-            f"updates are too large: |update|/|param| of {names[j]} reached a median of {peak[j]:.3g} over "
-            f"{k} samples (> {high:g}; {len(hi)} of {len(idx)} kernels above the band)",
-            "lower the learning rate (a healthy ratio is around 1e-3); add warmup or gradient clipping",
-            path=names[j], step=h.tele_steps[-1], extra={"ratio": float(peak[j]), "band": [low, high],
-                                                         "direction": "high"}))
+        out.append(
+            Finding(
+                "train.update_ratio",
+                f"updates are too large: |update|/|param| of {names[j]} reached a median of {peak[j]:.3g} over "
+                f"{k} samples (> {high:g}; {len(hi)} of {len(idx)} kernels above the band)",
+                "lower the learning rate (a healthy ratio is around 1e-3); add warmup or gradient clipping",
+                path=names[j],
+                step=h.tele_steps[-1],
+                extra={"ratio": float(peak[j]), "band": [low, high], "direction": "high"},
+            )
+        )
     if lo:
         j = min(lo, key=lambda j: med[j])
-        out.append(Finding(
-            "train.update_ratio",
-            f"updates are too small: median |update|/|param| of {names[j]} is {med[j]:.3g} "
-            f"(< {low:g}; {len(lo)} of {len(idx)} kernels below the band)",
-            "raise the learning rate (is it 0?); check the parameters are not frozen and the optimizer "
-            "updates are applied", path=names[j], step=h.tele_steps[-1],
-            extra={"ratio": float(med[j]), "band": [low, high], "direction": "low"}))
+        out.append(
+            Finding(
+                "train.update_ratio",
+                f"updates are too small: median |update|/|param| of {names[j]} is {med[j]:.3g} "
+                f"(< {low:g}; {len(lo)} of {len(idx)} kernels below the band)",
+                "raise the learning rate (is it 0?); check the parameters are not frozen and the optimizer "
+                "updates are applied",
+                path=names[j],
+                step=h.tele_steps[-1],
+                extra={"ratio": float(med[j]), "band": [low, high], "direction": "low"},
+            )
+        )
     return out
 
 
-def _check_gradients(h: History, vanishing_ratio: float, vanishing_first: float, exploding_ratio: float,
-                     growth: float) -> list[Finding]:
+def _check_gradients(
+    h: History, vanishing_ratio: float, vanishing_first: float, exploding_ratio: float, growth: float
+) -> list[Finding]:
     names, g = h.layer_grad_norms()
     if g.size == 0 or len(g) < 2 or g.shape[1] < 1:
         return []
@@ -289,30 +267,44 @@ def _check_gradients(h: History, vanishing_ratio: float, vanishing_first: float,
             ratio = _median(first / last)
         g_first = _median(first)
         if np.isfinite(ratio) and ratio < vanishing_ratio and g_first < vanishing_first:
-            out.append(Finding(
-                "train.vanishing_grads",
-                f"gradients vanish towards the input: median |g| of {names[0]} is {g_first:.3g}, "
-                f"{ratio:.3g}x that of {names[-1]} (thresholds {vanishing_ratio:g} and {vanishing_first:g})",
-                "use ReLU-family activations instead of saturating ones, He/Glorot init, normalisation "
-                "layers or residual connections; check for dead ReLUs", path=names[0], step=h.grad_steps[-1],
-                extra={"ratio": ratio, "first": g_first}))
+            out.append(
+                Finding(
+                    "train.vanishing_grads",
+                    f"gradients vanish towards the input: median |g| of {names[0]} is {g_first:.3g}, "
+                    f"{ratio:.3g}x that of {names[-1]} (thresholds {vanishing_ratio:g} and {vanishing_first:g})",
+                    "use ReLU-family activations instead of saturating ones, He/Glorot init, normalisation "
+                    "layers or residual connections; check for dead ReLUs",
+                    path=names[0],
+                    step=h.grad_steps[-1],
+                    extra={"ratio": ratio, "first": g_first},
+                )
+            )
         elif np.isfinite(ratio) and ratio > exploding_ratio:
-            out.append(Finding(
-                "train.exploding_grads",
-                f"gradients explode towards the input: median |g| of {names[0]} is {ratio:.3g}x that of "
-                f"{names[-1]} (> {exploding_ratio:g})",
-                "clip gradients (optax.clip_by_global_norm(1.0)), lower the learning rate, check the init scale",
-                path=names[0], step=h.grad_steps[-1], extra={"ratio": ratio}))
+            out.append(
+                Finding(
+                    "train.exploding_grads",
+                    f"gradients explode towards the input: median |g| of {names[0]} is {ratio:.3g}x that of "
+                    f"{names[-1]} (> {exploding_ratio:g})",
+                    "clip gradients (optax.clip_by_global_norm(1.0)), lower the learning rate, check the init scale",
+                    path=names[0],
+                    step=h.grad_steps[-1],
+                    extra={"ratio": ratio},
+                )
+            )
     total = np.sqrt(np.nansum(np.square(h.arrays("grad_norm")), axis=1))
     k = _window(len(total), minimum=2)
     if len(total) >= 2 * k and not out:
         g0, g1 = _median(total[:k]), _median(total[-k:])
         if g0 > 0 and g1 / g0 > growth:
-            out.append(Finding(
-                "train.exploding_grads",
-                f"the gradient norm grew {g1 / g0:.3g}x over the run ({g0:.3g} -> {g1:.3g}; > {growth:g}x)",
-                "clip gradients (optax.clip_by_global_norm(1.0)), lower the learning rate, check the init scale",
-                step=h.grad_steps[-1], extra={"growth": g1 / g0}))
+            out.append(
+                Finding(
+                    "train.exploding_grads",
+                    f"the gradient norm grew {g1 / g0:.3g}x over the run ({g0:.3g} -> {g1:.3g}; > {growth:g}x)",
+                    "clip gradients (optax.clip_by_global_norm(1.0)), lower the learning rate, check the init scale",
+                    step=h.grad_steps[-1],
+                    extra={"growth": g1 / g0},
+                )
+            )
     return out
 
 
@@ -326,13 +318,18 @@ def _check_dead(h: History, threshold: float) -> list[Finding]:
     if bad:
         j = max(bad, key=lambda j: med[j])
         site = f" ({h.relu_labels[j]})" if j < len(h.relu_labels) else ""
-        out.append(Finding(
-            "train.dead_units",
-            f"{med[j]:.0%} of the units of ReLU #{j}{site} (of {len(med)}, in apply's order) are inactive on every "
-            f"example of the batch (median over {len(d)} samples; threshold {threshold:.0%})",
-            "check the bias init (a large negative bias kills ReLUs), lower the learning rate, or use "
-            "leaky_relu/gelu", path=f"relu[{j}]", step=h.dead_steps[-1],
-            extra={"fractions": [float(m) for m in med], "site": j}))
+        out.append(
+            Finding(
+                "train.dead_units",
+                f"{med[j]:.0%} of the units of ReLU #{j}{site} (of {len(med)}, in apply's order) are inactive on every "
+                f"example of the batch (median over {len(d)} samples; threshold {threshold:.0%})",
+                "check the bias init (a large negative bias kills ReLUs), lower the learning rate, or use "
+                "leaky_relu/gelu",
+                path=f"relu[{j}]",
+                step=h.dead_steps[-1],
+                extra={"fractions": [float(m) for m in med], "site": j},
+            )
+        )
     return out
 
 
@@ -354,10 +351,14 @@ def _check_overfitting(h: History, rise: float, min_evals: int) -> list[Finding]
     train_now = _median(loss[-k:])
     if not train_now < train_then:
         return []
-    return [Finding(
-        "train.overfitting",
-        f"the eval loss rose from its best {ev[best]:.4g} (after {h.eval_steps[best]} steps) to {latest:.4g} "
-        f"while the train loss fell from {train_then:.4g} to {train_now:.4g}",
-        "stop earlier (early stopping on eval loss), add data or regularisation (weight decay, dropout); "
-        "if it happens from the start, check the eval split for leakage or mislabeled examples",
-        step=h.eval_steps[-1], extra={"best": float(ev[best]), "latest": latest, "best_step": h.eval_steps[best]})]
+    return [
+        Finding(
+            "train.overfitting",
+            f"the eval loss rose from its best {ev[best]:.4g} (after {h.eval_steps[best]} steps) to {latest:.4g} "
+            f"while the train loss fell from {train_then:.4g} to {train_now:.4g}",
+            "stop earlier (early stopping on eval loss), add data or regularisation (weight decay, dropout); "
+            "if it happens from the start, check the eval split for leakage or mislabeled examples",
+            step=h.eval_steps[-1],
+            extra={"best": float(ev[best]), "latest": latest, "best_step": h.eval_steps[best]},
+        )
+    ]

@@ -14,27 +14,36 @@ import dataclasses
 import itertools
 import math
 import warnings
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._core.errors import DataError, ExperimentError, JaxsaneError
-from .._experiment.contract import Adapted, Experiment, require_experiment
-from .._experiment.batches import first_batch, slice_examples
 from .._core.finding import Finding
-from .result import OverfitConfig, OverfitResult
-from .setup import accuracy_fn, budget_seeds, constant_input_batch, current_learning_rate, host_prepare_plan, inputs_or_none, learning_rate_paths, set_learning_rate
-from .verdict import batch_ceiling, judge, normalised_outputs, targets_follow_inputs
-from .._render.progress import Progress
-from .sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
 from .._core.tree import PyTree, host_leaf, leaf_selector as _selector, scale_selected as _scale_params
 from .._core.validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
-
+from .._experiment.batches import first_batch, slice_examples
+from .._experiment.contract import Experiment, PureExperiment, require_experiment
+from .._render.progress import Progress
+from .result import OverfitConfig, OverfitResult
+from .setup import (
+    accuracy_fn,
+    budget_seeds,
+    constant_input_batch,
+    current_learning_rate,
+    host_prepare_plan,
+    inputs_or_none,
+    learning_rate_paths,
+    set_learning_rate,
+)
+from .sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
+from .verdict import batch_ceiling, judge, normalised_outputs, targets_follow_inputs
 
 # ----------------------------------------------------------------------------- the sweep
+
 
 def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     if isinstance(seeds, (int, np.integer)):
@@ -47,15 +56,28 @@ def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     return out
 
 
-def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] | None = 4,
-            learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
-            steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
-            baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
-            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None,
-            progress: bool = True) -> OverfitResult:
+def overfit(
+    experiment: Experiment | PureExperiment,
+    batch: PyTree | None = None,
+    *,
+    seeds: int | Sequence[int] | None = 4,
+    learning_rates: Sequence[float] | None = None,
+    init_scales: Sequence[float] | None = None,
+    steps: int = 500,
+    target: float = 0.01,
+    target_accuracy: float = 1.0,
+    batch_size: int = 16,
+    baseline: bool = True,
+    ignores_input_ratio: float = 0.5,
+    chunk: int = 25,
+    early_exit: bool = True,
+    scale_leaves: str | Callable[[str], bool] | None = None,
+    groups: int | None = None,
+    progress: bool = True,
+) -> OverfitResult:
     """Overfit one small batch with many configurations at once; return an :class:`OverfitResult`.
 
-    Runs the user's own step (any style, through :class:`Adapted`) for every configuration
+    Runs the user's own step (any style, through :class:`PureExperiment`) for every configuration
     ``seeds x learning_rates x init_scales`` plus one constant-input baseline, vmapped inside one
     compiled ``while_loop`` over chunks of ``chunk`` steps that exits once every real configuration
     has reached the target. On CPU the configurations are split into one equal group per core, each
@@ -108,10 +130,24 @@ def overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, se
       >>> result.ok  # doctest: +SKIP
       True
     """
-    return plan_overfit(experiment, batch, seeds=seeds, learning_rates=learning_rates, init_scales=init_scales,
-                         steps=steps, target=target, target_accuracy=target_accuracy, batch_size=batch_size,
-                         baseline=baseline, ignores_input_ratio=ignores_input_ratio, chunk=chunk,
-                         early_exit=early_exit, scale_leaves=scale_leaves, groups=groups, progress=progress).run()
+    return plan_overfit(
+        experiment,
+        batch,
+        seeds=seeds,
+        learning_rates=learning_rates,
+        init_scales=init_scales,
+        steps=steps,
+        target=target,
+        target_accuracy=target_accuracy,
+        batch_size=batch_size,
+        baseline=baseline,
+        ignores_input_ratio=ignores_input_ratio,
+        chunk=chunk,
+        early_exit=early_exit,
+        scale_leaves=scale_leaves,
+        groups=groups,
+        progress=progress,
+    ).run()
 
 
 class OverfitPlan(NamedTuple):
@@ -119,15 +155,28 @@ class OverfitPlan(NamedTuple):
     ``run(precompiled=None)`` -> :class:`OverfitResult` (``precompiled``: a future of ``compile()``)."""
 
     compile: Callable[[], tuple[Any, float]]
-    run: Callable[..., "OverfitResult"]
+    run: Callable[..., OverfitResult]
 
 
-def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, *, seeds: int | Sequence[int] | None = 4,
-            learning_rates: Sequence[float] | None = None, init_scales: Sequence[float] | None = None,
-            steps: int = 500, target: float = 0.01, target_accuracy: float = 1.0, batch_size: int = 16,
-            baseline: bool = True, ignores_input_ratio: float = 0.5, chunk: int = 25, early_exit: bool = True,
-            scale_leaves: str | Callable[[str], bool] | None = None, groups: int | None = None,
-            progress: bool = True) -> OverfitPlan:
+def plan_overfit(
+    experiment: Experiment | PureExperiment,
+    batch: PyTree | None = None,
+    *,
+    seeds: int | Sequence[int] | None = 4,
+    learning_rates: Sequence[float] | None = None,
+    init_scales: Sequence[float] | None = None,
+    steps: int = 500,
+    target: float = 0.01,
+    target_accuracy: float = 1.0,
+    batch_size: int = 16,
+    baseline: bool = True,
+    ignores_input_ratio: float = 0.5,
+    chunk: int = 25,
+    early_exit: bool = True,
+    scale_leaves: str | Callable[[str], bool] | None = None,
+    groups: int | None = None,
+    progress: bool = True,
+) -> OverfitPlan:
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
@@ -149,7 +198,7 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     require_bool(fn, "early_exit", early_exit)
     require_bool(fn, "progress", progress)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
-    adapted = experiment if isinstance(experiment, Adapted) else Adapted(experiment)
+    adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
     exp = adapted.experiment
     if not 0 < target < 1:
         raise JaxsaneError(f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}.")
@@ -159,6 +208,7 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
         batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
     from .._experiment.batches import count_examples
+
     n_examples = count_examples(exp, batch)
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
@@ -174,17 +224,22 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     lr_paths = set(learning_rate_paths(example))
     default_lr = current_learning_rate(example) if lr_paths else None
     if lr_paths:
-        lrs = ([default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None
-               else [float(x) for x in learning_rates])
+        lrs = (
+            [default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None else [float(x) for x in learning_rates]
+        )
     else:
         lrs = [None]
-        findings.append(Finding(
-            "overfit.no_lr_sweep",
-            "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
-            "'learning_rate'" + (f" (asked for {list(learning_rates)})" if learning_rates else "")
-            + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
-            "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can set "
-            "the rate per configuration"))
+        findings.append(
+            Finding(
+                "overfit.no_lr_sweep",
+                "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
+                "'learning_rate'"
+                + (f" (asked for {list(learning_rates)})" if learning_rates else "")
+                + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
+                "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can set "
+                "the rate per configuration",
+            )
+        )
 
     configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
     n_real = len(configs)
@@ -205,8 +260,10 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
     step_reports_loss = "loss" in metrics_shape
     loss_fn = adapted.loss_fn
     if not step_reports_loss and loss_fn is None:
-        raise ExperimentError("overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
-                              "loss. Return {'loss': value} from the step or pass Experiment(loss=...).")
+        raise ExperimentError(
+            "overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
+            "loss. Return {'loss': value} from the step or pass Experiment(loss=...)."
+        )
     accuracy = accuracy_fn(adapted, adapted.params(example), batch)
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
@@ -227,9 +284,15 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
             loss = jnp.asarray(loss_fn(adapted.params(state), b), jnp.float32)
         return new_state, loss
 
-    spec = SweepSpec(one_step, None if host_plan is not None else prepare, None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
-                     chunk=chunk, n_chunks=max(1, math.ceil(steps / chunk)), target=target,
-                     target_accuracy=target_accuracy)
+    spec = SweepSpec(
+        one_step,
+        None if host_plan is not None else prepare,
+        None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
+        chunk=chunk,
+        n_chunks=max(1, math.ceil(steps / chunk)),
+        target=target,
+        target_accuracy=target_accuracy,
+    )
     n_groups = default_groups(n_real) if groups is None else int(groups)
     if n_groups < 1:
         raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
@@ -248,8 +311,10 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
         if not per_seed:
             per_seed.extend(jax.tree_util.tree_leaves(adapted.init(jax.random.key(s))) for s in seed_list)
         if any(len(leaves) != treedef.num_leaves for leaves in per_seed):
-            raise ExperimentError("init(key) returns states of different structure for different seeds; overfit "
-                                  "stacks one state per seed, so init must build the same pytree for every key.")
+            raise ExperimentError(
+                "init(key) returns states of different structure for different seeds; overfit "
+                "stacks one state per seed, so init must build the same pytree for every key."
+            )
         states = stack_states(per_seed, treedef, seed_index[rows])
         return states if host_plan is None else host_plan.apply(states, lr_values[rows], scale_values[rows])
 
@@ -263,25 +328,53 @@ def plan_overfit(experiment: Experiment | Adapted, batch: PyTree | None = None, 
         with warnings.catch_warnings(), Progress(progress, "overfit") as show:
             warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
             out = run_sweep(
-                spec, layout, build_states=build_states, example_state=example,
-                batch_for=batch_for, lrs=lr_values, scales=scale_values,
-                real=np.asarray([not c.baseline for c in configs]), early_exit=early_exit, traces=traces,
-                say=show.say, precompiled=precompiled)
-            show.say(f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in "
-                     f"{out.steps_run} steps")
+                spec,
+                layout,
+                build_states=build_states,
+                example_state=example,
+                batch_for=batch_for,
+                lrs=lr_values,
+                scales=scale_values,
+                real=np.asarray([not c.baseline for c in configs]),
+                early_exit=early_exit,
+                traces=traces,
+                say=show.say,
+                precompiled=precompiled,
+            )
+            show.say(
+                f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in {out.steps_run} steps"
+            )
         losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
         acc_np = out.accuracy if accuracy is not None else None
         reached = reached_at >= 0
-        result = OverfitResult(tuple(configs), losses, acc_np, reached, reached_at, (), (), target,
-                               target_accuracy if accuracy is not None else None, steps_run, spec.n_chunks * chunk,
-                               traces[0], out.seconds, bool(lr_paths), n_examples, out.compile_seconds, layout.groups)
+        result = OverfitResult(
+            tuple(configs),
+            losses,
+            acc_np,
+            reached,
+            reached_at,
+            (),
+            (),
+            target,
+            target_accuracy if accuracy is not None else None,
+            steps_run,
+            spec.n_chunks * chunk,
+            traces[0],
+            out.seconds,
+            bool(lr_paths),
+            n_examples,
+            out.compile_seconds,
+            layout.groups,
+        )
         params, inputs = adapted.params(example), inputs_or_none(exp, batch)
-        verdicts, judged = judge(result, ceiling=ceiling, baseline_reason=baseline_reason,
-                                 normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
-                                 ignores_input_ratio=ignores_input_ratio)
+        verdicts, judged = judge(
+            result,
+            ceiling=ceiling,
+            baseline_reason=baseline_reason,
+            normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
+            ignores_input_ratio=ignores_input_ratio,
+        )
         result = dataclasses.replace(result, verdicts=verdicts)
         return dataclasses.replace(result, findings=(*findings, *judged))
 
     return OverfitPlan(compile_now, run)
-
-

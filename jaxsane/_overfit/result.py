@@ -120,19 +120,35 @@ class OverfitResult:
         for i, c in enumerate(self.configs):
             init, fin = self.losses[i, 0], self.losses[i, -1]
             ratio = fin / init if np.isfinite(init) and init != 0 else float("nan")
-            rows.append([str(i), str(c.seed), "default" if c.learning_rate is None else f"{c.learning_rate:.3g}",
-                         f"{c.init_scale:g}", "constant" if c.baseline else "real", f"{init:.4g}", f"{fin:.4g}",
-                         f"{ratio:.3g}", "-" if self.accuracy is None else f"{self.accuracy[i]:.0%}",
-                         str(self.reached_at[i]) if self.reached_at[i] >= 0 else "-", self.verdicts[i]])
+            rows.append(
+                [
+                    str(i),
+                    str(c.seed),
+                    "default" if c.learning_rate is None else f"{c.learning_rate:.3g}",
+                    f"{c.init_scale:g}",
+                    "constant" if c.baseline else "real",
+                    f"{init:.4g}",
+                    f"{fin:.4g}",
+                    f"{ratio:.3g}",
+                    "-" if self.accuracy is None else f"{self.accuracy[i]:.0%}",
+                    str(self.reached_at[i]) if self.reached_at[i] >= 0 else "-",
+                    self.verdicts[i],
+                ]
+            )
         widths = [max(len(r[j]) for r in [head, *rows]) for j in range(len(head))]
         line = lambda r: "  ".join(x.rjust(w) for x, w in zip(r, widths))  # noqa: E731
         target = f"loss <= {self.target:g} x initial"
         if self.target_accuracy is not None:
             target += f" or accuracy >= {self.target_accuracy:.0%}"
-        out = [f"overfit sweep: {len(self.configs)} configurations, batch of {self.batch_size}, "
-               f"{self.steps_run}/{self.max_steps} steps, target {target}, {self.compiles} compile(s), "
-               f"{self.seconds:.2f}s ({self.compile_seconds:.2f}s compiling"
-               + (f", {self.groups} groups in parallel)" if self.groups > 1 else ")"), line(head), line(["-" * w for w in widths]), *map(line, rows)]
+        out = [
+            f"overfit sweep: {len(self.configs)} configurations, batch of {self.batch_size}, "
+            f"{self.steps_run}/{self.max_steps} steps, target {target}, {self.compiles} compile(s), "
+            f"{self.seconds:.2f}s ({self.compile_seconds:.2f}s compiling"
+            + (f", {self.groups} groups in parallel)" if self.groups > 1 else ")"),
+            line(head),
+            line(["-" * w for w in widths]),
+            *map(line, rows),
+        ]
         out += [str(f) for f in self.findings]
         return "\n".join(out)
 
@@ -141,11 +157,14 @@ class OverfitResult:
 
     def __repr__(self) -> str:
         fits = int(np.sum(self.reached[self.real])) if len(self.real) else 0
-        return (f"OverfitResult({len(self.configs)} configs, {fits}/{len(self.real)} fit, steps_run={self.steps_run}, "
-                f"codes={self.codes})")
+        return (
+            f"OverfitResult({len(self.configs)} configs, {fits}/{len(self.real)} fit, steps_run={self.steps_run}, "
+            f"codes={self.codes})"
+        )
 
     def _repr_html_(self) -> str:
         from .._render.reprs import overfit_html
+
         return overfit_html(self)
 
     def plot(self, ax: Any = None):
@@ -171,7 +190,7 @@ class OverfitResult:
         rates = sorted({c.learning_rate for c in (self.configs[i] for i in real) if c.learning_rate is not None})
         pick = colours(len(rates), "plasma")
         colour = {None: "black", **{r: pick(k) for k, r in enumerate(rates)}}
-        if len(rates) > MAX_ENTRIES:   # colours for the extreme and middle rates only in the legend
+        if len(rates) > MAX_ENTRIES:  # colours for the extreme and middle rates only in the legend
             keep = set(np.linspace(0, len(rates) - 1, MAX_ENTRIES).round().astype(int).tolist())
         else:
             keep = set(range(len(rates)))
@@ -179,25 +198,38 @@ class OverfitResult:
         for i in real:
             c = self.configs[i]
             default = c.learning_rate is None and c.init_scale == 1
-            ax.plot(steps, self.losses[i], color=colour[c.learning_rate], ls="-" if c.init_scale == 1 else "--",
-                    lw=2.6 if default else 1.2, alpha=1.0 if default or self.reached[i] else 0.6,
-                    zorder=4 if default else 2)
+            ax.plot(
+                steps,
+                self.losses[i],
+                color=colour[c.learning_rate],
+                ls="-" if c.init_scale == 1 else "--",
+                lw=2.6 if default else 1.2,
+                alpha=1.0 if default or self.reached[i] else 0.6,
+                zorder=4 if default else 2,
+            )
             start = self.losses[i, 0]
             if np.isfinite(start) and start > 0:
                 goal = self.target * start
-                line, = ax.plot(steps[-tail:], np.full(len(steps[-tail:]), goal), color=colour[c.learning_rate],
-                                ls=":", lw=1.5, zorder=3)
+                (line,) = ax.plot(
+                    steps[-tail:],
+                    np.full(len(steps[-tail:]), goal),
+                    color=colour[c.learning_rate],
+                    ls=":",
+                    lw=1.5,
+                    zorder=3,
+                )
                 line.set_gid(f"target-{i}")
-        handles = [Line2D([], [], color=colour[r], lw=2, label=f"lr={r:.3g}")
-                   for k, r in enumerate(rates) if k in keep]
+        handles = [Line2D([], [], color=colour[r], lw=2, label=f"lr={r:.3g}") for k, r in enumerate(rates) if k in keep]
         if any(self.configs[i].learning_rate is None for i in real):
             handles.insert(0, Line2D([], [], color="black", lw=2.6, label="optimizer's lr (default)"))
         scales = sorted({self.configs[i].init_scale for i in real})
         if len(scales) > 1:
-            handles += [Line2D([], [], color=OTHERS, ls="-" if s == 1 else "--", label=f"init scale x{s:g}")
-                        for s in scales]
-        handles.append(Line2D([], [], color="grey", ls=":", lw=1.5,
-                              label=f"target: {self.target:g} x each curve's initial loss"))
+            handles += [
+                Line2D([], [], color=OTHERS, ls="-" if s == 1 else "--", label=f"init scale x{s:g}") for s in scales
+            ]
+        handles.append(
+            Line2D([], [], color="grey", ls=":", lw=1.5, label=f"target: {self.target:g} x each curve's initial loss")
+        )
         if self.baseline is not None:
             ax.plot(steps, self.losses[self.baseline], color="red", ls="--", lw=1.5, zorder=3)
             handles.append(Line2D([], [], color="red", ls="--", lw=1.5, label="constant-input baseline"))
@@ -212,6 +244,7 @@ class OverfitResult:
         ax.grid(alpha=0.3)
         verdict = "FAILED" if "overfit.failed" in self.codes else "ok"
         ax.set_title(f"overfit one batch ({self.batch_size} examples, {len(real)} configurations): {verdict}")
-        legend_outside(ax, more=len(rates) - len(keep), handles=handles,
-                       more_text="and {n} more learning rates between")
+        legend_outside(
+            ax, more=len(rates) - len(keep), handles=handles, more_text="and {n} more learning rates between"
+        )
         return fig

@@ -11,22 +11,23 @@ sweep compiles (:func:`host_prepare_plan`), and how many seeds a large model's s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from .._jaxpr.compile_level import program_cost
 from .._core.errors import DataError
-from .._experiment.contract import Adapted, Experiment
-from .._experiment.batches import get_inputs, get_labels, get_mask
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, is_inexact, path_str
-
+from .._experiment.batches import get_inputs, get_labels, get_mask
+from .._experiment.contract import Experiment, PureExperiment
+from .._jaxpr.compile_level import program_cost
 
 # ----------------------------------------------------------------------------- learning-rate leaves
+
 
 def _key_name(k: Any) -> Any:
     for attr in ("key", "name", "idx"):
@@ -61,14 +62,17 @@ def current_learning_rate(state: PyTree) -> float | None:
 
 def set_learning_rate(state: PyTree, paths: set, lr: jax.Array) -> PyTree:
     """``state`` with the learning-rate leaves at ``paths`` set to ``lr`` (NaN: left as they are). Jit-safe."""
+
     def set_leaf(path, x):
         if path not in paths:
             return x
         return jnp.where(jnp.isnan(lr), x, jnp.broadcast_to(lr, jnp.shape(x)).astype(x.dtype))
+
     return jax.tree_util.tree_map_with_path(set_leaf, state)
 
 
 # ----------------------------------------------------------------------------- batches
+
 
 def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) -> PyTree:
     """``batch`` with every leaf of its inputs replaced by ``make(leaf)``."""
@@ -76,8 +80,10 @@ def _replace_inputs(exp: Experiment, batch: PyTree, make: Callable[[Any], Any]) 
     ids = {id(x) for x in jax.tree_util.tree_leaves(inputs)}
     leaves, treedef = jax.tree_util.tree_flatten(batch)
     if not any(id(x) in ids for x in leaves):
-        raise DataError("cannot find the inputs among the batch's leaves, so the constant-input baseline cannot "
-                        "be built: pass Experiment(inputs=lambda batch: batch[...]) returning a leaf of the batch.")
+        raise DataError(
+            "cannot find the inputs among the batch's leaves, so the constant-input baseline cannot "
+            "be built: pass Experiment(inputs=lambda batch: batch[...]) returning a leaf of the batch."
+        )
     return jax.tree_util.tree_unflatten(treedef, [make(x) if id(x) in ids else x for x in leaves])
 
 
@@ -92,16 +98,18 @@ def inputs_or_none(exp: Experiment, batch: PyTree) -> Any:
 def constant_input_batch(exp: Experiment, batch: PyTree) -> PyTree:
     """``batch`` with constant inputs: float inputs become their mean over the batch axis, integer
     inputs (tokens) the first example's, repeated; labels unchanged. Not jit-safe."""
+
     def make(x):
         x = host_leaf(x)
         if x.ndim == 0:
             return x
         row = np.mean(x, axis=0) if np.issubdtype(x.dtype, np.inexact) else x[0]
         return np.broadcast_to(row.astype(x.dtype), x.shape).copy()
+
     return _replace_inputs(exp, batch, make)
 
 
-def accuracy_fn(adapted: Adapted, params: PyTree, batch: PyTree) -> Callable | None:
+def accuracy_fn(adapted: PureExperiment, params: PyTree, batch: PyTree) -> Callable | None:
     """``(params, batch) -> per-example accuracy`` when ``apply`` and integer class labels exist. Built on
     the host; the returned function is jit-safe (it runs in the sweep program)."""
     exp = adapted.experiment
@@ -115,8 +123,13 @@ def accuracy_fn(adapted: Adapted, params: PyTree, batch: PyTree) -> Callable | N
     except Exception:
         return None
     labels_dtype = getattr(labels, "dtype", None)
-    if (labels_dtype is None or not jnp.issubdtype(labels_dtype, jnp.integer) or not hasattr(out, "ndim")
-            or out.ndim != np.ndim(labels) + 1 or out.shape[:-1] != np.shape(labels)):
+    if (
+        labels_dtype is None
+        or not jnp.issubdtype(labels_dtype, jnp.integer)
+        or not hasattr(out, "ndim")
+        or out.ndim != np.ndim(labels) + 1
+        or out.shape[:-1] != np.shape(labels)
+    ):
         return None
 
     def accuracy(p, b):
@@ -127,10 +140,12 @@ def accuracy_fn(adapted: Adapted, params: PyTree, batch: PyTree) -> Callable | N
             m = jnp.asarray(mask).astype(jnp.float32)
             return jnp.sum(correct * m) / jnp.maximum(jnp.sum(m), 1.0)
         return jnp.mean(correct)
+
     return accuracy
 
 
 # ----------------------------------------------------------------------------- per-configuration setup
+
 
 @dataclasses.dataclass(frozen=True)
 class HostPrepare:
@@ -156,8 +171,9 @@ class HostPrepare:
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def host_prepare_plan(adapted: Adapted, example: PyTree, select: Callable[[str], bool],
-                      lr_paths: set) -> HostPrepare | None:
+def host_prepare_plan(
+    adapted: PureExperiment, example: PyTree, select: Callable[[str], bool], lr_paths: set
+) -> HostPrepare | None:
     """Which state leaves the init scales and learning rates touch, when the parameters are state leaves
     passed through unchanged (``adapted.params`` forwards them: pure sub-trees, NNX ``Param`` states);
     None otherwise (the sweep program then applies them itself). Not jit-safe."""
@@ -165,8 +181,10 @@ def host_prepare_plan(adapted: Adapted, example: PyTree, select: Callable[[str],
     leaves = [leaf for _, leaf in flat]
     try:
         closed = jax.make_jaxpr(adapted.params)(example)
-        param_paths = [path_str(p, "params") for p, _ in
-                       jax.tree_util.tree_flatten_with_path(jax.eval_shape(adapted.params, example))[0]]
+        param_paths = [
+            path_str(p, "params")
+            for p, _ in jax.tree_util.tree_flatten_with_path(jax.eval_shape(adapted.params, example))[0]
+        ]
     except Exception:  # noqa: BLE001 - any failure: leave the setup to the compiled program
         return None
     if len(closed.jaxpr.invars) != len(leaves):
@@ -208,4 +226,5 @@ def budget_seeds(step_jaxpr: Any, steps: int, backend: str | None = None) -> tup
         f"{budget / 1e12:.2g} TFLOP a configuration may take on {backend}",
         f"to sweep {DEFAULT_SEEDS} seeds anyway, pass overfit_seeds={DEFAULT_SEEDS} "
         f"(jaxsane doctor -o overfit_seeds={DEFAULT_SEEDS}) or seeds={DEFAULT_SEEDS} to overfit",
-        extra={"step_flops": per_step, "steps": steps, "budget_flops": budget, "backend": backend})
+        extra={"step_flops": per_step, "steps": steps, "budget_flops": budget, "backend": backend},
+    )

@@ -22,16 +22,16 @@ import concurrent.futures
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._jaxpr.compile_level import compiler_options
 from .._core.tree import PyTree, host_leaf
+from .._jaxpr.compile_level import compiler_options
 
 
 class Carry(NamedTuple):
@@ -178,30 +178,55 @@ def _stack_host(xs: Sequence[Any]) -> np.ndarray:
     return out.astype(_canonical(out.dtype), copy=False)
 
 
-def compile_sweep(spec: SweepSpec, layout: GroupLayout, *, example_state: PyTree, batch_for: Callable[[int], PyTree],
-                  traces: list[int]) -> tuple[Any, float]:
+def compile_sweep(
+    spec: SweepSpec,
+    layout: GroupLayout,
+    *,
+    example_state: PyTree,
+    batch_for: Callable[[int], PyTree],
+    traces: list[int],
+) -> tuple[Any, float]:
     """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
     :func:`~jaxsane._jaxpr.compile_level.compiler_options` picks for its chunks) for the abstract shapes of
     ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
     t = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
     f32, i32 = jnp.float32, jnp.int32
-    abstract = (Carry(jax.ShapeDtypeStruct((), i32), jax.tree_util.tree_map(lambda x: _spec(x, size), example_state),
-                      jax.ShapeDtypeStruct((size, total), f32), jax.ShapeDtypeStruct((size,), f32),
-                      jax.ShapeDtypeStruct((size,), i32)),
-                jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
-                jax.ShapeDtypeStruct((size,), f32), jax.ShapeDtypeStruct((size,), f32),
-                jax.ShapeDtypeStruct((size,), bool), jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), bool))
+    abstract = (
+        Carry(
+            jax.ShapeDtypeStruct((), i32),
+            jax.tree_util.tree_map(lambda x: _spec(x, size), example_state),
+            jax.ShapeDtypeStruct((size, total), f32),
+            jax.ShapeDtypeStruct((size,), f32),
+            jax.ShapeDtypeStruct((size,), i32),
+        ),
+        jax.tree_util.tree_map(lambda x: _spec(x, size), batch_for(0)),
+        jax.ShapeDtypeStruct((size,), f32),
+        jax.ShapeDtypeStruct((size,), f32),
+        jax.ShapeDtypeStruct((size,), bool),
+        jax.ShapeDtypeStruct((), i32),
+        jax.ShapeDtypeStruct((), bool),
+    )
     traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
     compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
     return compiled, time.perf_counter() - t
 
 
-def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[np.ndarray], PyTree],
-              example_state: PyTree, batch_for: Callable[[int], PyTree], lrs: np.ndarray, scales: np.ndarray,
-              real: np.ndarray, early_exit: bool, traces: list[int],
-              say: Callable[[str], None] = lambda message: None,
-              precompiled: concurrent.futures.Future | None = None) -> SweepOutput:
+def run_sweep(
+    spec: SweepSpec,
+    layout: GroupLayout,
+    *,
+    build_states: Callable[[np.ndarray], PyTree],
+    example_state: PyTree,
+    batch_for: Callable[[int], PyTree],
+    lrs: np.ndarray,
+    scales: np.ndarray,
+    real: np.ndarray,
+    early_exit: bool,
+    traces: list[int],
+    say: Callable[[str], None] = lambda message: None,
+    precompiled: concurrent.futures.Future | None = None,
+) -> SweepOutput:
     """Compile the group program once (in a background thread, while ``build_states`` runs) and run
     every group, side by side in host threads when there are several. Not jit-safe.
 
@@ -218,7 +243,9 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
-    batches = [jax.tree_util.tree_map(lambda *xs: _stack_host(xs), *[batch_for(c) for c in row]) for row in layout.slots]
+    batches = [
+        jax.tree_util.tree_map(lambda *xs: _stack_host(xs), *[batch_for(c) for c in row]) for row in layout.slots
+    ]
     group_real = real[layout.slots] & ~layout.padding
 
     def compile_program():
@@ -226,20 +253,34 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
 
     def launch(g: int, carry: Carry, limit: int, first: bool) -> Carry:
         row = layout.slots[g]
-        args = (lrs[row] if first else np.full(size, np.nan, np.float32),
-                scales[row] if first else np.ones(size, np.float32))
+        args = (
+            lrs[row] if first else np.full(size, np.nan, np.float32),
+            scales[row] if first else np.ones(size, np.float32),
+        )
         out = compiled(carry, batches[g], *args, group_real[g], np.int32(limit), np.bool_(early_exit and first))
         return jax.block_until_ready(out)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.groups) as pool:
-        say(f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
-            "the initial states")
+        say(
+            f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
+            "the initial states"
+        )
         compiling = precompiled if precompiled is not None else pool.submit(compile_program)
-        carries = [Carry(np.int32(0), build_states(row), np.full((size, total), np.nan, np.float32),
-                         np.zeros(size, np.float32), np.full(size, -1, np.int32)) for row in layout.slots]
+        carries = [
+            Carry(
+                np.int32(0),
+                build_states(row),
+                np.full((size, total), np.nan, np.float32),
+                np.zeros(size, np.float32),
+                np.full(size, -1, np.int32),
+            )
+            for row in layout.slots
+        ]
         compiled, compile_seconds = compiling.result()
-        say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
-            + (" (stops once every configuration has fit)" if early_exit else ""))
+        say(
+            f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
+            + (" (stops once every configuration has fit)" if early_exit else "")
+        )
         carries = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         chunks = [int(c.chunks) for c in carries]
         last = max(chunks)
@@ -262,10 +303,11 @@ def run_sweep(spec: SweepSpec, layout: GroupLayout, *, build_states: Callable[[n
 def stack_states(per_seed_leaves: Sequence[Sequence[Any]], treedef: Any, seed_of: np.ndarray) -> PyTree:
     """Stack the per-seed states' leaves so row ``j`` is seed ``seed_of[j]``'s; host numpy with canonical
     dtypes where possible (PRNG keys and other extended dtypes stay jax arrays). Not jit-safe."""
+
     def stack(xs):
         host = [host_leaf(x) for x in xs]
         if all(isinstance(x, np.ndarray) for x in host):
             return _stack_host(host)[seed_of]
         return jnp.take(jnp.stack([jnp.asarray(x) for x in xs]), jnp.asarray(seed_of), axis=0)
-    return jax.tree_util.tree_unflatten(treedef, [stack(xs) for xs in zip(*per_seed_leaves)])
 
+    return jax.tree_util.tree_unflatten(treedef, [stack(xs) for xs in zip(*per_seed_leaves)])

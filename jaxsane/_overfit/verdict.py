@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
-from .._experiment.batches import get_inputs, get_labels, get_mask
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf
+from .._experiment.batches import get_inputs, get_labels, get_mask
 
-
-FLAT_DROP = 0.1        # a curve that fell by less than this fraction of |initial| "fails" (it hardly moved)
-FLOOR_DROP = 0.5       # ... by at least this fraction and flat at the end: converged to a floor
-SETTLED = 0.05         # flat at the end: the last window fell by at most this fraction of the total fall
-UNBOUNDED = 10.0       # below zero and still falling past this many times |initial|: no lower bound
+FLAT_DROP = 0.1  # a curve that fell by less than this fraction of |initial| "fails" (it hardly moved)
+FLOOR_DROP = 0.5  # ... by at least this fraction and flat at the end: converged to a floor
+SETTLED = 0.05  # flat at the end: the last window fell by at most this fraction of the total fall
+UNBOUNDED = 10.0  # below zero and still falling past this many times |initial|: no lower bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,17 +130,23 @@ def targets_follow_inputs(exp: Any, batch: PyTree, constant_batch: PyTree) -> st
     except Exception:
         labels = None
     if labels is None:
-        return ("the batch has no labels apart from its inputs (a language model's or an autoencoder's targets "
-                "are its inputs), so constant inputs would also make constant targets")
+        return (
+            "the batch has no labels apart from its inputs (a language model's or an autoencoder's targets "
+            "are its inputs), so constant inputs would also make constant targets"
+        )
     try:
         constant_labels = get_labels(exp, constant_batch)
     except Exception:
         return "the labels cannot be read from the constant-input batch"
-    same = all(np.array_equal(host_leaf(a), host_leaf(b)) for a, b in
-               zip(jax.tree_util.tree_leaves(labels), jax.tree_util.tree_leaves(constant_labels)))
+    same = all(
+        np.array_equal(host_leaf(a), host_leaf(b))
+        for a, b in zip(jax.tree_util.tree_leaves(labels), jax.tree_util.tree_leaves(constant_labels))
+    )
     if not same:
-        return ("the labels are computed from the inputs (replacing the inputs changes them), so constant inputs "
-                "would also make constant targets")
+        return (
+            "the labels are computed from the inputs (replacing the inputs changes them), so constant inputs "
+            "would also make constant targets"
+        )
     return None
 
 
@@ -173,7 +179,7 @@ def curve_verdict(losses: np.ndarray, reached: bool) -> str:
     n = len(losses)
     w = max(1, n // 10)
     initial, end = losses[0], float(np.median(losses[-w:]))
-    before = float(np.median(losses[-2 * w:-w])) if n >= 2 * w + 1 else initial
+    before = float(np.median(losses[-2 * w : -w])) if n >= 2 * w + 1 else initial
     fall, recent = initial - end, before - end
     scale = max(abs(initial), 1e-12)
     settled = recent <= SETTLED * max(fall, 0.0) + 1e-9 * scale
@@ -186,8 +192,14 @@ def curve_verdict(losses: np.ndarray, reached: bool) -> str:
     return "unsettled"
 
 
-def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, normalised: Callable[[], bool],
-          ignores_input_ratio: float) -> tuple[tuple[str, ...], list[Finding]]:
+def judge(
+    result: Any,
+    *,
+    ceiling: Ceiling | None,
+    baseline_reason: str | None,
+    normalised: Callable[[], bool],
+    ignores_input_ratio: float,
+) -> tuple[tuple[str, ...], list[Finding]]:
     """Verdicts per configuration and the sweep's findings (``overfit.failed``, ``overfit.unsettled``,
     ``overfit.floor``, ``model.ignores_input``, ``overfit.best``, and ``doctor.skipped`` when the
     constant-input baseline cannot judge the program). ``normalised()`` says whether the model's outputs are
@@ -195,8 +207,10 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
     it runs the model. Not jit-safe."""
     normalised = functools.lru_cache(maxsize=1)(normalised)
     losses, real = result.losses, result.real
-    verdicts = tuple("baseline" if c.baseline else curve_verdict(losses[i], bool(result.reached[i]))
-                     for i, c in enumerate(result.configs))
+    verdicts = tuple(
+        "baseline" if c.baseline else curve_verdict(losses[i], bool(result.reached[i]))
+        for i, c in enumerate(result.configs)
+    )
     fitting = [i for i in real if verdicts[i] in ("fits", "floor")]
     best = best_configuration(result, verdicts)
     cfg = result.configs[best]
@@ -205,14 +219,21 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
     acc_text = "" if accuracy is None else f", accuracy {accuracy[best]:.0%}"
     ceiling_text = ""
     if ceiling is not None and ceiling.ambiguous > 0:
-        ceiling_text = (f"; the batch allows at most {ceiling.accuracy:.0%} accuracy and a cross-entropy of "
-                        f"{ceiling.loss:.3g} ({ceiling.ambiguous:.0%} of its targets share their input"
-                        + (" prefix" if ceiling.kind == "prefixes" else "") + " with a different label)")
+        ceiling_text = (
+            f"; the batch allows at most {ceiling.accuracy:.0%} accuracy and a cross-entropy of "
+            f"{ceiling.loss:.3g} ({ceiling.ambiguous:.0%} of its targets share their input"
+            + (" prefix" if ceiling.kind == "prefixes" else "")
+            + " with a different label)"
+        )
     target_text = f"loss <= {result.target:g} x initial" + (
-        "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}")
+        "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}"
+    )
     curve = f"{cfg.label()} went from loss {losses[best, 0]:.4g} to {losses[best, -1]:.4g}{acc_text}"
-    fell_by_half = any(losses[i, 0] > 0 and losses[i, -1] <= (1 - FLOOR_DROP) * losses[i, 0] for i in real
-                       if np.isfinite(losses[i, -1]))
+    fell_by_half = any(
+        losses[i, 0] > 0 and losses[i, -1] <= (1 - FLOOR_DROP) * losses[i, 0]
+        for i in real
+        if np.isfinite(losses[i, -1])
+    )
     extra = {"best": best, "initial": float(losses[best, 0]), "final": float(losses[best, -1])}
 
     def failed(message: str, hint: str) -> Finding:
@@ -220,38 +241,58 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
 
     if not fell_by_half and normalised():
         fitting = []
-        out.append(failed(
-            f"the model's outputs are already probabilities (every row in [0, 1] and summing to 1), and the loss "
-            f"cannot fall: {curve}",
-            "return logits from the model (drop its final softmax/sigmoid) or use a loss that takes probabilities "
-            "(e.g. the negative log of the probability of the label), not one that applies softmax again"))
+        out.append(
+            failed(
+                f"the model's outputs are already probabilities (every row in [0, 1] and summing to 1), and the loss "
+                f"cannot fall: {curve}",
+                "return logits from the model (drop its final softmax/sigmoid) or use a loss that takes probabilities "
+                "(e.g. the negative log of the probability of the label), not one that applies softmax again",
+            )
+        )
     elif not fitting and len(real):
         kinds = {verdicts[i] for i in real}
         if kinds == {"diverged"}:
-            out.append(failed(f"every one of {len(real)} configurations diverged (non-finite loss) on one batch "
-                              f"of {result.batch_size} examples", "lower the learning rate, check the loss for "
-                              "log(0) or division by zero; jaxsane.locate names the operation"))
+            out.append(
+                failed(
+                    f"every one of {len(real)} configurations diverged (non-finite loss) on one batch "
+                    f"of {result.batch_size} examples",
+                    "lower the learning rate, check the loss for "
+                    "log(0) or division by zero; jaxsane.locate names the operation",
+                )
+            )
         elif "unbounded" in kinds:
-            out.append(failed(f"the loss falls without bound instead of fitting: {curve}", "a loss is minimised: "
-                              "check its sign (the negative of a cross-entropy or likelihood is maximised by "
-                              "descent), or a term that can grow without limit"))
+            out.append(
+                failed(
+                    f"the loss falls without bound instead of fitting: {curve}",
+                    "a loss is minimised: "
+                    "check its sign (the negative of a cross-entropy or likelihood is maximised by "
+                    "descent), or a term that can grow without limit",
+                )
+            )
         elif kinds & {"unsettled"} or (kinds & {"high_floor"} and accuracy is None):
-            out.append(Finding(
-                "overfit.unsettled",
-                f"no configuration fits one batch of {result.batch_size} examples yet in {result.steps_run} "
-                f"steps, but the loss is still falling or has settled where the sweep cannot judge it: {curve}"
-                f"{ceiling_text}",
-                "run overfit(..., steps=...) longer (or doctor -o overfit_steps=...); a loss that settles far "
-                "above 0 points at a regulariser that dominates it, a too-small model, or a loss the outputs "
-                "cannot reach", extra=extra))
+            out.append(
+                Finding(
+                    "overfit.unsettled",
+                    f"no configuration fits one batch of {result.batch_size} examples yet in {result.steps_run} "
+                    f"steps, but the loss is still falling or has settled where the sweep cannot judge it: {curve}"
+                    f"{ceiling_text}",
+                    "run overfit(..., steps=...) longer (or doctor -o overfit_steps=...); a loss that settles far "
+                    "above 0 points at a regulariser that dominates it, a too-small model, or a loss the outputs "
+                    "cannot reach",
+                    extra=extra,
+                )
+            )
         else:
-            out.append(failed(
-                f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
-                f"{result.steps_run} steps (target: {target_text}); best: {curve}{ceiling_text}",
-                "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
-                "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), "
-                "that gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) "
-                "or init scales"))
+            out.append(
+                failed(
+                    f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
+                    f"{result.steps_run} steps (target: {target_text}); best: {curve}{ceiling_text}",
+                    "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
+                    "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), "
+                    "that gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) "
+                    "or init scales",
+                )
+            )
     b = result.baseline
     # outputs that are already probabilities fit no batch, real or constant: the baseline says nothing then
     if b is not None and not fitting and len(real) and not normalised():
@@ -260,35 +301,51 @@ def judge(result: Any, *, ceiling: Ceiling | None, baseline_reason: str | None, 
         base_final = float(losses[b, -1])
         moved = np.nanmax(np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12))
         if np.isfinite(base_final) and real_final > ignores_input_ratio * base_final and moved > 1e-3:
-            out.append(Finding(
-                "model.ignores_input",
-                f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
-                f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
-                f"{ignores_input_ratio:g} x constant)",
-                "the model's output does not depend on its input: check that the input is wired into the "
-                "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
-                "the labels belong to these inputs",
-                extra={"real_final": real_final, "constant_final": base_final}))
+            out.append(
+                Finding(
+                    "model.ignores_input",
+                    f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
+                    f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
+                    f"{ignores_input_ratio:g} x constant)",
+                    "the model's output does not depend on its input: check that the input is wired into the "
+                    "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
+                    "the labels belong to these inputs",
+                    extra={"real_final": real_final, "constant_final": base_final},
+                )
+            )
     if baseline_reason is not None:
         out.append(Finding("doctor.skipped", f"model.ignores_input not judged: {baseline_reason}", ""))
     if verdicts[best] == "floor":
-        out.append(Finding(
-            "overfit.floor",
-            f"the loss converged to a floor of {losses[best, -1]:.4g} ({losses[best, -1] / losses[best, 0]:.1%} of "
-            f"its start) rather than 0{ceiling_text}",
-            "expected when the loss has a floor: a KL term, dropout, label smoothing, weight decay in the loss, "
-            "or ambiguous examples; otherwise compare with a run without them",
-            extra={"floor": float(losses[best, -1])}))
+        out.append(
+            Finding(
+                "overfit.floor",
+                f"the loss converged to a floor of {losses[best, -1]:.4g} ({losses[best, -1] / losses[best, 0]:.1%} of "
+                f"its start) rather than 0{ceiling_text}",
+                "expected when the loss has a floor: a KL term, dropout, label smoothing, weight decay in the loss, "
+                "or ambiguous examples; otherwise compare with a run without them",
+                extra={"floor": float(losses[best, -1])},
+            )
+        )
     lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
     status = {"fits": f"fits at step {result.reached_at[best]}", "floor": "converged to a floor"}.get(
-        verdicts[best], f"does not fit (loss ratio {_ratio(losses[best]):.3g})")
-    out.append(Finding(
-        "overfit.best",
-        f"best configuration: learning rate {lr_text}, init scale {cfg.init_scale:g}, seed {cfg.seed}: {status}"
-        f"{acc_text}; {len(fitting)}/{len(real)} configurations fit",
-        "", extra={"learning_rate": cfg.learning_rate, "init_scale": cfg.init_scale, "seed": cfg.seed,
-                   "reached_at": int(result.reached_at[best]), "fits": len(fitting),
-                   "ceiling_accuracy": None if ceiling is None else ceiling.accuracy}))
+        verdicts[best], f"does not fit (loss ratio {_ratio(losses[best]):.3g})"
+    )
+    out.append(
+        Finding(
+            "overfit.best",
+            f"best configuration: learning rate {lr_text}, init scale {cfg.init_scale:g}, seed {cfg.seed}: {status}"
+            f"{acc_text}; {len(fitting)}/{len(real)} configurations fit",
+            "",
+            extra={
+                "learning_rate": cfg.learning_rate,
+                "init_scale": cfg.init_scale,
+                "seed": cfg.seed,
+                "reached_at": int(result.reached_at[best]),
+                "fits": len(fitting),
+                "ceiling_accuracy": None if ceiling is None else ceiling.accuracy,
+            },
+        )
+    )
     return verdicts, out
 
 

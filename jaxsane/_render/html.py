@@ -17,15 +17,16 @@ from __future__ import annotations
 import datetime
 import html
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-
-from .._core.finding import Diagnosis
-from .._monitor.monitor import History
-from .plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio
+from .._core.diagnosis import Diagnosis
+from .._core.display import findings_table as _findings_table, stages_table as _stages_table
+from .._core.history import History
 from .._core.run_meta import run_metadata
-from .reprs import figure_img as _img, figure_png as figure_png, findings_table as _findings_table, stages_table as _stages_table
 from .._core.validate import fail, require_str, require_writable_file
+from .plots import plot_dead, plot_grad_norms, plot_losses, plot_update_ratio
+from .reprs import figure_img as _img, figure_png as figure_png
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -43,7 +44,6 @@ tr.consequence td{color:#666;font-size:.85em;background:#fafafa}tr.consequence t
 # ----------------------------------------------------------------------------- plotting helpers
 
 
-
 def as_history(run: Any) -> History | None:
     """Accept a History, its ``to_dict()``, or a minimal ``{"loss": [...]}``; None if unusable."""
     if isinstance(run, History):
@@ -59,6 +59,7 @@ def as_history(run: Any) -> History | None:
 
 # ----------------------------------------------------------------------------- page
 
+
 def _artifact_plot(obj: Any):
     plot = getattr(obj, "plot", None)
     if not callable(plot):
@@ -67,12 +68,25 @@ def _artifact_plot(obj: Any):
     return fig if hasattr(fig, "savefig") else None
 
 
-_META_ROWS = (("steps", "steps"), ("steps_requested", "steps asked for"), ("wall_seconds", "wall time (s)"),
-              ("timings", "seconds per stage"), ("resumed_from", "resumed from step"),
-              ("checkpoint_dir", "checkpoint directory"), ("metrics_path", "metrics file"), ("best_step", "best step"),
-              ("best_eval_loss", "best eval loss"), ("stopped_early", "stopped early"), ("rollbacks", "rollbacks"),
-              ("skipped_batches", "skipped batches"), ("error", "ended with"), ("versions", "versions"),
-              ("backend", "backend"), ("devices", "devices"), ("process_count", "processes"))
+_META_ROWS = (
+    ("steps", "steps"),
+    ("steps_requested", "steps asked for"),
+    ("wall_seconds", "wall time (s)"),
+    ("timings", "seconds per stage"),
+    ("resumed_from", "resumed from step"),
+    ("checkpoint_dir", "checkpoint directory"),
+    ("metrics_path", "metrics file"),
+    ("best_step", "best step"),
+    ("best_eval_loss", "best eval loss"),
+    ("stopped_early", "stopped early"),
+    ("rollbacks", "rollbacks"),
+    ("skipped_batches", "skipped batches"),
+    ("error", "ended with"),
+    ("versions", "versions"),
+    ("backend", "backend"),
+    ("devices", "devices"),
+    ("process_count", "processes"),
+)
 
 
 def _meta_value(value: Any) -> str:
@@ -92,7 +106,7 @@ def _meta_table(d: Diagnosis) -> str:
     known = {k for k, _ in _META_ROWS} | {"device_count"}
     rows = [(label, meta[k]) for k, label in _META_ROWS if k in meta and meta[k] is not None]
     rows += [(k, v) for k, v in meta.items() if k not in known and v is not None]
-    body = "".join(f'<tr><th>{html.escape(label)}</th><td>{html.escape(_meta_value(v))}</td></tr>' for label, v in rows)
+    body = "".join(f"<tr><th>{html.escape(label)}</th><td>{html.escape(_meta_value(v))}</td></tr>" for label, v in rows)
     return f'<section class="metadata"><h3>Run metadata</h3><table><tbody>{body}</tbody></table></section>'
 
 
@@ -103,24 +117,34 @@ def _section(d: Diagnosis, index: int) -> str:
     folded = len(d.consequences)
     if folded:
         summary += f" (root causes; {folded} consequence{'s' if folded != 1 else ''} folded beneath them)"
-    parts = [f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
-             f'<p class="summary">{html.escape(summary)}'
-             + (' — <span class="ok">no errors</span>' if d.ok else "") + "</p>",
-             '<section class="findings"><h3>Findings</h3>', _findings_table(d), "</section>", _stages_table(d),
-             _meta_table(d)]
+    parts = [
+        f'<section class="diagnosis" id="diagnosis-{index}"><h2>{html.escape(name)}</h2>',
+        f'<p class="summary">{html.escape(summary)}'
+        + (' — <span class="ok">no errors</span>' if d.ok else "")
+        + "</p>",
+        '<section class="findings"><h3>Findings</h3>',
+        _findings_table(d),
+        "</section>",
+        _stages_table(d),
+        _meta_table(d),
+    ]
     plots = []
     h = as_history(d.artifacts.get("run"))
     if h is not None:
         skipped = d.artifacts.get("skipped_batches") or ()
-        for fn, slug, caption in ((lambda h: plot_losses(h, skipped), "loss-curves", "train and eval loss"),
-                                  (plot_grad_norms, "grad-norms", "gradient norm per layer"),
-                                  (plot_update_ratio, "update-ratio", "update/parameter norm ratio"),
-                                  (plot_dead, "dead-relu", "dead ReLU fraction")):
+        for fn, slug, caption in (
+            (lambda h: plot_losses(h, skipped), "loss-curves", "train and eval loss"),
+            (plot_grad_norms, "grad-norms", "gradient norm per layer"),
+            (plot_update_ratio, "update-ratio", "update/parameter norm ratio"),
+            (plot_dead, "dead-relu", "dead ReLU fraction"),
+        ):
             fig = fn(h)
             if fig is not None:
                 plots.append((slug, caption, fig))
-    for key, slug, caption in (("overfit", "overfit-sweep", "overfit sweep on one small batch"),
-                               ("init_scales", "init-scales", "activation scale through depth at init")):
+    for key, slug, caption in (
+        ("overfit", "overfit-sweep", "overfit sweep on one small batch"),
+        ("init_scales", "init-scales", "activation scale through depth at init"),
+    ):
         if key in d.artifacts:
             try:
                 fig = _artifact_plot(d.artifacts[key])
@@ -130,8 +154,11 @@ def _section(d: Diagnosis, index: int) -> str:
             if fig is not None:
                 plots.append((slug, caption, fig))
     for slug, caption, fig in plots:
-        parts.append(f'<section class="plot {slug}"><h3>{html.escape(caption.capitalize())}</h3>'
-                     + _img(fig, caption, f"{name}: {caption}") + "</section>")
+        parts.append(
+            f'<section class="plot {slug}"><h3>{html.escape(caption.capitalize())}</h3>'
+            + _img(fig, caption, f"{name}: {caption}")
+            + "</section>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -165,18 +192,22 @@ def render_html(diagnoses: Diagnosis | Sequence[Diagnosis], title: str = "jaxsan
     overview = "".join(
         f'<tr><td><a href="#diagnosis-{i}">{html.escape(d.name or f"diagnosis {i + 1}")}</a></td>'
         f'<td class="{"ok" if d.ok else "error"}">{"ok" if d.ok else "errors"}</td>'
-        + "".join(f"<td>{d.counts()[s]}</td>" for s in ("error", "warning", "info")) + "</tr>"
-        for i, d in enumerate(items))
+        + "".join(f"<td>{d.counts()[s]}</td>" for s in ("error", "warning", "info"))
+        + "</tr>"
+        for i, d in enumerate(items)
+    )
     payload = to_json(items).replace("</", "<\\/")
     body = "\n".join(_section(d, i) for i, d in enumerate(items))
-    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{html.escape(title)}</h1>\n<p>generated {stamp}: {total['error']} errors, {total['warning']} "
-            f"warnings, {total['info']} info</p>\n"
-            f'<section class="overview"><h2>Overview</h2><table><thead><tr><th>experiment</th><th>status</th>'
-            f"<th>errors</th><th>warnings</th><th>info</th></tr></thead><tbody>{overview}</tbody></table></section>\n"
-            f"{body}\n"
-            f'<script type="application/json" id="jaxsane-findings">{payload}</script>\n</body>\n</html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<h1>{html.escape(title)}</h1>\n<p>generated {stamp}: {total['error']} errors, {total['warning']} "
+        f"warnings, {total['info']} info</p>\n"
+        f'<section class="overview"><h2>Overview</h2><table><thead><tr><th>experiment</th><th>status</th>'
+        f"<th>errors</th><th>warnings</th><th>info</th></tr></thead><tbody>{overview}</tbody></table></section>\n"
+        f"{body}\n"
+        f'<script type="application/json" id="jaxsane-findings">{payload}</script>\n</body>\n</html>\n'
+    )
 
 
 def write_html(path: str, diagnoses: Diagnosis | Sequence[Diagnosis], title: str = "jaxsane report") -> str:
@@ -194,10 +225,18 @@ def write_html(path: str, diagnoses: Diagnosis | Sequence[Diagnosis], title: str
     """
     path = require_writable_file("write_html", "path", path)
     require_str("write_html", "title", title)
-    if not isinstance(diagnoses, Diagnosis) and (isinstance(diagnoses, (str, bytes)) or not isinstance(diagnoses, Sequence)
-                                                 or not all(isinstance(d, Diagnosis) for d in diagnoses)):
-        raise fail("write_html", "diagnoses", "a jaxsane.Diagnosis or a list of them", diagnoses,
-                   fix="pass the Diagnosis returned by jaxsane.doctor/check_data (or a list of them)")
+    if not isinstance(diagnoses, Diagnosis) and (
+        isinstance(diagnoses, (str, bytes))
+        or not isinstance(diagnoses, Sequence)
+        or not all(isinstance(d, Diagnosis) for d in diagnoses)
+    ):
+        raise fail(
+            "write_html",
+            "diagnoses",
+            "a jaxsane.Diagnosis or a list of them",
+            diagnoses,
+            fix="pass the Diagnosis returned by jaxsane.doctor/check_data (or a list of them)",
+        )
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(render_html(diagnoses, title))
     return path

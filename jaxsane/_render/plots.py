@@ -11,29 +11,38 @@ outside legend. Host-side only (not jit-safe); matplotlib is imported when a plo
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-MAX_ENTRIES = 12      # legend entries before "and N more"
-OTHERS = "#b0b0b0"    # the colour of the curves beyond the legend
+MAX_ENTRIES = 12  # legend entries before "and N more"
+OTHERS = "#b0b0b0"  # the colour of the curves beyond the legend
 
 
 def new_figure(width: float = 7.5, height: float = 3.6):
     """A pyplot-free Figure with the constrained layout (room for a legend outside the axes)."""
     from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
 def colours(n: int, name: str = "viridis"):
     """``j -> colour`` over a sequential colormap, light end left out (readable on white)."""
     import matplotlib
+
     cmap = matplotlib.colormaps[name]
     return lambda j: cmap(0.85 * j / max(1, n - 1))
 
 
-def legend_outside(ax: Any, more: int = 0, fontsize: float = 7, title: str | None = None,
-                   handles: Sequence[Any] | None = None, more_text: str = "and {n} more (grey)") -> None:
+def legend_outside(
+    ax: Any,
+    more: int = 0,
+    fontsize: float = 7,
+    title: str | None = None,
+    handles: Sequence[Any] | None = None,
+    more_text: str = "and {n} more (grey)",
+) -> None:
     """The axes' legend (or one of ``handles``) to the right of the axes, never over the curves, with
     "and N more" when ``more`` entries were left out of it."""
     if handles is None:
@@ -42,11 +51,21 @@ def legend_outside(ax: Any, more: int = 0, fontsize: float = 7, title: str | Non
         handles, labels = list(handles), [h.get_label() for h in handles]
     if more:
         from matplotlib.lines import Line2D
+
         handles.append(Line2D([], [], color=OTHERS, lw=1))
         labels.append(more_text.format(n=more))
     if handles:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-                  fontsize=fontsize, title=title, title_fontsize=fontsize, frameon=False)
+        ax.legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+            fontsize=fontsize,
+            title=title,
+            title_fontsize=fontsize,
+            frameon=False,
+        )
 
 
 def top_k(scores: Sequence[float], k: int = MAX_ENTRIES) -> set[int]:
@@ -61,8 +80,9 @@ def top_k(scores: Sequence[float], k: int = MAX_ENTRIES) -> set[int]:
 def integer_steps(ax: Any) -> None:
     """Integer ticks on the step axis (a run of one step gets no 0.25-step ticks)."""
     from matplotlib.ticker import FixedLocator, MaxNLocator
+
     lo, hi = ax.get_xlim()
-    if hi - lo < 2:   # one step (or none): a single tick at it, not 0.25-step ticks around it
+    if hi - lo < 2:  # one step (or none): a single tick at it, not 0.25-step ticks around it
         c = int(round((lo + hi) / 2))
         ax.set_xlim(c - 1, c + 1)
         ax.xaxis.set_major_locator(FixedLocator([c]))
@@ -72,8 +92,17 @@ def integer_steps(ax: Any) -> None:
 
 def no_finite(ax: Any, what: str) -> None:
     """Write "no finite values" over empty axes, with no meaningless ticks."""
-    ax.text(0.5, 0.5, f"no finite values: every {what} is NaN/Inf", transform=ax.transAxes, ha="center",
-            va="center", fontsize=10, color="#b00020", wrap=True)
+    ax.text(
+        0.5,
+        0.5,
+        f"no finite values: every {what} is NaN/Inf",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=10,
+        color="#b00020",
+        wrap=True,
+    )
     ax.set_yticks([])
 
 
@@ -82,8 +111,9 @@ def _finite(values: Any) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def _curves(ax: Any, steps: Sequence[int], ys: np.ndarray, labels: Sequence[str], positive: bool = True,
-            **style: Any) -> int:
+def _curves(
+    ax: Any, steps: Sequence[int], ys: np.ndarray, labels: Sequence[str], positive: bool = True, **style: Any
+) -> int:
     """One curve per column of ``ys`` (non-positive values hidden when ``positive``: a log axis); the ``MAX_ENTRIES``
     columns with the largest median are coloured and labelled, the rest grey. Returns how many are grey."""
     with np.errstate(all="ignore"):
@@ -122,22 +152,40 @@ def plot_losses(h: Any, skipped: Sequence[int] = ()):
     loss = np.asarray(h.loss, dtype=float)
     finite = _finite([*h.loss, *h.eval_loss])
     if h.loss:
-        ax.plot(h.steps, loss, color="#1f77b4", alpha=0.35, lw=1, marker="." if len(loss) < 30 else None,
-                label="train loss")
+        ax.plot(
+            h.steps, loss, color="#1f77b4", alpha=0.35, lw=1, marker="." if len(loss) < 30 else None, label="train loss"
+        )
         w = max(1, len(loss) // 20)
         if w > 1:
             with np.errstate(all="ignore"):
-                smooth = np.array([np.nanmedian(loss[max(0, i - w):i + 1]) if np.isfinite(loss[max(0, i - w):i + 1]).any()
-                                   else np.nan for i in range(len(loss))])
+                smooth = np.array(
+                    [
+                        np.nanmedian(loss[max(0, i - w) : i + 1])
+                        if np.isfinite(loss[max(0, i - w) : i + 1]).any()
+                        else np.nan
+                        for i in range(len(loss))
+                    ]
+                )
             ax.plot(h.steps, smooth, color="#1f77b4", lw=2, label=f"train (moving median, {w})")
     if h.eval_loss:
         ax.plot(h.eval_steps, h.eval_loss, "o-", color="#d62728", lw=2, ms=4, label="eval loss")
     bad = [s for s, v in zip(h.steps, loss) if not np.isfinite(v)]
     for n, s in enumerate(bad):
-        ax.axvline(s, color="#b00020", lw=1, alpha=0.6, label=f"NaN/Inf loss ({len(bad)} step{'s' if len(bad) != 1 else ''})" if n == 0 else None)
+        ax.axvline(
+            s,
+            color="#b00020",
+            lw=1,
+            alpha=0.6,
+            label=f"NaN/Inf loss ({len(bad)} step{'s' if len(bad) != 1 else ''})" if n == 0 else None,
+        )
     for n, s in enumerate(sorted(skipped)):
-        ax.axvline(s, color="#ff7f0e", ls="--", lw=1.2,
-                   label=f"skipped batch ({len(skipped)}: {_few(sorted(skipped))})" if n == 0 else None)
+        ax.axvline(
+            s,
+            color="#ff7f0e",
+            ls="--",
+            lw=1.2,
+            label=f"skipped batch ({len(skipped)}: {_few(sorted(skipped))})" if n == 0 else None,
+        )
     if not finite.size:
         no_finite(ax, "loss")
     elif finite.min() > 0 and finite.max() / finite.min() > 50:

@@ -19,7 +19,7 @@ class Progress:
         self._status: Any = None
         self._start = time.perf_counter()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._start = time.perf_counter()
         return self
 
@@ -30,6 +30,7 @@ class Progress:
             text = f"[jaxsane] {self.name}: {message}"
             if self._status is None:
                 from rich.console import Console
+
                 self._status = Console(file=self.stream).status(text)
                 self._status.__enter__()
             else:

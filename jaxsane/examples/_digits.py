@@ -59,7 +59,7 @@ class Batches:
         while self.epochs is None or epoch < self.epochs:
             order = np.random.default_rng(self.seed + epoch).permutation(len(self.x))
             for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
-                idx = order[start:start + self.batch_size]
+                idx = order[start : start + self.batch_size]
                 yield {"x": self.x[idx], "y": self.y[idx]}
             epoch += 1
 

@@ -6,6 +6,7 @@ import optax
 from flax.training import train_state
 
 import jaxsane
+
 from ._digits import NUM_CLASSES, train_eval
 
 
@@ -44,5 +45,13 @@ def train_step(state, batch):
 
 def experiment():
     train, eval_ = train_eval()
-    return jaxsane.Experiment(init=init, step=train_step, train=train, eval=eval_, loss=loss, apply=apply,
-                              num_classes=NUM_CLASSES, name="digits_linen")
+    return jaxsane.Experiment(
+        init=init,
+        step=train_step,
+        train=train,
+        eval=eval_,
+        loss=loss,
+        apply=apply,
+        num_classes=NUM_CLASSES,
+        name="digits_linen",
+    )

@@ -4,6 +4,7 @@ import optax
 from flax import nnx
 
 import jaxsane
+
 from ._digits import NUM_CLASSES, train_eval
 
 
@@ -37,5 +38,13 @@ def train_step(model, optimizer, batch):
 
 def experiment():
     train, eval_ = train_eval()
-    return jaxsane.Experiment(init=init, step=train_step, train=train, eval=eval_, loss=loss,
-                              apply=lambda model, x: model(x), num_classes=NUM_CLASSES, name="digits_nnx")
+    return jaxsane.Experiment(
+        init=init,
+        step=train_step,
+        train=train,
+        eval=eval_,
+        loss=loss,
+        apply=lambda model, x: model(x),
+        num_classes=NUM_CLASSES,
+        name="digits_nnx",
+    )

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxsane
+
 from ._digits import NUM_CLASSES, train_eval
 
 SIZES = (64, 128, 128, NUM_CLASSES)
@@ -45,5 +46,13 @@ def train_step(state, batch):
 
 def experiment():
     train, eval_ = train_eval()
-    return jaxsane.Experiment(init=init, step=train_step, train=train, eval=eval_, loss=loss, apply=apply,
-                              num_classes=NUM_CLASSES, name="digits_optax")
+    return jaxsane.Experiment(
+        init=init,
+        step=train_step,
+        train=train,
+        eval=eval_,
+        loss=loss,
+        apply=apply,
+        num_classes=NUM_CLASSES,
+        name="digits_optax",
+    )

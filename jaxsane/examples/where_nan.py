@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxsane
+
 from ._digits import NUM_CLASSES, train_eval
 from .digits_optax import init_params
 
@@ -50,5 +51,13 @@ def train_step(state, batch):
 
 def experiment():
     train, eval_ = train_eval()
-    return jaxsane.Experiment(init=init, step=train_step, train=train, eval=eval_, loss=loss, apply=apply,
-                              num_classes=NUM_CLASSES, name="where_nan (planted bug)")
+    return jaxsane.Experiment(
+        init=init,
+        step=train_step,
+        train=train,
+        eval=eval_,
+        loss=loss,
+        apply=apply,
+        num_classes=NUM_CLASSES,
+        name="where_nan (planted bug)",
+    )
