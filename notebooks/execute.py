@@ -5,7 +5,7 @@
     python notebooks/execute.py --check         # execute in memory, save nothing; exit 1 if a cell fails
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel with ``cwd = notebooks/`` and
-``JAXSANE_NB_SMALL=1``, the sizes the test suite runs (tests/test_notebooks.py), so the committed
+``JAXSANE_NB_SMALL=1``, the sizes the test suite runs (tests/e2e/test_notebooks.py), so the committed
 outputs are the ones the tests reproduce. Plots are captured as ``image/png`` by the inline backend
 (``%matplotlib inline`` in each notebook). Volatile metadata is stripped before saving: per-cell
 execution timestamps (``cell.metadata.execution``) and the kernel's exact Python version;

@@ -144,7 +144,7 @@ def test_result_table_and_plot():
     fig = result.plot()
     assert isinstance(fig, matplotlib.figure.Figure)
     assert len(fig.axes[0].lines) >= 3  # one real config, the baseline, the target line
-    assert fig.axes[0].get_legend() is not None  # outside the axes, see tests/test_report.py
+    assert fig.axes[0].get_legend() is not None  # outside the axes, see tests/render/test_report.py
 
 
 def test_missing_loss_raises_clear_error():

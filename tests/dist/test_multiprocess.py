@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 240  # generous for a loaded 2-core CI box; a healthy run takes a few seconds per process
 
 CHILD = textwrap.dedent('''

@@ -474,7 +474,7 @@ def test_replay_of_custom_nodes_without_the_experiment_says_to_pass_it(tmp_path,
     from jaxsane import cli
     d = str(tmp_path / "d")
     jaxsane.save_dump(d, (linen_init(jax.random.key(0)), batch()))
-    programs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_programs.py")
+    programs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_programs.py")
     assert cli.main(["replay", d, "--step", f"{programs}:linen_step"]) == 2
     err = capsys.readouterr().err
     assert "generic shape" in err and "--step module:experiment" in err and "Traceback" not in err

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = int(os.environ.get("JAXSANE_NB_TIMEOUT", "600"))  # whole-notebook limit; cells get the same
 MAX_BYTES, MAX_TOTAL_BYTES = 300_000, 700_000
 IDS = [p.stem for p in NOTEBOOKS]

@@ -20,7 +20,7 @@ from jaxsane._experiment.contract import PureExperiment
 from jaxsane._jaxpr import compile_cache as _compile_cache
 from jaxsane._jaxpr.compile_level import _quick_compiles, quick_jit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_suite_runs_with_the_cache_off():

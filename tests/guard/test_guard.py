@@ -392,7 +392,7 @@ def test_environment_switch_refuses_other_words(monkeypatch, value, text):
 
 
 def test_environment_breakpoint_is_raise_with_a_debugger_first(monkeypatch):
-    # the debugger session itself is driven in tests/test_debugger.py (a subprocess with a scripted stdin)
+    # the debugger session itself is driven in tests/locate/test_debugger.py (a subprocess with a scripted stdin)
     monkeypatch.setenv("JAXSANE_ON_NONFINITE", "breakpoint")
     guarded = jaxsane.guard(_nan_params_step, on_nonfinite="skip", locate=False)    # env beats the argument
     assert guarded.breakpoint and guarded.on_nonfinite == "raise"

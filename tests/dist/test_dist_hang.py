@@ -23,7 +23,7 @@ import pytest
 import jaxsane
 from jaxsane._dist.hang import EXIT_CODE, detect, hang_finding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HANG_TIMEOUT = 3.0
 SLACK_S = 12.0       # detection, stack exchange and exit on a loaded 2-core box: a few seconds
 HARD_TIMEOUT_S = 150  # the whole run, jax start-up of every process included

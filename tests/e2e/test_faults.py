@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -48,7 +48,7 @@ def test_every_error_code_is_covered():
     errors = {code for code, (severity, _, _) in CODES.items() if severity == "error"}
     expected = {code for name in FAULTY for code in faults.load(name).EXPECTED}
     for code, test in MULTIPROCESS_ONLY.items():
-        assert f'"{code}"' in (ROOT / "tests" / test).read_text(), f"{test} does not check {code}"
+        assert f'"{code}"' in (ROOT / "tests" / "dist" / test).read_text(), f"{test} does not check {code}"
     missing = errors - expected - set(MULTIPROCESS_ONLY)
     assert not missing, f"error codes with no faulty program: {sorted(missing)}"
 

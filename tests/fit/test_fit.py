@@ -18,7 +18,7 @@ import jaxsane
 from jaxsane import ExperimentError, NonFiniteError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 class Batches:
