@@ -38,9 +38,10 @@ from .._experiment.contract import Experiment, PureExperiment
 from .._guard.guard import Guarded
 from .._monitor.monitor import Monitor, check_training
 from .._monitor.writers import require_writer
+from .._render.progress import StepProgress
 from . import checkpoint as _ckpt
 from .args import POLICIES as POLICIES, check_dir_arg, check_file_arg, check_fit_arguments
-from .data import Evaluator, Progress, check_first_labels, train_stream
+from .data import Evaluator, check_first_labels, train_stream
 from .metrics_log import MetricsLog as _MetricsLog, read_history as read_history, rewrite as _rewrite
 from .prechecks import record_meta, run_checks
 from .state import Snapshot, best_state, dtype_changes, keep_copy
@@ -331,7 +332,7 @@ def fit(
     snap = [Snapshot(start, state) if rollback else None]  # the last state known finite, on the host
     if checks and start == 0:
         run_checks(adapted, diagnosis, timings, progress)
-    bar = Progress(progress, steps, start, experiment.name)
+    bar = StepProgress(progress, steps, start, experiment.name)
     stopped_early = False
     seen_failures = 0
     exhausted_at = None
