@@ -74,6 +74,7 @@ class Evaluator:
     def __init__(self, adapted: PureExperiment, data: Any, max_batches: int):
         self.adapted = adapted
         self.batches = [data] if is_batch(data) else list(iter_batches(data, max_batches, "eval"))
+        assert adapted.loss_fn is not None, "fit evaluates only an Experiment with a loss"
         self.loss = jax.jit(adapted.loss_fn)
         self.acc = None
         apply = adapted.apply_fn
