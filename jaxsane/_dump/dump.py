@@ -1,5 +1,6 @@
 """Safe dumps of a failing step's inputs: ``arrays.npz`` (no pickle) + ``tree.json``; reading them here
-(:func:`load_dump`), writing them in :mod:`jaxsane._dump.save` (:func:`save_dump`, re-exported).
+(:func:`jaxsane.load_dump`), writing them in ``_dump/save.py`` (:func:`jaxsane.save_dump`, re-exported);
+the files are opened and their arrays read safely in ``_dump/npz.py``.
 
 A dump round-trips bitwise, bfloat16, int4, float8 and typed PRNG keys included. Dumps are data,
 never code: the loader rebuilds containers from a closed set of kinds (dict with str/int keys, list,
@@ -65,25 +66,10 @@ class _Reader:
         if t == "none":
             return
         if t == "leaf":
-            i = node.get("i")
-            if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
-                raise self.fail(
-                    where,
-                    f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves (expected {self.next_leaf})",
-                )
-            self.next_leaf += 1
+            self._check_leaf(node, where)
             return
         if t == "opaque":  # format v1: a run of leaves of a node that could not be described
-            r = node.get("range")
-            if (
-                not isinstance(r, list)
-                or len(r) != 2
-                or any(type(v) is not int for v in r)
-                or r[0] != self.next_leaf
-                or not r[0] <= r[1] <= len(self.leaf_meta)
-            ):
-                raise self.fail(where, f"bad leaf range {r!r}")
-            self.next_leaf = r[1]
+            self._check_opaque(node, where)
             return
         if t not in ("tuple", "list", "dict", "namedtuple", "node"):
             raise self.fail(
@@ -93,46 +79,76 @@ class _Reader:
         if not isinstance(kids, list):
             raise self.fail(where, "a container without a 'c' list of children")
         if t == "dict":
-            keys = node.get("k")
-            if (
-                not isinstance(keys, list)
-                or len(keys) != len(kids)
-                or len({type(k) for k in keys}) > 1
-                or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
-                or len(set(keys)) != len(keys)
-            ):
-                raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
+            self._check_dict(node, kids, where)
         elif t == "namedtuple":
-            fields = node.get("fields")
-            if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
-                node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
-            if (
-                not _identifier(node.get("name"))
-                or not isinstance(fields, list)
-                or len(fields) != len(kids)
-                or not all(_identifier(f) and not f.startswith("_") for f in fields)
-                or len(set(fields)) != len(fields)
-            ):
-                raise self.fail(
-                    where, "a namedtuple needs an identifier name and distinct identifier fields, one per child"
-                )
+            self._check_namedtuple(node, kids, where)
         elif t == "node":
-            keys = node.get("keys")
-            if (
-                not isinstance(node.get("type"), str)
-                or not isinstance(keys, list)
-                or len(keys) != len(kids)
-                or not all(
-                    isinstance(k, dict)
-                    and len(k) == 1
-                    and _KEY_KINDS.get(next(iter(k))) is not None
-                    and _KEY_KINDS[next(iter(k))](next(iter(k.values())))
-                    for k in keys
-                )
-            ):
-                raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
+            self._check_custom(node, kids, where)
         for j, c in enumerate(kids):
             self.check(c, f"{where}.c[{j}]", depth + 1)
+
+    def _check_leaf(self, node: dict, where: str) -> None:
+        i = node.get("i")
+        if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
+            raise self.fail(
+                where,
+                f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves (expected {self.next_leaf})",
+            )
+        self.next_leaf += 1
+
+    def _check_opaque(self, node: dict, where: str) -> None:
+        r = node.get("range")
+        if (
+            not isinstance(r, list)
+            or len(r) != 2
+            or any(type(v) is not int for v in r)
+            or r[0] != self.next_leaf
+            or not r[0] <= r[1] <= len(self.leaf_meta)
+        ):
+            raise self.fail(where, f"bad leaf range {r!r}")
+        self.next_leaf = r[1]
+
+    def _check_dict(self, node: dict, kids: list, where: str) -> None:
+        keys = node.get("k")
+        if (
+            not isinstance(keys, list)
+            or len(keys) != len(kids)
+            or len({type(k) for k in keys}) > 1
+            or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
+            or len(set(keys)) != len(keys)
+        ):
+            raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
+
+    def _check_namedtuple(self, node: dict, kids: list, where: str) -> None:
+        fields = node.get("fields")
+        if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
+            node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
+        if (
+            not _identifier(node.get("name"))
+            or not isinstance(fields, list)
+            or len(fields) != len(kids)
+            or not all(_identifier(f) and not f.startswith("_") for f in fields)
+            or len(set(fields)) != len(fields)
+        ):
+            raise self.fail(
+                where, "a namedtuple needs an identifier name and distinct identifier fields, one per child"
+            )
+
+    def _check_custom(self, node: dict, kids: list, where: str) -> None:
+        keys = node.get("keys")
+        if (
+            not isinstance(node.get("type"), str)
+            or not isinstance(keys, list)
+            or len(keys) != len(kids)
+            or not all(
+                isinstance(k, dict)
+                and len(k) == 1
+                and _KEY_KINDS.get(next(iter(k))) is not None
+                and _KEY_KINDS[next(iter(k))](next(iter(k.values())))
+                for k in keys
+            )
+        ):
+            raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
 
     def build(self, node: dict, leaves: list, path: str) -> Any:
         t = node["t"]
@@ -294,19 +310,17 @@ class Dump:
         return finding if isinstance(finding, dict) else None
 
 
-def _first_difference(want: dict, got: dict, path: str) -> str | None:
-    """The first path where two structure descriptions differ, with what differs; None when equal."""
+def _node_kind(n: dict) -> str:
+    if n["t"] == "namedtuple":
+        return f"namedtuple {n['name']}{tuple(n['fields'])}"
+    if n["t"] == "node":
+        return f"{n['type'].rpartition(':')[2]} node"
+    return {"none": "None", "leaf": "a leaf"}.get(n["t"], n["t"])
 
-    def kind(n):
-        if n["t"] == "namedtuple":
-            return f"namedtuple {n['name']}{tuple(n['fields'])}"
-        if n["t"] == "node":
-            return f"{n['type'].rpartition(':')[2]} node"
-        return {"none": "None", "leaf": "a leaf"}.get(n["t"], n["t"])
 
+def _same_node(want: dict, got: dict) -> bool:
+    """Whether two structure descriptions agree at this node (kind, names, keys, child count)."""
     tw, tg = want["t"], got["t"]
-    if tg == "opaque":  # v1 dumps described custom nodes only by their leaf count
-        return None
     same = tw == tg
     if same and tw == "namedtuple":
         same = want["name"] == got["name"] and list(want["fields"]) == list(got["fields"])
@@ -316,33 +330,50 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
         same = list(want["k"]) == list(got["k"])
     if same and tw in ("tuple", "list", "namedtuple", "node", "dict"):
         same = len(want["c"]) == len(got["c"])
-    if not same:
-        extra = ""
-        if tw == tg == "dict":
-            extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
-        elif tw == tg == "node" and want["keys"] != got["keys"]:
+    return same
 
-            def names(n):
-                return [next(iter(k.values())) for k in n["keys"]]
 
-            extra = f" (children {names(want)} vs {names(got)})"
-        elif tw == tg and "c" in want:
-            extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
-        return f"{path or '<root>'}: like= has {kind(want)}, the dump has {kind(got)}{extra}"
-    if tw in ("none", "leaf"):
-        return None
+def _mismatch(want: dict, got: dict, path: str) -> str:
+    """What differs at a node where :func:`_same_node` is False."""
+    tw, tg = want["t"], got["t"]
+    extra = ""
+    if tw == tg == "dict":
+        extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
+    elif tw == tg == "node" and want["keys"] != got["keys"]:
+
+        def names(n):
+            return [next(iter(k.values())) for k in n["keys"]]
+
+        extra = f" (children {names(want)} vs {names(got)})"
+    elif tw == tg and "c" in want:
+        extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
+    return f"{path or '<root>'}: like= has {_node_kind(want)}, the dump has {_node_kind(got)}{extra}"
+
+
+def _child_steps(want: dict) -> list[str]:
+    """The path suffix of each child of a container node (``['k']``, ``.field``, ``[0]``)."""
+    tw = want["t"]
     if tw == "dict":
-        steps = [f"[{k!r}]" for k in want["k"]]
-    elif tw == "namedtuple":
-        steps = [f".{f}" for f in want["fields"]]
-    elif tw == "node":
-        steps = [
+        return [f"[{k!r}]" for k in want["k"]]
+    if tw == "namedtuple":
+        return [f".{f}" for f in want["fields"]]
+    if tw == "node":
+        return [
             jax.tree_util.keystr((jax.tree_util.GetAttrKey(v),)) if k == "a" else f"[{v!r}]"
             for k, v in (next(iter(d.items())) for d in want["keys"])
         ]
-    else:
-        steps = [f"[{j}]" for j in range(len(want["c"]))]
-    for s, a, b in zip(steps, want["c"], got["c"]):
+    return [f"[{j}]" for j in range(len(want["c"]))]
+
+
+def _first_difference(want: dict, got: dict, path: str) -> str | None:
+    """The first path where two structure descriptions differ, with what differs; None when equal."""
+    if got["t"] == "opaque":  # v1 dumps described custom nodes only by their leaf count
+        return None
+    if not _same_node(want, got):
+        return _mismatch(want, got, path)
+    if want["t"] in ("none", "leaf"):
+        return None
+    for s, a, b in zip(_child_steps(want), want["c"], got["c"]):
         diff = _first_difference(a, b, path + s)
         if diff:
             return diff

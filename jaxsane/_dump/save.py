@@ -1,6 +1,6 @@
 """Writing a dump: a failing step's inputs as ``arrays.npz`` (no pickle) + ``tree.json``, atomically.
 
-The reader and the format's rules are in :mod:`jaxsane._dump.dump`; the constants in :mod:`jaxsane._dump.format`.
+The reader and the format's rules are in ``_dump/dump.py``; the constants in ``_dump/format.py``.
 Nothing here is jit-safe.
 """
 

@@ -14,11 +14,11 @@ from .._experiment.contract import PureExperiment
 
 @dataclasses.dataclass
 class FitResult:
-    """What :func:`fit` returns.
+    """What :func:`jaxsane.fit` returns (host-side; not jit-safe).
 
     Attributes:
       state: the final pure train state (NNX: an ``nnx.State``; see :attr:`user_state`).
-      history: the recorded :class:`~jaxsane._monitor.monitor.History` (train/eval losses, telemetry).
+      history: the recorded :class:`jaxsane.History` (train/eval losses, telemetry).
       diagnosis: ``train.*`` findings of the run plus every non-finite failure seen.
       step: steps taken, counting skipped batches (the data position).
       resumed_from: the checkpoint step the run resumed from, or None.
