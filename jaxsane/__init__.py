@@ -76,10 +76,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Experiment",
         "PureExperiment",
     ),
-    "_fit.fit": (
-        "FitResult",
-        "fit",
-    ),
+    "_fit.fit": ("fit",),
+    "_fit.result": ("FitResult",),
     "_guard.guard": (
         "Guarded",
         "guard",
@@ -139,7 +137,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs; at run time the
     from ._doctor.doctor import doctor as doctor
     from ._dump.dump import Dump as Dump, load_dump as load_dump, save_dump as save_dump
     from ._experiment.contract import Experiment as Experiment, PureExperiment as PureExperiment
-    from ._fit.fit import FitResult as FitResult, fit as fit
+    from ._fit.fit import fit as fit
+    from ._fit.result import FitResult as FitResult
     from ._guard.guard import Guarded as Guarded, guard as guard
     from ._locate.debugger import debug_origin as debug_origin, post_mortem as post_mortem
     from ._locate.locate import locate as locate

@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import re
-import sys
 import time
 import traceback
 from collections.abc import Iterable
@@ -35,6 +34,7 @@ from .._core.frames import is_library_file, source_text
 from .._experiment.batches import first_batch, replayable
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_cache import enable_compilation_cache
+from .._render.progress import Progress
 from .options import resolve, select_stages
 from .pipeline import PREPARE, STAGES, StageContext, check_options
 
@@ -290,41 +290,6 @@ def _step_output_problem(adapted: PureExperiment, batch: Any, triage: _Triage) -
     return None
 
 
-# ----------------------------------------------------------------------------- progress
-
-
-class _Progress:
-    """A rich spinner on a terminal; plain ``[jaxsane] name: stage ... 1.2 s`` lines otherwise; or nothing."""
-
-    def __init__(self, enabled: bool, name: str):
-        self.enabled, self.name = enabled, name
-        self.tty = enabled and sys.stderr.isatty()
-        self._status = None
-
-    def start(self, stage: str, description: str) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            from rich.console import Console
-
-            self._status = Console(stderr=True).status(f"[jaxsane] {self.name}: {description}")
-            self._status.__enter__()
-        else:
-            sys.stderr.write(f"[jaxsane] {self.name}: {stage} ...")
-            sys.stderr.flush()
-
-    def end(self, record: dict[str, Any]) -> None:
-        if self._status is not None:
-            self._status.__exit__(None, None, None)
-            self._status = None
-        if self.enabled and not self.tty:
-            tail = (
-                f"{record['seconds']:.1f} s" if record["status"] == RAN else f"{record['status']} ({record['reason']})"
-            )
-            sys.stderr.write(f" {tail}\n")
-            sys.stderr.flush()
-
-
 # ----------------------------------------------------------------------------- compile accounting
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -535,7 +500,7 @@ def _run_stages(
 ) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
-    show = _Progress(progress, experiment.name)
+    show = Progress(progress, experiment.name)
     for stage in STAGES:
         if stage.name not in chosen:
             continue

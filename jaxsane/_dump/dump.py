@@ -1,5 +1,6 @@
 """Safe dumps of a failing step's inputs: ``arrays.npz`` (no pickle) + ``tree.json``; reading them here
-(:func:`load_dump`), writing them in :mod:`jaxsane._dump.save` (:func:`save_dump`, re-exported).
+(:func:`jaxsane.load_dump`), writing them in ``_dump/save.py`` (:func:`jaxsane.save_dump`, re-exported);
+the files are opened and their arrays read safely in ``_dump/npz.py``.
 
 A dump round-trips bitwise, bfloat16, int4, float8 and typed PRNG keys included. Dumps are data,
 never code: the loader rebuilds containers from a closed set of kinds (dict with str/int keys, list,
@@ -15,12 +16,8 @@ import collections
 import dataclasses
 import json
 import keyword
-import math
 import os
 import re
-import stat
-import struct
-import zipfile
 from typing import Any
 
 import jax
@@ -39,38 +36,10 @@ from .format import (
     READABLE as _READABLE,
 )
 from .nnx import nnx_templates, objects_error, read_records, standin
+from .npz import open_npz, open_regular, read_npy
 from .save import Encoder as _Encoder, save_dump as save_dump
 
 # ----------------------------------------------------------------------------- load
-
-
-def _open_regular(file: str, what: str):
-    """Open ``file`` for reading only if it is a regular file (no symlink, FIFO or device; never blocks)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        st = os.lstat(file)
-    except FileNotFoundError:
-        raise DumpError(
-            f"{os.path.dirname(file)!r} is not a jaxsane dump: {what} is missing. A dump directory "
-            "holds tree.json and arrays.npz; point at the directory a guarded step printed in its "
-            "NonFiniteError."
-        ) from None
-    except OSError as e:
-        raise DumpError(f"cannot read {file}: {e.strerror or e}.") from e
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-        raise DumpError(
-            f"{file} is {kind}; a dump is read only from regular files. Copy the real file into "
-            "the dump directory if you trust it."
-        )
-    try:
-        fd = os.open(file, flags)
-    except OSError as e:
-        raise DumpError(f"cannot open {file}: {e.strerror or e} (a dump is read only from regular files).") from e
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
-        os.close(fd)
-        raise DumpError(f"{file} is not a regular file; a dump is read only from regular files.")
-    return os.fdopen(fd, "rb")
 
 
 class _Reader:
@@ -78,7 +47,8 @@ class _Reader:
 
     def __init__(self, file: str, leaf_meta: list, max_depth: int, max_nodes: int):
         self.file, self.leaf_meta, self.max_depth, self.max_nodes = file, leaf_meta, max_depth, max_nodes
-        self.nodes, self.next_leaf, self.generic = 0, 0, {}
+        self.nodes, self.next_leaf = 0, 0
+        self.generic: dict[str, str] = {}  # path -> recorded type of a custom node rebuilt as a generic shape
 
     def fail(self, where: str, what: str) -> DumpError:
         return DumpError(f"{self.file} is malformed at {where}: {what}.")
@@ -96,25 +66,10 @@ class _Reader:
         if t == "none":
             return
         if t == "leaf":
-            i = node.get("i")
-            if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
-                raise self.fail(
-                    where,
-                    f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves (expected {self.next_leaf})",
-                )
-            self.next_leaf += 1
+            self._check_leaf(node, where)
             return
         if t == "opaque":  # format v1: a run of leaves of a node that could not be described
-            r = node.get("range")
-            if (
-                not isinstance(r, list)
-                or len(r) != 2
-                or any(type(v) is not int for v in r)
-                or r[0] != self.next_leaf
-                or not r[0] <= r[1] <= len(self.leaf_meta)
-            ):
-                raise self.fail(where, f"bad leaf range {r!r}")
-            self.next_leaf = r[1]
+            self._check_opaque(node, where)
             return
         if t not in ("tuple", "list", "dict", "namedtuple", "node"):
             raise self.fail(
@@ -124,46 +79,76 @@ class _Reader:
         if not isinstance(kids, list):
             raise self.fail(where, "a container without a 'c' list of children")
         if t == "dict":
-            keys = node.get("k")
-            if (
-                not isinstance(keys, list)
-                or len(keys) != len(kids)
-                or len({type(k) for k in keys}) > 1
-                or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
-                or len(set(keys)) != len(keys)
-            ):
-                raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
+            self._check_dict(node, kids, where)
         elif t == "namedtuple":
-            fields = node.get("fields")
-            if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
-                node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
-            if (
-                not _identifier(node.get("name"))
-                or not isinstance(fields, list)
-                or len(fields) != len(kids)
-                or not all(_identifier(f) and not f.startswith("_") for f in fields)
-                or len(set(fields)) != len(fields)
-            ):
-                raise self.fail(
-                    where, "a namedtuple needs an identifier name and distinct identifier fields, one per child"
-                )
+            self._check_namedtuple(node, kids, where)
         elif t == "node":
-            keys = node.get("keys")
-            if (
-                not isinstance(node.get("type"), str)
-                or not isinstance(keys, list)
-                or len(keys) != len(kids)
-                or not all(
-                    isinstance(k, dict)
-                    and len(k) == 1
-                    and _KEY_KINDS.get(next(iter(k))) is not None
-                    and _KEY_KINDS[next(iter(k))](next(iter(k.values())))
-                    for k in keys
-                )
-            ):
-                raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
+            self._check_custom(node, kids, where)
         for j, c in enumerate(kids):
             self.check(c, f"{where}.c[{j}]", depth + 1)
+
+    def _check_leaf(self, node: dict, where: str) -> None:
+        i = node.get("i")
+        if type(i) is not int or i != self.next_leaf or i >= len(self.leaf_meta):
+            raise self.fail(
+                where,
+                f"leaf index {i!r} is not the next of {len(self.leaf_meta)} leaves (expected {self.next_leaf})",
+            )
+        self.next_leaf += 1
+
+    def _check_opaque(self, node: dict, where: str) -> None:
+        r = node.get("range")
+        if (
+            not isinstance(r, list)
+            or len(r) != 2
+            or any(type(v) is not int for v in r)
+            or r[0] != self.next_leaf
+            or not r[0] <= r[1] <= len(self.leaf_meta)
+        ):
+            raise self.fail(where, f"bad leaf range {r!r}")
+        self.next_leaf = r[1]
+
+    def _check_dict(self, node: dict, kids: list, where: str) -> None:
+        keys = node.get("k")
+        if (
+            not isinstance(keys, list)
+            or len(keys) != len(kids)
+            or len({type(k) for k in keys}) > 1
+            or any(not isinstance(k, (str, int)) or isinstance(k, bool) for k in keys)
+            or len(set(keys)) != len(keys)
+        ):
+            raise self.fail(where, "dict keys must be a list of distinct str or int, one per child")
+
+    def _check_namedtuple(self, node: dict, kids: list, where: str) -> None:
+        fields = node.get("fields")
+        if node.get("cls") is not None and node.get("name") is None:  # v1 named the class; keep its name only
+            node["name"] = str(node["cls"]).rpartition(":")[2].rpartition(".")[2]
+        if (
+            not _identifier(node.get("name"))
+            or not isinstance(fields, list)
+            or len(fields) != len(kids)
+            or not all(_identifier(f) and not f.startswith("_") for f in fields)
+            or len(set(fields)) != len(fields)
+        ):
+            raise self.fail(
+                where, "a namedtuple needs an identifier name and distinct identifier fields, one per child"
+            )
+
+    def _check_custom(self, node: dict, kids: list, where: str) -> None:
+        keys = node.get("keys")
+        if (
+            not isinstance(node.get("type"), str)
+            or not isinstance(keys, list)
+            or len(keys) != len(kids)
+            or not all(
+                isinstance(k, dict)
+                and len(k) == 1
+                and _KEY_KINDS.get(next(iter(k))) is not None
+                and _KEY_KINDS[next(iter(k))](next(iter(k.values())))
+                for k in keys
+            )
+        ):
+            raise self.fail(where, "a custom node needs a 'type' string and one key object per child")
 
     def build(self, node: dict, leaves: list, path: str) -> Any:
         t = node["t"]
@@ -225,7 +210,8 @@ def _generic_type(name: str, fields: tuple, origin: str) -> type:
     key = (name, fields, origin)
     if key in _GENERIC_TYPES:
         return _GENERIC_TYPES[key]
-    base = collections.namedtuple(name, fields, module=__name__)
+    # mypy reads namedtuple() only with a literal name; this one is made at run time from validated names
+    base = collections.namedtuple(name, fields, module=__name__)  # type: ignore[misc]
 
     def __getattr__(self, attr):
         if attr.startswith("__"):
@@ -244,105 +230,6 @@ def _generic_type(name: str, fields: tuple, origin: str) -> type:
     return cls
 
 
-_NPY_ERRORS = (
-    ValueError,
-    OSError,
-    zipfile.BadZipFile,
-    EOFError,
-    SyntaxError,
-    TypeError,
-    RuntimeError,
-    NotImplementedError,
-)  # RuntimeError: an encrypted member; NotImplementedError: its compression
-# the header np.save writes for a plain dtype; anything else goes through numpy's own (literal-only) parser
-_NPY_HEADER = re.compile(
-    r"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': (True|False), "
-    r"'shape': \(((?:[0-9]+, ?)*[0-9]*)\), \}\s*"
-)
-
-
-def _open_npz(fh, file: str, needed: dict, max_bytes: int) -> zipfile.ZipFile:
-    """Open the archive after checking its size, magic and zip directory, before anything is inflated."""
-    size = os.fstat(fh.fileno()).st_size
-    if size > max_bytes + 1024 * (len(needed) + 1) + 2**20:  # a stored zip is its data plus small headers
-        raise DumpError(
-            f"{file} is {size} bytes, more than max_bytes={max_bytes} of arrays can take. If you "
-            "trust this dump, pass a larger max_bytes= to load_dump."
-        )
-    if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):
-        raise DumpError(f"{file} is not a zip archive (.npz); the dump is damaged or was not written by jaxsane.")
-    fh.seek(0)
-    try:
-        zf = zipfile.ZipFile(fh)
-    except _NPY_ERRORS as e:
-        raise DumpError(f"{file} is not a readable .npz archive ({e}); the dump is truncated or damaged.") from None
-    infos = {i.filename: i for i in zf.infolist()}
-    total = sum(i.file_size for i in infos.values())
-    if total > max_bytes:
-        zf.close()
-        raise DumpError(
-            f"{file} declares {total} bytes of arrays once inflated, over max_bytes={max_bytes}. "
-            "If you trust this dump, pass a larger max_bytes= to load_dump."
-        )
-    for name, meta in needed.items():
-        if f"{name}.npy" not in infos:
-            zf.close()
-            raise DumpError(
-                f"{file} lacks the array {name}.npy for {meta.get('path') or name}; the dump is incomplete."
-            )
-    return zf
-
-
-def _read_npy(zf: zipfile.ZipFile, file: str, name: str) -> np.ndarray:
-    """Read one ``.npy`` member: header checked (no object dtypes, size matching the archive) before the
-    array is allocated, then exactly its bytes, CRC-checked. Nothing is ever unpickled."""
-    info = zf.getinfo(f"{name}.npy")
-    try:
-        with zf.open(info) as member:
-            version = np.lib.format.read_magic(member)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f"unsupported .npy version {version}")
-            hlen = struct.unpack("<H" if version == (1, 0) else "<I", member.read(2 if version == (1, 0) else 4))[0]
-            if hlen > 10_000:
-                raise ValueError(f"a header of {hlen} bytes")
-            header = member.read(hlen).decode("latin1")
-            match = _NPY_HEADER.fullmatch(header)
-            if match:
-                dtype, fortran = np.dtype(match[1]), match[2] == "True"
-                shape = tuple(int(v) for v in match[3].replace(" ", "").split(",") if v)
-            else:  # numpy's parser reads Python literals only (ast.literal_eval)
-                member.seek(0)
-                np.lib.format.read_magic(member)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read(member)
-            if dtype.hasobject:
-                raise DumpError(
-                    f"{file}: member {name}.npy holds Python objects (pickle); a dump never does. "
-                    "The file was not written by jaxsane."
-                )
-            nbytes = math.prod(shape) * dtype.itemsize
-            if member.tell() + nbytes != info.file_size:
-                raise DumpError(
-                    f"{file}: member {name}.npy declares shape {shape} of {dtype}, which does not "
-                    "match its size in the archive; the dump is truncated or damaged."
-                )
-            buf = np.empty(nbytes, np.uint8)
-            if nbytes and member.readinto(memoryview(buf)) != nbytes:
-                raise ValueError("the member ends early")
-            if member.read(1):  # reading to the end also checks the CRC
-                raise ValueError("the member is longer than its header says")
-        if dtype.itemsize == 0:
-            return np.empty(shape, dtype)
-        return buf.view(dtype).reshape(shape, order="F" if fortran else "C")
-    except DumpError:
-        raise
-    except _NPY_ERRORS as e:
-        raise DumpError(
-            f"{file}: member {name}.npy cannot be read ({type(e).__name__}: {str(e)[:200]}); the dump "
-            "is truncated or damaged."
-        ) from None
-
-
 def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
     kind = meta.get("kind")
     if kind == "bigint":
@@ -354,18 +241,21 @@ def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
         if not isinstance(meta.get("value"), str):
             raise DumpError(f"{where}: a str leaf without a string value.")
         return meta["value"]
+    assert a is not None, "only big integers and strings are stored without an array"
     if kind == "key":
         impl = meta.get("impl")
         if not isinstance(impl, str) or a.dtype.kind != "u":
             raise DumpError(f"{where}: a PRNG key needs an implementation name and unsigned key data.")
         try:
-            return jax.random.wrap_key_data(a, impl=impl)
+            # jax annotates jax.Array; numpy key data is accepted (and stays bitwise)
+            return jax.random.wrap_key_data(a, impl=impl)  # type: ignore[arg-type]
         except Exception as e:  # an unknown implementation or key data of the wrong shape
             raise DumpError(
                 f"{where}: cannot rebuild a {impl!r} PRNG key from data of shape {a.shape} ({e})."
             ) from None
     if kind == "python":
-        typ = _PYTHON.get(meta.get("type"))
+        scalar_type: Any = meta.get("type")  # checked here: one of the Python scalar type names
+        typ = _PYTHON.get(scalar_type)
         if (
             typ is None
             or a.ndim != 0
@@ -420,19 +310,17 @@ class Dump:
         return finding if isinstance(finding, dict) else None
 
 
-def _first_difference(want: dict, got: dict, path: str) -> str | None:
-    """The first path where two structure descriptions differ, with what differs; None when equal."""
+def _node_kind(n: dict) -> str:
+    if n["t"] == "namedtuple":
+        return f"namedtuple {n['name']}{tuple(n['fields'])}"
+    if n["t"] == "node":
+        return f"{n['type'].rpartition(':')[2]} node"
+    return {"none": "None", "leaf": "a leaf"}.get(n["t"], n["t"])
 
-    def kind(n):
-        if n["t"] == "namedtuple":
-            return f"namedtuple {n['name']}{tuple(n['fields'])}"
-        if n["t"] == "node":
-            return f"{n['type'].rpartition(':')[2]} node"
-        return {"none": "None", "leaf": "a leaf"}.get(n["t"], n["t"])
 
+def _same_node(want: dict, got: dict) -> bool:
+    """Whether two structure descriptions agree at this node (kind, names, keys, child count)."""
     tw, tg = want["t"], got["t"]
-    if tg == "opaque":  # v1 dumps described custom nodes only by their leaf count
-        return None
     same = tw == tg
     if same and tw == "namedtuple":
         same = want["name"] == got["name"] and list(want["fields"]) == list(got["fields"])
@@ -442,33 +330,50 @@ def _first_difference(want: dict, got: dict, path: str) -> str | None:
         same = list(want["k"]) == list(got["k"])
     if same and tw in ("tuple", "list", "namedtuple", "node", "dict"):
         same = len(want["c"]) == len(got["c"])
-    if not same:
-        extra = ""
-        if tw == tg == "dict":
-            extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
-        elif tw == tg == "node" and want["keys"] != got["keys"]:
+    return same
 
-            def names(n):
-                return [next(iter(k.values())) for k in n["keys"]]
 
-            extra = f" (children {names(want)} vs {names(got)})"
-        elif tw == tg and "c" in want:
-            extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
-        return f"{path or '<root>'}: like= has {kind(want)}, the dump has {kind(got)}{extra}"
-    if tw in ("none", "leaf"):
-        return None
+def _mismatch(want: dict, got: dict, path: str) -> str:
+    """What differs at a node where :func:`_same_node` is False."""
+    tw, tg = want["t"], got["t"]
+    extra = ""
+    if tw == tg == "dict":
+        extra = f" (keys {list(want['k'])} vs {list(got['k'])})"
+    elif tw == tg == "node" and want["keys"] != got["keys"]:
+
+        def names(n):
+            return [next(iter(k.values())) for k in n["keys"]]
+
+        extra = f" (children {names(want)} vs {names(got)})"
+    elif tw == tg and "c" in want:
+        extra = f" ({len(want['c'])} vs {len(got['c'])} children)"
+    return f"{path or '<root>'}: like= has {_node_kind(want)}, the dump has {_node_kind(got)}{extra}"
+
+
+def _child_steps(want: dict) -> list[str]:
+    """The path suffix of each child of a container node (``['k']``, ``.field``, ``[0]``)."""
+    tw = want["t"]
     if tw == "dict":
-        steps = [f"[{k!r}]" for k in want["k"]]
-    elif tw == "namedtuple":
-        steps = [f".{f}" for f in want["fields"]]
-    elif tw == "node":
-        steps = [
+        return [f"[{k!r}]" for k in want["k"]]
+    if tw == "namedtuple":
+        return [f".{f}" for f in want["fields"]]
+    if tw == "node":
+        return [
             jax.tree_util.keystr((jax.tree_util.GetAttrKey(v),)) if k == "a" else f"[{v!r}]"
             for k, v in (next(iter(d.items())) for d in want["keys"])
         ]
-    else:
-        steps = [f"[{j}]" for j in range(len(want["c"]))]
-    for s, a, b in zip(steps, want["c"], got["c"]):
+    return [f"[{j}]" for j in range(len(want["c"]))]
+
+
+def _first_difference(want: dict, got: dict, path: str) -> str | None:
+    """The first path where two structure descriptions differ, with what differs; None when equal."""
+    if got["t"] == "opaque":  # v1 dumps described custom nodes only by their leaf count
+        return None
+    if not _same_node(want, got):
+        return _mismatch(want, got, path)
+    if want["t"] in ("none", "leaf"):
+        return None
+    for s, a, b in zip(_child_steps(want), want["c"], got["c"]):
         diff = _first_difference(a, b, path + s)
         if diff:
             return diff
@@ -503,8 +408,30 @@ def load_dump(
       DumpError: the directory is not a dump, a file is damaged, truncated, not a regular file,
         over a limit, or ``like`` has another structure (the message names the first differing path).
     """
-    tree_file, array_file = os.path.join(path, "tree.json"), os.path.join(path, "arrays.npz")
-    with _open_regular(tree_file, "tree.json") as fh:
+    tree_file = os.path.join(path, "tree.json")
+    meta, tree, reader = _read_description(path, tree_file, max_depth, max_nodes)
+    leaves = _read_leaves(path, reader.leaf_meta, max_bytes)
+    args_node, kw_node = tree["c"]
+    objects = read_records(meta, args_node, tree_file)
+    if like is None:
+        args, templates = [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"])], 0
+    else:
+        args, templates = _args_like(path, like, args_node, leaves, reader)
+    missing = {p: c for p, c in objects.items() if like is None or p >= templates}
+    if missing:  # NNX objects without a template: their states, refusing to stand in for the objects
+        names = meta.get("arg_names") if isinstance(meta.get("arg_names"), list) else None
+        message = str(objects_error(path, missing, names))
+        for p in missing:
+            args[p] = standin(args[p], message)
+            reader.generic[f"args[{p}]"] = f"{missing[p]} (an NNX object; its nnx.State is here)"
+    kwargs = reader.build(kw_node, leaves, "kwargs")
+    return Dump(tuple(args), kwargs, meta, reader.generic, objects)
+
+
+def _read_description(path: str, tree_file: str, max_depth: int, max_nodes: int) -> tuple[dict, dict, _Reader]:
+    """``(meta, tree, reader)`` of a dump's ``tree.json``, validated: the JSON object, its format, the leaf
+    list and the tree (whose root is ``(args tuple, kwargs dict)`` using every leaf once)."""
+    with open_regular(tree_file, "tree.json") as fh:
         if os.fstat(fh.fileno()).st_size > _MAX_JSON_BYTES:
             raise DumpError(f"{tree_file} is larger than {_MAX_JSON_BYTES} bytes; not a jaxsane dump description.")
         raw = fh.read(_MAX_JSON_BYTES + 1)
@@ -528,6 +455,7 @@ def load_dump(
         reader.check(tree, "tree")
     except RecursionError:
         raise reader.fail("tree", f"nested too deeply for Python (max_depth={max_depth})") from None
+    assert isinstance(tree, dict), "check() accepts only node objects"
     if (
         tree["t"] != "tuple"
         or len(tree["c"]) != 2
@@ -537,55 +465,57 @@ def load_dump(
         raise reader.fail("tree", "the root must be (args tuple, kwargs dict)")
     if reader.next_leaf != len(leaf_meta):
         raise reader.fail("leaves", f"the tree uses {reader.next_leaf} of {len(leaf_meta)} leaves")
+    return meta, tree, reader
+
+
+def _read_leaves(path: str, leaf_meta: list, max_bytes: int) -> list:
+    """Every leaf, decoded: its array from ``arrays.npz`` (big integers and strings live in tree.json)."""
+    array_file = os.path.join(path, "arrays.npz")
     stored = {
         f"leaf_{i}": m
         for i, m in enumerate(leaf_meta)
         if m.get("kind") not in ("bigint",) and not (m.get("kind") == "python" and m.get("type") == "str")
     }
     leaves = []
-    with _open_regular(array_file, "arrays.npz") as fh, _open_npz(fh, array_file, stored, max_bytes) as zf:
+    with open_regular(array_file, "arrays.npz") as fh, open_npz(fh, array_file, stored, max_bytes) as zf:
         for i, m in enumerate(leaf_meta):
-            a = _read_npy(zf, array_file, f"leaf_{i}") if f"leaf_{i}" in stored else None
+            a = read_npy(zf, array_file, f"leaf_{i}") if f"leaf_{i}" in stored else None
             leaves.append(_decode_leaf(a, m, f"{path}: leaf {i} ({m.get('path') or '?'})"))
-    args_node, kw_node = tree["c"]
-    objects = read_records(meta, args_node, tree_file)
-    args = [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"])] if like is None else []
-    if like is not None:
-        like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
-        like_args, finish = nnx_templates(like_args, args_node)  # live NNX objects: their state is the template
-        rest, k = None, len(like_args)
-        if needs_partition(like_args):  # an Equinox model: the dump holds its arrays, like= gives the rest back
-            like_args, rest = partition(like_args)
-        try:
-            want = _Encoder(None).node(like_args, "like")
-        except (DumpError, RecursionError) as e:
-            raise DumpError(f"like= cannot be described as a dump structure: {e}") from None
-        head = {**args_node, "c": args_node["c"][:k]} if k < len(args_node["c"]) else args_node  # the rest: data
-        diff = _first_difference(want, head, "args")
-        if diff:
-            raise DumpError(
-                f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
-                "with the structure of the dumped step's (first) positional args, or no like= at all."
-            )
-        n_args = sum(1 for _ in _leaf_indices(head))
-        if jax.tree_util.tree_structure(like_args).num_leaves != n_args:
-            raise DumpError(
-                f"load_dump(like=...) does not match the dump at {path}: like= has "
-                f"{jax.tree_util.tree_structure(like_args).num_leaves} leaves, the dump's args {n_args}."
-            )
-        args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
-        if rest is not None:
-            args = combine(args, rest)
-        args = finish(list(args)) + [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"][k:], k)]
-    missing = {p: c for p, c in objects.items() if like is None or p >= len(like_args)}
-    if missing:  # NNX objects without a template: their states, refusing to stand in for the objects
-        names = meta.get("arg_names") if isinstance(meta.get("arg_names"), list) else None
-        message = str(objects_error(path, missing, names))
-        for p in missing:
-            args[p] = standin(args[p], message)
-            reader.generic[f"args[{p}]"] = f"{missing[p]} (an NNX object; its nnx.State is here)"
-    kwargs = reader.build(kw_node, leaves, "kwargs")
-    return Dump(tuple(args), kwargs, meta, reader.generic, objects)
+    return leaves
+
+
+def _args_like(path: str, like: Any, args_node: dict, leaves: list, reader: _Reader) -> tuple[list, int]:
+    """``(args, templates)``: the positional args rebuilt on the templates in ``like`` (live NNX objects
+    merged, Equinox models recombined), the args past them from the dump's data; ``templates`` counts
+    the templates. A DumpError naming the first differing path when ``like`` has another structure."""
+    like_args = tuple(like) if isinstance(like, (tuple, list)) else (like,)
+    like_args, finish = nnx_templates(like_args, args_node)  # live NNX objects: their state is the template
+    rest, k = None, len(like_args)
+    if needs_partition(like_args):  # an Equinox model: the dump holds its arrays, like= gives the rest back
+        like_args, rest = partition(like_args)
+    try:
+        want = _Encoder(None).node(like_args, "like")
+    except (DumpError, RecursionError) as e:
+        raise DumpError(f"like= cannot be described as a dump structure: {e}") from None
+    head = {**args_node, "c": args_node["c"][:k]} if k < len(args_node["c"]) else args_node  # the rest: data
+    diff = _first_difference(want, head, "args")
+    if diff:
+        raise DumpError(
+            f"load_dump(like=...) does not match the dump at {path}: {diff}. Pass a pytree "
+            "with the structure of the dumped step's (first) positional args, or no like= at all."
+        )
+    n_args = sum(1 for _ in _leaf_indices(head))
+    n_like = len(jax.tree_util.tree_leaves(like_args))
+    if n_like != n_args:
+        raise DumpError(
+            f"load_dump(like=...) does not match the dump at {path}: like= has "
+            f"{n_like} leaves, the dump's args {n_args}."
+        )
+    args = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like_args), leaves[:n_args])
+    if rest is not None:
+        args = combine(args, rest)
+    rebuilt = finish(list(args)) + [reader.build(c, leaves, f"args[{j}]") for j, c in enumerate(args_node["c"][k:], k)]
+    return rebuilt, len(like_args)
 
 
 def _leaf_indices(node: dict):

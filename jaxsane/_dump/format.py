@@ -1,6 +1,6 @@
 """The dump format's constants: its version names, the load limits, and which dtypes are stored how.
 
-Shared by :mod:`jaxsane._dump.save` (writing) and :mod:`jaxsane._dump.dump` (reading). No jax import.
+Shared by ``_dump/save.py`` (writing) and ``_dump/dump.py`` (reading). No jax import.
 """
 
 from __future__ import annotations

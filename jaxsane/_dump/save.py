@@ -1,6 +1,6 @@
 """Writing a dump: a failing step's inputs as ``arrays.npz`` (no pickle) + ``tree.json``, atomically.
 
-The reader and the format's rules are in :mod:`jaxsane._dump.dump`; the constants in :mod:`jaxsane._dump.format`.
+The reader and the format's rules are in ``_dump/dump.py``; the constants in ``_dump/format.py``.
 Nothing here is jit-safe.
 """
 
@@ -37,7 +37,7 @@ def _key_desc(k: Any) -> dict:
 def _children(x: Any) -> list | None:
     """jax's one-level flatten of ``x`` as ``[(key entry, child)]``, or None when ``x`` is a leaf."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
-    if treedef.num_leaves == 1 and treedef.num_nodes == 1 and flat and flat[0][0] == ():
+    if jax.tree_util.treedef_is_leaf(treedef) and flat and flat[0][0] == ():
         return None
     return [(p[0], c) for p, c in flat]
 
@@ -46,7 +46,8 @@ class Encoder:
     """Describes a pytree as JSON nodes; with ``leaves=None`` it records the structure only."""
 
     def __init__(self, leaves: list | None, max_depth: int = MAX_DEPTH, root_names: tuple | None = None):
-        self.leaves, self.paths, self.count, self.max_depth = leaves, [], 0, max_depth
+        self.leaves, self.count, self.max_depth = leaves, 0, max_depth
+        self.paths: list[str] = []
         self.root_names = root_names
 
     def node(self, x: Any, path: str, depth: int = 0) -> dict:
@@ -74,13 +75,13 @@ class Encoder:
             )
             for j, (k, c) in enumerate(kids)
         ]
-        if isinstance(x, tuple) and hasattr(type(x), "_fields"):
-            return {"t": "namedtuple", "name": type(x).__name__, "fields": list(type(x)._fields), "c": sub}
+        cls: Any = type(x)
+        if isinstance(x, tuple) and hasattr(cls, "_fields"):
+            return {"t": "namedtuple", "name": cls.__name__, "fields": list(cls._fields), "c": sub}
         if type(x) in (tuple, list):
             return {"t": type(x).__name__, "c": sub}
         if type(x) is dict:
             return {"t": "dict", "k": [k.key for k, _ in kids], "c": sub}
-        cls = type(x)
         return {
             "t": "node",
             "type": f"{cls.__module__}:{cls.__qualname__}",

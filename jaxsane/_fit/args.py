@@ -1,14 +1,20 @@
-"""fit's arguments: types, ranges and paths, checked before any work (each a FitArgumentError). Host-side."""
+"""fit's arguments: one frozen dataclass with a field per parameter of :func:`jaxsane.fit`, and their types,
+ranges and paths, checked before any work (each a FitArgumentError). Host-side, not jit-safe."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
+import jax
 import numpy as np
 
-from .._core.errors import FitArgumentError
+from .._core.errors import ExperimentError, FitArgumentError
 from .._core.validate import require_policy
+from .._dist.hang import check_hang_timeout
+from .._experiment.contract import Experiment
+from .._monitor.writers import require_writer
 
 POLICIES = ("rollback", "skip", "raise")  # the words of _validate.NONFINITE_POLICIES that fit carries out
 
@@ -120,4 +126,97 @@ def check_fit_arguments(
     if thresholds is not None and not isinstance(thresholds, dict):
         raise FitArgumentError(
             f"fit(thresholds=...) must be a dict of check_training keyword arguments, got {type(thresholds).__name__}."
+        )
+
+
+# ----------------------------------------------------------------------------- the options
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """The arguments of one :func:`jaxsane.fit` call, one field per parameter (same names, meanings and
+    defaults: see fit's docstring). :meth:`checked` checks them all and fills the defaults that need no work.
+    Not jit-safe."""
+
+    experiment: Experiment
+    steps: int
+    eval_every: int | None
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    keep: int
+    resume: bool
+    key: jax.Array | None
+    on_nonfinite: str
+    max_rollbacks: int
+    patience: int | None
+    min_delta: float
+    eval_batches: int
+    telemetry_every: int | None
+    dead_every: int | None
+    log_every: int
+    metrics_path: str | None
+    tensorboard_dir: str | None
+    writer: Any
+    progress: bool
+    report: str | None
+    dump_dir: str | None
+    thresholds: dict | None
+    restore_best: bool
+    repeat: bool
+    rollback_every: int | None
+    checks: bool
+    hang_timeout: float | None | str
+
+    def checked(self) -> FitOptions:
+        """Every argument checked, in fit's order (an ExperimentError or FitArgumentError, before any work;
+        ``checkpoint_dir`` and the metrics file's directory are created), with the defaults filled that depend
+        on the arguments only: ``metrics_path``, ``telemetry_every``, ``dead_every``, ``rollback_every``.
+        ``eval_every`` (it needs the experiment's loss) and ``hang_timeout="auto"`` (the process count at
+        the first step) are resolved by the loop."""
+        if not isinstance(self.experiment, Experiment):
+            raise ExperimentError(f"fit needs a jaxsane.Experiment, got {type(self.experiment).__name__}.")
+        check_fit_arguments(
+            steps=self.steps,
+            eval_every=self.eval_every,
+            checkpoint_every=self.checkpoint_every,
+            keep=self.keep,
+            on_nonfinite=self.on_nonfinite,
+            max_rollbacks=self.max_rollbacks,
+            patience=self.patience,
+            min_delta=self.min_delta,
+            eval_batches=self.eval_batches,
+            telemetry_every=self.telemetry_every,
+            dead_every=self.dead_every,
+            log_every=self.log_every,
+            rollback_every=self.rollback_every,
+            thresholds=self.thresholds,
+        )
+        steps = int(self.steps)
+        writer = require_writer("jaxsane.fit", self.writer)
+        hang_timeout = self.hang_timeout
+        if hang_timeout != "auto":
+            hang_timeout = check_hang_timeout(hang_timeout, "fit", FitArgumentError)
+        if self.report is not None:
+            check_file_arg("report", self.report, create_parent=False)
+        if self.dump_dir is not None:
+            check_dir_arg("dump_dir", self.dump_dir, create=False)
+        metrics_path = self.metrics_path
+        if self.checkpoint_dir is not None:
+            check_dir_arg("checkpoint_dir", self.checkpoint_dir, create=True)
+            if metrics_path is None:
+                metrics_path = os.path.join(self.checkpoint_dir, "metrics.jsonl")
+        if metrics_path is not None:
+            check_file_arg("metrics_path", metrics_path, create_parent=True)
+        if not isinstance(self.checks, bool):
+            raise FitArgumentError(f"fit(checks=...) must be True or False, got {self.checks!r}.")
+        telemetry_every = max(1, min(50, steps // 40)) if self.telemetry_every is None else self.telemetry_every
+        return dataclasses.replace(
+            self,
+            steps=steps,
+            writer=writer,
+            hang_timeout=hang_timeout,
+            metrics_path=metrics_path,
+            telemetry_every=telemetry_every,
+            dead_every=5 * telemetry_every if self.dead_every is None else self.dead_every,
+            rollback_every=min(self.checkpoint_every, 20) if self.rollback_every is None else self.rollback_every,
         )

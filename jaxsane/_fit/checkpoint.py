@@ -39,7 +39,8 @@ def leaf_checksum(x: Any) -> str | None:
         return None
     a = np.ascontiguousarray(np.asarray(x))
     crc = zlib.crc32(f"{a.dtype.str}{a.shape}".encode())
-    return f"{zlib.crc32(a.view(np.uint8).reshape(-1) if a.size else b'', crc):08x}"
+    data = a.view(np.uint8).reshape(-1) if a.size else b""
+    return f"{zlib.crc32(data, crc):08x}"  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer
 
 
 def _nonfinite_leaf(leaves: list, paths: list[str]) -> str | None:
@@ -225,7 +226,8 @@ def disk_error(
     os_error = _find_oserror(error)
     if os_error is None:
         return error
-    cause = _DISK_HINTS.get(os_error.errno, os.strerror(os_error.errno) if os_error.errno else str(os_error))
+    code = os_error.errno
+    cause = _DISK_HINTS.get(code, os.strerror(code) if code else str(os_error)) if code is not None else str(os_error)
     last = (
         f"the last complete checkpoint is step {complete[-1]} in {directory}"
         if complete

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .._core.errors import JaxsaneWarning
+from .._core.frames import user_stacklevel
 from .._core.history import History
 from .._monitor.writers import write_scalars
 from . import checkpoint as _ckpt
@@ -86,37 +88,40 @@ class MetricsLog:
         return records
 
     def _tensorboard(self, h: History, records: list[dict]) -> None:
+        tb = self.tb
+        if tb is None:
+            return
         for rec in records:
             if rec["kind"] in ("train", "eval"):
                 for k, v in rec.items():
                     if k not in ("kind", "step") and isinstance(v, (int, float)):
-                        self.tb(f"{rec['kind']}/{k}", v, rec["step"])
+                        tb(f"{rec['kind']}/{k}", v, rec["step"])
             elif rec["kind"] == "grad":
                 for j, v in enumerate(rec["grad_norm"]):
                     path = h.leaf_paths[j] if j < len(h.leaf_paths) else str(j)
-                    self.tb(f"grad_norm/{path}", v, rec["step"])
+                    tb(f"grad_norm/{path}", v, rec["step"])
 
 
-def _tensorboard_writer(logdir: str):
+def _tensorboard_writer(logdir: str) -> Callable[[str, Any, int], None] | None:
     """``(tag, value, step) -> None`` through tensorboardX / torch / tf when installed; else None and a warning."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         try:
-            from torch.utils.tensorboard import SummaryWriter  # type: ignore
+            from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             SummaryWriter = None
     if SummaryWriter is not None:
         writer = SummaryWriter(logdir)
         return lambda tag, value, step: writer.add_scalar(tag, value, step)
     try:
-        import tensorflow as tf  # type: ignore
+        import tensorflow as tf
     except ImportError:
         warnings.warn(
             "[jaxsane] fit(tensorboard_dir=...) needs tensorboardX, torch or tensorflow installed; "
             "writing JSONL metrics only.",
             JaxsaneWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
         return None
     writer = tf.summary.create_file_writer(logdir)

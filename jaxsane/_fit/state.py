@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from .._core.errors import JaxsaneWarning
+from .._core.frames import user_stacklevel
 from .._core.tree import PyTree, is_key, leaves_with_paths
 from .._experiment.contract import PureExperiment
 from . import checkpoint as _ckpt
@@ -60,7 +61,7 @@ def best_state(
         "memory nor among the kept checkpoints; returning the last state. Raise keep=... so the "
         "best checkpoint survives a resume.",
         JaxsaneWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     return like
 

@@ -227,7 +227,7 @@ class _Stop(Exception):
 @pytest.mark.parametrize("processes, given, expected", [(2, "auto", 600.0), (1, "auto", None), (2, None, None),
                                                         (2, 30, 30.0)])
 def test_fit_turns_the_watch_on_under_jax_distributed(monkeypatch, processes, given, expected):
-    from jaxsane._fit import fit as _fit
+    from jaxsane._fit import loop as _fit
     from jaxsane.examples import load
 
     class Jax:  # jax as _fit sees it, with this many processes

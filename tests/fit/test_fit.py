@@ -284,7 +284,7 @@ def test_progress_writes_plain_lines_with_rate_and_eta_when_not_a_terminal(capsy
 def test_progress_rate_and_eta_follow_the_steps():
     import io
 
-    from jaxsane._fit.data import Progress
+    from jaxsane._render.progress import StepProgress as Progress
     stream = io.StringIO()
     bar = Progress(True, 100, 0, "demo", stream=stream, every_seconds=0.0)
     bar.update(1, "loss 2")
