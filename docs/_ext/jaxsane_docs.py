@@ -201,6 +201,11 @@ def copy_notebooks(app: Any) -> None:
             shutil.copyfile(src, dst)
 
 
+def clear_generated(app: Any, config: Any) -> None:
+    """Remove autosummary's stub pages from an earlier build, so a name no longer listed leaves no stale page."""
+    shutil.rmtree(pathlib.Path(app.srcdir) / "reference" / "generated", ignore_errors=True)
+
+
 def check_api_documented(app: Any, env: Any) -> None:
     """Warn for each public name (``jaxsane.__all__``, ``jaxsane.testing.__all__``) the manual does not document."""
     import jaxsane
@@ -232,6 +237,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_directive("jaxsane-codes", CodesDirective)
     app.add_directive("jaxsane-options", OptionsDirective)
     app.add_directive("jaxsane-cli", CliDirective)
+    app.connect("config-inited", clear_generated)
     app.connect("builder-inited", copy_notebooks)
     app.connect("env-check-consistency", check_api_documented)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
