@@ -53,6 +53,8 @@ autosummary_imported_members = True
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# types beside the parameters a docstring documents; a dataclass's fields are its Attributes already
+autodoc_typehints_description_target = "documented_params"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 napoleon_google_docstring = True
@@ -75,7 +77,8 @@ nb_merge_streams = True
 # HTML
 html_theme = "sphinx_book_theme"
 html_title = f"jaxsane {version}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["jaxsane.css"]
 html_theme_options = {
     "repository_url": "https://github.com/jaxsane/jaxsane",
     "use_repository_button": True,

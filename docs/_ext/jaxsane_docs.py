@@ -232,8 +232,30 @@ def escape_star_pairs(app: Any, what: str, name: str, obj: Any, options: Any, li
         lines[i] = _STAR_PAIR.sub(lambda m: f"{m[1]}\\*{m[2]}, \\*\\*{m[3]}{m[4] or ''}:", line)
 
 
+_SECTION = re.compile(r"^(\s*)(\w[\w ]*):\s*$")
+_GROUPED = re.compile(r"^(\s+)(\w+(?:, \w+)+):")
+
+
+def join_grouped_attributes(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """``a, b: ...`` in a Google ``Attributes:`` section, written ``a,b: ...`` before napoleon reads it.
+
+    napoleon takes one name per entry; given ``best_step, best_eval_loss:`` it renders ``best_step,`` as the
+    type of ``best_eval_loss``. Joined without the space, the entry keeps both names under one description.
+    Runs before napoleon.
+    """
+    section = None
+    for i, line in enumerate(lines):
+        head = _SECTION.match(line)
+        if head:
+            section = head[2]
+            continue
+        if section == "Attributes":
+            lines[i] = _GROUPED.sub(lambda m: f"{m[1]}{m[2].replace(', ', ',')}:", line)
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", escape_star_pairs, priority=400)
+    app.connect("autodoc-process-docstring", join_grouped_attributes, priority=400)
     app.add_directive("jaxsane-codes", CodesDirective)
     app.add_directive("jaxsane-options", OptionsDirective)
     app.add_directive("jaxsane-cli", CliDirective)
