@@ -16,8 +16,8 @@ The row builders (:func:`code_rows`, :func:`option_rows`) are plain functions so
 from __future__ import annotations
 
 import filecmp
-import re
 import pathlib
+import re
 import shutil
 from typing import Any
 
@@ -147,16 +147,22 @@ class OptionsDirective(SphinxDirective):
         rows_by_stage: dict[str, list[list[Any]]] = {}
         for stage, name, tp, default, bounds, doc in option_rows():
             rows_by_stage.setdefault(stage, []).append(
-                [_literal_par(name, [nodes.make_id(f"option-{name}")]), _literal_par(tp), _literal_par(default),
-                 bounds or "-", doc]
+                [
+                    _literal_par(name, [nodes.make_id(f"option-{name}")]),
+                    _literal_par(tp),
+                    _literal_par(default),
+                    bounds or "-",
+                    doc,
+                ]
             )
         out: list[nodes.Node] = []
         for stage, description in stage_descriptions().items():
             section = nodes.section(ids=[f"stage-{stage}"])
             section += nodes.title(text=f"{stage}")
             section += nodes.paragraph(text=description)
-            section += _table(["option", "type", "default", "bounds", "meaning"], rows_by_stage.get(stage, []),
-                              [20, 16, 14, 10, 40])
+            section += _table(
+                ["option", "type", "default", "bounds", "meaning"], rows_by_stage.get(stage, []), [20, 16, 14, 10, 40]
+            )
             out.append(section)
         return out
 
@@ -173,7 +179,7 @@ class CliDirective(SphinxDirective):
         from jaxsane.cli import build_parser
 
         old = os.environ.get("COLUMNS")
-        os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width: fix it for the page
+        os.environ["COLUMNS"] = "80"  # argparse wraps at the terminal's width: fix it for the page
         try:
             parser = build_parser()
             texts = [parser.format_help()]
@@ -215,8 +221,7 @@ def check_api_documented(app: Any, env: Any) -> None:
     for module, names in (("jaxsane", jaxsane.__all__), ("jaxsane.testing", jaxsane.testing.__all__)):
         for name in names:
             if f"{module}.{name}" not in documented:
-                LOG.warning("public name %s.%s is not documented in the API reference (docs/reference/)",
-                            module, name)
+                LOG.warning("public name %s.%s is not documented in the API reference (docs/reference/)", module, name)
 
 
 _STAR_PAIR = re.compile(r"^(\s*)\*(\w+), \*\*(\w+)( \(.*\))?:")
