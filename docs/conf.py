@@ -32,7 +32,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
-    "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
     "myst_nb",
     "jaxsane_docs",
@@ -64,9 +63,6 @@ napoleon_attr_annotations = True
 # ``Attributes:`` sections as fields of their class: an attribute that is also a documented property
 # (``Guarded.hang``) would otherwise be described twice.
 napoleon_use_ivar = True
-
-# intersphinx: no network at build time, so only local inventories would be used; none are.
-intersphinx_mapping: dict = {}
 
 # MyST and notebooks
 myst_enable_extensions = ["colon_fence", "deflist"]
