@@ -143,10 +143,8 @@ def _lines_in_text(text: str) -> set[int]:
 def run_debug_nans(c):
     fn, args = c.build()
     t = time.perf_counter()
-    jax.config.update("jax_debug_nans", True)
-    jax.config.update("jax_debug_infs", True)
-    try:
-        with warnings.catch_warnings():
+    try:  # the context managers, as the upstream tests use them (they are part of jit's cache key)
+        with jax.debug_nans(True), jax.debug_infs(True), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = fn(*args)
             jax.block_until_ready(out)
@@ -154,9 +152,6 @@ def run_debug_nans(c):
         msg = str(e)
         return {"alarm": True, "said": _short(msg), "lines": sorted(_lines_in_exception(e)),
                 "input": "input" in msg.lower(), "time": time.perf_counter() - t}
-    finally:
-        jax.config.update("jax_debug_nans", False)
-        jax.config.update("jax_debug_infs", False)
     return {"alarm": False, "said": "no FloatingPointError", "time": time.perf_counter() - t}
 
 
@@ -358,6 +353,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--load", default="", help="the machine load to note in the markdown (uptime)")
+    ap.add_argument("--notes", help="a markdown file appended to --markdown (the hand-written analysis)")
     a = ap.parse_args(argv)
     tools = tuple(a.tools.split(","))
     chosen = cases_mod.CASES
@@ -382,6 +378,9 @@ def main(argv=None) -> int:
         command = "python -m benchmarks.peers.run " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(a.markdown, "w") as f:
             f.write(markdown(rows, tot, command, a.load))
+            if a.notes:
+                with open(a.notes) as n:
+                    f.write("\n" + n.read())
     return 0
 
 
