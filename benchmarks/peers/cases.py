@@ -36,8 +36,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import (
+    NamedSharding,  # noqa: E402
+    PartitionSpec as P,  # noqa: E402
+)
 
 DN = "debug_nans_test.py"
 CK = "checkify_test.py"
@@ -386,8 +388,11 @@ def di_jit_returns_nan_literal():
     return f, (3,)
 
 
-@case(f"{DN} DebugInfsTest.testDebugNansDoesntReturnDeoptimizedResult (variant: jnp.inf, array input)",
-      "nonfinite", "literal")
+@case(
+    f"{DN} DebugInfsTest.testDebugNansDoesntReturnDeoptimizedResult (variant: jnp.inf, array input)",
+    "nonfinite",
+    "literal",
+)
 def di_jit_returns_inf_literal():
     @jax.jit
     def f(x):
@@ -596,7 +601,7 @@ def ck_scan_map_inf_input():
 
 def _scan_carry_body(carry, x):
     carry = carry - 1.0
-    possible_nan = jnp.sin(1.0 / carry)  # ORIGIN
+    possible_nan = jnp.sin(1.0 / carry)
     return carry, x + possible_nan
 
 
@@ -688,8 +693,12 @@ def ck_while_cond_clean():
     return jax.jit(lambda v: lax.while_loop(cond, lambda v: v + 1.0, v)), (1.0,)
 
 
-@case(f"{CK} CheckifyTransformTests.test_while_loop_cond_error", "masked", "none",
-      note="the NaN lives in the loop predicate only; the output is finite")
+@case(
+    f"{CK} CheckifyTransformTests.test_while_loop_cond_error",
+    "masked",
+    "none",
+    note="the NaN lives in the loop predicate only; the output is finite",
+)
 def ck_while_cond_nan_masked():
     def cond(val):
         s = jnp.sin(1.0 / val)
@@ -964,8 +973,12 @@ def ck_custom_vjp_bwd_div():
     return jax.jit(jax.grad(f)), (jnp.array(0.0),)
 
 
-@case(f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the forward rule's residual blows up)",
-      "nonfinite", "backward", note="the primal output is finite: only the derivative (through the residual) blows up")
+@case(
+    f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the forward rule's residual blows up)",
+    "nonfinite",
+    "backward",
+    note="the primal output is finite: only the derivative (through the residual) blows up",
+)
 def ck_custom_vjp_fwd_residual():
     @jax.custom_vjp
     def f(x):
@@ -981,8 +994,11 @@ def ck_custom_vjp_fwd_residual():
     return jax.jit(jax.grad(f)), (jnp.array(0.0),)
 
 
-@case(f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the backward rule returns a NaN constant)",
-      "nonfinite", "literal")
+@case(
+    f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the backward rule returns a NaN constant)",
+    "nonfinite",
+    "literal",
+)
 def ck_custom_vjp_bwd_nan_constant():
     @jax.custom_vjp
     def f(x):
@@ -998,8 +1014,12 @@ def ck_custom_vjp_bwd_nan_constant():
     return jax.jit(jax.grad(f)), (jnp.array(1.0),)
 
 
-@case(f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the backward rule returns a Python float NaN)",
-      "nonfinite", "literal", note="grad's output is a Python float")
+@case(
+    f"{CK} CheckifyTransformTests.test_custom_vjp (variant: the backward rule returns a Python float NaN)",
+    "nonfinite",
+    "literal",
+    note="grad's output is a Python float",
+)
 def ck_custom_vjp_bwd_python_nan():
     @jax.custom_vjp
     def f(x):
@@ -1110,8 +1130,12 @@ def ck_scan_reshape_clean():
     return g, (jnp.ones((2, 4)),)
 
 
-@case(f"{CK} AssertPrimitiveTests.test_checkify_of_vmap_of_while_errors", "masked", "none",
-      note="counter / 0 becomes inf in the carry, the loop stops, only the finite value is returned")
+@case(
+    f"{CK} AssertPrimitiveTests.test_checkify_of_vmap_of_while_errors",
+    "masked",
+    "none",
+    note="counter / 0 becomes inf in the carry, the loop stops, only the finite value is returned",
+)
 def ck_vmap_of_while_masked():
     @jax.vmap
     def fun(n, v):
@@ -1124,8 +1148,11 @@ def ck_vmap_of_while_masked():
     return fun, (jnp.asarray([1.0, 2.0, 3.0]), jnp.asarray([5.0, 2.0, 4.0]))
 
 
-@case(f"{CK} AssertPrimitiveTests.test_checkify_of_vmap_of_while_errors (variant: the counter returned)",
-      "nonfinite", "forward")
+@case(
+    f"{CK} AssertPrimitiveTests.test_checkify_of_vmap_of_while_errors (variant: the counter returned)",
+    "nonfinite",
+    "forward",
+)
 def ck_vmap_of_while_counter():
     @jax.vmap
     def fun(n, v):

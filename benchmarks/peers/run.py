@@ -108,8 +108,12 @@ def run_guard(c):
     except jaxsane.NonFiniteError as e:
         f = getattr(e, "finding", None)
         code = getattr(f, "code", "") or ""
-        return {"alarm": True, "said": _short(f"NonFiniteError {code}: {f.message if f else e}"), "code": code,
-                "time": time.perf_counter() - t}
+        return {
+            "alarm": True,
+            "said": _short(f"NonFiniteError {code}: {f.message if f else e}"),
+            "code": code,
+            "time": time.perf_counter() - t,
+        }
     dt = time.perf_counter() - t
     out_bad = _nonfinite(out)
     said = "returned" + (" a non-finite output" if out_bad else "")
@@ -150,8 +154,13 @@ def run_debug_nans(c):
             jax.block_until_ready(out)
     except FloatingPointError as e:
         msg = str(e)
-        return {"alarm": True, "said": _short(msg), "lines": sorted(_lines_in_exception(e)),
-                "input": "input" in msg.lower(), "time": time.perf_counter() - t}
+        return {
+            "alarm": True,
+            "said": _short(msg),
+            "lines": sorted(_lines_in_exception(e)),
+            "input": "input" in msg.lower(),
+            "time": time.perf_counter() - t,
+        }
     return {"alarm": False, "said": "no FloatingPointError", "time": time.perf_counter() - t}
 
 
@@ -215,8 +224,15 @@ def score(c, tool: str, r: dict) -> dict:
 
 
 def run_case(c, tools=TOOLS) -> dict:
-    row = {"name": c.name, "source": c.source, "kind": c.kind, "phase": c.phase, "origin_line": c.origin_line,
-           "devices": c.devices, "tools": {}}
+    row = {
+        "name": c.name,
+        "source": c.source,
+        "kind": c.kind,
+        "phase": c.phase,
+        "origin_line": c.origin_line,
+        "devices": c.devices,
+        "tools": {},
+    }
     if jax.device_count() < c.devices:
         row["skipped"] = f"needs {c.devices} devices, {jax.device_count()} present"
         return row
@@ -319,15 +335,22 @@ def markdown(rows: list[dict], tot: dict, command: str, load: str) -> str:
     ]
     for tool, t in tot.items():
         lp = f"{t['line_exact_and_phase']}/{t['nonfinite']}" if "line_exact_and_phase" in t else "-"
-        gr = f"{t['raised_on_nonfinite_outputs']}/{t['nonfinite_outputs']}" if "raised_on_nonfinite_outputs" in t else "-"
+        gr = "-"
+        if "raised_on_nonfinite_outputs" in t:
+            gr = f"{t['raised_on_nonfinite_outputs']}/{t['nonfinite_outputs']}"
         exact = f"{t['line_exact']}/{t['nonfinite']}" if tool != "guard" else "-"
         out.append(
             f"| {tool} | {exact} | {lp} | {t['alarm_on_nonfinite']}/{t['nonfinite']} | "
             f"{t['false_alarms']}/{t['clean_masked']} | {t['input_attributed']}/{t['input']} | {gr} | "
             f"{t['crashes']} | {t['time_s']} |"
         )
-    out += ["", "## Cases", "", "| case | source | kind | expected | " + " | ".join(TOOLS) + " |",
-            "|---|---|---|---|" + "---|" * len(TOOLS)]
+    out += [
+        "",
+        "## Cases",
+        "",
+        "| case | source | kind | expected | " + " | ".join(TOOLS) + " |",
+        "|---|---|---|---|" + "---|" * len(TOOLS),
+    ]
     for row in rows:
         if "skipped" in row:
             out.append(f"| {row['name']} | {row['source']} | {row['kind']} | skipped: {row['skipped']} |" + " |" * 4)
@@ -340,9 +363,11 @@ def markdown(rows: list[dict], tot: dict, command: str, load: str) -> str:
         for tool in TOOLS:
             r = row.get("tools", {}).get(tool)
             if r is not None and not r.get("ok"):
-                out.append(f"- `{row['name']}` ({row['kind']}, {row['phase']}"
-                           f"{' @ ' + str(row['origin_line']) if row['origin_line'] else ''}) {tool}: "
-                           f"{r['said'].replace('|', '/')}")
+                out.append(
+                    f"- `{row['name']}` ({row['kind']}, {row['phase']}"
+                    f"{' @ ' + str(row['origin_line']) if row['origin_line'] else ''}) {tool}: "
+                    f"{r['said'].replace('|', '/')}"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -375,7 +400,9 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "totals": tot}, f, indent=1, default=str)
     if a.markdown:
-        command = "python -m benchmarks.peers.run " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')} .venv/bin/python -m benchmarks.peers.run " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
         with open(a.markdown, "w") as f:
             f.write(markdown(rows, tot, command, a.load))
             if a.notes:
