@@ -112,6 +112,18 @@ def _fallback_mesh(devices) -> Mesh:
 
 
 # ------------------------------------------------------------------------- in-graph replica checks
+def cached_replica_plan(cache: dict, tree: PyTree) -> tuple:
+    """:func:`replica_plan` of ``tree``, kept in ``cache`` under its structure and its leaves' shardings and
+    shapes (a guarded step's state keeps one plan across calls). Not jit-safe."""
+    key = (
+        jax.tree_util.tree_structure(tree),
+        tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in jax.tree_util.tree_leaves(tree)),
+    )
+    if key not in cache:
+        cache[key] = replica_plan(tree)
+    return cache[key]
+
+
 def replica_plan(tree: PyTree) -> tuple:
     """Which leaves of ``tree`` are meant to be replicated, from their concrete shardings. Not jit-safe.
 
