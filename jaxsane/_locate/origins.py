@@ -18,7 +18,8 @@ import numpy as np
 from .._core.frames import frames_of, is_library_file, source_text, user_chain, user_frame
 from .._jaxpr.interpret import all_eqns
 from .flow import OUT, Analysis, nonfinite_counts
-from .nan_causes import Cause, explain, primal_eqn
+from .nan_causes import Cause, explain
+from .nan_values import primal_eqn
 from .replay import Node, Val, raw
 from .result import Origin, OriginContext
 
