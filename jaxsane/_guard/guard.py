@@ -21,7 +21,7 @@ import functools
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -47,21 +47,15 @@ from .._experiment.purify import (
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.recompile import RecompileTracker, recompile_finding, signature
 from .chex import chex_failure, flags_of
-from .flags import grouped_flags, replica_target, select_state, select_tree
+from .flags import grouped_flags, replica_target, select_state, select_tree, under_trace
 from .host import HostSide, flush_at_exit, traced_failure
 from .kept import KeptCall, PendingStep
 from .settings import ENV_ONLY, POLICIES as POLICIES, check_settings
 
-try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover
-    _trace_state_clean = None
 
-
-def _has_tracer(tree: Any) -> bool:
-    if _trace_state_clean is not None:
-        return not _trace_state_clean()
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+def _wait_checks(step: Any) -> None:
+    """Drain a chexified step's pending chex checks (chex's wrapper has ``wait_checks``); may raise chex's error."""
+    step.wait_checks()
 
 
 class Guarded:
@@ -148,7 +142,7 @@ class Guarded:
         self._hang = HangWatch(hang_timeout, self.failures.append) if hang_timeout is not None else None
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs, replicas, skip, per_leaf, rest).
         # A donating step keeps its memory behaviour only with keep_inputs=False (then the plain args are donated).
-        jit = jax.jit if runs is None else functools.partial(quick_jit, runs=runs)
+        jit: Callable[..., Any] = jax.jit if runs is None else functools.partial(quick_jit, runs=runs)
         self._compiled = jit(self._body, static_argnums=(0, 1, 2, 6, 8, 9), donate_argnums=(4,) if donate else ())
         # the common case (plain pytree args, no static args, no NNX objects, no replica check) skips the
         # static-argument hashing of the general entry point: ~10 us less per call
@@ -229,9 +223,6 @@ class Guarded:
         """How many steps were skipped (``on_nonfinite="skip"``)."""
         return self._host.skipped
 
-    def _arg_name(self, i: int) -> str:
-        return self._host.arg_name(i)
-
     # ------------------------------------------------------------------ the compiled body
     def _body(
         self, layout, statics, static_kw, nnx_state, plain, kwargs, replicas=(), skip=None, per_leaf=None, rest=None
@@ -308,7 +299,7 @@ class Guarded:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
-        if _has_tracer((args, kwargs)):
+        if under_trace((args, kwargs)):
             return self._traced_call(*args, **kwargs)
         if self._hang is not None:  # records the step's entry and return for the dist.hang watchdog
             return self._hang.run(self.step_count, self._call, *args, **kwargs)
@@ -338,7 +329,7 @@ class Guarded:
             self._poll(block)
         except NonFiniteError as err:
             try:
-                self.step.wait_checks()
+                _wait_checks(self.step)
             except AssertionError as e:
                 if failed_assertion(e) is None:
                     raise
@@ -363,7 +354,7 @@ class Guarded:
         failures (may raise). Not jit-safe."""
         if self._chex:
             try:
-                self.step.wait_checks()
+                _wait_checks(self.step)
             except AssertionError as e:
                 self._on_chex_assertion(e, None)
         self._poll(block=True)
@@ -404,7 +395,7 @@ class Guarded:
         replica = None
         if plan:
             flags, fps = flags
-            names = [self._arg_name(p) for p in positions] if positions else [self._arg_name(0)]
+            names = [self._host.arg_name(p) for p in positions] if positions else [self._host.arg_name(0)]
             replica = (plan, fps, nnx_state if positions else plain[0], names, bool(positions))
         if positions:
             _nnx().update(objs, new_nnx_state)
@@ -444,7 +435,7 @@ class Guarded:
         sig = signature(
             args,
             {**kwargs, **dict(static_kw)},
-            names=[self._arg_name(i) for i in range(len(args))],
+            names=[self._host.arg_name(i) for i in range(len(args))],
             static_argnums=[i for i, _ in statics],
             static_argnames=[k for k, _ in static_kw],
         )
@@ -458,7 +449,7 @@ class Guarded:
                 f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
                 f"every later compilation is listed in guarded.recompiles)"
             )
-            warning.finding = finding
+            cast(Any, warning).finding = finding  # (JaxsaneWarning declares no finding attribute)
             warnings.warn(warning, stacklevel=user_stacklevel())
 
     def _replica_plan(self, state) -> tuple:
@@ -481,7 +472,7 @@ class Guarded:
         out_arrays = out
         if rest is not None:
             out_arrays, out = out[0], combine(*out)
-        in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._arg_name(i))]
+        in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._host.arg_name(i))]
         names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out_arrays, "out"))
         jax.debug.callback(functools.partial(traced_failure, weakref.ref(self._host), names), flags)
         return out
@@ -508,6 +499,7 @@ def guard(
 
     The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and ``nnx.jit``-ed steps and
     composes with ``jax.jit``/``jax.vmap`` applied outside (there a host callback reports failures). It compiles once.
+    Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
 
     Args:
       step: the train step, e.g. ``(state, batch) -> (state, metrics)`` or an NNX step.
@@ -565,19 +557,16 @@ def guard(
         with ``JAXSANE_ON_NONFINITE=breakpoint`` under ``jax.distributed`` with more than one process (a debugger on
         one process would leave the others waiting in the step's collectives).
 
-    Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
-
     Example:
       >>> import jax.numpy as jnp, jaxsane
       >>> guarded = jaxsane.guard(lambda s, b: (s + b, {"loss": jnp.sum(b)}), sync=True)
       >>> state, metrics = guarded(jnp.zeros(2), jnp.ones(2))
     """
     require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError, env_only=ENV_ONLY)
-    debug = on_nonfinite == "breakpoint"  # "raise", with a debugger at the origin first
+    policy = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError, env_only=ENV_ONLY)
     guarded = Guarded(
         step,
-        on_nonfinite="raise" if debug else on_nonfinite,
+        on_nonfinite="raise" if policy == "breakpoint" else policy,
         dump_dir=dump_dir,
         max_consecutive_skips=max_consecutive_skips,
         max_lag=max_lag,
@@ -588,5 +577,5 @@ def guard(
         warn_recompiles=warn_recompiles,
         hang_timeout=hang_timeout,
     )
-    guarded.breakpoint = debug
+    guarded.breakpoint = policy == "breakpoint"  # "raise", with a debugger at the origin first
     return guarded

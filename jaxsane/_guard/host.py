@@ -102,12 +102,10 @@ class HostSide:
             # Under jax.distributed every process must decide at the same call (a failure path may run
             # collectives, and a process that stops early would leave the others waiting in the next step's
             # collectives): there flags are read after exactly max_lag calls, never "when ready".
-            if (
-                not block
-                and len(self.pending) <= self.settings.max_lag
-                and (self.multiprocess or not rec.flags.is_ready())
-            ):
-                return
+            if not block and len(self.pending) <= self.settings.max_lag:
+                ready = rec.flags.is_ready  # type: ignore[attr-defined]  # (jax.Array's stub lacks is_ready)
+                if self.multiprocess or not ready():
+                    return
             self.pending.popleft()
             flags = np.asarray(rec.flags)
             if _all_set(flags):
