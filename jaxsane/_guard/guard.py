@@ -7,7 +7,7 @@ device-to-host transfer: the small flag vector is read once it is ready, at a la
 (at most ``max_lag`` calls later) or at :meth:`Guarded.flush`.
 
 Here: the transform, its compiled body and the call. The traced flags and the skip selection are
-``flags.py``; reading the flags and reporting a failure (the host side, a :class:`~.host.HostSide` that
+``flags.py``; reading the flags and reporting a failure (the host side, a ``HostSide`` that
 :class:`Guarded` holds) is ``host.py`` and ``report.py``; the checks of guard's arguments are ``settings.py``.
 Constructing a guard is not jit-safe; the guarded step may be called inside ``jit``/``vmap``.
 """
@@ -99,7 +99,7 @@ class Guarded:
     ):
         """``runs``: about how many calls this guard will see, when the caller knows it is few (doctor's one
         re-run of a failing step: 1); guard's program is then compiled for that many runs
-        (:func:`~jaxsane._jaxpr.compile_level.quick_jit`, on XLA:CPU its quick level, as jaxsane's other one-off
+        (``quick_jit`` of ``_jaxpr/compile_level.py``, on XLA:CPU its quick level, as jaxsane's other one-off
         programs). None (the default, and what :func:`guard` passes): XLA's defaults, as for a training loop.
         The other arguments are :func:`guard`'s."""
         # (breakpoint is set by guard() from JAXSANE_ON_NONFINITE=breakpoint)
