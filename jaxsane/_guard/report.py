@@ -34,6 +34,7 @@ FIX = {
 
 
 def some_paths(paths: list[str], n: int = 4) -> str:
+    """The first ``n`` of ``paths`` for a message, and how many more there are."""
     return ", ".join(paths[:n]) + (f" and {len(paths) - n} more leaves" if len(paths) > n else "")
 
 
