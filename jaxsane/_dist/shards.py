@@ -5,6 +5,8 @@ the host to name the devices and processes that hold the NaN/Inf and the batch r
 (:func:`nonfinite_shards`); when an all-reduce spread the NaN everywhere, :func:`replay_shards` replays the
 step once per batch shard. :func:`gather_to_host` copies a sharded pytree to host numpy. The multi-process
 rule of ``replicas.py`` holds here: the same collectives in the same order on every process.
+
+Not jit-safe: everything here runs on the host, on the failure path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Given the equation where a NaN/Inf is born and the real values around it, :func:`explain` says
 what happened in numbers (``sqrt'(0.0) -> inf``, ``div(0.0, 0.0) -> nan``), which classic bug
 that is (log of 0, the ``jnp.where`` trap, a masked mean over an all-padding row, ``-inf``
-masks, exp/float16 overflow, optimizer eps underflow, ...) and what to change. Host-side only.
+masks, exp/float16 overflow, optimizer eps underflow, ...) and what to change: the first rule of
+:data:`_RULES` for the equation's primitive that fits its values. Host-side only, not jit-safe.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The report of :func:`jaxsane.locate`: :class:`LocateReport`, its :class:`Origin` entries and what the
-replay held at each origin (:class:`OriginContext`, read by the debugger, ``debugger.py``)."""
+replay held at each origin (:class:`OriginContext`, read by the debugger, ``debugger.py``).
+
+Host-side records, not jit-safe.
+"""
 
 from __future__ import annotations
 
