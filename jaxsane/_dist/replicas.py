@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .._core.errors import ArgumentError
 from .._core.finding import Finding
 from .._core.tree import PyTree, is_inexact, leaves_with_paths
 from .._core.validate import require_int, require_str
@@ -78,7 +77,7 @@ def _bits(x: jax.Array) -> jax.Array:
         return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(jnp.uint32).ravel()
     if size == 8:
         return jax.lax.bitcast_convert_type(x, jnp.uint32).ravel()
-    raise ArgumentError(f"[jaxsane] cannot fingerprint dtype {dtype}")
+    raise TypeError(f"[jaxsane] cannot fingerprint dtype {dtype}")
 
 
 def fingerprint(x: jax.typing.ArrayLike) -> jax.Array:

@@ -167,8 +167,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       root cause (``.code``, ``.file``, ``.line``, ``.fix``, ``.summary()``).
 
     Raises:
-      ArgumentError: (a ``JaxsaneError``) ``fn`` is not callable.
-      JaxsaneError: ``fn`` does not trace on the given inputs.
+      JaxsaneError: ``fn`` is not callable or does not trace on the given inputs.
       DumpError: an argument is an NNX object's state read from a dump without its template
         (``load_dump(path)`` without ``like=``); the message says how to rebuild the objects.
 
@@ -178,10 +177,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       >>> report.origins[0].primitive, report.origins[0].code
       ('log', 'nonfinite.forward')
     """
-    from .._core.errors import ArgumentError, DumpError, JaxsaneError
+    from .._core.errors import DumpError, JaxsaneError
 
     if not callable(fn):
-        raise ArgumentError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
+        raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
     message = standin_message(args)
     if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
         raise DumpError(message)
