@@ -144,6 +144,91 @@ def _clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 10)}"
 
 
+def _process_report(
+    p: int, rec: dict, ans: dict | None, missing: bool, now: float
+) -> tuple[list[str], dict, list | None]:
+    """Process ``p`` in the hang report: its lines (with its threads' stacks when it is ``missing``), its entry in
+    ``extra["processes"]`` and its main thread's user frame (None when unknown). ``ans``: its stack answer."""
+    entered, finished = rec.get("entered", -1), rec.get("finished", -1)
+    main = next((t for t in (ans or {}).get("threads", []) if t["main"]), None)
+    frame = user_frame(main) if main else None
+    at = f"{frame[0]}:{frame[1]}" if frame else None
+    state = (
+        "has exited"
+        if rec.get("exited")
+        else "waits inside the guarded call"
+        if rec.get("in_call")
+        else "is outside the guarded step"
+    )
+    if ans is None:
+        state += "; it did not answer the stack request (exited, died, or holds the GIL)"
+    last = (
+        f"last entered step {entered} at {_clock(rec.get('entered_at'))} ({now - rec['entered_at']:.1f}s ago)"
+        if entered >= 0
+        else "entered no step"
+    )
+    lines = [
+        f"  process {p}{' (missing)' if missing else ''}: {last}, finished step {finished}; "
+        f"{state}" + (f"; main thread at {at} in {frame[2]}: {frame[3]}" if frame else "")
+    ]
+    entry = {
+        "entered": entered,
+        "entered_at": rec.get("entered_at"),
+        "finished": finished,
+        "finished_at": rec.get("finished_at"),
+        "in_call": bool(rec.get("in_call")),
+        "exited": bool(rec.get("exited")),
+        "answered": ans is not None,
+        "where": at,
+    }
+    if missing and ans is not None:
+        for t in ans["threads"]:
+            lines.append(f"    thread {t['name']}{' (main)' if t['main'] else ''} of process {p}:")
+            lines.extend(
+                f'      File "{f[0]}", line {f[1]}, in {f[2]}' + (f"\n        {f[3]}" if f[3] else "")
+                for f in t["frames"]
+            )
+        entry["stacks"] = ans["threads"]
+    return lines, entry, frame
+
+
+def _what_and_hint(request: dict, missing: list[int], silent: list[int], step: int, timeout: float) -> tuple[str, str]:
+    """The hang's message and hint: processes that never entered the step (``silent``: those of them that did
+    not answer the stack request either), or a step every process entered that never finished."""
+    if not missing:
+        what = (
+            f"step {step} did not finish within hang_timeout={timeout:g}s although every process entered it: "
+            f"a collective inside it never completes"
+        )
+        hint = (
+            "the processes run different collectives (a branch or shape that differs by process), or a "
+            "device is stuck; if the step is legitimately this slow, raise hang_timeout=."
+        )
+        return what, hint
+    cause = request.get("cause")
+    if cause:
+        what = (
+            f"process(es) {_names(missing)} did not enter step {step}, and the step failed on process "
+            f"{request.get('by')} in a collective (it raised {cause})"
+        )
+    else:
+        what = (
+            f"process(es) {_names(missing)} did not enter step {step} within hang_timeout={timeout:g}s; the "
+            f"others wait for them in a collective"
+        )
+    hint = (
+        f"see where process(es) {_names(missing)} are (their stacks above): a data loader that blocks, a "
+        f"branch only some processes take, a host that died. If steps are legitimately this slow "
+        f"(compile, checkpoint, evaluation on one process), raise hang_timeout=."
+    )
+    if silent:
+        hint = (
+            f"process(es) {_names(silent)} did not answer: they most likely died (read their own log and "
+            f"the scheduler's events: out of memory, preemption, a crash). " + hint.replace("see", "Else see", 1)
+        )
+    return what, hint
+
+
 def hang_finding(
     request: dict, records: dict[int, dict], stacks: dict[int, dict], num_processes: int, timeout: float, now: float
 ) -> Finding:
@@ -154,89 +239,18 @@ def hang_finding(
     # the step that hangs is the first one some process has not entered (the others block in it or later)
     step = low + 1 if low < high else max(high, int(request["step"]))
     missing = [p for p in range(num_processes) if entered_by[p] == low] if low < high else []
-    lines, per_process, where = [], {}, None
+    lines: list[str] = []
+    per_process: dict[int, dict] = {}
+    where = None
     for p in range(num_processes):
-        rec = records.get(p, {})
-        entered, finished = rec.get("entered", -1), rec.get("finished", -1)
-        ans = stacks.get(p)
-        main = next((t for t in (ans or {}).get("threads", []) if t["main"]), None)
-        frame = user_frame(main) if main else None
-        at = f"{frame[0]}:{frame[1]}" if frame else None
+        more, per_process[p], frame = _process_report(p, records.get(p, {}), stacks.get(p), p in missing, now)
+        lines += more
         if p in missing and where is None and frame:
             where = frame
-        state = (
-            "has exited"
-            if rec.get("exited")
-            else "waits inside the guarded call"
-            if rec.get("in_call")
-            else "is outside the guarded step"
-        )
-        if ans is None:
-            state += "; it did not answer the stack request (exited, died, or holds the GIL)"
-        last = (
-            f"last entered step {entered} at {_clock(rec.get('entered_at'))} ({now - rec['entered_at']:.1f}s ago)"
-            if entered >= 0
-            else "entered no step"
-        )
-        lines.append(
-            f"  process {p}{' (missing)' if p in missing else ''}: {last}, finished step {finished}; "
-            f"{state}" + (f"; main thread at {at} in {frame[2]}: {frame[3]}" if frame else "")
-        )
-        per_process[p] = {
-            "entered": entered,
-            "entered_at": rec.get("entered_at"),
-            "finished": finished,
-            "finished_at": rec.get("finished_at"),
-            "in_call": bool(rec.get("in_call")),
-            "exited": bool(rec.get("exited")),
-            "answered": ans is not None,
-            "where": at,
-        }
-        if p in missing and ans is not None:
-            for t in ans["threads"]:
-                lines.append(f"    thread {t['name']}{' (main)' if t['main'] else ''} of process {p}:")
-                lines.extend(
-                    f'      File "{f[0]}", line {f[1]}, in {f[2]}' + (f"\n        {f[3]}" if f[3] else "")
-                    for f in t["frames"]
-                )
-            per_process[p]["stacks"] = ans["threads"]
-    cause = request.get("cause")
-    if missing and cause:
-        what = (
-            f"process(es) {_names(missing)} did not enter step {step}, and the step failed on process "
-            f"{request.get('by')} in a collective (it raised {cause})"
-        )
-    elif missing:
-        what = (
-            f"process(es) {_names(missing)} did not enter step {step} within hang_timeout={timeout:g}s; the "
-            f"others wait for them in a collective"
-        )
-    silent = [p for p in missing if p not in stacks]
-    if missing:
-        hint = (
-            f"see where process(es) {_names(missing)} are (their stacks above): a data loader that blocks, a "
-            f"branch only some processes take, a host that died. If steps are legitimately this slow "
-            f"(compile, checkpoint, evaluation on one process), raise hang_timeout=."
-        )
-        if silent:
-            hint = (
-                f"process(es) {_names(silent)} did not answer: they most likely died (read their own log and "
-                f"the scheduler's events: out of memory, preemption, a crash). " + hint.replace("see", "Else see", 1)
-            )
-    else:
-        what = (
-            f"step {step} did not finish within hang_timeout={timeout:g}s although every process entered it: "
-            f"a collective inside it never completes"
-        )
-        hint = (
-            "the processes run different collectives (a branch or shape that differs by process), or a "
-            "device is stuck; if the step is legitimately this slow, raise hang_timeout=."
-        )
-    message = what
-    report = "\n".join(lines)
+    what, hint = _what_and_hint(request, missing, [p for p in missing if p not in stacks], step, timeout)
     return Finding(
         "dist.hang",
-        message,
+        what,
         hint=hint,
         step=step,
         file=where[0] if where else None,
@@ -247,7 +261,7 @@ def hang_finding(
             "detected_by": request.get("by"),
             "reason": request.get("reason"),
             "processes": per_process,
-            "report": report,
+            "report": "\n".join(lines),
         },
     )
 
@@ -263,6 +277,7 @@ def report_text(finding: Finding) -> str:
 def _raise_in_main(error: type) -> None:
     """Raise ``error`` (a class built with no arguments) in the main thread at its next Python bytecode."""
     ident = threading.main_thread().ident
+    assert ident is not None  # (the main thread has started: it runs this program)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(error))
 
 
@@ -351,11 +366,11 @@ class HangWatch:
                     f"{_names(missing)} had not entered it",
                 }
             )
-            self._respond(self._request() or {"step": step, "by": self.pid})
+            finding = self._respond(self._request() or {"step": step, "by": self.pid})
         except Exception:  # the service went away meanwhile: the step's own error is all there is
             self._main_raises = False
             return
-        raise DistHangError(report_text(self.finding), self.finding) from error
+        raise DistHangError(report_text(finding), finding) from error
 
     # ---------------------------------------------------------------- the watchdog thread
     def _loop(self) -> None:
@@ -385,8 +400,7 @@ class HangWatch:
                         self._post_request({**request, "by": self.pid, "at": now})
                         request = self._request() or request
                 if request is not None:
-                    self._respond(request)
-                    self._act()
+                    self._act(self._respond(request))
                     return
             except Exception:  # the client was shut down (normal exit) or the service is gone
                 if _client()[0] is None:
@@ -425,11 +439,12 @@ class HangWatch:
         records[self.pid] = {**records.get(self.pid, {}), **self._record()}  # our own, fresher than published
         return records
 
-    def _respond(self, request: dict) -> None:
-        """Post our stacks, wait for the others' (bounded), build, keep and print the finding."""
+    def _respond(self, request: dict) -> Finding:
+        """Post our stacks, wait for the others' (bounded), build, keep and print the finding; returns it (or the
+        one kept before)."""
         with self._respond_lock:
             if self.finding is not None:
-                return
+                return self.finding
             self._publish()
             me = threading.current_thread().ident
             self.client.key_value_set(
@@ -447,11 +462,11 @@ class HangWatch:
             print(report_text(finding), file=sys.stderr, flush=True)
             if self.on_finding is not None:
                 self.on_finding(finding)
+            return finding
 
-    def _act(self) -> None:
-        """After the report: raise in the main thread where it runs Python, then leave the process."""
+    def _act(self, finding: Finding) -> None:
+        """After the report (``finding``): raise in the main thread where it runs Python, then leave the process."""
         if not self.in_call and not self._main_raises and not self.exited:  # (exited: main is in atexit)
-            finding = self.finding
             _raise_in_main(
                 type(
                     "DistHangError",

@@ -9,7 +9,7 @@ multi-controller runtime (``jax.distributed``); nothing here adds a runtime. Two
   devices and processes. It catches processes that initialise from different seeds and a
   data-parallel step that forgets its gradient ``pmean``/``psum`` (a ``shard_map`` with
   ``check_vma=False`` and ``out_specs=P()`` then silently returns different "replicated" copies).
-* **non-finite shard attribution** (``dist.nonfinite_shard``, in :mod:`jaxsane._dist.shards`): on the
+* **non-finite shard attribution** (``dist.nonfinite_shard``, in ``shards.py``): on the
   failure path of
   :func:`jaxsane.guard`, the addressable shards of the failing leaves are inspected on the host to
   name the devices and processes holding the NaN/Inf and the batch rows those shards held. When
@@ -25,7 +25,7 @@ every process, so that no process waits in a collective the others never enter.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -112,6 +112,18 @@ def _fallback_mesh(devices) -> Mesh:
 
 
 # ------------------------------------------------------------------------- in-graph replica checks
+def cached_replica_plan(cache: dict, tree: PyTree) -> tuple:
+    """:func:`replica_plan` of ``tree``, kept in ``cache`` under its structure and its leaves' shardings and
+    shapes (a guarded step's state keeps one plan across calls). Not jit-safe."""
+    key = (
+        jax.tree_util.tree_structure(tree),
+        tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in jax.tree_util.tree_leaves(tree)),
+    )
+    if key not in cache:
+        cache[key] = replica_plan(tree)
+    return cache[key]
+
+
 def replica_plan(tree: PyTree) -> tuple:
     """Which leaves of ``tree`` are meant to be replicated, from their concrete shardings. Not jit-safe.
 
@@ -151,6 +163,17 @@ def replica_plan(tree: PyTree) -> tuple:
     )
 
 
+def _gathered_fingerprints(axes: tuple) -> Callable[..., jax.Array]:
+    """The per-device body of :func:`replica_fingerprints` for a mesh with ``axes``. Jit-safe."""
+    axis = axes if len(axes) > 1 else axes[0]
+
+    def local(*xs):
+        fp = jnp.stack([fingerprint(x) for x in xs])  # (n, 2) on this device
+        return jax.lax.all_gather(fp, axis)  # (n_dev, n, 2) everywhere
+
+    return local
+
+
 def replica_fingerprints(tree: PyTree, plan: tuple) -> tuple[jax.Array, list[jax.Array]]:
     """Per-device fingerprints of the planned leaves, compared across devices. Jit-safe.
 
@@ -168,12 +191,7 @@ def replica_fingerprints(tree: PyTree, plan: tuple) -> tuple[jax.Array, list[jax
     leaves = jax.tree_util.tree_leaves(tree)
     oks, fps = [], []
     for mesh, indices, specs, reps in plan:
-        axes = tuple(mesh.axis_names)
-
-        def local(*xs):
-            fp = jnp.stack([fingerprint(x) for x in xs])  # (n, 2) on this device
-            return jax.lax.all_gather(fp, axes if len(axes) > 1 else axes[0])  # (n_dev, n, 2) everywhere
-
+        local = _gathered_fingerprints(tuple(mesh.axis_names))
         gathered = jax.shard_map(local, mesh=mesh, in_specs=tuple(specs), out_specs=P(), check_vma=False)(
             *[leaves[i] for i in indices]
         )
@@ -342,8 +360,10 @@ def check_replicas(tree: PyTree, *, root: str = "", step: int | None = None) -> 
     if plan:
         ok, fps = _plan_fingerprints(values, plan)
         if not np.asarray(ok).all():
-            for f in plan_findings(plan, fps, [named[i][0] for i in spread], step=step, leaves=values):
-                findings[spread[[named[i][0] for i in spread].index(f.path)]] = f
+            paths = [named[i][0] for i in spread]
+            for f in plan_findings(plan, fps, paths, step=step, leaves=values):
+                assert f.path is not None  # (plan_findings names each finding's leaf)
+                findings[spread[paths.index(f.path)]] = f
     if is_multiprocess():
         single = [i for i in range(len(named)) if i not in set(spread)]
         dev, proc = device_id(jax.local_devices()[0]), jax.process_index()
@@ -352,9 +372,9 @@ def check_replicas(tree: PyTree, *, root: str = "", step: int | None = None) -> 
             data = jax.device_put(np.asarray(named[i][1]), jax.local_devices()[0])
             local.append([(dev, proc, 0, tuple(int(v) for v in np.asarray(_fingerprint_jit(data))))])
         for i, recs in zip(single, _allgather_records(local)):
-            f = _divergence_finding(named[i][0], recs, step=step)
-            if f is not None:
-                findings[i] = f
+            found = _divergence_finding(named[i][0], recs, step=step)
+            if found is not None:
+                findings[i] = found
     return [findings[i] for i in sorted(findings)]
 
 

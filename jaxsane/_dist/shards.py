@@ -4,7 +4,9 @@ On the failure path of :func:`jaxsane.guard` the addressable shards of the faili
 the host to name the devices and processes that hold the NaN/Inf and the batch rows those shards held
 (:func:`nonfinite_shards`); when an all-reduce spread the NaN everywhere, :func:`replay_shards` replays the
 step once per batch shard. :func:`gather_to_host` copies a sharded pytree to host numpy. The multi-process
-rule of :mod:`jaxsane._dist.replicas` holds here: the same collectives in the same order on every process.
+rule of ``replicas.py`` holds here: the same collectives in the same order on every process.
+
+Not jit-safe: everything here runs on the host, on the failure path.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def nonfinite_shards(
         if len(bad) == len(held):
             continue  # everywhere: not confined to some shards (e.g. spread by an all-reduce)
         dev_ids = [device_id(d) for d, _ in bad]
-        procs = sorted({int(d.process_index) for d, _ in bad})
+        procs = sorted({int(d.process_index) for d, _ in bad})  # type: ignore[attr-defined]  # (no jaxlib Device stub)
         held_rows = sorted({(int(r[1]), int(r[2])) for _, r in bad})
         bad_rows = np.flatnonzero(mask).tolist()
         n_bad = int(sum(r[0] for _, r in bad))

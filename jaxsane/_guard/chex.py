@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
+from .._core.frames import user_stacklevel
 from .._core.tree import finite_flags, to_host
 from .._experiment.chex import chex_asserts_off, locate_target
 from .flags import grouped_flags
@@ -51,14 +52,22 @@ def chex_failure(guarded: Any, exc: AssertionError, candidates: list[tuple[int, 
 
     chex_text = " ".join(str(exc).split())
     target = locate_target(guarded.step)
-    step, args, kwargs, located = (candidates[-1] if candidates else (guarded.step_count, None, None)) + (None,)
+    step: int = guarded.step_count
+    args: tuple | None = None
+    kwargs: dict | None = None
+    if candidates:
+        step, args, kwargs = candidates[-1]
+    located: Any = None
     if guarded.locate_on_failure:
         for s, a, k in candidates:
             try:
                 with chex_asserts_off():
                     report = locate(target, *a, **k)
             except Exception as e:  # locate must never hide the original failure
-                warnings.warn(f"[jaxsane] locate failed on the inputs of step {s}: {type(e).__name__}: {e}")
+                warnings.warn(
+                    f"[jaxsane] locate failed on the inputs of step {s}: {type(e).__name__}: {e}",
+                    stacklevel=user_stacklevel(),
+                )
                 continue
             if report is not None:
                 step, args, kwargs, located = s, a, k, report

@@ -1,12 +1,14 @@
 """guard's traced side: the finite flags of a step's leaves, grouped into a few fused reductions
 (:func:`grouped_flags`, :func:`flag_chunks`), and the selection that keeps the old state when a step
-fails under ``on_nonfinite="skip"`` (:func:`select_tree`, :func:`select_state`).
+fails under ``on_nonfinite="skip"`` (:func:`select_tree`, :func:`select_state`); and the cheap test of
+whether a guarded call is itself being traced (:func:`under_trace`).
 
 Everything here is jit-safe (it runs inside guard's compiled step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,6 +19,23 @@ from .._core.errors import GuardConfigError
 from .._core.tree import is_inexact, leaves_with_paths, same_structure
 
 _CHUNK = 64  # leaves per grouped reduction: XLA:CPU compiles many small fusions faster than a few huge ones
+
+
+_trace_state_clean: Callable[[], bool] | None
+try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
+    from jax._src import core as _jax_core
+
+    _trace_state_clean = _jax_core.trace_state_clean
+except (ImportError, AttributeError):  # pragma: no cover
+    _trace_state_clean = None
+
+
+def under_trace(tree: Any) -> bool:
+    """Whether guard is called under jit/vmap/grad tracing (``tree``: the call's args, looked at only when
+    jax's cheap trace-state test is missing). Jit-safe."""
+    if _trace_state_clean is not None:
+        return not _trace_state_clean()
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 def grouped_flags(tree: Any) -> jax.Array:

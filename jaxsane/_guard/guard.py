@@ -7,19 +7,21 @@ device-to-host transfer: the small flag vector is read once it is ready, at a la
 (at most ``max_lag`` calls later) or at :meth:`Guarded.flush`.
 
 Here: the transform, its compiled body and the call. The traced flags and the skip selection are
-``_guard_flags``; reading the flags and reporting a failure (the host side) is ``_guard_host``.
+``flags.py``; reading the flags and reporting a failure (the host side, a ``HostSide`` that
+:class:`Guarded` holds) is ``host.py`` and ``report.py``; the checks of guard's arguments are ``settings.py``.
+Constructing a guard is not jit-safe; the guarded step may be called inside ``jit``/``vmap``.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import functools
-import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -45,26 +47,28 @@ from .._experiment.purify import (
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.recompile import RecompileTracker, recompile_finding, signature
 from .chex import chex_failure, flags_of
-from .flags import grouped_flags, replica_target, select_state, select_tree
-from .host import HostSide, KeptCall, PendingStep, flush_at_exit, traced_failure
-
-POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
-ENV_ONLY = ("breakpoint",)  # and of _validate.ENV_ONLY_POLICIES (JAXSANE_ON_NONFINITE only)
-
-try:  # cheap test for "called under jit/vmap/grad tracing" (no pytree flattening on the hot path)
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover
-    _trace_state_clean = None
+from .flags import grouped_flags, replica_target, select_state, select_tree, under_trace
+from .host import HostSide, flush_at_exit, traced_failure
+from .kept import KeptCall, PendingStep
+from .settings import ENV_ONLY, POLICIES as POLICIES, check_settings
 
 
-def _has_tracer(tree: Any) -> bool:
-    if _trace_state_clean is not None:
-        return not _trace_state_clean()
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+def _wait_checks(step: Any) -> None:
+    """Drain a chexified step's pending chex checks (chex's wrapper has ``wait_checks``); may raise chex's error."""
+    step.wait_checks()
 
 
-class Guarded(HostSide):
+class Guarded:
     """The step returned by :func:`guard`. Call it exactly like the wrapped step.
+
+    Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the failing leaves' shards
+    are inspected (failure path only) and a ``dist.nonfinite_shard`` finding names the devices, processes and batch
+    rows holding the NaN/Inf. Under ``jax.distributed`` every process reads its flags at the same call (``max_lag``
+    calls late), so all processes stop at the same step with the same report and none is left waiting in a collective.
+
+    Cost with many leaves: the traced checks are one reduction per chunk of up to 64 same-shaped leaves and (with skip)
+    one ``lax.cond``, so the first call on a 10,000-leaf state stays a small multiple of the bare jit's compile
+    (``benchmarks/guard_leaves.py``).
 
     Attributes:
       step_count: calls made so far (the step index in findings).
@@ -93,45 +97,29 @@ class Guarded(HostSide):
         hang_timeout: float | None = None,
         runs: float | None = None,
     ):
-        """``runs``: about how many calls this guard will see, when the caller knows it is few (doctor's one re-run
-        of a failing step: 1); guard's program is then compiled for that many runs (:func:`~jaxsane._jaxpr.compile_level.quick_jit`,
-        on XLA:CPU its quick level, as jaxsane's other one-off programs). None (the default, and what
-        :func:`guard` passes): XLA's defaults, as for a training loop. The other arguments are :func:`guard`'s."""
-        dump_dir = _check_args(
+        """``runs``: about how many calls this guard will see, when the caller knows it is few (doctor's one
+        re-run of a failing step: 1); guard's program is then compiled for that many runs
+        (``quick_jit`` of ``_jaxpr/compile_level.py``, on XLA:CPU its quick level, as jaxsane's other one-off
+        programs). None (the default, and what :func:`guard` passes): XLA's defaults, as for a training loop.
+        The other arguments are :func:`guard`'s."""
+        # (breakpoint is set by guard() from JAXSANE_ON_NONFINITE=breakpoint)
+        self._settings = check_settings(
             step,
-            on_nonfinite,
-            dump_dir,
-            max_consecutive_skips,
-            max_lag,
-            keep_inputs,
-            sync,
-            locate,
-            check_replicas,
-            warn_recompiles,
+            on_nonfinite=on_nonfinite,
+            dump_dir=dump_dir,
+            max_consecutive_skips=max_consecutive_skips,
+            max_lag=max_lag,
+            keep_inputs=keep_inputs,
+            sync=sync,
+            locate=locate,
+            check_replicas=check_replicas,
+            warn_recompiles=warn_recompiles,
         )
         hang_timeout = check_hang_timeout(hang_timeout, "jaxsane.guard", GuardConfigError)
         functools.update_wrapper(self, step)
         self.step = step
-        self.on_nonfinite = on_nonfinite
-        self.dump_dir = dump_dir
-        self.max_consecutive_skips = max_consecutive_skips
-        self.max_lag = max_lag
-        self.keep_inputs = keep_inputs
-        self.sync = sync
-        self.locate_on_failure = locate
-        self.check_replicas = check_replicas
-        self.warn_recompiles = warn_recompiles
-        self.breakpoint = False  # set by guard() from JAXSANE_ON_NONFINITE=breakpoint
         self._replica_plans: dict = {}
-        self._multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
         self.step_count = 0
-        self.skipped = 0
-        self.failures: list[Finding] = []
-        # hang_timeout: the dist.hang watchdog (_dist_hang); a no-op until a call finds process_count() > 1
-        self._hang = HangWatch(hang_timeout, self.failures.append) if hang_timeout is not None else None
-        self._consecutive = 0
-        self._last_failed_step: int | None = None
-        self._pending: collections.deque[PendingStep] = collections.deque()
         self.recompiles: list[Finding] = []  # step.recompiles, one per compile after the first
         self._traces = 0  # bumped each time the compiled body is traced: a compile is coming
         self._recompile = RecompileTracker()
@@ -139,27 +127,101 @@ class Guarded(HostSide):
         self._static_argnums = tuple(getattr(info, "static_argnums", ()) or ())
         self._static_argnames = tuple(getattr(info, "static_argnames", ()) or ())
         donate = tuple(getattr(info, "donate_argnums", ()) or ()) if not keep_inputs else ()
-        self._arg_names = positional_names(step)
+        self._host = HostSide(
+            self._settings,
+            step=step,
+            arg_names=positional_names(step),
+            replay=self._run,
+            static_kw=bool(self._static_argnames),
+        )
+        # the hot path's handles on the host side, bound once: the queue of dispatched steps and its reader
+        self._pending: collections.deque[PendingStep] = self._host.pending
+        self._poll = self._host.poll
+        self._skips = on_nonfinite == "skip"  # the compiled body selects the old state on failure
+        # hang_timeout: the dist.hang watchdog (see _dist); a no-op until a call finds process_count() > 1
+        self._hang = HangWatch(hang_timeout, self.failures.append) if hang_timeout is not None else None
         # body args: (layout, statics, static_kw, nnx_state, plain args, kwargs, replicas, skip, per_leaf, rest).
         # A donating step keeps its memory behaviour only with keep_inputs=False (then the plain args are donated).
-        jit = jax.jit if runs is None else functools.partial(quick_jit, runs=runs)
+        jit: Callable[..., Any] = jax.jit if runs is None else functools.partial(quick_jit, runs=runs)
         self._compiled = jit(self._body, static_argnums=(0, 1, 2, 6, 8, 9), donate_argnums=(4,) if donate else ())
         # the common case (plain pytree args, no static args, no NNX objects, no replica check) skips the
         # static-argument hashing of the general entry point: ~10 us less per call
         self._compiled_plain = jit(self._plain_body, donate_argnums=(0,) if donate else ())
         self._plain_ok = not self._static_argnums and not self._static_argnames
         self._chex = is_chexified(step)  # chex.chexify(step): called as it is, chex stays the outermost transform
-        if self._chex and self.on_nonfinite == "skip":
+        if self._chex and self._skips:
             raise GuardConfigError(
                 "[jaxsane] guard(chex.chexify(step), on_nonfinite='skip'): a chexified step runs "
                 "outside guard's compiled program, so guard cannot select the old state inside "
                 "it. Use on_nonfinite='raise' or 'warn', or guard the step under chexify."
             )
-        atexit.register(flush_at_exit, weakref.ref(self))
+        atexit.register(flush_at_exit, weakref.ref(self._host))
 
-    # ------------------------------------------------------------------ naming
-    def _arg_name(self, i: int) -> str:
-        return self._arg_names[i] if i < len(self._arg_names) else f"args[{i}]"
+    # ------------------------------------------------------------------ settings and the host side's state
+    @property
+    def on_nonfinite(self) -> str:
+        """The policy on a failing step: ``"raise"``, ``"skip"`` or ``"warn"``."""
+        return self._settings.on_nonfinite
+
+    @property
+    def dump_dir(self) -> str | None:
+        """Where a failing step's inputs are dumped (None: not dumped)."""
+        return self._settings.dump_dir
+
+    @property
+    def max_consecutive_skips(self) -> int:
+        """With ``"skip"``: raise after this many failing steps in a row."""
+        return self._settings.max_consecutive_skips
+
+    @property
+    def max_lag(self) -> int:
+        """How many calls a failure may be reported late."""
+        return self._settings.max_lag
+
+    @property
+    def keep_inputs(self) -> bool:
+        """Whether the inputs of steps whose flags are not read yet are kept (for dumps and locate)."""
+        return self._settings.keep_inputs
+
+    @property
+    def sync(self) -> bool:
+        """Whether each call waits for its own flags."""
+        return self._settings.sync
+
+    @property
+    def locate_on_failure(self) -> bool:
+        """Whether a failing step is located (guard's ``locate=``)."""
+        return self._settings.locate
+
+    @property
+    def check_replicas(self) -> bool | int:
+        """Whether (or every how many steps) replicated state is compared across devices."""
+        return self._settings.check_replicas
+
+    @property
+    def warn_recompiles(self) -> bool:
+        """Whether the step's second compilation warns."""
+        return self._settings.warn_recompiles
+
+    @property
+    def breakpoint(self) -> bool:
+        """True when ``guard`` read ``JAXSANE_ON_NONFINITE=breakpoint`` (see the class docstring)."""
+        return self._settings.breakpoint
+
+    @breakpoint.setter
+    def breakpoint(self, value: bool) -> None:
+        self._settings = dataclasses.replace(self._settings, breakpoint=value)
+        self._host.settings = self._settings
+
+    @property
+    def failures(self) -> list[Finding]:
+        """The :class:`Finding` of every failing step seen so far."""
+        return self._host.failures
+
+    @property
+    def skipped(self) -> int:
+        """How many steps were skipped (``on_nonfinite="skip"``)."""
+        return self._host.skipped
 
     # ------------------------------------------------------------------ the compiled body
     def _body(
@@ -193,7 +255,7 @@ class Guarded(HostSide):
         # per-leaf output flags only where the host cannot recompute them on failure (skip returns the old
         # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
         # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
-        per_leaf = self._per_leaf_flags() if per_leaf is None else per_leaf
+        per_leaf = self._host.per_leaf_flags() if per_leaf is None else per_leaf
         out_flags = finite_flags((new_nnx_state, out)) if per_leaf else grouped_flags((new_nnx_state, out))
         # inputs with NaN/Inf are reported only when an output is non-finite: a NaN the step masks
         # (missing labels marked NaN, OGB style) is data, not a failure
@@ -204,7 +266,7 @@ class Guarded(HostSide):
             from .._dist.replicas import replica_fingerprints
 
             replica = replica_fingerprints(replica_target(out, new_nnx_state, state_in), replicas)
-        if self.on_nonfinite == "skip":
+        if self._skips:
             keep = ok if skip is None else ok | ~skip
             if layout is not None:
                 new_nnx_state = select_tree(keep, new_nnx_state, jax.tree_util.tree_unflatten(in_def, in_leaves))
@@ -225,7 +287,7 @@ class Guarded(HostSide):
         """The compiled body through the cheapest entry point that fits the call. ``skip=False`` (policy
         "skip", failure path) replays the step without selecting the old state, same compiled program.
         With ``rest`` (the args' non-array part) ``out`` comes back as ``(arrays, Static)``."""
-        flag = (_SKIP if skip else _NO_SKIP) if self.on_nonfinite == "skip" else None
+        flag = (_SKIP if skip else _NO_SKIP) if self._skips else None
         if layout is None and not statics and not static_kw and not plan and rest is None:
             return self._compiled_plain(plain, kwargs, flag)
         return self._compiled(layout, statics, static_kw, nnx_state, plain, kwargs, plan, flag, None, rest)
@@ -237,7 +299,7 @@ class Guarded(HostSide):
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
-        if _has_tracer((args, kwargs)):
+        if under_trace((args, kwargs)):
             return self._traced_call(*args, **kwargs)
         if self._hang is not None:  # records the step's entry and return for the dist.hang watchdog
             return self._hang.run(self.step_count, self._call, *args, **kwargs)
@@ -253,10 +315,10 @@ class Guarded(HostSide):
         except AssertionError as e:
             self._on_chex_assertion(e, (self.step_count, args, kwargs))
         flags = flags_of(tuple(args[1:]), kwargs, out)
-        kept = KeptCall((), None, tuple(args), kwargs, None, out, None) if self.keep_inputs else None
+        kept = KeptCall((), None, tuple(args), kwargs, None, out, None) if self._settings.keep_inputs else None
         self._pending.append(PendingStep(self.step_count, flags, kept))
         self.step_count += 1
-        if self.sync:
+        if self._settings.sync:
             self._chex_poll(block=True)
         return out
 
@@ -267,7 +329,7 @@ class Guarded(HostSide):
             self._poll(block)
         except NonFiniteError as err:
             try:
-                self.step.wait_checks()
+                _wait_checks(self.step)
             except AssertionError as e:
                 if failed_assertion(e) is None:
                     raise
@@ -292,14 +354,15 @@ class Guarded(HostSide):
         failures (may raise). Not jit-safe."""
         if self._chex:
             try:
-                self.step.wait_checks()
+                _wait_checks(self.step)
             except AssertionError as e:
                 self._on_chex_assertion(e, None)
-        super().flush()
+        self._poll(block=True)
 
     def _call(self, *args, **kwargs):
-        if self.breakpoint and self._multiprocess is None:
-            self._refuse_breakpoint_across_processes()
+        settings = self._settings
+        if settings.breakpoint and self._host.multiprocess is None:
+            self._host.refuse_breakpoint_across_processes()
         if self._chex:
             return self._chex_call(*args, **kwargs)
         if self._pending:
@@ -319,7 +382,7 @@ class Guarded(HostSide):
         objs = tuple(args[i] for i in positions)
         # nnx.split's state refers to the live variables, which nnx.update below overwrites: keep the
         # input values now (a list of immutable arrays) for dumps and locate.
-        nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and self.keep_inputs else None
+        nnx_in = jax.tree_util.tree_flatten(nnx_state) if positions and settings.keep_inputs else None
         plan = self._replica_plan(nnx_state if positions else (plain[0] if plain else None))
         traces = self._traces
         out, new_nnx_state, flags = self._run(layout, statics, static_kw, nnx_state, plain, kwargs, plan, rest=rest)
@@ -332,12 +395,12 @@ class Guarded(HostSide):
         replica = None
         if plan:
             flags, fps = flags
-            names = [self._arg_name(p) for p in positions] if positions else [self._arg_name(0)]
+            names = [self._host.arg_name(p) for p in positions] if positions else [self._host.arg_name(0)]
             replica = (plan, fps, nnx_state if positions else plain[0], names, bool(positions))
         if positions:
             _nnx().update(objs, new_nnx_state)
         kept = None
-        if self.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
+        if settings.keep_inputs:  # NNX objects were mutated in place: keep the input values, not the objects
             kept = KeptCall(
                 positions,
                 nnx_in,
@@ -352,21 +415,9 @@ class Guarded(HostSide):
             )
         self._pending.append(PendingStep(self.step_count, flags, kept, replica))
         self.step_count += 1
-        if self.sync:
+        if settings.sync:
             self._poll(block=True)
         return out
-
-    def _refuse_breakpoint_across_processes(self) -> None:
-        """JAXSANE_ON_NONFINITE=breakpoint under jax.distributed: refused at the first call, on every process
-        alike (read here, not when wrapping: jax.distributed.initialize may come after guard()). Not jit-safe."""
-        self._multiprocess = jax.process_count() > 1
-        if self._multiprocess:
-            raise GuardConfigError(
-                f"[jaxsane] JAXSANE_ON_NONFINITE='breakpoint' cannot be used under jax.distributed "
-                f"({jax.process_count()} processes) in jaxsane.guard: a debugger stopped on one process leaves the "
-                "others waiting in the step's collectives until the job hangs. Fix: unset it (or use raise) and "
-                "pass dump_dir=...; then debug the dump in one process: jaxsane replay DUMP --step module:step --pdb."
-            )
 
     @property
     def hang(self) -> Finding | None:
@@ -384,7 +435,7 @@ class Guarded(HostSide):
         sig = signature(
             args,
             {**kwargs, **dict(static_kw)},
-            names=[self._arg_name(i) for i in range(len(args))],
+            names=[self._host.arg_name(i) for i in range(len(args))],
             static_argnums=[i for i, _ in statics],
             static_argnames=[k for k, _ in static_kw],
         )
@@ -393,30 +444,24 @@ class Guarded(HostSide):
             return
         finding = recompile_finding(rec, "the guarded step", step=self.step_count)
         self.recompiles.append(finding)
-        if len(self.recompiles) == 1 and self.warn_recompiles:
+        if len(self.recompiles) == 1 and self._settings.warn_recompiles:
             warning = JaxsaneWarning(
                 f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
                 f"every later compilation is listed in guarded.recompiles)"
             )
-            warning.finding = finding
+            cast(Any, warning).finding = finding  # (JaxsaneWarning declares no finding attribute)
             warnings.warn(warning, stacklevel=user_stacklevel())
 
     def _replica_plan(self, state) -> tuple:
         """check_replicas: which state leaves are meant to be replicated (from their shardings), cached."""
-        if not self.check_replicas or state is None:
+        check = self._settings.check_replicas
+        if not check or state is None:
             return ()
-        if self.check_replicas is not True and self.step_count % int(self.check_replicas):
+        if check is not True and self.step_count % int(check):
             return ()  # check_replicas=N: every N-th step (a second compiled variant, compiled once)
-        leaves = jax.tree_util.tree_leaves(state)
-        key = (
-            jax.tree_util.tree_structure(state),
-            tuple((getattr(x, "sharding", None), getattr(x, "shape", None)) for x in leaves),
-        )
-        if key not in self._replica_plans:
-            from .._dist.replicas import replica_plan
+        from .._dist.replicas import cached_replica_plan
 
-            self._replica_plans[key] = replica_plan(state)
-        return self._replica_plans[key]
+        return cached_replica_plan(self._replica_plans, state)
 
     def _traced_call(self, *args, **kwargs):
         """Under an outer jit/vmap: same checks; the host hears of failures through a callback."""
@@ -427,72 +472,10 @@ class Guarded(HostSide):
         out_arrays = out
         if rest is not None:
             out_arrays, out = out[0], combine(*out)
-        in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._arg_name(i))]
+        in_names = [pair for i, a in enumerate(args[1:], 1) for pair in leaves_with_paths(a, self._host.arg_name(i))]
         names = (None, in_names + leaves_with_paths(kwargs), leaves_with_paths(out_arrays, "out"))
-        jax.debug.callback(functools.partial(traced_failure, weakref.ref(self), names), flags)
+        jax.debug.callback(functools.partial(traced_failure, weakref.ref(self._host), names), flags)
         return out
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _check_args(
-    step,
-    on_nonfinite,
-    dump_dir,
-    max_consecutive_skips,
-    max_lag,
-    keep_inputs,
-    sync,
-    locate,
-    check_replicas,
-    warn_recompiles=True,
-) -> str | None:
-    """Validate guard's arguments before any work; returns ``dump_dir`` as a ``str`` (or None). Not jit-safe.
-
-    Raises:
-      GuardConfigError: naming the argument, what it got, and the values it accepts.
-    """
-
-    def bad(name: str, value: Any, valid: str) -> GuardConfigError:
-        return GuardConfigError(
-            f"[jaxsane] {name} must be {valid}; got {value!r} ({type(value).__name__}). "
-            f"Fix the {name}= argument of jaxsane.guard."
-        )
-
-    if not callable(step):
-        raise GuardConfigError(
-            f"[jaxsane] guard needs a callable step, e.g. (state, batch) -> (state, metrics); "
-            f"got {type(step).__name__}. Pass the train step function itself, not its result."
-        )
-    require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    if dump_dir is not None:
-        if not isinstance(dump_dir, (str, os.PathLike)) or isinstance(dump_dir, bytes):
-            raise bad("dump_dir", dump_dir, "None or a directory path (str or os.PathLike)")
-        dump_dir = os.fspath(dump_dir)
-        if not isinstance(dump_dir, str) or not dump_dir:
-            raise bad("dump_dir", dump_dir, "None or a non-empty directory path (str or os.PathLike)")
-        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-            raise GuardConfigError(
-                f"[jaxsane] guard(dump_dir={dump_dir!r}): the path exists and is not a "
-                f"directory. Pass a directory (it is created on the first failure) or None."
-            )
-    if not _is_int(max_consecutive_skips) or max_consecutive_skips < 1:
-        raise bad("max_consecutive_skips", max_consecutive_skips, "an int >= 1 (default 10)")
-    if not _is_int(max_lag) or max_lag < 0:
-        raise bad("max_lag", max_lag, "an int >= 0 (default 2; 0 reads each step's flags at the next call)")
-    for name, value in (
-        ("keep_inputs", keep_inputs),
-        ("sync", sync),
-        ("locate", locate),
-        ("warn_recompiles", warn_recompiles),
-    ):
-        if not isinstance(value, (bool, np.bool_)):
-            raise bad(name, value, "True or False")
-    if not isinstance(check_replicas, (bool, np.bool_)) and not (_is_int(check_replicas) and check_replicas >= 1):
-        raise bad("check_replicas", check_replicas, "True, False, or a step interval int >= 1 (check every N-th step)")
-    return dump_dir
 
 
 _SKIP, _NO_SKIP = np.bool_(True), np.bool_(False)  # the traced ``skip`` argument of the compiled body
@@ -514,78 +497,65 @@ def guard(
 ) -> Guarded:
     """Wrap a train step so NaN/Inf in any output (or input) leaf is caught at the step it happens.
 
-    The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and
-    ``nnx.jit``-ed steps and composes with ``jax.jit``/``jax.vmap`` applied outside (there a
-    host callback reports failures). It compiles once.
+    The wrapped step has the same signature and outputs. It works on plain, ``jax.jit``-ed and ``nnx.jit``-ed steps and
+    composes with ``jax.jit``/``jax.vmap`` applied outside (there a host callback reports failures). It compiles once.
+    Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
 
     Args:
       step: the train step, e.g. ``(state, batch) -> (state, metrics)`` or an NNX step.
-      on_nonfinite: ``"raise"`` raises :class:`NonFiniteError`; ``"skip"`` returns the failing step's
-        input state bitwise (one ``lax.cond`` inside the compiled step; on failure the step is replayed once,
-        same compiled program, to name the leaves) and counts it; ``"warn"`` warns. The words mean what they
-        mean in :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``). The environment variable
-        ``JAXSANE_ON_NONFINITE=raise|skip|warn``, when set, overrides this argument (read here, when the
-        step is wrapped); jaxsane's own loops (``fit``, doctor's run stage) build :class:`Guarded` directly
-        and keep their policies. ``JAXSANE_ON_NONFINITE=breakpoint`` (only through the variable: written
-        into code, a debugger stop would leave an unattended job waiting) is ``"raise"`` with a stop first:
-        at the first failing step the origin is located on its inputs and :func:`jaxsane.post_mortem` opens
-        ``pdb`` in the user's line of it; after ``c`` the ``NonFiniteError`` is raised. A step called under
-        an outer ``jit``/``vmap`` (reported through a callback, no inputs kept) raises without a stop.
-      dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no
-        pickle) and can be read back with :func:`jaxsane.load_dump`.
+      on_nonfinite: ``"raise"`` raises :class:`NonFiniteError`; ``"skip"`` returns the failing step's input state
+        bitwise (one ``lax.cond`` inside the compiled step; on failure the step is replayed once, same compiled
+        program, to name the leaves) and counts it; ``"warn"`` warns. The words mean what they mean in
+        :func:`jaxsane.fit` (``_validate.NONFINITE_POLICIES``). The environment variable
+        ``JAXSANE_ON_NONFINITE=raise|skip|warn``, when set, overrides this argument (read here, when the step is
+        wrapped); jaxsane's own loops (``fit``, doctor's run stage) build :class:`Guarded` directly and keep their
+        policies. ``JAXSANE_ON_NONFINITE=breakpoint`` (only through the variable: written into code, a debugger stop
+        would leave an unattended job waiting) is ``"raise"`` with a stop first: at the first failing step the origin
+        is located on its inputs and :func:`jaxsane.post_mortem` opens ``pdb`` in the user's line of it; after ``c``
+        the ``NonFiniteError`` is raised. A step called under an outer ``jit``/``vmap`` (reported through a callback,
+        no inputs kept) raises without a stop.
+      dump_dir: if set, the failing step's exact inputs are written there (``.npz`` + JSON, no pickle) and can be read
+        back with :func:`jaxsane.load_dump`.
       max_consecutive_skips: with ``"skip"``, raise after this many failing steps in a row.
-      max_lag: how many calls a failure may be reported late before the host waits for the flags.
-        Healthy steps never block unless the host runs more than ``max_lag`` steps ahead.
-      keep_inputs: keep references to the inputs of steps whose flags are not yet read, so the
-        failing step's inputs can be dumped and located (also when the step donates its buffers;
-        the donation is then not applied). ``False`` restores donation and keeps nothing.
+      max_lag: how many calls a failure may be reported late before the host waits for the flags. Healthy steps never
+        block unless the host runs more than ``max_lag`` steps ahead.
+      keep_inputs: keep references to the inputs of steps whose flags are not yet read, so the failing step's inputs
+        can be dumped and located (also when the step donates its buffers; the donation is then not applied). ``False``
+        restores donation and keeps nothing.
       sync: wait for each step's flags before returning, so the failing call itself raises.
-      locate: run :func:`jaxsane.locate` on the failing inputs (off the hot path) to name the origin.
-        Not under ``jax.distributed`` (it would run the step's collectives on one process): replay the
-        dump in one process instead.
-      check_replicas: also check, inside the compiled step, that every copy of the new state's replicated
-        leaves (a sharding that puts the same index on several devices) is bitwise identical across
-        devices and processes: one checksum per leaf and device and one small all-gather of them per
-        step. A divergence is reported as ``dist.replica_divergence`` (raises
-        :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise). An int ``N``
-        checks every N-th step only (the checksums cost about one pass over the replicated state).
-      warn_recompiles: at the step's second compilation, warn (a :class:`JaxsaneWarning` whose ``.finding``
-        is ``step.recompiles``) naming the argument that changed, old and new value side by side. Every
-        compilation after the first is in ``guarded.recompiles`` either way; ``False`` for a step that is
-        meant to compile a few variants (a static mode argument).
-      hang_timeout: under ``jax.distributed`` (``jax.process_count() > 1``), seconds a guarded call may run,
-        or the newest step may wait for a process that has not entered it, before the job is reported
-        stuck (``dist.hang``): which processes did not enter the step, the last step each entered and
-        finished and when, and the Python stacks of the missing processes' threads, printed to stderr on
-        every process. Then each process raises :class:`jaxsane.DistHangError` where its main thread runs
-        Python, and exits with code 75 (``os._exit``, at once where its main thread is blocked in a
-        collective, else a second later) so the job fails fast. Each process's record goes through the
-        ``jax.distributed`` key-value store from a background thread; the call itself only stores a few
-        numbers (about 1 us). None (default) is off; a single process is never watched. The first call
-        (which compiles) is only watched for processes that never enter it; later calls count any
-        host-side pause a process takes while the others wait (a checkpoint written by process 0 only).
+      locate: run :func:`jaxsane.locate` on the failing inputs (off the hot path) to name the origin. Not under
+        ``jax.distributed`` (it would run the step's collectives on one process): replay the dump in one process
+        instead.
+      check_replicas: also check, inside the compiled step, that every copy of the new state's replicated leaves (a
+        sharding that puts the same index on several devices) is bitwise identical across devices and processes: one
+        checksum per leaf and device and one small all-gather of them per step. A divergence is reported as
+        ``dist.replica_divergence`` (raises :class:`jaxsane.ReplicaDivergenceError` with ``"raise"``, warns otherwise).
+        An int ``N`` checks every N-th step only (the checksums cost about one pass over the replicated state).
+      warn_recompiles: at the step's second compilation, warn (a :class:`JaxsaneWarning` whose ``.finding`` is
+        ``step.recompiles``) naming the argument that changed, old and new value side by side. Every compilation after
+        the first is in ``guarded.recompiles`` either way; ``False`` for a step that is meant to compile a few variants
+        (a static mode argument).
+      hang_timeout: under ``jax.distributed`` (``jax.process_count() > 1``), seconds a guarded call may run, or the
+        newest step may wait for a process that has not entered it, before the job is reported stuck (``dist.hang``):
+        which processes did not enter the step, the last step each entered and finished and when, and the Python stacks
+        of the missing processes' threads, printed to stderr on every process. Then each process raises
+        :class:`jaxsane.DistHangError` where its main thread runs Python, and exits with code 75 (``os._exit``, at once
+        where its main thread is blocked in a collective, else a second later) so the job fails fast. Each process's
+        record goes through the ``jax.distributed`` key-value store from a background thread; the call itself only
+        stores a few numbers (about 1 us). None (default) is off; a single process is never watched. The first call
+        (which compiles) is only watched for processes that never enter it; later calls count any host-side pause a
+        process takes while the others wait (a checkpoint written by process 0 only).
 
-    Sharded steps: inputs and outputs keep their shardings. On a failure with sharded leaves the
-    failing leaves' shards are inspected (failure path only) and a ``dist.nonfinite_shard`` finding
-    names the devices, processes and batch rows holding the NaN/Inf. Under ``jax.distributed`` every
-    process reads its flags at the same call (``max_lag`` calls late), so all processes stop at the
-    same step with the same report and none is left waiting in a collective.
-
-    Cost with many leaves: the traced checks are one reduction per chunk of up to 64 same-shaped leaves
-    and (with skip) one ``lax.cond``, so the first call on a 10,000-leaf state stays a small multiple of
-    the bare jit's compile (``benchmarks/guard_leaves.py``).
+    Sharded steps, and the cost with many leaves: see :class:`Guarded`.
 
     Returns:
       A :class:`Guarded` callable; call ``.flush()`` after the loop to hear about the last steps.
 
     Raises:
-      GuardConfigError: (a ``ValueError`` and ``TypeError``) an argument of the wrong type or out of
-        range, at the call, naming the valid values.
-        Also when ``JAXSANE_ON_NONFINITE`` holds another word; and at the first call with
-        ``JAXSANE_ON_NONFINITE=breakpoint`` under ``jax.distributed`` with more than one process (a debugger on
+      GuardConfigError: (a ``ValueError`` and ``TypeError``) an argument of the wrong type or out of range, at the
+        call, naming the valid values. Also when ``JAXSANE_ON_NONFINITE`` holds another word; and at the first call
+        with ``JAXSANE_ON_NONFINITE=breakpoint`` under ``jax.distributed`` with more than one process (a debugger on
         one process would leave the others waiting in the step's collectives).
-
-    Not jit-safe to construct; the returned step may be called inside ``jit``/``vmap``.
 
     Example:
       >>> import jax.numpy as jnp, jaxsane
@@ -593,11 +563,10 @@ def guard(
       >>> state, metrics = guarded(jnp.zeros(2), jnp.ones(2))
     """
     require_policy("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError)
-    on_nonfinite = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError, env_only=ENV_ONLY)
-    debug = on_nonfinite == "breakpoint"  # "raise", with a debugger at the origin first
+    policy = policy_from_env("jaxsane.guard", on_nonfinite, POLICIES, error=GuardConfigError, env_only=ENV_ONLY)
     guarded = Guarded(
         step,
-        on_nonfinite="raise" if debug else on_nonfinite,
+        on_nonfinite="raise" if policy == "breakpoint" else policy,
         dump_dir=dump_dir,
         max_consecutive_skips=max_consecutive_skips,
         max_lag=max_lag,
@@ -608,5 +577,5 @@ def guard(
         warn_recompiles=warn_recompiles,
         hang_timeout=hang_timeout,
     )
-    guarded.breakpoint = debug
+    guarded.breakpoint = policy == "breakpoint"  # "raise", with a debugger at the origin first
     return guarded

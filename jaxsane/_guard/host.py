@@ -1,40 +1,31 @@
-"""guard's host side: what a guarded call kept (:class:`KeptCall`, :class:`PendingStep`), the reading
-of its flags once they are ready and, on a failure, the report (:class:`HostSide`, a base class of
-:class:`~jaxsane._guard.guard.Guarded`): which leaves went non-finite and their names, the shards that hold them,
-locate's origin, the dump, and raise/skip/warn; plus the callback of a step traced under an outer
-jit/vmap and the flush at exit.
+"""guard's host side (:class:`HostSide`, a component that :class:`jaxsane.Guarded` builds and delegates to):
+the reading of a dispatched step's flags once they are ready and, on a failure, which leaves went non-finite
+and their names, the shards that hold them, locate's origin, the dump, and raise/skip/warn (the report
+itself is ``report.py``); plus the callback of a step traced under an outer jit/vmap and the flush at exit.
 
 Not jit-safe: this runs on the host, off the hot path.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from .._core.errors import JaxsaneWarning, NonFiniteError, ReplicaDivergenceError
+from .._core.errors import GuardConfigError, JaxsaneWarning, NonFiniteError, ReplicaDivergenceError
 from .._core.finding import Finding
 from .._core.frames import user_stacklevel
 from .._core.tree import host_finite_flags, leaves_with_paths, same_structure, to_host
-from .._experiment.chex import chex_asserts_off, locate_target
-from .._experiment.purify import Layout, combine, nnx_module as _nnx
+from .._experiment.purify import Layout
 from .flags import flag_chunks
-
-_FIX = {
-    "nonfinite.input": "the batch already holds NaN/Inf: check the data pipeline (jaxsane.check_data) and "
-    "drop or repair bad rows before they reach the step.",
-    "nonfinite.forward": "run jaxsane.locate(step, *inputs) on the dumped inputs to find the line; typical "
-    "causes are log(0), exp overflow, 0/0 in a masked mean, fp16 overflow.",
-    "nonfinite.update": "the loss was finite but the new state is not: run jaxsane.locate on the dumped inputs; "
-    "typical causes are a NaN gradient (double-where trap, norm at 0), fp16 Adam eps "
-    "underflow, or a learning rate blow-up.",
-}
+from .kept import KeptCall, PendingStep
+from .report import FIX, Report, classify, nnx_records, some_paths, stop_at_origin, try_locate
+from .settings import GuardSettings
 
 
 def _all_set(flags: np.ndarray) -> bool:
@@ -44,59 +35,10 @@ def _all_set(flags: np.ndarray) -> bool:
     return bool(flags.all())
 
 
-@dataclasses.dataclass
-class PendingStep:
-    """A dispatched guarded step whose flag vector is not read yet."""
-
-    step: int
-    flags: jax.Array
-    call: KeptCall | None  # what the call saw, kept by reference (None with keep_inputs=False)
-    replica: Any = None  # check_replicas: (plan, fingerprints, input state, root names); see _dist
-
-
-@dataclasses.dataclass
-class KeptCall:
-    """What one guarded call saw, kept by reference until its flags are read."""
-
-    positions: tuple
-    nnx_in: Any  # (leaves, treedef) of the NNX objects' state as it came in, or None
-    plain: tuple  # positional args, with NNX objects and static args replaced by None
-    kwargs: dict
-    new_nnx_state: Any
-    out: Any
-    graphdef: Any
-    statics: tuple = ()  # (position, value) of static positional args
-    static_kw: tuple = ()  # (name, value) of static keyword args
-    replayed: bool = False  # skip: out/new_nnx_state replaced by the failing step's own (unselected) outputs
-    rest: Any = None  # the args' non-array part (an _adapter.Static) when plain/kwargs/out are array parts
-
-    def args(self) -> tuple:
-        """The positional args as the step saw them; NNX objects as their pure input ``nnx.State``."""
-        args = list(self.plain)
-        for i, value in self.statics:
-            args[i] = value
-        if self.positions:
-            state = jax.tree_util.tree_unflatten(self.nnx_in[1], self.nnx_in[0])
-            for k, p in enumerate(self.positions):
-                args[p] = state[k]
-        return tuple(args)
-
-    def user_args(self) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` as the user passed them: :meth:`args` with an Equinox model's non-array leaves
-        put back (NNX objects stay pure states)."""
-        if self.rest is None:
-            return self.args(), self.kwargs
-        return combine((self.args(), self.kwargs), self.rest)
-
-
 def _echoes_args(out: Any, plain: tuple) -> bool:
     """True when ``out`` is ``(*new values of the first k args, metrics)``, k >= 1."""
     k = len(out) - 1 if isinstance(out, tuple) else 0
     return 1 <= k <= len(plain) and all(same_structure(out[j], plain[j]) for j in range(k))
-
-
-def _some(paths: list[str], n: int = 4) -> str:
-    return ", ".join(paths[:n]) + (f" and {len(paths) - n} more leaves" if len(paths) > n else "")
 
 
 def _nnx_paths(state: Any, names: list[str]) -> list[str]:
@@ -111,58 +53,103 @@ def _nnx_paths(state: Any, names: list[str]) -> list[str]:
     return out
 
 
-class HostSide:
-    """The host side of :class:`~jaxsane._guard.guard.Guarded`: reading the flag vectors of dispatched steps and,
-    on a failure, naming the leaves, attributing shards, locating, dumping and raising/warning/skipping.
+def _kept_values(call: KeptCall) -> list:
+    """The checked input leaves of ``call`` (the state, its first argument, is not checked on input)."""
+    values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
+    return values + jax.tree_util.tree_leaves(call.kwargs)
 
-    A base class of ``Guarded`` only: its methods use the guarded step's state (``_pending``,
-    ``_arg_name``, ``_run``, the policy). Not jit-safe.
+
+class HostSide:
+    """The host side of :class:`jaxsane.Guarded`: reading the flag vectors of dispatched steps and, on a
+    failure, naming the leaves, attributing shards, locating, dumping and raising/warning/skipping.
+
+    ``Guarded`` builds one and appends each dispatched step to its :attr:`pending`; ``replay`` is the
+    guarded step's compiled body (``Guarded._run``), called again on the failure path only. Not jit-safe.
     """
 
-    def _poll(self, block: bool) -> None:
-        while self._pending:
-            rec = self._pending[0]
-            if self._multiprocess is None:
-                self._multiprocess = jax.process_count() > 1
+    def __init__(
+        self,
+        settings: GuardSettings,
+        *,
+        step: Callable,
+        arg_names: Sequence[str],
+        replay: Callable[..., tuple],
+        static_kw: bool,
+    ):
+        self.settings = settings
+        self.step = step  # the wrapped step, for locate
+        self.arg_names = tuple(arg_names)
+        self.replay = replay
+        self.static_kw = static_kw  # the step has static keyword args: no per-shard replay
+        self.pending: collections.deque[PendingStep] = collections.deque()
+        self.failures: list[Finding] = []
+        self.skipped = 0
+        self.multiprocess: bool | None = None  # jax.process_count() > 1, read at the first poll
+        self._consecutive = 0
+        self._last_failed_step: int | None = None
+
+    def arg_name(self, i: int) -> str:
+        """The name of the step's ``i``-th positional argument (``args[i]`` past its signature)."""
+        return self.arg_names[i] if i < len(self.arg_names) else f"args[{i}]"
+
+    def poll(self, block: bool) -> None:
+        """Read the flags of the dispatched steps that are ready (all with ``block``), in order; a failure is
+        handled (may raise). Not jit-safe."""
+        while self.pending:
+            rec = self.pending[0]
+            if self.multiprocess is None:
+                self.multiprocess = jax.process_count() > 1
             # Under jax.distributed every process must decide at the same call (a failure path may run
             # collectives, and a process that stops early would leave the others waiting in the next step's
             # collectives): there flags are read after exactly max_lag calls, never "when ready".
-            if not block and len(self._pending) <= self.max_lag and (self._multiprocess or not rec.flags.is_ready()):
-                return
-            self._pending.popleft()
+            if not block and len(self.pending) <= self.settings.max_lag:
+                ready = rec.flags.is_ready  # type: ignore[attr-defined]  # (jax.Array's stub lacks is_ready)
+                if self.multiprocess or not ready():
+                    return
+            self.pending.popleft()
             flags = np.asarray(rec.flags)
             if _all_set(flags):
                 self._consecutive = 0
             else:
-                self._on_failure(rec, flags)
+                self.on_failure(rec, flags)
 
-    def flush(self) -> None:
-        """Wait for every dispatched step's flags and handle failures (may raise). Not jit-safe."""
-        self._poll(block=True)
+    def refuse_breakpoint_across_processes(self) -> None:
+        """JAXSANE_ON_NONFINITE=breakpoint under jax.distributed: refused at the first call, on every process
+        alike (read there, not when wrapping: jax.distributed.initialize may come after guard()). Not jit-safe."""
+        self.multiprocess = jax.process_count() > 1
+        if self.multiprocess:
+            raise GuardConfigError(
+                f"[jaxsane] JAXSANE_ON_NONFINITE='breakpoint' cannot be used under jax.distributed "
+                f"({jax.process_count()} processes) in jaxsane.guard: a debugger stopped on one process leaves the "
+                "others waiting in the step's collectives until the job hangs. Fix: unset it (or use raise) and "
+                "pass dump_dir=...; then debug the dump in one process: jaxsane replay DUMP --step module:step --pdb."
+            )
 
-    def _names(self, call: KeptCall) -> tuple[list[str], list[str]]:
+    def names(self, call: KeptCall) -> tuple[list[str], list[str]]:
         """(input leaf paths, output leaf paths), in the order of the flag vector."""
-        obj_names = [self._arg_name(p) for p in call.positions]
+        obj_names = [self.arg_name(p) for p in call.positions]
         in_paths = []
         for i, a in enumerate(call.plain):
             if i > 0 or call.positions:  # the state (first argument) is not checked on input
-                in_paths += [p for p, _ in leaves_with_paths(a, self._arg_name(i))]
+                in_paths += [p for p, _ in leaves_with_paths(a, self.arg_name(i))]
         in_paths += [p for p, _ in leaves_with_paths(call.kwargs)]
         out_paths = _nnx_paths(call.new_nnx_state, obj_names)
         out = call.out
         if call.positions:
             root = "metrics" if isinstance(out, (dict, tuple, list)) else "loss"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
-        elif _echoes_args(
-            out, call.plain
-        ):  # (state, metrics), or (model, opt_state, loss) for step(model, opt_state, ..)
+        elif _echoes_args(out, call.plain):  # (state, metrics), or (model, opt_state, loss) for step(model, ...)
             for k, part in enumerate(out[:-1]):
-                out_paths += [p for p, _ in leaves_with_paths(part, self._arg_name(k))]
+                out_paths += [p for p, _ in leaves_with_paths(part, self.arg_name(k))]
             out_paths += [p for p, _ in leaves_with_paths(out[-1], "metrics" if isinstance(out[-1], dict) else "loss")]
         else:
-            root = self._arg_name(0) if call.plain and same_structure(out, call.plain[0]) else "out"
+            root = self.arg_name(0) if call.plain and same_structure(out, call.plain[0]) else "out"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
         return in_paths, out_paths
+
+    def per_leaf_flags(self) -> bool:
+        """Whether the compiled step returns one output flag per leaf (see ``Guarded._body``)."""
+        return not self.settings.keep_inputs or jax.process_count() > 1
 
     # ------------------------------------------------------------------ sharded steps (see _dist)
     def _replica_failures(self, rec: PendingStep, flags: np.ndarray) -> tuple[np.ndarray, list[Finding]]:
@@ -185,10 +172,10 @@ class HostSide:
             f"[jaxsane] dist.replica_divergence at step {rec.step}: the new state is not the same on every "
             f"device/process\n" + "\n".join(f"  {d.message}" for d in divergence) + f"\n  fix: {divergence[0].hint}"
         )
-        if self.on_nonfinite != "raise":
+        if self.settings.on_nonfinite != "raise":
             warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
-        self._pending.clear()
+        self.pending.clear()
         raise ReplicaDivergenceError(text, divergence)
 
     def _shard_finding(self, call: KeptCall, bad: np.ndarray, step: int, code: str) -> Finding | None:
@@ -199,10 +186,8 @@ class HostSide:
         """
         from .._dist.shards import nonfinite_shards, replay_shards
 
-        values = [x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)]
-        values += jax.tree_util.tree_leaves(call.kwargs)
-        values += jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
-        in_paths, out_paths = self._names(call)
+        values = _kept_values(call) + jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
+        in_paths, out_paths = self.names(call)
         names = in_paths + out_paths
         found = None
         # (if the flag layout changed under us, better no attribution than a wrong one)
@@ -210,70 +195,64 @@ class HostSide:
             isinstance(values[i], jax.Array) and len(values[i].sharding.device_set) > 1 for i in bad if i < len(values)
         ):
             found = nonfinite_shards([(names[i], values[i]) for i in bad], step=step, what=code)
-        if found is not None or code == "nonfinite.input" or call.positions or self._static_argnames:
+        if found is not None or code == "nonfinite.input" or call.positions or self.static_kw:
             return found
         statics = call.statics
 
         def run(plain, kwargs) -> bool:
-            return _all_set(np.asarray(self._run(None, statics, (), None, plain, kwargs, (), rest=call.rest)[2]))
+            return _all_set(np.asarray(self.replay(None, statics, (), None, plain, kwargs, (), rest=call.rest)[2]))
 
         try:
             return replay_shards(run, call.plain, call.kwargs, step=step)
         except Exception as e:  # attribution must never hide the original failure
-            warnings.warn(f"[jaxsane] per-shard replay failed: {type(e).__name__}: {e}", JaxsaneWarning)
+            warnings.warn(
+                f"[jaxsane] per-shard replay failed: {type(e).__name__}: {e}",
+                JaxsaneWarning,
+                stacklevel=user_stacklevel(),
+            )
             return None
 
-    def _per_leaf_flags(self) -> bool:
-        """Whether the compiled step returns one output flag per leaf (see ``_body``)."""
-        return not self.keep_inputs or jax.process_count() > 1
+    def _replay_unselected(self, rec: PendingStep, call: KeptCall) -> None:
+        """policy "skip": the returned state is the old one, so the failing step is replayed once (same compiled
+        program, selection off) and its outputs replace ``call.out`` for the report."""
+        state = jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]) if call.positions else None
+        layout = Layout(call.graphdef, call.positions) if call.positions else None
+        plan = rec.replica[0] if rec.replica is not None else ()
+        try:
+            call.out, call.new_nnx_state, _ = self.replay(
+                layout, call.statics, call.static_kw, state, call.plain, call.kwargs, plan, skip=False, rest=call.rest
+            )
+            if call.rest is not None:
+                call.out = call.out[0]  # (arrays, Static): the flags and names are the arrays'
+            call.replayed = True
+        except Exception as e:  # the report must never hide the original failure
+            warnings.warn(
+                f"[jaxsane] replaying the skipped step to name its non-finite leaves failed: {type(e).__name__}: {e}",
+                JaxsaneWarning,
+                stacklevel=user_stacklevel(),
+            )
 
-    def _leaf_flags(self, rec: PendingStep, flags: np.ndarray) -> np.ndarray:
-        """Per-leaf flags in the order of ``_names`` (failure path): the input part as computed in the step,
-        the output part recomputed on the host from the kept outputs when the step returned grouped flags.
-        With skip the returned state is the old one: the step is replayed once (same compiled program,
-        selection off) and its outputs replace ``call.out`` for the report."""
-        call = rec.call
-        if self._per_leaf_flags():
+    def _leaf_flags(self, rec: PendingStep, call: KeptCall, flags: np.ndarray) -> np.ndarray:
+        """Per-leaf flags in the order of :meth:`names` (failure path): the input part as computed in the step,
+        the output part recomputed on the host from the kept outputs when the step returned grouped flags."""
+        if self.per_leaf_flags():
             return flags
-        in_values = [
-            x for i, a in enumerate(call.plain) if i > 0 or call.positions for x in jax.tree_util.tree_leaves(a)
-        ] + jax.tree_util.tree_leaves(call.kwargs)
-        in_flags = flags[: len(in_values)]
-        if self.on_nonfinite == "skip" and in_flags.all() and not call.replayed:
-            state = jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]) if call.positions else None
-            layout = Layout(call.graphdef, call.positions) if call.positions else None
-            plan = rec.replica[0] if rec.replica is not None else ()
-            try:
-                call.out, call.new_nnx_state, _ = self._run(
-                    layout,
-                    call.statics,
-                    call.static_kw,
-                    state,
-                    call.plain,
-                    call.kwargs,
-                    plan,
-                    skip=False,
-                    rest=call.rest,
-                )
-                if call.rest is not None:
-                    call.out = call.out[0]  # (arrays, Static): the flags and names are the arrays'
-
-                call.replayed = True
-            except Exception as e:  # the report must never hide the original failure
-                warnings.warn(
-                    f"[jaxsane] replaying the skipped step to name its non-finite leaves failed: "
-                    f"{type(e).__name__}: {e}",
-                    JaxsaneWarning,
-                )
+        n_in = len(_kept_values(call))
+        in_flags = flags[:n_in]
+        if self.settings.on_nonfinite == "skip" and in_flags.all() and not call.replayed:
+            self._replay_unselected(rec, call)
         out_values = jax.tree_util.tree_leaves((call.new_nnx_state, call.out))
         out_flags = host_finite_flags(out_values)
-        grouped = flags[len(in_values) :]
+        grouped = flags[n_in:]
         if out_flags.all() and not grouped.all():  # not reproduced (or not replayed): every leaf of a failing group
             for chunk, finite in zip(flag_chunks(out_values), grouped):
                 out_flags[chunk] &= bool(finite)
         return np.concatenate([in_flags, out_flags])
 
-    def _on_failure(self, rec: PendingStep, flags: np.ndarray) -> None:
+    # ------------------------------------------------------------------ a failing step
+    def on_failure(self, rec: PendingStep, flags: np.ndarray) -> None:
+        """Report the failing step ``rec`` (its flag vector ``flags`` has a False): name its leaves, then
+        raise, warn or count a skip by the policy. Not jit-safe."""
         call = rec.call
         divergence: list[Finding] = []
         if rec.replica is not None:  # the replica flags ride at the end of the flag vector
@@ -281,119 +260,99 @@ class HostSide:
             if flags.all():
                 return self._on_divergence(rec, divergence)
         if call is not None:
-            flags = self._leaf_flags(rec, flags)
+            flags = self._leaf_flags(rec, call, flags)
         bad = np.flatnonzero(~flags)
-        if call is None:
-            code, paths = "nonfinite.forward", [f"leaf {i}" for i in bad]
-            message = f"step {rec.step} produced NaN/Inf (keep_inputs=False: leaf names and inputs not kept)"
-        else:
-            in_paths, out_paths = self._names(call)
-            names = in_paths + out_paths
-            bad_inputs = [names[i] for i in bad if i < len(in_paths)]
-            bad_outputs = [names[i] for i in bad if i >= len(in_paths)]
-            if bad_inputs:
-                code, paths = "nonfinite.input", bad_inputs
-                message = f"the inputs of step {rec.step} already hold NaN/Inf at {_some(bad_inputs)}"
-            else:
-                in_metrics = any(p.startswith(("metrics", "loss", "out")) for p in bad_outputs)
-                code, paths = ("nonfinite.forward" if in_metrics else "nonfinite.update"), bad_outputs
-                message = f"step {rec.step} produced NaN/Inf in {_some(bad_outputs)}"
-        hint, file, line, located, host_inputs, shard = _FIX[code], None, None, None, None, None
+        report = classify(rec.step, call, bad, self.names(call) if call is not None else ([], []))
+        report.divergence = divergence
         if call is not None:
-            shard = self._shard_finding(call, bad, rec.step, code)
-            if self._multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
-                from .._dist.shards import gather_to_host
+            self._examine(report, call, bad)
+        report.take_origin()
+        if call is not None and report.host_inputs is not None and self.settings.dump_dir:
+            self._dump(report, call, self.settings.dump_dir)
+        self._act(report)
 
-                host_inputs = gather_to_host((call.args(), call.kwargs))
-            else:
-                host_inputs = (to_host(call.args()), to_host(call.kwargs))
-            # locate replays the step equation by equation on this host only: under jax.distributed that would
-            # run the step's collectives on one process, so it is left to a single-process replay of the dump.
-            if self.locate_on_failure and code != "nonfinite.input" and not self._multiprocess:
-                located = _try_locate(self.step, call)
-        origin = located.origins[0] if located is not None and getattr(located, "origins", None) else None
-        if origin is not None:
-            code = getattr(origin, "code", code)
-            file, line = getattr(origin, "file", None), getattr(origin, "line", None)
-            hint = getattr(origin, "fix", None) or hint
-            message += f"; origin: {origin.summary()}"
-        dump_path, dump_error = None, None
-        if self.dump_dir and host_inputs is not None:
-            from .._dump.dump import save_dump
+    def _examine(self, report: Report, call: KeptCall, bad: np.ndarray) -> None:
+        """The failing step's shards, its inputs on the host and (where it can run) locate's origin."""
+        report.shard = self._shard_finding(call, bad, report.step, report.code)
+        if self.multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
+            from .._dist.shards import gather_to_host
 
-            dump_path = os.path.join(self.dump_dir, f"step_{rec.step:06d}")
-            try:
-                if not self._multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
-                    save_dump(
-                        dump_path,
-                        host_inputs[0],
-                        host_inputs[1],
-                        meta={
-                            "step": rec.step,
-                            "finding": {"code": code, "message": message, "paths": paths},
-                            "arg_names": [self._arg_name(i) for i in range(len(host_inputs[0]))],
-                            **_nnx_records(call),
-                        },
-                    )
-                message += f" (inputs dumped to {dump_path})"
-            except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
-                dump_error, dump_path = str(e), None
-                message += (
-                    f" (warning: the inputs could not be dumped: {dump_error}; they are still in NonFiniteError.inputs)"
-                )
-        finding = Finding(
-            code,
-            message,
-            hint,
-            path=paths[0] if paths else None,
-            step=rec.step,
-            file=file,
-            line=line,
-            extra={
-                "paths": paths,
-                "policy": "breakpoint" if getattr(self, "breakpoint", False) else self.on_nonfinite,
-                **({"dump": dump_path} if dump_path else {}),
-                **({"dump_error": dump_error} if dump_error else {}),
-                **({"nonfinite_shard": {"message": shard.message, **shard.extra}} if shard is not None else {}),
-            },
-        )
+            report.host_inputs = gather_to_host((call.args(), call.kwargs))
+        else:
+            report.host_inputs = (to_host(call.args()), to_host(call.kwargs))
+        # locate replays the step equation by equation on this host only: under jax.distributed that would
+        # run the step's collectives on one process, so it is left to a single-process replay of the dump.
+        if self.settings.locate and report.code != "nonfinite.input" and not self.multiprocess:
+            report.located = try_locate(self.step, call)
+
+    def _dump(self, report: Report, call: KeptCall, dump_dir: str) -> None:
+        """Write the failing step's inputs under ``dump_dir``; a failed dump becomes a warning in the message."""
+        from .._dump.dump import save_dump
+
+        assert report.host_inputs is not None  # (checked by the caller)
+        args, kwargs = report.host_inputs
+        dump_path = os.path.join(dump_dir, f"step_{report.step:06d}")
+        try:
+            if not self.multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
+                meta = {
+                    "step": report.step,
+                    "finding": {"code": report.code, "message": report.message, "paths": report.paths},
+                    "arg_names": [self.arg_name(i) for i in range(len(args))],
+                    **nnx_records(call),
+                }
+                save_dump(dump_path, args, kwargs, meta=meta)
+            report.dump_path = dump_path
+            report.message += f" (inputs dumped to {dump_path})"
+        except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
+            report.dump_error = str(e)
+            report.message += (
+                f" (warning: the inputs could not be dumped: {report.dump_error}; they are still in "
+                "NonFiniteError.inputs)"
+            )
+
+    def _act(self, report: Report) -> None:
+        """Record the failure's findings, then carry out the policy: count a skip (raise past
+        max_consecutive_skips), warn, or raise (after the debugger with JAXSANE_ON_NONFINITE=breakpoint)."""
+        settings = self.settings
+        finding = report.finding(settings.policy)
         self.failures.append(finding)
-        self.failures.extend([shard] if shard is not None else [])
-        self.failures.extend(divergence)
-        consecutive = self._last_failed_step is not None and rec.step == self._last_failed_step + 1
+        self.failures.extend([report.shard] if report.shard is not None else [])
+        self.failures.extend(report.divergence)
+        consecutive = self._last_failed_step is not None and report.step == self._last_failed_step + 1
         self._consecutive = self._consecutive + 1 if consecutive else 1
-        self._last_failed_step = rec.step
-        text = f"[jaxsane] {code} at step {rec.step}: {message}\n  fix: {hint}"
-        if shard is not None:
-            text += f"\n  {shard.code}: {shard.message}"
-        text += "".join(f"\n  {d.code}: {d.message}" for d in divergence)
-        if located is not None:
-            text += "\n" + str(located)
-        if self.on_nonfinite == "skip":
+        self._last_failed_step = report.step
+        text = report.text()
+        if settings.on_nonfinite == "skip":
             self.skipped += 1
-            if self._consecutive < self.max_consecutive_skips:
+            if self._consecutive < settings.max_consecutive_skips:
                 return
             text = (
                 f"[jaxsane] {self._consecutive} consecutive steps skipped (max_consecutive_skips="
-                f"{self.max_consecutive_skips}); the last one:\n{text}"
+                f"{settings.max_consecutive_skips}); the last one:\n{text}"
             )
-        elif self.on_nonfinite == "warn":
+        elif settings.on_nonfinite == "warn":
             warnings.warn(text, JaxsaneWarning, stacklevel=user_stacklevel())
             return
-        self._pending.clear()  # later steps ran on a non-finite state: the first failure is the story
-        if getattr(self, "breakpoint", False):  # JAXSANE_ON_NONFINITE=breakpoint: stop at the origin, then raise
-            _stop_at_origin(text, located, code)
+        self.pending.clear()  # later steps ran on a non-finite state: the first failure is the story
+        if settings.breakpoint:  # JAXSANE_ON_NONFINITE=breakpoint: stop at the origin, then raise
+            stop_at_origin(text, report.located, report.code)
         raise NonFiniteError(
-            text, finding, dump_path=dump_path, inputs=host_inputs, located=located, dump_error=dump_error
+            text,
+            finding,
+            dump_path=report.dump_path,
+            inputs=report.host_inputs,
+            located=report.located,
+            dump_error=report.dump_error,
         )
 
 
 def traced_failure(ref, names, flags) -> None:
     """The host callback of a guarded step traced under an outer jit/vmap: report its non-finite leaves
-    by the guarded step's policy. Not jit-safe (it runs on the host, through ``jax.debug.callback``)."""
-    self = ref()
+    by the guarded step's policy (``ref``: a weak reference to its :class:`HostSide`). Not jit-safe (it runs on
+    the host, through ``jax.debug.callback``)."""
+    host = ref()
     flags = np.asarray(flags)
-    if self is None or flags.all():
+    if host is None or flags.all():
         return
     _, in_names, out_names = names
     all_names = [p for p, _ in in_names] + [p for p, _ in out_names]
@@ -407,94 +366,33 @@ def traced_failure(ref, names, flags) -> None:
     )
     finding = Finding(
         code,
-        f"a guarded step traced under jit/vmap produced NaN/Inf in {_some(bad)}{where}",
-        _FIX[code],
+        f"a guarded step traced under jit/vmap produced NaN/Inf in {some_paths(bad)}{where}",
+        FIX[code],
         path=bad[0] if bad else None,
         extra={"paths": bad, "traced": True},
     )
-    self.failures.append(finding)
-    if self.on_nonfinite == "raise":
+    host.failures.append(finding)
+    if host.settings.on_nonfinite == "raise":
         raise NonFiniteError(f"[jaxsane] {finding}", finding)
-    if self.on_nonfinite == "warn":
-        warnings.warn(f"[jaxsane] {finding}", JaxsaneWarning)
+    if host.settings.on_nonfinite == "warn":
+        warnings.warn(f"[jaxsane] {finding}", JaxsaneWarning, stacklevel=user_stacklevel())
     else:
-        self.skipped += 1
-
-
-def _stop_at_origin(text: str, located: Any, code: str) -> None:
-    """JAXSANE_ON_NONFINITE=breakpoint: print the failure and open the debugger at its origin (or say why
-    there is none: bad inputs, locate=False, a NaN only the compiled program makes). Not jit-safe."""
-    from .._locate.debugger import post_mortem
-
-    print(text, flush=True)
-    if located is None:
-        why = (
-            "the step's inputs already hold NaN/Inf: nothing the step computed made it"
-            if code == "nonfinite.input"
-            else "the failing step was not located (locate=False, keep_inputs=False, or locate failed)"
-        )
-        print(
-            f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: no debugger opened: {why}; raising NonFiniteError.", flush=True
-        )
-        return
-    try:
-        opened = post_mortem(located)
-    except Exception as e:  # noqa: BLE001 - no terminal (stdin captured, closed): the failure is still raised
-        print(
-            f"[jaxsane] JAXSANE_ON_NONFINITE=breakpoint: the debugger could not run ({type(e).__name__}: {e}); "
-            "raising NonFiniteError.",
-            flush=True,
-        )
-        return
-    if opened:
-        print("[jaxsane] leaving the debugger: raising NonFiniteError (JAXSANE_ON_NONFINITE=breakpoint).", flush=True)
-
-
-def _try_locate(step: Callable, call: KeptCall):
-    """Run jaxsane.locate on the failing step's inputs, off the hot path; None if unavailable or it fails.
-
-    NNX objects are rebuilt from their input state (``nnx.merge``), so locate sees the step exactly
-    as it was called, before the in-place update.
-    """
-    try:
-        from .._locate.locate import locate
-    except ImportError:
-        return None
-    args, kwargs = call.user_args()
-    args = list(args)
-    if call.positions:
-        objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
-        for p, obj in zip(call.positions, objs):
-            args[p] = obj
-    try:
-        with chex_asserts_off():  # a chexified step: replay the step under it, chex's assertions off
-            return locate(locate_target(step), *args, **kwargs)
-    except Exception as e:  # locate must never hide the original failure
-        warnings.warn(f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}", JaxsaneWarning)
-        return None
-
-
-def _nnx_records(call: KeptCall) -> dict:
-    """``{"nnx": records}`` naming the NNX objects of a failing call (position, class) for its dump, or {}."""
-    if not call.positions:
-        return {}
-    from .._dump.nnx import records_for
-
-    try:
-        objs = _nnx().merge(call.graphdef, jax.tree_util.tree_unflatten(call.nnx_in[1], call.nnx_in[0]))
-    except Exception:  # the names are for messages only: never let them cost the dump
-        return {"nnx": [{"arg": int(p), "class": "an NNX object"} for p in call.positions]}
-    return {"nnx": records_for(call.positions, objs)}
+        host.skipped += 1
 
 
 def flush_at_exit(ref) -> None:
-    """At interpreter exit, read the flags of a guarded step's last calls; a failure there warns. Not jit-safe."""
-    self = ref()
-    if self is None or not self._pending:
+    """At interpreter exit, read the flags of a guarded step's last calls (``ref``: a weak reference to its
+    :class:`HostSide`); a failure there warns. Not jit-safe."""
+    host = ref()
+    if host is None or not host.pending:
         return
     try:
-        self._poll(block=True)
+        host.poll(block=True)
     except NonFiniteError as e:
-        warnings.warn(f"{e}\n(reported at exit: the failing step was the last one called)", JaxsaneWarning)
+        warnings.warn(
+            f"{e}\n(reported at exit: the failing step was the last one called)",
+            JaxsaneWarning,
+            stacklevel=user_stacklevel(),
+        )
     except Exception:
         pass

@@ -316,7 +316,9 @@ def post_mortem(report: Any, origin: int = 0, *, stdin: Any = None, stdout: Any 
             report,
             fix="pass what jaxsane.locate returned (or the NonFiniteError a guarded step raised)",
         )
-    origin = require_int("jaxsane.post_mortem", "origin", origin, min=0)
+    index = require_int("jaxsane.post_mortem", "origin", origin, min=0)
+    assert index is not None  # (not optional)
+    origin = index
     report, chosen = _report_of(report)
     if chosen is None:
         reason = no_origin_reason(report)

@@ -1,7 +1,7 @@
 """locate's data-flow analysis after the replay: backward reachability from the non-finite outputs
 over the replay graph (:class:`Analysis`), so only NaN/Inf values that flow into non-finite outputs
 count, with lazy descent into the ``scan``/``while``/``cond``/``shard_map`` bodies that hand one on.
-Its ``births`` are the candidate origins (see :mod:`jaxsane._locate.origins`); and the NaN/Inf
+Its ``births`` are the candidate origins (see ``origins.py``); and the NaN/Inf
 counts of a value (:func:`nonfinite_counts`).
 
 Nothing here is jit-safe: it runs on the host, after a failure.
@@ -122,7 +122,9 @@ class Analysis:
     # -- forward questions about a birth
     def downstream(self, node: Node, limit: int = 64) -> list:
         """Nodes reached from ``node``'s bad outputs (breadth first), ``OUT`` included."""
-        seen, order, frontier = set(), [], [o for o in node.outs if o.bad]
+        seen: set = set()
+        order: list = []
+        frontier = [o for o in node.outs if o.bad]
         while frontier and len(order) < limit:
             nxt = []
             for v in frontier:

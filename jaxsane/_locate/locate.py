@@ -2,7 +2,7 @@
 
 ``jaxsane.locate(fn, *args, **kwargs)`` traces ``fn`` to a jaxpr and replays it on the real
 inputs, equation by equation (the replay is a set of hooks on jaxsane's one interpreter,
-:mod:`jaxsane._jaxpr.interpret`). ``jit``, ``custom_jvp``/``custom_vjp``
+``_jaxpr/interpret.py``). ``jit``, ``custom_jvp``/``custom_vjp``
 and ``remat`` calls are replayed inline. The common primitives (elementwise math, reductions,
 ``dot_general``, shape ops, ``select_n``) run on the host with numpy, so the replay compiles
 nothing; the rest run through ``bind`` (compiled once per primitive, shape and parameters, and
@@ -14,7 +14,7 @@ that actually flow into non-finite outputs, so NaNs produced and masked away
 (``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
 reported. The origin is the first computation with finite inputs and a non-finite result (or a
 NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
-path. :mod:`jaxsane._locate.nan_causes` names the cause and the fix.
+path. ``nan_causes.py`` names the cause and the fix.
 
 When the replay is finite but the compiled program is not, the report says "not reproduced
 outside XLA" and the smallest compiled prefix of the program that produces the non-finite value
@@ -24,10 +24,10 @@ Nothing here is jit-safe: locate runs on the host, off the hot path, after a fai
 accelerator the replay copies the values it computes to host memory.
 
 Here: the entry points (:func:`locate`, :func:`replay_dump`) and the XLA-only bisection. The replay
-engine lives in :mod:`jaxsane._locate.replay`, the data-flow analysis after it in :mod:`jaxsane._locate.flow`,
-the origins and custom_vjp backward lines in :mod:`jaxsane._locate.origins`, the report classes in
-:mod:`jaxsane._locate.result`, the traceback frames in :mod:`jaxsane._core.frames` and the post-mortem debugger
-at an origin in :mod:`jaxsane._locate.debugger`.
+engine lives in ``replay.py``, the data-flow analysis after it in ``flow.py``,
+the origins and custom_vjp backward lines in ``origins.py``, the report classes in
+``result.py``, the traceback frames in ``_core/frames.py`` and the post-mortem debugger
+at an origin in ``debugger.py``.
 """
 
 from __future__ import annotations
@@ -81,9 +81,7 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
     plain = tuple(None if i in positions else a for i, a in enumerate(args))
     tree = (nnx_state, plain, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    paths = []
-    for i, (path, _) in enumerate(leaves_with_paths(tree)):
-        paths.append(_rename(path, names, positions))
+    paths = [_rename(path, names, positions) for path, _ in leaves_with_paths(tree)]
     traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x)]
 
     def pure(*arrays):
@@ -106,7 +104,7 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
     return pure, [leaves[i] for i in traced], [paths[i] for i in traced], out_paths
 
 
-def _rename(path: str, names: list[str], positions: list[int], prefix: str = "") -> str:
+def _rename(path: str, names: list[str], positions: Sequence[int], prefix: str = "") -> str:
     """Paths of the (nnx_state, plain, kwargs) tuple -> ``model...``, ``batch['x']``, ``kwargs['k']``."""
     if path.startswith("[0]"):
         rest = path[3:]
@@ -229,7 +227,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
             o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
     if not origins and analysis.xla:
         node, _ = analysis.xla[0]
-        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, None)
+        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, [])
         pre = None
         if sub is not None and node.prim in ("pjit", "jit"):
             pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)

@@ -1,6 +1,6 @@
-"""locate's origins: from the births of :class:`~jaxsane._locate.flow.Analysis` to :class:`~jaxsane._locate.result.Origin`
+"""locate's origins: from the births of the flow analysis (``flow.py``) to :class:`jaxsane.Origin`
 records (the primitive, forward or backward phase, ``file:line`` and source, the named cause and fix
-from :mod:`jaxsane._locate.nan_causes`, the shard and batch rows), dropping backward births that follow from an
+from ``nan_causes.py``, the shard and batch rows), dropping backward births that follow from an
 earlier forward one; and the line inside a ``custom_vjp`` backward rule, found by tracing the rule
 again (jax keeps only the call site).
 
@@ -18,7 +18,8 @@ import numpy as np
 from .._core.frames import frames_of, is_library_file, source_text, user_chain, user_frame
 from .._jaxpr.interpret import all_eqns
 from .flow import OUT, Analysis, nonfinite_counts
-from .nan_causes import Cause, explain, primal_eqn
+from .nan_causes import Cause, explain
+from .nan_values import primal_eqn
 from .replay import Node, Val, raw
 from .result import Origin, OriginContext
 
@@ -41,11 +42,11 @@ def recording_custom_vjp(records: list):
         records.append(((f.f_code.co_filename, f.f_lineno) if f is not None else None, self, specs))
         return original(self, *args, **kwargs)
 
-    cls.__call__ = call
+    cls.__call__ = call  # type: ignore[method-assign]  # (jax's class, patched for the duration of one trace)
     try:
         yield records
     finally:
-        cls.__call__ = original
+        cls.__call__ = original  # type: ignore[method-assign]
 
 
 def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:

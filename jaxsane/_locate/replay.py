@@ -6,8 +6,8 @@ Each equation becomes a :class:`Node` whose outputs are :class:`Val` values carr
 NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
 replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`Replay.expand`
 opens their body. :class:`Replay` is a set of hooks on jaxsane's one interpreter
-(:mod:`jaxsane._jaxpr.interpret`), whose rules it uses to open loops and branches; only the per-device
-``shard_map`` expansion is its own. The names here are shared with :mod:`jaxsane._locate.locate` only.
+(``_jaxpr/interpret.py``), whose rules it uses to open loops and branches; only the per-device
+``shard_map`` expansion is its own. The names here are shared with ``locate.py`` only.
 Not jit-safe: everything here runs on the host, off the hot path.
 """
 
@@ -417,7 +417,7 @@ def raw(v: Any) -> Any:
 class Replay(Interpreter):
     """Evaluates jaxprs on real values, recording every equation as a :class:`Node`.
 
-    A set of hooks on :class:`jaxsane._jaxpr.interpret.Interpreter`: calls are replayed inline; loops and
+    A set of hooks on the ``Interpreter`` of ``_jaxpr/interpret.py``: calls are replayed inline; loops and
     ``cond`` are evaluated whole (``bind``) and only opened, with the interpreter's shared rules, by
     :meth:`expand`; ``shard_map`` bodies are opened per device by :meth:`_expand_shard_map`.
     """

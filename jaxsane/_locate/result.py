@@ -1,5 +1,8 @@
 """The report of :func:`jaxsane.locate`: :class:`LocateReport`, its :class:`Origin` entries and what the
-replay held at each origin (:class:`OriginContext`, read by the debugger, :mod:`jaxsane._locate.debugger`)."""
+replay held at each origin (:class:`OriginContext`, read by the debugger, ``debugger.py``).
+
+Host-side records, not jit-safe.
+"""
 
 from __future__ import annotations
 
@@ -75,14 +78,16 @@ class Origin:
 
     @property
     def location(self) -> str:
+        """``file:line`` of the origin. Not jit-safe (host-side record)."""
         return display_location(self.file, self.line)
 
     def summary(self) -> str:
-        """One line: code, primitive, phase, file:line and the values."""
+        """One line: code, primitive, phase, file:line and the values. Not jit-safe."""
         where = f" [{', '.join(self.where)}]" if self.where else ""
         return f"{self.code}: {self.primitive} ({self.phase}) at {self.location}{where}: {self.values}"
 
     def render(self) -> str:
+        """The origin as the indented lines of a report (origin, values, cause, fix). Not jit-safe."""
         lines = [
             f"  origin: {self.primitive} ({self.phase}) at {self.location}"
             + (f"   {self.source}" if self.source else "")
@@ -103,6 +108,7 @@ class Origin:
         return "\n".join(lines)
 
     def to_finding(self) -> Finding:
+        """The origin as a :class:`jaxsane.Finding`. Not jit-safe."""
         return Finding(
             self.code,
             f"{self.primitive} ({self.phase}) at {self.location} produced a non-finite value: "
@@ -144,6 +150,7 @@ class LocateReport:
     equations: int = 0
 
     def findings(self) -> list[Finding]:
+        """One :class:`jaxsane.Finding` per origin (or one naming the non-finite outputs). Not jit-safe."""
         if self.origins:
             return [o.to_finding() for o in self.origins]
         paths = [p for p, _, _ in self.bad_outputs]
@@ -170,6 +177,7 @@ class LocateReport:
         return text
 
     def summary(self) -> str:
+        """One line: the first origin's summary (or why there is none). Not jit-safe."""
         return self.origins[0].summary() if self.origins else self._xla_text()
 
     def __str__(self) -> str:
