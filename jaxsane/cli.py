@@ -70,7 +70,7 @@ def _user_error(exc: BaseException, what: str) -> UsageError:
     if isinstance(exc, SyntaxError) and exc.filename:
         where = f" at {exc.filename}:{exc.lineno}"
     else:
-        from ._doctor.doctor import user_crash
+        from ._doctor.triage import user_crash
 
         crash = user_crash(exc)
         if crash is not None:
