@@ -95,6 +95,7 @@ def load_target(target: str, raw: bool = False) -> Any:
             spec = importlib.util.spec_from_file_location(
                 os.path.splitext(os.path.basename(module_name))[0], module_name
             )
+            assert spec is not None and spec.loader is not None  # a .py path has a spec and a source loader
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
             spec.loader.exec_module(module)

@@ -76,7 +76,7 @@ class Diagnosis(Sequence[Finding]):
         """Every finding in order of addition, consequences with ``caused_by`` set."""
         return self._link()[0]
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self.findings[i]
 
     def __len__(self) -> int:

@@ -18,7 +18,7 @@ import numbers
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from .._core.errors import DoctorOptionError
 
@@ -145,8 +145,16 @@ class RunOptions:
     )
 
 
+class StageOptions(Protocol):
+    """What every options dataclass above is: a frozen dataclass naming its stage and describing it."""
+
+    stage: ClassVar[str]
+    description: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
 # The stages' options, in checklist order (the pipeline checks it runs the same order).
-OPTION_CLASSES: tuple[type, ...] = (
+OPTION_CLASSES: tuple[type[StageOptions], ...] = (
     DataOptions,
     InitOptions,
     GradsOptions,
@@ -179,7 +187,7 @@ def _specs() -> dict[str, OptionSpec]:
     for cls in OPTION_CLASSES:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out[f.name] = OptionSpec(
                 f.name,
                 cls.stage,

@@ -30,7 +30,7 @@ import numpy as np
 from .._core.errors import ExperimentError
 from .._core.tree import PyTree, is_array, is_inexact, same_structure
 from .._core.validate import show
-from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
 from .purify import (
     arrays_of,
@@ -368,7 +368,6 @@ class PureExperiment:
     # -- params / loss / apply on pure params
     def params(self, state: PyTree) -> PyTree:
         """The trainable parameters of a pure state. Jit-safe."""
-        exp = self.experiment
         if self.nnx:
             nnx = _nnx()
             return nnx.state(self._model_of(nnx.merge(self._graphdef, state)), nnx.Param)
@@ -425,8 +424,9 @@ class PureExperiment:
         def make() -> TracedOnce:
             if self.nnx:
                 return TracedOnce(lambda params, x: fn(self._model_with(params, training=training), x))
-            if self._params_static is not None:
-                return TracedOnce(lambda params, x: fn(combine(params, self._params_static), x))
+            static = self._params_static  # set once, in __init__
+            if static is not None:
+                return TracedOnce(lambda params, x: fn(combine(params, static), x))
             return TracedOnce(fn)
 
         return self.memo(name, make)
@@ -439,7 +439,7 @@ class PureExperiment:
             memo[name] = make()
         return memo[name]
 
-    def jitted(self, name: str) -> Callable | None:
+    def jitted(self, name: str) -> Jitted | None:
         """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
         :attr:`apply_fn`, :meth:`step`), shared by every check of this PureExperiment so that no check
         compiles what another already compiled (one program per input shape); None when the

@@ -78,6 +78,7 @@ class TracedOnce:
         with self._lock:
             if key in self._jaxprs:
                 return self._jaxprs[key]
+            entry: object
             try:
                 closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(*args, **kwargs)
                 entry = (closed, jax.tree_util.tree_structure(out_shape))
