@@ -28,7 +28,7 @@ from typing import Any
 import jax
 
 from .._core.diagnosis import Diagnosis
-from .._core.errors import DoctorOptionError, JaxsaneError
+from .._core.errors import ArgumentError, DoctorOptionError
 from .._experiment.batches import first_batch, replayable
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_cache import enable_compilation_cache
@@ -327,7 +327,7 @@ def _checked_arguments(
 ) -> tuple[list[str], dict[str, Any]]:
     """``(chosen stage names, resolved options)``; raises on a bad argument, before any work."""
     if not isinstance(experiment, Experiment):
-        raise JaxsaneError(
+        raise ArgumentError(
             f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
             "jaxsane.Experiment(init=..., step=..., train=...)."
         )
@@ -335,7 +335,7 @@ def _checked_arguments(
     opts = resolve(options)
     check_options(opts)
     if not isinstance(progress, bool):
-        raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
+        raise DoctorOptionError(f"doctor: progress must be True or False, got {progress!r}.")
     if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
         raise DoctorOptionError(
             f"doctor: compile_cache must be True, False or a directory path, got "

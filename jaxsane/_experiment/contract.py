@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core.errors import ExperimentError
+from .._core.errors import ArgumentError, ExperimentError
 from .._core.tree import PyTree, is_array, is_inexact, same_structure
 from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
@@ -446,7 +446,7 @@ class PureExperiment:
         Experiment has no such handle. Call it outside jit (it is already jitted); not jit-safe."""
         fns = {"loss": lambda: self.loss_fn, "apply": lambda: self.apply_fn, "step": lambda: self.step}
         if name not in fns:
-            raise ValueError(
+            raise ArgumentError(
                 f"[jaxsane] PureExperiment.jitted: unknown function {name!r}; choose one of {sorted(fns)}."
             )
         fn = fns[name]()
