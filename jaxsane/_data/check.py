@@ -11,9 +11,9 @@ candidate pairs of in-memory data are then confirmed by exact byte comparison, s
 can never be reported as a leak or duplicate (stream data keeps no rows: its matches are by
 64-bit hash, collision probability about n**2 / 2**65).
 
-Here: the entry point and its argument checks. The parts: ``_data_read`` (user data to arrays),
-``_data_scan`` (one pass over a split), ``_data_split`` (its accumulators), ``_data_findings``
-(findings per split, train against eval), ``_data_match`` (duplicates and leakage).
+Here: the entry point and its argument checks. The parts, in this folder: ``read.py`` (user data to
+arrays), ``scan.py`` (one pass over a split), ``split.py`` (its accumulators), ``findings.py`` (findings
+per split, train against eval), ``match.py`` (duplicates and leakage), ``row_hash.py`` (the row hashes).
 
 Nothing here runs inside ``jit``.
 """

@@ -1,5 +1,5 @@
-"""Reading one split for :func:`jaxsane.check_data`: batches from :class:`~jaxsane._data.read.Stream`,
-cut into row chunks of about ``chunk_bytes``, folded into a :class:`~jaxsane._data.split.Split` (content
+"""Reading one split for :func:`jaxsane.check_data`: batches from :class:`Stream` (``read.py``),
+cut into row chunks of about ``chunk_bytes``, folded into a :class:`Split` (``split.py``; content
 hashes, per-leaf scale, labels, padding, next-token shift, per-batch shape signatures), and the
 predictions-vs-labels shape check of ``apply`` on the first chunk.
 
@@ -29,7 +29,7 @@ DEFAULT_MAX_BATCHES = 1000  # batches read from an iterable split when max_batch
 
 
 def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> Split:
-    """Read one split once (see the module docstring) into a :class:`~jaxsane._data.split.Split`. Not jit-safe."""
+    """Read one split once (see the module docstring) into a :class:`Split`. Not jit-safe."""
     split = Split(what, k)
     batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches, peek=max_batches is None)
     split.stream = stream = batches.is_stream

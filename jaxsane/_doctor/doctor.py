@@ -1,4 +1,4 @@
-"""doctor: run the pipeline (:data:`jaxsane._doctor.pipeline.STAGES`) on one Experiment and say what it found.
+"""doctor: run the pipeline (``STAGES`` in ``_doctor/pipeline.py``) on one Experiment and say what it found.
 
 This module checks the options before any work, runs each requested stage, shows progress and
 collects a :class:`DoctorDiagnosis`, which records for every requested stage whether it ran
@@ -247,7 +247,8 @@ def doctor(
 
     Args:
       experiment: the :class:`Experiment` to check.
-      stages: names of the stages to run (default: all, see ``jaxsane._doctor.pipeline.STAGES``).
+      stages: names of the stages to run (default: all, in checklist order: ``data``, ``init``, ``grads``,
+        ``step``, ``batch``, ``overfit``, ``run``; ``jaxsane doctor --help`` lists them).
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
       progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
@@ -257,7 +258,8 @@ def doctor(
         string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
         The cache is a process-wide JAX setting: once on, it stays on for the process.
       **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
-        dataclasses in ``jaxsane._doctor.options`` (each field: name, type, default, meaning).
+        dataclasses of doctor's options; ``jaxsane doctor --help`` lists each one's name, type, default and
+        meaning).
 
     Returns:
       The findings, with ``.stages`` (what ran, what did not and why), ``.complete`` and

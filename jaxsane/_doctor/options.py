@@ -1,6 +1,6 @@
 """doctor's options: one frozen dataclass per stage, flat option names, declared types.
 
-Each stage of the pipeline (:mod:`jaxsane._doctor.pipeline`) reads one options dataclass below. The
+Each stage of the pipeline (``_doctor/pipeline.py``) reads one options dataclass below. The
 field names are the flat names users pass (``doctor(exp, run_steps=50)``, ``jaxsane doctor -o
 run_steps=50``), so every name is unique across stages. :func:`resolve` checks names, types
 and ranges before any work and raises :class:`DoctorOptionError` naming the valid options;

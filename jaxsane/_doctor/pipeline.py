@@ -1,10 +1,10 @@
 """The doctor pipeline: each stage in checklist order, as plain functions of a typed context.
 
 A stage is ``fn(ctx: StageContext) -> Iterable[Finding]``: it calls the public ``check_*`` of its
-concept with the options of its frozen options dataclass (:mod:`jaxsane._doctor.options`) and may store
+concept with the options of its frozen options dataclass (``_doctor/options.py``) and may store
 results for the report in ``ctx.artifacts``. A stage that cannot judge the program (a handle it
 needs is missing) returns only ``doctor.skipped`` findings that say why. :data:`STAGES` is the
-list :func:`jaxsane.doctor` runs; :mod:`jaxsane._doctor.doctor` runs it and turns crashes into findings.
+list :func:`jaxsane.doctor` runs; ``_doctor/doctor.py`` runs it and turns crashes into findings.
 Nothing here is jit-safe: stages run on the host and compile what they need.
 """
 
@@ -76,7 +76,7 @@ class StageContext:
       key: the PRNG key for init and the checks.
       batch: the first train batch.
       eval_batch: the first eval batch, or None.
-      options: this stage's options dataclass (e.g. :class:`~jaxsane._doctor.options.RunOptions`).
+      options: this stage's options dataclass (e.g. :class:`RunOptions`).
       artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
       prepared: what doctor prepared ahead for this stage (see :data:`PREPARE`), e.g. the overfit plan
         and the future of its compiled sweep program; empty when nothing was.
@@ -195,7 +195,7 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: loss at init against ln C (a C-way classifier) or the best constant prediction (any other
-    loss, :mod:`jaxsane._checks.init_baseline`), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
+    loss, ``_checks/init_baseline.py``), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
     opts: InitOptions = ctx.options
     adapted = ctx.pure
     state = adapted.init(ctx.key)

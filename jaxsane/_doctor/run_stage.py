@@ -13,7 +13,7 @@ which :func:`prepare_run` compiles in doctor's background thread while the earli
 * ``dead(params, inputs)``: dead-ReLU fractions on the Monitor's dead steps, when apply has ReLU sites.
 
 The :class:`~jaxsane.History` is the one the fused monitored step records. A step whose values are not
-finite is run once more under :class:`~jaxsane._guard.guard.Guarded` on the same inputs, so its finding (the code,
+finite is run once more under ``Guarded`` (``_guard/guard.py``) on the same inputs, so its finding (the code,
 the paths, the located origin) is exactly guard's. Nothing here is jit-safe; the programs' bodies are.
 """
 

@@ -14,7 +14,7 @@ Supported step styles (all unchanged):
     (model, opt_state, loss | metrics)`` (Equinox's own examples), for any tuple state of 2+ items.
 
 Reading the data an Experiment names (batches, their inputs/labels/mask, examples) is
-:mod:`jaxsane._experiment.batches`.
+``_experiment/batches.py``.
 """
 
 from __future__ import annotations
@@ -433,7 +433,7 @@ class PureExperiment:
 
     def memo(self, name: str, make: Callable[[], Any]) -> Any:
         """One ``make()`` per ``name`` for this PureExperiment: the checks' shared functions (so jit and
-        :class:`~jaxsane._jaxpr.trace_cache.TracedOnce` caches see one object). Not jit-safe to build."""
+        ``TracedOnce`` (``_jaxpr/trace_cache.py``) caches see one object). Not jit-safe to build."""
         memo = self.__dict__.setdefault("_memo_table", {})
         if name not in memo:
             memo[name] = make()
