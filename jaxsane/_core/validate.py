@@ -365,6 +365,9 @@ NONFINITE_POLICIES = {
     "warn": "issue a JaxsaneWarning and keep the step's result as it is",
     "rollback": "restore the last verified state, replay the good batches since then and skip the failing one",
 }
+#: The words of :data:`NONFINITE_POLICIES` that ``guard`` and ``fit`` carry out, in the order their errors list them.
+GUARD_POLICIES: tuple[str, ...] = ("raise", "skip", "warn")
+FIT_POLICIES: tuple[str, ...] = ("rollback", "skip", "raise")
 _WHY_NOT = {
     "warn": "a training loop cannot go on from a non-finite state (every later step would be NaN too)",
     "rollback": "a rollback needs the verified host copies of the state that only fit keeps",
