@@ -420,11 +420,11 @@ class RunPlan:
 
 def _run_stages(plan: RunPlan) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
-    experiment, progress, log = plan.experiment, plan.progress, plan.log
-    records, timings = plan.diagnosis.artifacts["stages"], plan.diagnosis.artifacts["timings"]
+    experiment, diagnosis, chosen, progress, log = plan.experiment, plan.diagnosis, plan.chosen, plan.progress, plan.log
+    records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = _Progress(progress, experiment.name)
     for stage in STAGES:
-        if stage.name not in plan.chosen:
+        if stage.name not in chosen:
             continue
         start = time.perf_counter()
         show.start(stage.name, stage.description)
