@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ArgumentError
+from .errors import JaxsaneError
 
 PyTree = Any
 
@@ -159,7 +159,7 @@ def scale_selected(params: PyTree, scale: jax.Array, select: Callable[[str], boo
 
 def leaf_selector(spec: str | Callable[[str], bool] | None) -> Callable[[str], bool]:
     """A leaf-path predicate from ``scale_leaves=``: None (every leaf), a regex searched in the path, or a
-    callable(path) -> bool. Raises an ArgumentError (a JaxsaneError) for anything else. Not jit-relevant (host side)."""
+    callable(path) -> bool. Raises a JaxsaneError for anything else. Not jit-relevant (host side)."""
     if spec is None:
         return lambda path: True
     if isinstance(spec, str):
@@ -167,4 +167,4 @@ def leaf_selector(spec: str | Callable[[str], bool] | None) -> Callable[[str], b
         return lambda path: pattern.search(path) is not None
     if callable(spec):
         return spec
-    raise ArgumentError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")
+    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")

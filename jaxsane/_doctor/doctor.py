@@ -257,9 +257,8 @@ def doctor(
         ``$JAXSANE_CACHE_DIR`` or ``~/.cache/jaxsane/xla`` (``JAXSANE_CACHE=0`` turns it off), a
         string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
         The cache is a process-wide JAX setting: once on, it stays on for the process.
-      **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
-        dataclasses of doctor's options; ``jaxsane doctor --help`` lists each one's name, type, default and
-        meaning).
+      **options: per-stage settings with flat names (e.g. ``run_steps=20``), one frozen options dataclass per
+        stage; ``jaxsane doctor --help`` lists each option's name, type, default and meaning.
 
     Returns:
       The findings, with ``.stages`` (what ran, what did not and why), ``.complete`` and
