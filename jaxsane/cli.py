@@ -70,7 +70,7 @@ def _user_error(exc: BaseException, what: str) -> UsageError:
     if isinstance(exc, SyntaxError) and exc.filename:
         where = f" at {exc.filename}:{exc.lineno}"
     else:
-        from ._doctor.doctor import user_crash
+        from ._doctor.triage import user_crash
 
         crash = user_crash(exc)
         if crash is not None:
@@ -95,6 +95,7 @@ def load_target(target: str, raw: bool = False) -> Any:
             spec = importlib.util.spec_from_file_location(
                 os.path.splitext(os.path.basename(module_name))[0], module_name
             )
+            assert spec is not None and spec.loader is not None  # a .py path has a spec and a source loader
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
             spec.loader.exec_module(module)

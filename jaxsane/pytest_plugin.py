@@ -20,7 +20,7 @@ jax is imported only when one of these is used, never when the plugin is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -109,13 +109,13 @@ def jaxsane_check():
 
 
 @pytest.fixture
-def jaxsane_guard():
+def jaxsane_guard() -> Iterator[Callable[..., Any]]:
     """``jaxsane_guard(step, **kw)`` -> a guarded step (``sync=True`` unless given); flushed at teardown."""
     from . import guard
 
     made: list[Any] = []
 
-    def make(step: Callable, **kwargs: Any):
+    def make(step: Callable, **kwargs: Any) -> Any:
         kwargs.setdefault("sync", True)
         guarded = guard(step, **kwargs)
         made.append(guarded)

@@ -45,7 +45,7 @@ class Diagnosis(Sequence[Finding]):
 
     ``add`` folds identical findings at many steps into one (``count``, first ``step``, ``last_step``).
     Reading the diagnosis (iterating, ``ok``, ``to_dict``, rendering) links consequences to their root
-    cause (:func:`jaxsane._core.root_cause.link_consequences`): iteration yields every finding, in order, with
+    cause (``link_consequences`` in ``_core/root_cause.py``): iteration yields every finding, in order, with
     ``caused_by`` set; renderings lead with the root causes and fold the consequences beneath them.
 
     ``ok`` and so the CLI's exit code are decided by root causes: a diagnosis is not ok when some root
@@ -76,7 +76,7 @@ class Diagnosis(Sequence[Finding]):
         """Every finding in order of addition, consequences with ``caused_by`` set."""
         return self._link()[0]
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self.findings[i]
 
     def __len__(self) -> int:
@@ -200,7 +200,7 @@ class Diagnosis(Sequence[Finding]):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form: ``root_causes`` (each with its ``consequences`` nested), the flat ``findings``, and
-        the run's ``meta`` (versions, devices, steps, timings: see :mod:`jaxsane._core.run_meta`) when it has one."""
+        the run's ``meta`` (versions, devices, steps, timings: see ``_core/run_meta.py``) when it has one."""
         return {
             "name": self.name,
             "ok": self.ok,

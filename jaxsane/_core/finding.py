@@ -54,7 +54,7 @@ class Finding:
         if not self.severity:
             object.__setattr__(self, "severity", severity_of(self.code))
         if self.severity not in SEVERITY_RANK:
-            raise ValueError(f"[jaxsane] severity must be one of {list(SEVERITY_RANK)}, got {self.severity!r}")
+            raise FindingError(f"[jaxsane] severity must be one of {list(SEVERITY_RANK)}, got {self.severity!r}")
         if isinstance(self.caused_by, dict):  # read back from JSON
             object.__setattr__(self, "caused_by", RootCause(**self.caused_by))
         if self.caused_by is not None and not isinstance(self.caused_by, RootCause):

@@ -165,7 +165,9 @@ def cell_number(file: str) -> int | None:
 
 def is_cell_file(file: str | None) -> bool:
     """Whether ``file`` is the code of a notebook/IPython cell (``/tmp/ipykernel_PID/HASH.py``)."""
-    return bool(file) and bool(_IPYTHON_INPUT.match(file) or _IPYKERNEL_CELL.search(file))
+    if not file:
+        return False
+    return bool(_IPYTHON_INPUT.match(file) or _IPYKERNEL_CELL.search(file))
 
 
 def shown_location(file: str | None, line: int | None) -> str:

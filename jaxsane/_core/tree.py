@@ -107,7 +107,7 @@ def to_host(tree: PyTree) -> PyTree:
 
 
 def same_structure(a: PyTree, b: PyTree) -> bool:
-    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)  # type: ignore[operator]  # jaxlib's PyTreeDef is not resolved by mypy here
 
 
 def explicit_sharding(x: Any) -> Any:

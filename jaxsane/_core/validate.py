@@ -15,7 +15,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from .errors import ArgumentError
 
@@ -63,6 +63,28 @@ def _scalar_kind(value: Any) -> str:
     return getattr(dtype, "kind", "")
 
 
+@overload
+def require_int(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    optional: Literal[False] = False,
+    fix: str | None = None,
+) -> int: ...
+@overload
+def require_int(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    optional: bool = False,
+    fix: str | None = None,
+) -> int | None: ...
 def require_int(
     fn: str,
     name: str,
@@ -91,6 +113,30 @@ def require_int(
     return value
 
 
+@overload
+def require_float(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    positive: bool = False,
+    optional: Literal[False] = False,
+    fix: str | None = None,
+) -> float: ...
+@overload
+def require_float(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    positive: bool = False,
+    optional: bool = False,
+    fix: str | None = None,
+) -> float | None: ...
 def require_float(
     fn: str,
     name: str,
@@ -185,6 +231,28 @@ def require_callable(fn: str, name: str, value: Any, *, signature: str = "", opt
     return value
 
 
+@overload
+def require_sequence(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    of: str = "number",
+    min_len: int = 1,
+    min: float | None = None,
+    optional: Literal[False] = False,
+) -> list: ...
+@overload
+def require_sequence(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    of: str = "number",
+    min_len: int = 1,
+    min: float | None = None,
+    optional: bool = False,
+) -> list | None: ...
 def require_sequence(
     fn: str,
     name: str,
@@ -297,6 +365,9 @@ NONFINITE_POLICIES = {
     "warn": "issue a JaxsaneWarning and keep the step's result as it is",
     "rollback": "restore the last verified state, replay the good batches since then and skip the failing one",
 }
+#: The words of :data:`NONFINITE_POLICIES` that ``guard`` and ``fit`` carry out, in the order their errors list them.
+GUARD_POLICIES: tuple[str, ...] = ("raise", "skip", "warn")
+FIT_POLICIES: tuple[str, ...] = ("rollback", "skip", "raise")
 _WHY_NOT = {
     "warn": "a training loop cannot go on from a non-finite state (every later step would be NaN too)",
     "rollback": "a rollback needs the verified host copies of the state that only fit keeps",

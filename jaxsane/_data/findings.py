@@ -9,13 +9,16 @@ Nothing here runs inside ``jit``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 from .._core.finding import Finding
-from .split import Flags, Split, is_feature
+from .split import Flags, LeafStats, Split, is_feature
 
 
 def compare_splits(train: Split, eval_: Split) -> list[Finding]:
@@ -45,7 +48,7 @@ def compare_splits(train: Split, eval_: Split) -> list[Finding]:
             kind_change = da.kind != db.kind or len(sa) != len(sb)
             padded_length = sa != sb and not kind_change and (train.padded or eval_.padded)
             width_only = sa == sb and not kind_change  # float32 against float64, int32 against int64
-            if width_only and not jax.config.jax_enable_x64:
+            if width_only and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # a flag jax sets at run time; not in its stubs
                 continue  # jax canonicalises both to 32 bits: the same program runs on both splits
             severity = "warning" if (padded_length or width_only) else "error"
             why = (
@@ -120,47 +123,87 @@ def _outliers(split: Split, ratio: float) -> list[Finding]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Judge:
+    """What the rules of one split read: the split's accumulators and the thresholds."""
+
+    split: Split
+    num_classes: int | None
+    apply: Any
+    integer_features: bool | None
+    max_ratio: float
+    scale_range: tuple[float, float]
+    outlier_ratio: float
+
+    @property
+    def w(self) -> str:
+        return self.split.what
+
+
 def split_findings(
     split: Split, opts: dict, max_ratio: float, scale_range: tuple[float, float], outlier_ratio: float = 100.0
 ) -> list[Finding]:
-    """The findings of one scanned split (see the module docstring). Not jit-safe."""
+    """The findings of one scanned split (see the module docstring), in the order of :data:`_RULES`.
+    Not jit-safe."""
+    judge = _Judge(
+        split, opts["num_classes"], opts["apply"], opts["integer_features"], max_ratio, scale_range, outlier_ratio
+    )
+    out = _partial(judge)
+    if split.rows == 0:
+        return out + _empty_split(judge)
+    for rule in _RULES:
+        out += rule(judge)
+    return out
+
+
+def _partial(j: _Judge) -> list[Finding]:
+    split = j.split
+    if not split.partial:
+        return []
+    return [
+        Finding(
+            "data.partial",
+            f"the {j.w} stream has more than {split.batches} batches; only these "
+            f"first {split.batches} batches ({split.rows} examples) were checked",
+            "pass check_data(max_batches=N) to read more (or fewer) batches",
+            severity="info",
+            path=j.w,
+            extra={"batches": split.batches, "rows": split.rows},
+        )
+    ]
+
+
+def _empty_split(j: _Judge) -> list[Finding]:
+    return [
+        Finding(
+            "data.empty",
+            f"the {j.w} split has 0 examples ({j.split.batches} batch(es), every one with a leading axis of size 0)",
+            "check the filter, split or shard that produced it; an empty split makes every mean a 0/0 NaN",
+            path=j.w,
+        )
+    ]
+
+
+def _empty_batches(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
+    if not split.empty_batches.count:
+        return []
+    return [
+        Finding(
+            "data.empty",
+            f"{split.empty_batches.count} {w} batches have 0 examples (batches "
+            f"{split.empty_batches.first}): a mean over them is 0/0 = NaN",
+            "drop empty batches (or the filter/shard that empties them) before the step",
+            severity="warning",
+            path=w,
+            extra={"batches": split.empty_batches.first},
+        )
+    ]
+
+
+def _shape_changes(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
     out: list[Finding] = []
-    w, C = split.what, opts["num_classes"]
-    n = split.rows
-    if split.partial:
-        out.append(
-            Finding(
-                "data.partial",
-                f"the {w} stream has more than {split.batches} batches; only these "
-                f"first {split.batches} batches ({n} examples) were checked",
-                "pass check_data(max_batches=N) to read more (or fewer) batches",
-                severity="info",
-                path=w,
-                extra={"batches": split.batches, "rows": n},
-            )
-        )
-    if n == 0:
-        out.append(
-            Finding(
-                "data.empty",
-                f"the {w} split has 0 examples ({split.batches} batch(es), every one with a leading axis of size 0)",
-                "check the filter, split or shard that produced it; an empty split makes every mean a 0/0 NaN",
-                path=w,
-            )
-        )
-        return out
-    if split.empty_batches.count:
-        out.append(
-            Finding(
-                "data.empty",
-                f"{split.empty_batches.count} {w} batches have 0 examples (batches "
-                f"{split.empty_batches.first}): a mean over them is 0/0 = NaN",
-                "drop empty batches (or the filter/shard that empties them) before the step",
-                severity="warning",
-                path=w,
-                extra={"batches": split.empty_batches.first},
-            )
-        )
     if split.shape_errors.count:
         out.append(
             Finding(
@@ -184,17 +227,27 @@ def split_findings(
                 path=w,
             )
         )
-    for path, fl in split.nonfinite.items():
-        out.append(
-            Finding(
-                "nonfinite.input",
-                f"{fl.count} of {n} {w} examples hold NaN/Inf in {path} ({_idx(fl)})",
-                "drop or repair these rows in the data pipeline (check for division by "
-                "zero or missing values before normalisation)",
-                path=f"{w} {path}",
-                extra={"count": fl.count, "indices": fl.first},
-            )
+    return out
+
+
+def _nonfinite(j: _Judge) -> list[Finding]:
+    w, n = j.w, j.split.rows
+    return [
+        Finding(
+            "nonfinite.input",
+            f"{fl.count} of {n} {w} examples hold NaN/Inf in {path} ({_idx(fl)})",
+            "drop or repair these rows in the data pipeline (check for division by "
+            "zero or missing values before normalisation)",
+            path=f"{w} {path}",
+            extra={"count": fl.count, "indices": fl.first},
         )
+        for path, fl in j.split.nonfinite.items()
+    ]
+
+
+def _label_range(j: _Judge) -> list[Finding]:
+    split, w, n, C = j.split, j.w, j.split.rows, j.num_classes
+    out: list[Finding] = []
     if split.label_bad.count:
         rng = f"[0, {C})" if C is not None else "the non-negative integers"
         out.append(
@@ -232,88 +285,118 @@ def split_findings(
                 path=f"{w} labels",
             )
         )
-    if split.label_column is not None and opts["apply"] is None:
-        out.append(
+    return out
+
+
+def _label_column(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
+    if split.label_column is None or j.apply is not None:
+        return []
+    return [
+        Finding(
+            "data.shape",
+            f"{w} class-id labels have shape {split.label_column} (a trailing axis of "
+            "1): against (B,) predictions or per-example losses they silently broadcast to (B, B)",
+            "squeeze them to shape (B,) (labels[:, 0]); pass apply= to compare with the model's predictions",
+            path=f"{w} labels",
+            extra={"shape": split.label_column},
+        )
+    ]
+
+
+def _imbalance(j: _Judge) -> list[Finding]:
+    split, w, C, counts = j.split, j.w, j.num_classes, j.split.class_counts
+    if not (counts.size >= 2 or (C is not None and C >= 2 and counts.size)):
+        return []
+    present = counts[counts > 0]
+    missing = np.flatnonzero(counts == 0)
+    ratio = float(present.max() / present.min()) if present.size else math.inf
+    if missing.size and C is not None:
+        return [
             Finding(
-                "data.shape",
-                f"{w} class-id labels have shape {split.label_column} (a trailing axis of "
-                "1): against (B,) predictions or per-example losses they silently broadcast to (B, B)",
-                "squeeze them to shape (B,) (labels[:, 0]); pass apply= to compare with the model's predictions",
+                "data.imbalance",
+                f"{missing.size} of {C} classes never occur in the {w} labels "
+                f"(classes {_first(missing, split.k)}; {counts.sum()} labelled examples)",
+                "check the label mapping and num_classes, or stratify the split",
                 path=f"{w} labels",
-                extra={"shape": split.label_column},
+                extra={"class_counts": counts.tolist()},
             )
+        ]
+    if ratio <= j.max_ratio:
+        return []
+    big, small = (
+        int(np.argmax(np.where(counts > 0, counts, -1))),
+        int(np.argmin(np.where(counts > 0, counts, np.iinfo(np.int64).max))),
+    )
+    return [
+        Finding(
+            "data.imbalance",
+            f"{w} class frequencies are skewed {ratio:.1f}:1 (class {big}: "
+            f"{counts[big]} examples, class {small}: {counts[small]} of {counts.sum()}; "
+            f"threshold {j.max_ratio:g}:1)",
+            "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
+            path=f"{w} labels",
+            extra={"class_counts": counts.tolist(), "ratio": ratio},
         )
-    counts = split.class_counts
-    if counts.size >= 2 or (C is not None and C >= 2 and counts.size):
-        present = counts[counts > 0]
-        missing = np.flatnonzero(counts == 0)
-        ratio = float(present.max() / present.min()) if present.size else math.inf
-        if missing.size and C is not None:
+    ]
+
+
+def _epoch(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
+    if split.epoch is None:
+        return []
+    return [
+        Finding(
+            "data.epoch",
+            f"the {w} stream starts over after {split.epoch} examples (rows "
+            f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
+            "repeat is an epoch boundary, not duplicated data",
+            "-",
+            severity="info",
+            path=w,
+            extra={"epoch_rows": split.epoch},
+        )
+    ]
+
+
+_SHIFT_PROBLEMS = (  # (the split's flags, what the targets do, the fix)
+    (
+        "seq_same",
+        "equal the inputs at every position (next-token targets not shifted: the model is trained to copy its input)",
+        "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] (and the mask likewise)",
+    ),
+    (
+        "seq_lag",
+        "equal the inputs one position late (targets[:, 1:] == inputs[:, :-1]: shifted "
+        "the wrong way, the model is trained to predict the previous token)",
+        "shift the other way: inputs = tokens[:, :-1], targets = tokens[:, 1:]",
+    ),
+)
+
+
+def _unshifted_targets(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
+    out: list[Finding] = []
+    if not split.seq_rows:
+        return out
+    for attr, what, fix in _SHIFT_PROBLEMS:
+        flags = getattr(split, attr)
+        if flags.count and flags.count * 2 >= split.seq_rows:
             out.append(
                 Finding(
-                    "data.imbalance",
-                    f"{missing.size} of {C} classes never occur in the {w} labels "
-                    f"(classes {_first(missing, split.k)}; {counts.sum()} labelled examples)",
-                    "check the label mapping and num_classes, or stratify the split",
+                    "data.unshifted_targets",
+                    f"{flags.count} of {split.seq_rows} {w} token sequences have targets that {what} ({_idx(flags)})",
+                    fix,
                     path=f"{w} labels",
-                    extra={"class_counts": counts.tolist()},
+                    extra={"count": flags.count, "indices": flags.first, "rows_compared": split.seq_rows},
                 )
             )
-        elif ratio > max_ratio:
-            big, small = (
-                int(np.argmax(np.where(counts > 0, counts, -1))),
-                int(np.argmin(np.where(counts > 0, counts, np.iinfo(np.int64).max))),
-            )
-            out.append(
-                Finding(
-                    "data.imbalance",
-                    f"{w} class frequencies are skewed {ratio:.1f}:1 (class {big}: "
-                    f"{counts[big]} examples, class {small}: {counts[small]} of {counts.sum()}; "
-                    f"threshold {max_ratio:g}:1)",
-                    "re-weight the loss or resample, and check the labels for a mapping/sampling bug",
-                    path=f"{w} labels",
-                    extra={"class_counts": counts.tolist(), "ratio": ratio},
-                )
-            )
-    if split.epoch is not None:
-        out.append(
-            Finding(
-                "data.epoch",
-                f"the {w} stream starts over after {split.epoch} examples (rows "
-                f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
-                "repeat is an epoch boundary, not duplicated data",
-                "-",
-                severity="info",
-                path=w,
-                extra={"epoch_rows": split.epoch},
-            )
-        )
-    if split.seq_rows:
-        for flags, what, fix in (
-            (
-                split.seq_same,
-                "equal the inputs at every position (next-token targets not shifted: the model "
-                "is trained to copy its input)",
-                "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] (and the mask likewise)",
-            ),
-            (
-                split.seq_lag,
-                "equal the inputs one position late (targets[:, 1:] == inputs[:, :-1]: shifted "
-                "the wrong way, the model is trained to predict the previous token)",
-                "shift the other way: inputs = tokens[:, :-1], targets = tokens[:, 1:]",
-            ),
-        ):
-            if flags.count and flags.count * 2 >= split.seq_rows:
-                out.append(
-                    Finding(
-                        "data.unshifted_targets",
-                        f"{flags.count} of {split.seq_rows} {w} token "
-                        f"sequences have targets that {what} ({_idx(flags)})",
-                        fix,
-                        path=f"{w} labels",
-                        extra={"count": flags.count, "indices": flags.first, "rows_compared": split.seq_rows},
-                    )
-                )
+    return out
+
+
+def _all_padding(j: _Judge) -> list[Finding]:
+    split, w, n = j.split, j.w, j.split.rows
+    out: list[Finding] = []
     if split.padding_rows.count:
         out.append(
             Finding(
@@ -336,55 +419,84 @@ def split_findings(
                 path=f"{w} mask",
             )
         )
-    outliers = _outliers(split, outlier_ratio)
+    return out
+
+
+def _input_scale(j: _Judge) -> list[Finding]:
+    """``data.constant`` and ``data.unnormalized`` per input leaf, then ``data.outliers``."""
+    outliers = _outliers(j.split, j.outlier_ratio)
     outlier_paths = {f.path for f in outliers}
-    for path, st in split.stats.items():
-        if st.lo == math.inf:
-            continue
-        if st.lo == st.hi and n > 1:
-            out.append(
-                Finding(
-                    "data.constant",
-                    f"every {w} input in {path} is the same value {st.lo:g} (all {n} examples)",
-                    "the loader returns a placeholder (zeros?): check the decoding and preprocessing",
-                    path=f"{w} {path}",
-                )
-            )
-            continue
-        if st.dtype.kind in "iu" and is_feature(st.dtype, opts["integer_features"]) and st.hi > 1:
-            out.append(
-                Finding(
-                    "data.unnormalized",
-                    f"{w} {path} is raw {st.dtype} in [{st.lo:g}, {st.hi:g}] fed as features (all {n} examples)",
-                    f"scale it to floats: x.astype(np.float32) / "
-                    f"{st.hi:g} (or standardise to zero mean, unit variance)",
-                    path=f"{w} {path}",
-                )
-            )
-        elif st.dtype.kind in "fc" and st.n:
-            mean = st.s / st.n
-            std = math.sqrt(max(st.ss / st.n - mean * mean, 0.0))
-            rms = math.sqrt(max(st.ss / st.n, 0.0))
-            if not (scale_range[0] <= rms <= scale_range[1]) and f"{w} {path}" not in outlier_paths:
-                out.append(
-                    Finding(
-                        "data.unnormalized",
-                        f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
-                        f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
-                        "standardise the inputs ((x - mean) / std over the train split) or scale pixels once by 1/255",
-                        path=f"{w} {path}",
-                        extra={"mean": mean, "std": std},
-                    )
-                )
-    out += outliers  # their rows inflate the RMS: data.unnormalized is not reported beside them
-    if split.constant_batches.count:
-        out.append(
+    out: list[Finding] = []
+    for path, st in j.split.stats.items():
+        if st.lo != math.inf:
+            out += _leaf_scale(j, path, st, outlier_paths)
+    return out + outliers  # their rows inflate the RMS: data.unnormalized is not reported beside them
+
+
+def _leaf_scale(j: _Judge, path: str, st: LeafStats, outlier_paths: set[str | None]) -> list[Finding]:
+    w, n, scale_range = j.w, j.split.rows, j.scale_range
+    if st.lo == st.hi and n > 1:
+        return [
             Finding(
                 "data.constant",
-                f"{split.constant_batches.count} of {split.batches} {w} batches have "
-                f"constant inputs (one value throughout; batches {split.constant_batches.first})",
-                "the loader returns a placeholder batch: check decoding, augmentation and the end of the stream",
-                path=f"{w} inputs",
+                f"every {w} input in {path} is the same value {st.lo:g} (all {n} examples)",
+                "the loader returns a placeholder (zeros?): check the decoding and preprocessing",
+                path=f"{w} {path}",
             )
+        ]
+    if st.dtype.kind in "iu" and is_feature(st.dtype, j.integer_features) and st.hi > 1:
+        return [
+            Finding(
+                "data.unnormalized",
+                f"{w} {path} is raw {st.dtype} in [{st.lo:g}, {st.hi:g}] fed as features (all {n} examples)",
+                f"scale it to floats: x.astype(np.float32) / {st.hi:g} (or standardise to zero mean, unit variance)",
+                path=f"{w} {path}",
+            )
+        ]
+    if st.dtype.kind in "fc" and st.n:
+        mean = st.s / st.n
+        std = math.sqrt(max(st.ss / st.n - mean * mean, 0.0))
+        rms = math.sqrt(max(st.ss / st.n, 0.0))
+        if not (scale_range[0] <= rms <= scale_range[1]) and f"{w} {path}" not in outlier_paths:
+            return [
+                Finding(
+                    "data.unnormalized",
+                    f"{w} {path} has mean {mean:.3g}, std {std:.3g} (RMS {rms:.3g} "
+                    f"outside [{scale_range[0]:g}, {scale_range[1]:g}]; all {n} examples)",
+                    "standardise the inputs ((x - mean) / std over the train split) or scale pixels once by 1/255",
+                    path=f"{w} {path}",
+                    extra={"mean": mean, "std": std},
+                )
+            ]
+    return []
+
+
+def _constant_batches(j: _Judge) -> list[Finding]:
+    split, w = j.split, j.w
+    if not split.constant_batches.count:
+        return []
+    return [
+        Finding(
+            "data.constant",
+            f"{split.constant_batches.count} of {split.batches} {w} batches have "
+            f"constant inputs (one value throughout; batches {split.constant_batches.first})",
+            "the loader returns a placeholder batch: check decoding, augmentation and the end of the stream",
+            path=f"{w} inputs",
         )
-    return out
+    ]
+
+
+# the rules of a non-empty split, in the order their findings are reported (after data.partial)
+_RULES: tuple[Callable[[_Judge], list[Finding]], ...] = (
+    _empty_batches,
+    _shape_changes,
+    _nonfinite,
+    _label_range,
+    _label_column,
+    _imbalance,
+    _epoch,
+    _unshifted_targets,
+    _all_padding,
+    _input_scale,
+    _constant_batches,
+)

@@ -25,10 +25,11 @@ def as_arrays(tree: Any, where: str) -> PyTree:
     """Arrays for every leaf (lists of numbers become arrays); clear errors for the rest. Not jit-safe."""
     if isinstance(tree, Mapping):
         return {k: as_arrays(v, f"{where}[{k!r}]") for k, v in tree.items()}
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+    fields: Any = getattr(tree, "_fields", None)  # a NamedTuple's field names
+    if isinstance(tree, tuple) and fields is None:
         return tuple(as_arrays(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, tuple):  # NamedTuple
-        return type(tree)(*(as_arrays(v, f"{where}.{f}") for f, v in zip(tree._fields, tree)))
+        return type(tree)(*(as_arrays(v, f"{where}.{f}") for f, v in zip(fields, tree)))
     if isinstance(tree, list) and tree and all(_is_arraylike(v) or isinstance(v, (Mapping, tuple)) for v in tree):
         return tuple(as_arrays(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, (str, bytes)):
@@ -171,15 +172,7 @@ def apply_handle(
 ) -> Any:
     """Apply a handle (callable, dict key or default lookup) to a batch. Not jit-safe."""
     if callable(spec):
-        try:
-            return spec(batch)
-        except JaxsaneError:
-            raise
-        except Exception as e:
-            raise DataError(
-                f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
-                "batch (or a slice of the data) and return an array."
-            ) from None
+        return _call_handle(batch, spec, what, where)
     if isinstance(spec, str):
         if isinstance(batch, Mapping):
             if spec in batch:
@@ -194,6 +187,25 @@ def apply_handle(
         )
     if spec is not None:
         raise DataError(f"{what} must be a function batch -> array, a dict key or None, got {type(spec).__name__}.")
+    return _default_handle(batch, keys, index, what, where, required)
+
+
+def _call_handle(batch: PyTree, spec: Any, what: str, where: str) -> Any:
+    try:
+        return spec(batch)
+    except JaxsaneError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"the {what} function raised {type(e).__name__}: {e} on {where}; make it accept a "
+            "batch (or a slice of the data) and return an array."
+        ) from None
+
+
+def _default_handle(
+    batch: PyTree, keys: tuple[str, ...], index: int | None, what: str, where: str, required: bool
+) -> Any:
+    """The default lookup: the first of ``keys`` in a dict, element ``index`` of a tuple, a bare array as inputs."""
     if isinstance(batch, Mapping):
         for k in keys:
             if k in batch:

@@ -1,5 +1,5 @@
-"""Reading one split for :func:`jaxsane.check_data`: batches from :class:`~jaxsane._data.read.Stream`,
-cut into row chunks of about ``chunk_bytes``, folded into a :class:`~jaxsane._data.split.Split` (content
+"""Reading one split for :func:`jaxsane.check_data`: batches from :class:`Stream` (``read.py``),
+cut into row chunks of about ``chunk_bytes``, folded into a :class:`Split` (``split.py``; content
 hashes, per-leaf scale, labels, padding, next-token shift, per-batch shape signatures), and the
 predictions-vs-labels shape check of ``apply`` on the first chunk.
 
@@ -29,7 +29,7 @@ DEFAULT_MAX_BATCHES = 1000  # batches read from an iterable split when max_batch
 
 
 def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> Split:
-    """Read one split once (see the module docstring) into a :class:`~jaxsane._data.split.Split`. Not jit-safe."""
+    """Read one split once (see the module docstring) into a :class:`Split`. Not jit-safe."""
     split = Split(what, k)
     batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches, peek=max_batches is None)
     split.stream = stream = batches.is_stream
@@ -148,7 +148,7 @@ def _leaf_signature(leaves: list[tuple[str, Any]]) -> list[tuple[str, tuple, np.
 
 def _scan_chunk(
     split: Split, chunk: PyTree, offset: int, where: str, opts: dict, *, first: bool, findings: list[Finding]
-):
+) -> tuple[dict[str, float], dict[str, float], bool, bool]:
     """Accumulate one chunk of rows; returns per-leaf (min, max) and mask presence/any."""
     x = apply_handle(chunk, opts["inputs"], _INPUT_KEYS, 0, "inputs", where, required=True)
     x = as_arrays(x, f"{where} inputs")
@@ -162,7 +162,6 @@ def _scan_chunk(
         required=opts["labels"] is not None or opts["num_classes"] is not None,
     )
     m = apply_handle(chunk, opts["mask"], _MASK_KEYS, None, "mask", where, required=opts["mask"] is not None)
-    rows = None
     leaves = [(p, host_array(a)) for p, a in named_leaves(x, "inputs")]
     if split.input_signature is None:
         split.input_signature = _leaf_signature(leaves)
@@ -170,72 +169,8 @@ def _scan_chunk(
             split.label_signature = _leaf_signature(named_leaves(y, "labels"))
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
-    h = None
-    for path, a in leaves:
-        if a.ndim == 0:
-            continue
-        if rows is None:
-            rows = a.shape[0]
-        elif a.shape[0] != rows:
-            raise DataError(f"ragged inputs in {where}: {path} has {a.shape[0]} rows, another input leaf {rows}.")
-        if a.dtype.kind == "b":
-            a = a.view(np.uint8)
-        h = _combine(h, hash_rows(a))
-        flat = a.reshape(a.shape[0], -1)
-        finite_rows = None
-        if a.dtype.kind in "fc":
-            bad = ~np.isfinite(flat).all(axis=1)
-            if bad.any():
-                split.nonfinite.setdefault(path, Flags(split.k)).add(bad, offset)
-                finite_rows = ~bad
-        if flat.size == 0:
-            continue
-        # per-row min/max in the same pass as the global ones: the row scales feed data.outliers
-        rmin, rmax = flat.min(axis=1), flat.max(axis=1)
-        if finite_rows is None:
-            lo[path], hi[path] = float(rmin.min()), float(rmax.max())
-        elif finite_rows.any():
-            lo[path], hi[path] = float(rmin[finite_rows].min()), float(rmax[finite_rows].max())
-        st = split.stats.setdefault(path, LeafStats(a.dtype))
-        if a.dtype.kind in "fiu" and is_feature(a.dtype, opts["integer_features"]):
-            scale = np.maximum(np.abs(rmin.astype(np.float32)), np.abs(rmax.astype(np.float32)))
-            if finite_rows is not None:
-                scale[~finite_rows] = np.nan
-            st.row_scale.append(scale)
-        if path in lo:
-            st.lo, st.hi = min(st.lo, lo[path]), max(st.hi, hi[path])
-        if is_feature(a.dtype, opts["integer_features"]):
-            # mean/std from a row sample: at most _STATS_ROWS rows per chunk, and every 16th row once
-            # _STATS_VALUES values are in (streams of small batches), so the scale check stays cheap
-            stride = max(1, len(flat) // _STATS_ROWS, 16 if st.n >= _STATS_VALUES else 1)
-            sample = flat[::stride]
-            if finite_rows is not None:
-                sample = sample[finite_rows[::stride]]
-            if sample.size:
-                sample = sample.astype(np.float64) if a.dtype.kind != "c" else np.abs(sample).astype(np.float64)
-                st.n += sample.size
-                st.s += float(sample.sum())
-                st.ss += float(np.einsum("ij,ij->", sample, sample))
-    if rows is None:
-        raise DataError(f"the inputs of {where} have no leading example axis (scalars only).")
-    # padding mask
-    keep = None
-    has_mask = any_mask = False
-    if m is not None:
-        mk = host_array(as_arrays(m, f"{where} mask"))
-        if mk.ndim == 0 or mk.shape[0] != rows:
-            raise DataError(
-                f"the mask of {where} has shape {mk.shape} but the inputs have {rows} rows; the mask "
-                "needs the same leading (example) axis."
-            )
-        has_mask = True
-        if mk.ndim >= 2:
-            row_any = mk.reshape(rows, -1).any(axis=1)
-            split.padding_rows.add(~row_any, offset)
-            keep = row_any
-            any_mask = bool(row_any.any())
-        else:
-            any_mask = bool(mk.any())
+    rows, h = _scan_inputs(split, leaves, offset, where, opts["integer_features"], lo, hi)
+    keep, has_mask, any_mask = _scan_mask(split, m, rows, offset, where)
     if split.cycle is not None:
         split.cycle.add(h)
     idx = np.arange(offset, offset + rows, dtype=np.int64)
@@ -249,6 +184,104 @@ def _scan_chunk(
     if first and split.what == "train" and opts["apply"] is not None:
         findings += _apply_check(opts, x, y, where)
     return lo, hi, has_mask, any_mask
+
+
+def _scan_inputs(
+    split: Split,
+    leaves: list[tuple[str, np.ndarray]],
+    offset: int,
+    where: str,
+    integer_features: bool | None,
+    lo: dict[str, float],
+    hi: dict[str, float],
+) -> tuple[int, np.ndarray]:
+    """Fold the input leaves of one chunk into ``split``, their finite (min, max) into ``lo``/``hi``:
+    ``(rows, the rows' content hashes)``."""
+    rows: int | None = None
+    h: np.ndarray | None = None
+    for path, a in leaves:
+        if a.ndim == 0:
+            continue
+        if rows is None:
+            rows = a.shape[0]
+        elif a.shape[0] != rows:
+            raise DataError(f"ragged inputs in {where}: {path} has {a.shape[0]} rows, another input leaf {rows}.")
+        if a.dtype.kind == "b":
+            a = a.view(np.uint8)
+        h = _combine(h, hash_rows(a))
+        _scan_leaf(split, path, a, offset, integer_features, lo, hi)
+    if rows is None or h is None:
+        raise DataError(f"the inputs of {where} have no leading example axis (scalars only).")
+    return rows, h
+
+
+def _scan_leaf(
+    split: Split,
+    path: str,
+    a: np.ndarray,
+    offset: int,
+    integer_features: bool | None,
+    lo: dict[str, float],
+    hi: dict[str, float],
+) -> None:
+    """One input leaf of a chunk: its non-finite rows, range, row scales and mean/std sample."""
+    flat = a.reshape(a.shape[0], -1)
+    finite_rows = None
+    if a.dtype.kind in "fc":
+        bad = ~np.isfinite(flat).all(axis=1)
+        if bad.any():
+            split.nonfinite.setdefault(path, Flags(split.k)).add(bad, offset)
+            finite_rows = ~bad
+    if flat.size == 0:
+        return
+    # per-row min/max in the same pass as the global ones: the row scales feed data.outliers
+    rmin, rmax = flat.min(axis=1), flat.max(axis=1)
+    if finite_rows is None:
+        lo[path], hi[path] = float(rmin.min()), float(rmax.max())
+    elif finite_rows.any():
+        lo[path], hi[path] = float(rmin[finite_rows].min()), float(rmax[finite_rows].max())
+    st = split.stats.setdefault(path, LeafStats(a.dtype))
+    feature = is_feature(a.dtype, integer_features)
+    if a.dtype.kind in "fiu" and feature:
+        scale = np.maximum(np.abs(rmin.astype(np.float32)), np.abs(rmax.astype(np.float32)))
+        if finite_rows is not None:
+            scale[~finite_rows] = np.nan
+        st.row_scale.append(scale)
+    if path in lo:
+        st.lo, st.hi = min(st.lo, lo[path]), max(st.hi, hi[path])
+    if feature:
+        _sample_moments(st, flat, finite_rows, complex_=a.dtype.kind == "c")
+
+
+def _sample_moments(st: LeafStats, flat: np.ndarray, finite_rows: np.ndarray | None, *, complex_: bool) -> None:
+    """Mean/std sums from a row sample: at most _STATS_ROWS rows per chunk, and every 16th row once
+    _STATS_VALUES values are in (streams of small batches), so the scale check stays cheap."""
+    stride = max(1, len(flat) // _STATS_ROWS, 16 if st.n >= _STATS_VALUES else 1)
+    sample = flat[::stride]
+    if finite_rows is not None:
+        sample = sample[finite_rows[::stride]]
+    if sample.size:
+        sample = sample.astype(np.float64) if not complex_ else np.abs(sample).astype(np.float64)
+        st.n += sample.size
+        st.s += float(sample.sum())
+        st.ss += float(np.einsum("ij,ij->", sample, sample))
+
+
+def _scan_mask(split: Split, m: Any, rows: int, offset: int, where: str) -> tuple[np.ndarray | None, bool, bool]:
+    """The padding mask of one chunk: ``(rows to keep or None, has a mask, any position unmasked)``."""
+    if m is None:
+        return None, False, False
+    mk = host_array(as_arrays(m, f"{where} mask"))
+    if mk.ndim == 0 or mk.shape[0] != rows:
+        raise DataError(
+            f"the mask of {where} has shape {mk.shape} but the inputs have {rows} rows; the mask "
+            "needs the same leading (example) axis."
+        )
+    if mk.ndim >= 2:
+        row_any = np.asarray(mk.reshape(rows, -1).any(axis=1))
+        split.padding_rows.add(~row_any, offset)
+        return row_any, True, bool(row_any.any())
+    return None, True, bool(mk.any())
 
 
 def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: str, opts: dict) -> None:
@@ -265,32 +298,23 @@ def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: st
     split.has_labels = True
     split.label_dtype, split.label_ndim = lab.dtype, lab.ndim
     C = opts["num_classes"]
+    if lab.dtype.kind in "fc":
+        _scan_float_labels(split, lab, rows, offset, C)
+        return
+    if lab.dtype.kind not in "iub":
+        return
     valid = None
     if m is not None:
         mk = host_array(m)
         if mk.shape == lab.shape or (mk.ndim < lab.ndim and lab.shape[: mk.ndim] == mk.shape and mk.ndim >= 2):
             valid = mk.astype(bool).reshape(mk.shape + (1,) * (lab.ndim - mk.ndim))
-    flat_rows = lab.reshape(rows, -1)
-    if lab.dtype.kind in "fc":
-        bad = ~np.isfinite(flat_rows).all(axis=1)
-        if bad.any():
-            split.nonfinite.setdefault("labels", Flags(split.k)).add(bad, offset)
-        if C is not None:
-            if lab.ndim >= 2 and lab.shape[-1] == C and C > 1:  # one-hot / soft labels
-                out = ((flat_rows < 0) | (flat_rows > 1)).any(axis=1) & ~bad
-                split.label_soft_bad.add(out, offset)
-            else:
-                split.label_float.add(np.ones(rows, bool), offset)
-        return
-    if lab.dtype.kind not in "iub":
-        return
     lab_i = lab.astype(np.int64, copy=False)
     bad = lab_i < 0
     if C is not None:
         bad |= lab_i >= C
     if valid is not None:
         bad &= np.broadcast_to(valid, bad.shape)
-    bad_rows = bad.reshape(rows, -1).any(axis=1)
+    bad_rows = np.asarray(bad.reshape(rows, -1).any(axis=1))
     if bad_rows.any():
         split.label_bad.add(bad_rows, offset)
         vals = lab_i[bad]
@@ -298,20 +322,39 @@ def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: st
     if lab.ndim == 2 and lab.shape[1] == 1 and (C is not None or lab.dtype.kind in "iu"):
         split.label_column = lab.shape
     if split.count_classes and (lab.ndim == 1 or (lab.ndim == 2 and lab.shape[1] == 1)):
-        good = lab_i.reshape(-1)
-        good = good[good >= 0]
-        if C is not None:
-            good = good[good < C]
-        if C is None and good.size and good.max() >= _MAX_CLASSES:  # ids or counts, not classes
-            split.count_classes, split.class_counts = False, np.zeros(0, np.int64)
-            return
-        if good.size:
-            counts = np.bincount(good, minlength=C or 0)
-            if counts.size > split.class_counts.size:
-                counts[: split.class_counts.size] += split.class_counts
-                split.class_counts = counts
-            else:
-                split.class_counts[: counts.size] += counts
+        _count_classes(split, lab_i, C)
+
+
+def _scan_float_labels(split: Split, lab: np.ndarray, rows: int, offset: int, C: int | None) -> None:
+    """Float labels: non-finite rows; with ``num_classes``, one-hot/soft labels outside [0, 1] or float class ids."""
+    flat_rows = lab.reshape(rows, -1)
+    bad = ~np.isfinite(flat_rows).all(axis=1)
+    if bad.any():
+        split.nonfinite.setdefault("labels", Flags(split.k)).add(bad, offset)
+    if C is not None:
+        if lab.ndim >= 2 and lab.shape[-1] == C and C > 1:  # one-hot / soft labels
+            out = ((flat_rows < 0) | (flat_rows > 1)).any(axis=1) & ~bad
+            split.label_soft_bad.add(out, offset)
+        else:
+            split.label_float.add(np.ones(rows, bool), offset)
+
+
+def _count_classes(split: Split, lab_i: np.ndarray, C: int | None) -> None:
+    """Add integer class ids (negative and out-of-range ones left out) to ``split.class_counts``."""
+    good = lab_i.reshape(-1)
+    good = good[good >= 0]
+    if C is not None:
+        good = good[good < C]
+    if C is None and good.size and good.max() >= _MAX_CLASSES:  # ids or counts, not classes
+        split.count_classes, split.class_counts = False, np.zeros(0, np.int64)
+        return
+    if good.size:
+        counts = np.bincount(good, minlength=C or 0)
+        if counts.size > split.class_counts.size:
+            counts[: split.class_counts.size] += split.class_counts
+            split.class_counts = counts
+        else:
+            split.class_counts[: counts.size] += counts
 
 
 def _scan_shift(split: Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: Any, rows: int, offset: int) -> None:

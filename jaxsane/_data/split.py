@@ -20,7 +20,8 @@ class Flags:
     """A count of flagged examples and the first few of their indices."""
 
     def __init__(self, k: int):
-        self.k, self.count, self.first = k, 0, []
+        self.k, self.count = k, 0
+        self.first: list[int] = []
 
     def add(self, flags: np.ndarray, offset: int) -> None:
         n = int(flags.sum())
@@ -125,9 +126,9 @@ class Split:
         self.label_lo, self.label_hi = math.inf, -math.inf
         self.label_float = Flags(k)
         self.label_soft_bad = Flags(k)
-        self.label_column = None  # shape of (B, 1) class-id labels, when seen
-        self.label_dtype = None
-        self.label_ndim = None
+        self.label_column: tuple[int, ...] | None = None  # shape of (B, 1) class-id labels, when seen
+        self.label_dtype: np.dtype | None = None
+        self.label_ndim: int | None = None
         self.class_counts = np.zeros(0, np.int64)
         self.has_labels = False
         self.count_classes = True

@@ -1,4 +1,4 @@
-"""doctor: run the pipeline (:data:`jaxsane._doctor.pipeline.STAGES`) on one Experiment and say what it found.
+"""doctor: run the pipeline (``STAGES`` in ``_doctor/pipeline.py``) on one Experiment and say what it found.
 
 This module checks the options before any work, runs each requested stage, shows progress and
 collects a :class:`DoctorDiagnosis`, which records for every requested stage whether it ran
@@ -18,30 +18,23 @@ and no error was found. Not jit-safe.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
-import re
 import time
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
 import jax
 
 from .._core.diagnosis import Diagnosis
-from .._core.errors import DoctorOptionError, JaxsaneError
-from .._core.finding import Finding
-from .._core.frames import is_library_file, source_text
+from .._core.errors import ArgumentError, DoctorOptionError
 from .._experiment.batches import first_batch, replayable
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_cache import enable_compilation_cache
 from .._render.progress import Progress
 from .options import resolve, select_stages
-from .pipeline import PREPARE, STAGES, StageContext, check_options
-
-RAN, SKIPPED, CRASHED, FAILED = "ran", "skipped", "crashed", "failed"
-# a stage that needs a handle the Experiment does not give (apply, loss, ...): listed, with the reason; it
-# stops doctor from passing only when the stage was asked for by name (stages=[...] / --stages)
-NOT_APPLICABLE = "not applicable"
+from .pipeline import PREPARE, STAGES, Stage, StageContext, check_options
+from .triage import CRASHED, FAILED, NOT_APPLICABLE, RAN, SKIPPED, Triage, step_output_problem, user_crash
 
 
 class DoctorDiagnosis(Diagnosis):
@@ -123,7 +116,7 @@ class DoctorDiagnosis(Diagnosis):
                 )
         if not self.complete:
             missing = sum(
-                s["status"] != RAN and (s["status"] != NOT_APPLICABLE or s.get("requested")) for s in self.stages
+                s["status"] != RAN and (s["status"] != NOT_APPLICABLE or bool(s.get("requested"))) for s in self.stages
             )
             lines.append(
                 f"incomplete: {missing} of {len(self.stages)} requested stages did not run, so doctor "
@@ -149,145 +142,6 @@ class DoctorDiagnosis(Diagnosis):
             console.print(f"[{style}]{escape(line)}[/]")
 
 
-# ----------------------------------------------------------------------------- crash triage
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its causes, outermost first (explicit ``from`` causes, else unsuppressed context)."""
-    out, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        out.append(exc)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return out
-
-
-_EQX_ERROR = re.compile(r"EquinoxRuntimeError: ([^\n]+)")
-
-
-class _ErrorIf(RuntimeError):
-    """An ``eqx.error_if`` in the user's program fired (its message is the error's)."""
-
-
-_ErrorIf.__name__ = _ErrorIf.__qualname__ = "EquinoxRuntimeError"
-
-
-def user_crash(exc: BaseException) -> tuple[BaseException, str, int] | None:
-    """``(exception, file, line)`` when ``exc`` was raised in (or through) the user's own code.
-
-    Walks the exception and its causes from the innermost outwards and returns the first one whose
-    traceback passes through a frame outside jax/flax/optax/jaxsane/the stdlib, with the innermost
-    such frame. None for a crash entirely inside libraries (a jaxsane bug or a bad argument).
-    """
-    for e in reversed(_chain(exc)):
-        if type(e).__name__ == "UnfilteredStackTrace":  # jax's copy of the traceback, not an error
-            continue
-        fired = _EQX_ERROR.search(str(e)) if "EquinoxRuntimeError" in str(e) else None
-        if fired:  # the user's eqx.error_if, raised at run time from a callback: no user frame in the traceback
-            return _ErrorIf(fired.group(1).strip()), None, None
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            if not is_library_file(frame.filename):
-                return e, frame.filename, frame.lineno
-    return None
-
-
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-    text = text.removeprefix("[jaxsane] ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _crash_finding(crash: tuple[BaseException, str, int], during: str) -> Finding:
-    exc, file, line = crash
-    src = source_text(file, line)
-    return Finding(
-        "doctor.user_code_crashed",
-        f"your code raised {type(exc).__name__}: {_first_line(exc)} (during {during})" + (f"   {src}" if src else ""),
-        (f"fix the exception at {file}:{line}" if file else "fix what the check in your code (eqx.error_if) reports")
-        + "; doctor cannot check a program that crashes "
-        "(call that function yourself on the first batch to see the whole traceback)",
-        file=file,
-        line=line,
-        extra={"exception": type(exc).__name__, "during": [during]},
-    )
-
-
-def _at(file: str | None, line: int | None) -> str:
-    return f" at {file}:{line}" if file else ""
-
-
-class _Triage:
-    """Turns exceptions into findings, reporting each distinct crash of the user's code once."""
-
-    def __init__(self, diagnosis: Diagnosis):
-        self.diagnosis = diagnosis
-        self.seen: dict[tuple, Finding] = {}
-
-    def user(self, crash: tuple[BaseException, str, int], during: str) -> str:
-        exc, file, line = crash
-        ident = (type(exc).__name__, str(exc), file, line)
-        if ident in self.seen:
-            self.seen[ident].extra["during"].append(during)
-            return f"your code raised {type(exc).__name__}{_at(file, line)} (the crash reported above)"
-        self.seen[ident] = finding = _crash_finding(crash, during)
-        self.diagnosis.add(finding)
-        return f"your code raised {type(exc).__name__}: {_first_line(exc, 120)}{_at(file, line)}"
-
-    def stage(self, name: str, exc: Exception, blocked: tuple[str, str] | None) -> tuple[str, str]:
-        """(status, reason) for stage ``name`` that raised ``exc``; adds the finding."""
-        crash = user_crash(exc)
-        if crash is not None:
-            return CRASHED, self.user(crash, f"stage {name!r}")
-        if blocked:  # the stage fell back on a step already found unusable
-            return blocked
-        if isinstance(exc, JaxsaneError):
-            reason = f"could not run: {_first_line(exc)}"
-            self.diagnosis.add(
-                Finding(
-                    "doctor.skipped",
-                    f"stage {name!r} {reason}",
-                    "fix the Experiment as the message says, then run doctor again",
-                    severity="warning",
-                )
-            )
-            return SKIPPED, reason
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-        reason = f"crashed inside jaxsane (a jaxsane bug): {type(exc).__name__}: {_first_line(exc)}{where}"
-        self.diagnosis.add(
-            Finding(
-                "doctor.skipped",
-                f"stage {name!r} {reason}",
-                f"please report this jaxsane bug with the message; meanwhile skip={name!r} "
-                "(CLI: --skip) runs the other stages",
-                severity="warning",
-            )
-        )
-        return FAILED, reason
-
-
-def _step_output_problem(adapted: PureExperiment, batch: Any, triage: _Triage) -> tuple[str, str] | None:
-    """Trace the step once (no FLOPs): ``(status, reason)`` when the step is unusable (its finding added)."""
-    if adapted.nnx:  # NNX steps update objects in place: any output (or none) is fine
-        return None
-    try:
-        adapted.detect_style(adapted.example_state, batch)
-    except Exception as e:
-        crash = user_crash(e)
-        if crash is not None:
-            return CRASHED, triage.user(crash, "the first trace of the step")
-        if isinstance(e, JaxsaneError) and e.__cause__ is None:
-            triage.diagnosis.add(
-                Finding(
-                    "doctor.step_output",
-                    f"the step cannot train: {_first_line(e, 1000)}",
-                    "return the updated state from the step: `return new_state, metrics` (or `return new_state`)",
-                    extra={"structure": str(e)},
-                )
-            )
-            return SKIPPED, "the step returns no usable new state (see doctor.step_output)"
-        return None  # not the user's code, not the output: let the stages run and report it
-    return None
 
 
 # ----------------------------------------------------------------------------- compile accounting
@@ -317,11 +171,11 @@ class _CompileLog:
     """Compilations (XLA compiles and persistent-cache loads) and their seconds, per doctor stage; those of
     doctor's background thread apart. A ``jax.monitoring`` listener while active. Not jit-safe."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stage = "setup"
         self.counts: dict[str, list[float]] = {}
 
-    def listener(self, event: str, duration: float, **kwargs: Any) -> None:
+    def listener(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event != _COMPILE_EVENT:
             return
         import threading
@@ -329,7 +183,7 @@ class _CompileLog:
         where = "background" if threading.current_thread().name.startswith(_BACKGROUND) else self.stage
         entry = self.counts.setdefault(where, [0, 0.0])
         entry[0] += 1
-        entry[1] += duration
+        entry[1] += duration_secs
 
     def __enter__(self) -> _CompileLog:
         jax.monitoring.register_event_duration_secs_listener(self.listener)
@@ -360,7 +214,8 @@ def doctor(
 
     Args:
       experiment: the :class:`Experiment` to check.
-      stages: names of the stages to run (default: all, see ``jaxsane._doctor.pipeline.STAGES``).
+      stages: names of the stages to run (default: all, in checklist order: ``data``, ``init``, ``grads``,
+        ``step``, ``batch``, ``overfit``, ``run``; ``jaxsane doctor --help`` lists them).
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
       progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
@@ -369,8 +224,8 @@ def doctor(
         ``$JAXSANE_CACHE_DIR`` or ``~/.cache/jaxsane/xla`` (``JAXSANE_CACHE=0`` turns it off), a
         string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
         The cache is a process-wide JAX setting: once on, it stays on for the process.
-      **options: per-stage settings with flat names (e.g. ``run_steps=20``); see the options
-        dataclasses in ``jaxsane._doctor.options`` (each field: name, type, default, meaning).
+      **options: per-stage settings with flat names (e.g. ``run_steps=20``), one frozen options dataclass per
+        stage; ``jaxsane doctor --help`` lists each option's name, type, default and meaning.
 
     Returns:
       The findings, with ``.stages`` (what ran, what did not and why), ``.complete`` and
@@ -387,72 +242,27 @@ def doctor(
       >>> from jaxsane.examples import load
       >>> diagnosis = doctor(load("digits_optax"), progress=False)  # doctest: +SKIP
     """
-    if not isinstance(experiment, Experiment):
-        raise JaxsaneError(
-            f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
-            "jaxsane.Experiment(init=..., step=..., train=...)."
-        )
-    chosen = select_stages(stages, skip)
-    opts = resolve(options)
-    check_options(opts)
-    if not isinstance(progress, bool):
-        raise JaxsaneError(f"doctor: progress must be True or False, got {progress!r}.")
-    if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
-        raise DoctorOptionError(
-            f"doctor: compile_cache must be True, False or a directory path, got "
-            f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off."
-        )
+    chosen, opts = _checked_arguments(experiment, stages, skip, progress, compile_cache, options)
     cache_dir = enable_compilation_cache(None if compile_cache is True else compile_cache)
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
     experiment = dataclasses.replace(experiment, train=replayable(experiment.train), eval=replayable(experiment.eval))
     diagnosis = DoctorDiagnosis(name=experiment.name)
-    records: list[dict[str, Any]] = []
-    diagnosis.artifacts["stages"] = records
-    timings: dict[str, float] = {}
-    diagnosis.artifacts["timings"] = timings
+    diagnosis.artifacts["stages"] = []
+    diagnosis.artifacts["timings"] = {}
     diagnosis.artifacts["compile_cache"] = cache_dir
-    triage = _Triage(diagnosis)
-    blocked: dict[str, tuple[str, str]] = {}  # need ("data", "state", "step") -> (status, why it failed)
+    triage = Triage(diagnosis)
+    blocked: dict[str, tuple[str, str] | None] = {}  # need ("data", "state", "step") -> (status, why it failed)
 
-    log = _CompileLog().__enter__()  # compilations per stage, for the stage summary
-    try:
-        batch = eval_batch = adapted = None
-        try:
-            batch = first_batch(experiment.train, "train")
-            eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
-        except Exception as e:
-            crash = user_crash(e)
-            if crash is None:
-                raise  # a clear DataError: the data cannot be read as batches
-            blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
-        if "data" not in blocked:
-            try:
-                adapted = PureExperiment(experiment, key=key, reuse_init=True)
-            except Exception as e:
-                crash = user_crash(e)
-                if crash is None:
-                    raise  # a clear ExperimentError: init's signature or output cannot be used
-                blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
-    except BaseException:
-        log.__exit__()
-        raise
-
-    # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
-    # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
-    # programs; what fails there is left to its stage to report
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
-    prepared: dict[str, dict[str, Any]] = {}
-    ahead: dict[str, float] = {}  # per stage: seconds its work took in the background
-    if adapted is not None and not blocked:
-        for name, prepare in PREPARE.items():
-            if name in chosen:
-                prepared[name] = prepare(
-                    StageContext(experiment, adapted, key, batch, eval_batch, opts[name], diagnosis.artifacts),
-                    _TimedPool(pool, name, ahead),
-                )
-    try:
-        _run_stages(
+    with contextlib.ExitStack() as cleanup:
+        log = cleanup.enter_context(_CompileLog())  # compilations per stage, for the stage summary
+        batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
+        # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
+        # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
+        # programs; what fails there is left to its stage to report
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
+        cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
+        plan = RunPlan(
             experiment,
             adapted,
             key,
@@ -460,45 +270,123 @@ def doctor(
             eval_batch,
             opts,
             chosen,
-            stages,
-            prepared,
-            diagnosis,
-            triage,
-            blocked,
-            progress,
-            log,
-            ahead,
+            requested=stages is not None,
+            diagnosis=diagnosis,
+            triage=triage,
+            blocked=blocked,
+            progress=progress,
+            log=log,
         )
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        log.__exit__()
-        count, seconds = log.of("background")
-        diagnosis.artifacts["compiles"] = {
-            "setup": log.of("setup")[0],
-            "background": count,
-            "background_seconds": seconds,
-        }
+        if adapted is not None and not blocked:
+            plan.prepare_ahead(pool)
+        _run_stages(plan)
+    count, seconds = log.of("background")
+    diagnosis.artifacts["compiles"] = {"setup": log.of("setup")[0], "background": count, "background_seconds": seconds}
     return diagnosis
 
 
-def _run_stages(
-    experiment: Experiment,
-    adapted: PureExperiment | None,
-    key: jax.Array,
-    batch: Any,
-    eval_batch: Any,
-    opts: dict[str, Any],
-    chosen: list[str],
+def _checked_arguments(
+    experiment: Any,
     stages: Iterable[str] | None,
-    prepared: dict[str, dict[str, Any]],
-    diagnosis: DoctorDiagnosis,
-    triage: _Triage,
-    blocked: dict[str, tuple[str, str]],
-    progress: bool,
-    log: _CompileLog,
-    ahead: dict[str, float],
-) -> None:
+    skip: Iterable[str],
+    progress: Any,
+    compile_cache: Any,
+    options: dict[str, Any],
+) -> tuple[list[str], dict[str, Any]]:
+    """``(chosen stage names, resolved options)``; raises on a bad argument, before any work."""
+    if not isinstance(experiment, Experiment):
+        raise ArgumentError(
+            f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "
+            "jaxsane.Experiment(init=..., step=..., train=...)."
+        )
+    chosen = select_stages(stages, skip)
+    opts = resolve(options)
+    check_options(opts)
+    if not isinstance(progress, bool):
+        raise DoctorOptionError(f"doctor: progress must be True or False, got {progress!r}.")
+    if not isinstance(compile_cache, (bool, str)) or compile_cache == "":
+        raise DoctorOptionError(
+            f"doctor: compile_cache must be True, False or a directory path, got "
+            f"{compile_cache!r}. Pass compile_cache=False to leave JAX's compilation cache off."
+        )
+    return chosen, opts
+
+
+def _first_batches_and_state(
+    experiment: Experiment, key: jax.Array, triage: Triage, blocked: dict[str, tuple[str, str] | None]
+) -> tuple[Any, Any, PureExperiment | None]:
+    """``(batch, eval_batch, adapted)``; a crash of the user's code blocks ``"data"`` or ``"state"``."""
+    batch = eval_batch = adapted = None
+    try:
+        batch = first_batch(experiment.train, "train")
+        eval_batch = first_batch(experiment.eval, "eval") if experiment.eval is not None else None
+    except Exception as e:
+        crash = user_crash(e)
+        if crash is None:
+            raise  # a clear DataError: the data cannot be read as batches
+        blocked["data"] = (CRASHED, triage.user(crash, "reading the first batch"))
+    if "data" not in blocked:
+        try:
+            adapted = PureExperiment(experiment, key=key, reuse_init=True)
+        except Exception as e:
+            crash = user_crash(e)
+            if crash is None:
+                raise  # a clear ExperimentError: init's signature or output cannot be used
+            blocked["state"] = (CRASHED, triage.user(crash, "Experiment.init"))
+    return batch, eval_batch, adapted
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One doctor run: what its stages read (the experiment, its pure view, key, first batches, options) and
+    what they write (the diagnosis, the triage, the failed needs, the compile log). Not jit-safe.
+
+    Attributes:
+      requested: the stages were named (``stages=``): a stage that is not applicable then counts.
+      blocked: need (``"data"``, ``"state"``, ``"step"``) -> ``(status, why it failed)``, or None when it works.
+      prepared: per stage, what :data:`PREPARE` started for it in the background.
+      ahead: per stage, the seconds its work took in the background.
+    """
+
+    experiment: Experiment
+    adapted: PureExperiment | None
+    key: jax.Array
+    batch: Any
+    eval_batch: Any
+    opts: dict[str, Any]
+    chosen: list[str]
+    requested: bool
+    diagnosis: DoctorDiagnosis
+    triage: Triage
+    blocked: dict[str, tuple[str, str] | None]
+    progress: bool
+    log: _CompileLog
+    prepared: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    ahead: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def context(self, name: str) -> StageContext:
+        """The :class:`StageContext` of stage ``name``."""
+        return StageContext(
+            self.experiment,
+            self.adapted,
+            self.key,
+            self.batch,
+            self.eval_batch,
+            self.opts[name],
+            self.diagnosis.artifacts,
+            self.prepared.get(name, {}),
+        )
+
+    def prepare_ahead(self, pool: concurrent.futures.Executor) -> None:
+        """Start each chosen stage's :data:`PREPARE` work on ``pool``."""
+        for name, prepare in PREPARE.items():
+            if name in self.chosen:
+                self.prepared[name] = prepare(self.context(name), _TimedPool(pool, name, self.ahead))
+
+
+def _run_stages(plan: RunPlan) -> None:
     """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
+    experiment, diagnosis, chosen, progress, log = plan.experiment, plan.diagnosis, plan.chosen, plan.progress, plan.log
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = Progress(progress, experiment.name)
     for stage in STAGES:
@@ -509,30 +397,7 @@ def _run_stages(
         log.stage = stage.name
         status, reason = FAILED, "interrupted"
         try:
-            if "step" in stage.needs and "step" not in blocked and adapted is not None and "data" not in blocked:
-                blocked["step"] = _step_output_problem(adapted, batch, triage)
-            failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
-            status, reason = failed_need or (RAN, "")
-            if failed_need is None:
-                ctx = StageContext(
-                    experiment,
-                    adapted,
-                    key,
-                    batch,
-                    eval_batch,
-                    opts[stage.name],
-                    diagnosis.artifacts,
-                    prepared.get(stage.name, {}),
-                )
-                try:
-                    found = list(stage.run(ctx))
-                except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
-                    status, reason = triage.stage(stage.name, e, blocked.get("step"))
-                else:
-                    diagnosis.add(found)
-                    if found and all(f.code == "doctor.skipped" for f in found):
-                        status = NOT_APPLICABLE if all(f.severity == "info" for f in found) else SKIPPED
-                        reason = "; ".join(f.message for f in found)
+            status, reason = _run_stage(plan, stage)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             timings[stage.name] = time.perf_counter() - start
             compiles, compile_seconds = log.of(stage.name)
@@ -541,10 +406,29 @@ def _run_stages(
                 "status": status,
                 "reason": reason,
                 "seconds": timings[stage.name],
-                "requested": stages is not None,
+                "requested": plan.requested,
                 "compiles": compiles,
                 "compile_seconds": compile_seconds,
-                "background_seconds": ahead.get(stage.name, 0.0),
+                "background_seconds": plan.ahead.get(stage.name, 0.0),
             }
             records.append(record)
             show.end(record)
+
+
+def _run_stage(plan: RunPlan, stage: Stage) -> tuple[str, str]:
+    """Run one stage unless a need of it failed: ``(status, reason)``, its findings added to the diagnosis."""
+    blocked = plan.blocked
+    if "step" in stage.needs and "step" not in blocked and plan.adapted is not None and "data" not in blocked:
+        blocked["step"] = step_output_problem(plan.adapted, plan.batch, plan.triage)
+    failed_need = next((blocked[n] for n in ("data", *stage.needs) if blocked.get(n)), None)
+    if failed_need is not None:
+        return failed_need
+    try:
+        found = list(stage.run(plan.context(stage.name)))
+    except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
+        return plan.triage.stage(stage.name, e, blocked.get("step"))
+    plan.diagnosis.add(found)
+    if found and all(f.code == "doctor.skipped" for f in found):
+        status = NOT_APPLICABLE if all(f.severity == "info" for f in found) else SKIPPED
+        return status, "; ".join(f.message for f in found)
+    return RAN, ""

@@ -1,6 +1,6 @@
 """doctor's options: one frozen dataclass per stage, flat option names, declared types.
 
-Each stage of the pipeline (:mod:`jaxsane._doctor.pipeline`) reads one options dataclass below. The
+Each stage of the pipeline (``_doctor/pipeline.py``) reads one options dataclass below. The
 field names are the flat names users pass (``doctor(exp, run_steps=50)``, ``jaxsane doctor -o
 run_steps=50``), so every name is unique across stages. :func:`resolve` checks names, types
 and ranges before any work and raises :class:`DoctorOptionError` naming the valid options;
@@ -17,8 +17,8 @@ import json
 import numbers
 import types
 import typing
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Protocol
 
 from .._core.errors import DoctorOptionError
 
@@ -145,8 +145,16 @@ class RunOptions:
     )
 
 
+class StageOptions(Protocol):
+    """What every options dataclass above is: a frozen dataclass naming its stage and describing it."""
+
+    stage: ClassVar[str]
+    description: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
 # The stages' options, in checklist order (the pipeline checks it runs the same order).
-OPTION_CLASSES: tuple[type, ...] = (
+OPTION_CLASSES: tuple[type[StageOptions], ...] = (
     DataOptions,
     InitOptions,
     GradsOptions,
@@ -179,7 +187,7 @@ def _specs() -> dict[str, OptionSpec]:
     for cls in OPTION_CLASSES:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out[f.name] = OptionSpec(
                 f.name,
                 cls.stage,
@@ -220,6 +228,16 @@ class _Mismatch(Exception):
     pass
 
 
+# a declared scalar type -> (whether a Python value is one, the value as that type)
+_SCALARS: dict[Any, tuple[Callable[[Any], bool], Callable[[Any], Any]]] = {
+    type(None): (lambda v: v is None, lambda v: None),
+    bool: (lambda v: isinstance(v, bool), lambda v: v),
+    int: (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), int),
+    float: (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), float),
+    str: (lambda v: isinstance(v, str), lambda v: v),
+}
+
+
 def _coerce(value: Any, tp: Any) -> Any:
     """``value`` as the declared type ``tp`` (ints accepted for floats, lists for tuples) or _Mismatch."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -230,25 +248,10 @@ def _coerce(value: Any, tp: Any) -> Any:
             except _Mismatch:
                 pass
         raise _Mismatch
-    if tp is type(None):
-        if value is None:
-            return None
-        raise _Mismatch
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if tp is int:
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-        raise _Mismatch
-    if tp is float:
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return float(value)
-        raise _Mismatch
-    if tp is str:
-        if isinstance(value, str):
-            return value
+    if tp in _SCALARS:
+        accepts, convert = _SCALARS[tp]
+        if accepts(value):
+            return convert(value)
         raise _Mismatch
     if origin is tuple:
         if isinstance(value, (list, tuple)) and value:
@@ -304,6 +307,31 @@ def check_value(name: str, value: Any) -> Any:
     return out
 
 
+def _parse_none(text: str) -> None:
+    if text.lower() in ("none", "null"):
+        return None
+    raise _Mismatch
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "yes", "on", "1"):
+        return True
+    if low in ("false", "no", "off", "0"):
+        return False
+    raise _Mismatch
+
+
+# a declared scalar type -> how command-line text reads as it (ValueError or _Mismatch when it cannot)
+_SCALAR_PARSERS: dict[Any, Callable[[str], Any]] = {
+    type(None): _parse_none,
+    bool: _parse_bool,
+    int: int,
+    float: float,
+    str: lambda text: text,
+}
+
+
 def _parse(text: str, tp: Any) -> Any:
     """Read command-line ``text`` as ``tp``; _Mismatch when it cannot be."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -316,45 +344,40 @@ def _parse(text: str, tp: Any) -> Any:
                 pass
         raise _Mismatch
     try:
-        if tp is type(None):
-            if text.lower() in ("none", "null"):
-                return None
-            raise _Mismatch
-        if tp is bool:
-            low = text.lower()
-            if low in ("true", "yes", "on", "1"):
-                return True
-            if low in ("false", "no", "off", "0"):
-                return False
-            raise _Mismatch
-        if tp is int:
-            return int(text)
-        if tp is float:
-            return float(text)
-        if tp is str:
-            return text
+        if tp in _SCALAR_PARSERS:
+            return _SCALAR_PARSERS[tp](text)
         if origin is tuple:
-            inner = text[1:-1] if text[:1] + text[-1:] in ("[]", "()") else text
-            parts = [p for p in inner.split(",")]
-            if not inner.strip() or any(not p.strip() for p in parts):
-                raise _Mismatch
-            return tuple(_parse(p, args[0]) for p in parts)
+            return _parse_tuple(text, args[0])
         if origin is dict:
-            if text.startswith("{"):
-                loaded = json.loads(text)
-                if not isinstance(loaded, dict):
-                    raise _Mismatch
-                return loaded
-            out = {}
-            for item in filter(None, (p.strip() for p in text.split(","))):
-                key, sep, val = item.partition(":")
-                if not sep:
-                    raise _Mismatch
-                out[key.strip()] = _parse(val, args[1])
-            return out
+            return _parse_dict(text, args[1])
     except (ValueError, json.JSONDecodeError):
         raise _Mismatch from None
     raise _Mismatch  # pragma: no cover
+
+
+def _parse_tuple(text: str, item: Any) -> tuple:
+    """``1,2`` or ``[1,2]`` or ``(1,2)``: items of type ``item``, none empty."""
+    inner = text[1:-1] if text[:1] + text[-1:] in ("[]", "()") else text
+    parts = [p for p in inner.split(",")]
+    if not inner.strip() or any(not p.strip() for p in parts):
+        raise _Mismatch
+    return tuple(_parse(p, item) for p in parts)
+
+
+def _parse_dict(text: str, value: Any) -> dict:
+    """A JSON object, or ``key:value,key:value`` with values of type ``value``."""
+    if text.startswith("{"):
+        loaded = json.loads(text)
+        if not isinstance(loaded, dict):
+            raise _Mismatch
+        return loaded
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, val = item.partition(":")
+        if not sep:
+            raise _Mismatch
+        out[key.strip()] = _parse(val, value)
+    return out
 
 
 def parse_text(name: str, text: str) -> Any:

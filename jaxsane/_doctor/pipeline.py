@@ -1,10 +1,10 @@
 """The doctor pipeline: each stage in checklist order, as plain functions of a typed context.
 
 A stage is ``fn(ctx: StageContext) -> Iterable[Finding]``: it calls the public ``check_*`` of its
-concept with the options of its frozen options dataclass (:mod:`jaxsane._doctor.options`) and may store
+concept with the options of its frozen options dataclass (``_doctor/options.py``) and may store
 results for the report in ``ctx.artifacts``. A stage that cannot judge the program (a handle it
 needs is missing) returns only ``doctor.skipped`` findings that say why. :data:`STAGES` is the
-list :func:`jaxsane.doctor` runs; :mod:`jaxsane._doctor.doctor` runs it and turns crashes into findings.
+list :func:`jaxsane.doctor` runs; ``_doctor/doctor.py`` runs it and turns crashes into findings.
 Nothing here is jit-safe: stages run on the host and compile what they need.
 """
 
@@ -59,6 +59,7 @@ from .options import (
     InitOptions,
     OverfitOptions,
     RunOptions,
+    StageOptions,
     StepOptions,
 )
 from .run_stage import prepare_run, run_stage
@@ -75,7 +76,7 @@ class StageContext:
       key: the PRNG key for init and the checks.
       batch: the first train batch.
       eval_batch: the first eval batch, or None.
-      options: this stage's options dataclass (e.g. :class:`~jaxsane._doctor.options.RunOptions`).
+      options: this stage's options dataclass (e.g. :class:`RunOptions`).
       artifacts: the Diagnosis's artifacts, where a stage stores what the report draws.
       prepared: what doctor prepared ahead for this stage (see :data:`PREPARE`), e.g. the overfit plan
         and the future of its compiled sweep program; empty when nothing was.
@@ -90,6 +91,12 @@ class StageContext:
     artifacts: dict[str, Any]
     prepared: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def pure(self) -> PureExperiment:
+        """``adapted``, for a stage that needs ``"state"``: the runner never runs one when init crashed."""
+        assert self.adapted is not None, "a stage that needs a state ran without one"
+        return self.adapted
+
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
@@ -103,7 +110,7 @@ class Stage:
 
     name: str
     run: Callable[[StageContext], Iterable[Finding]]
-    options: type
+    options: type[StageOptions]
     needs: tuple[str, ...]
 
     @property
@@ -154,10 +161,11 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
         ]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
     found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
-    loss_fn = ctx.adapted.loss_fn if ctx.adapted is not None else None
-    if loss_fn is not None and params is None:
+    adapted = ctx.adapted
+    loss_fn = adapted.loss_fn if adapted is not None else None
+    if adapted is not None and loss_fn is not None and params is None:
         try:
-            params = ctx.adapted.params(ctx.adapted.init(ctx.key))
+            params = adapted.params(adapted.init(ctx.key))
         except Exception:  # init problems are the init stage's to report
             loss_fn = None
     return judge_masked_nonfinite(found, loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
@@ -173,7 +181,7 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
         return (
             loss_reads_first_target(
-                traceable(adapted, "loss"),
+                _traceable(adapted, "loss"),
                 params,
                 ctx.batch,
                 get_labels(ctx.experiment, ctx.batch),
@@ -187,11 +195,12 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
 
 def init_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: loss at init against ln C (a C-way classifier) or the best constant prediction (any other
-    loss, :mod:`jaxsane._checks.init_baseline`), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
+    loss, ``_checks/init_baseline.py``), then :func:`check_activations` on ``apply`` (:class:`InitOptions`)."""
     opts: InitOptions = ctx.options
-    state = ctx.adapted.init(ctx.key)
-    num_classes, why_not = classification_of(ctx.adapted, state, ctx.batch)
-    loss, source = initial_loss(ctx.adapted, state, ctx.batch)
+    adapted = ctx.pure
+    state = adapted.init(ctx.key)
+    num_classes, why_not = classification_of(adapted, state, ctx.batch)
+    loss, source = initial_loss(adapted, state, ctx.batch)
     ctx.artifacts["init_loss"] = {"loss": loss, "source": source, "num_classes": num_classes}
     findings: list[Finding] = []
     if num_classes is None:
@@ -206,7 +215,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         )
     else:
         findings += check_init_loss(loss, num_classes, rtol=opts.init_loss_rtol)
-    if ctx.adapted.apply_fn is None:
+    if adapted.apply_fn is None:
         findings.append(
             Finding(
                 "doctor.skipped",
@@ -216,7 +225,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         )
         return findings
     layers = activation_stats(
-        traceable(ctx.adapted, "apply"), ctx.adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
+        _traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
     )
     ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
     findings += check_activations(
@@ -233,7 +242,7 @@ def _init_loss_vs_constant(
     ctx: StageContext, state: Any, loss: float | None, why_not: str, *, factor: float
 ) -> list[Finding]:
     """``init.loss`` of a loss that is not a C-way cross-entropy, against the best constant prediction."""
-    adapted, exp = ctx.adapted, ctx.experiment
+    adapted, exp = ctx.pure, ctx.experiment
     if loss is not None and not math.isfinite(loss):
         return check_init_loss_vs_constant(loss, math.nan)
     if adapted.loss_fn is None or adapted.apply_fn is None:
@@ -252,8 +261,8 @@ def _init_loss_vs_constant(
         labels = None
     try:
         base = constant_loss(
-            traceable(adapted, "loss"),
-            traceable(adapted, "apply"),
+            _traceable(adapted, "loss"),
+            _traceable(adapted, "apply"),
             adapted.params(state),
             ctx.batch,
             get_inputs(exp, ctx.batch),
@@ -291,7 +300,7 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     if "future" in ctx.prepared:
         return ctx.prepared["future"].result()
     opts: GradsOptions = ctx.options
-    adapted = ctx.adapted
+    adapted = ctx.pure
     if adapted.loss_fn is None:
         return [
             Finding(
@@ -303,7 +312,7 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     return check_grads(
-        traceable(adapted, "loss"),
+        _traceable(adapted, "loss"),
         adapted.params(state),
         batch,
         order=opts.grads_order,
@@ -319,12 +328,12 @@ def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
-    return check_step(ctx.adapted, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    return check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
 
 
 def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (:class:`BatchOptions`)."""
-    adapted = ctx.adapted
+    adapted = ctx.pure
     findings = list(_sequence_checks(ctx))
     if adapted.apply_fn is None:
         return findings + [
@@ -335,10 +344,11 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
             )
         ]
     if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
-        if sliceable(ctx.experiment, ctx.batch) is None:  # Experiment.examples cuts them: compare cuts
-            exp, state = ctx.experiment, adapted.init(ctx.key)
+        exp = ctx.experiment
+        if exp.examples is not None and sliceable(exp, ctx.batch) is None:  # Experiment.examples cuts them
+            state = adapted.init(ctx.key)
             return findings + check_example_slices(
-                traceable(adapted, "apply"),
+                _traceable(adapted, "apply"),
                 adapted.params(state),
                 ctx.batch,
                 exp.examples,
@@ -357,7 +367,7 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         ]
     state = adapted.init(ctx.key)
     return findings + check_batch_independence(
-        traceable(adapted, "apply"),
+        _traceable(adapted, "apply"),
         adapted.params(state),
         get_inputs(ctx.experiment, ctx.batch),
         probes=ctx.options.batch_probes,
@@ -367,7 +377,8 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
 def _sequence_checks(ctx: StageContext) -> list[Finding]:
     """The batch stage's time-axis probes: ``seq.future_leakage`` (Experiment(causal=True) with apply)
     and ``seq.padding_in_loss`` (a loss and a ``[B, T]`` padding mask in the batch)."""
-    exp, adapted, out = ctx.experiment, ctx.adapted, []
+    exp, adapted = ctx.experiment, ctx.pure
+    out: list[Finding] = []
     params = None
     if exp.causal:
         if adapted.apply_fn is None:
@@ -382,7 +393,7 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
         else:
             params = adapted.params(adapted.init(ctx.key))
             try:
-                out += check_causal(traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
+                out += check_causal(_traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
             except ExperimentError as e:
                 out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
     mask = get_mask(exp, ctx.batch)
@@ -393,7 +404,7 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
         except JaxsaneError:
             labels = None
         out += check_padding_in_loss(
-            traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
+            _traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
         )
     return out
 
@@ -415,20 +426,20 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
             )
         ]
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = dict(
+    sweep: dict[str, Any] = dict(
         seeds=opts.overfit_seeds,
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,
         init_scales=opts.overfit_init_scales,
     )
-    precompiled = None
+    precompiled: concurrent.futures.Future | None = None
     ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
     if ahead is not None:
         plan, compiled = ahead
         precompiled = concurrent.futures.Future()
         precompiled.set_result(compiled)
     else:  # planned here, where what failed ahead is reported as the user's crash or a skip
-        plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)  # doctor shows its own progress
+        plan = plan_overfit(ctx.pure, batch, **sweep, progress=False)  # doctor shows its own progress
     result = plan.run(precompiled=precompiled)
     ctx.artifacts["overfit"] = result
     if opts.init_scales is None:  # nothing will draw it
@@ -438,11 +449,18 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         ctx.artifacts["init_scales"] = (
             scales.run()
             if scales is not None
-            else init_scale_sweep(ctx.adapted, batch, scales=opts.init_scales, key=ctx.key, progress=False)
+            else init_scale_sweep(ctx.pure, batch, scales=opts.init_scales, key=ctx.key, progress=False)
         )
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
+
+
+def _traceable(adapted: PureExperiment, which: str) -> Callable:
+    """:func:`traceable` of a handle (``"apply"`` or ``"loss"``) that the caller found present."""
+    fn = traceable(adapted, which)
+    assert fn is not None, f"Experiment.{which} is missing"
+    return fn
 
 
 def _prepared_result(future: concurrent.futures.Future | None) -> Any:
@@ -463,7 +481,7 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
     if sliceable(ctx.experiment, ctx.batch) is not None:
         return {}
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = dict(
+    sweep: dict[str, Any] = dict(
         seeds=opts.overfit_seeds,
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,

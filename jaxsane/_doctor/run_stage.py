@@ -13,7 +13,7 @@ which :func:`prepare_run` compiles in doctor's background thread while the earli
 * ``dead(params, inputs)``: dead-ReLU fractions on the Monitor's dead steps, when apply has ReLU sites.
 
 The :class:`~jaxsane.History` is the one the fused monitored step records. A step whose values are not
-finite is run once more under :class:`~jaxsane._guard.guard.Guarded` on the same inputs, so its finding (the code,
+finite is run once more under ``Guarded`` (``_guard/guard.py``) on the same inputs, so its finding (the code,
 the paths, the located origin) is exactly guard's. Nothing here is jit-safe; the programs' bodies are.
 """
 
@@ -33,7 +33,7 @@ from .._experiment.batches import get_inputs, iter_batches
 from .._experiment.contract import PureExperiment
 from .._experiment.purify import uncounted
 from .._guard.guard import Guarded
-from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.compile_level import Jitted, quick_jit
 from .._monitor.monitor import (
     MODE_BARE,
     MODE_FULL,
@@ -52,7 +52,11 @@ def host_step(adapted: PureExperiment) -> Callable:
     compiled program is the one :func:`~jaxsane.check_step` compiled), else one shared ``jax.jit`` of it."""
     exp = adapted.experiment
     called = exp.step if adapted.nnx else uncounted(exp.step)
-    return adapted.step if hasattr(called, "lower") else adapted.jitted("step")
+    if hasattr(called, "lower"):
+        return adapted.step
+    step = adapted.jitted("step")
+    assert step is not None, "a PureExperiment always has a step"
+    return step
 
 
 def _floats(tree: PyTree) -> list:
@@ -73,7 +77,9 @@ class RunPrograms:
     def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
         out = {"param_norm": leaf_norms(params)}
         if self.monitor.grads:
-            out["loss"], grads = jax.value_and_grad(self.adapted.loss_fn)(params, batch)
+            loss_fn = self.adapted.loss_fn
+            assert loss_fn is not None, "a Monitor samples gradients only with a loss"
+            out["loss"], grads = jax.value_and_grad(loss_fn)(params, batch)
             out["grad_norm"] = leaf_norms(grads)
         return out
 
@@ -83,7 +89,9 @@ class RunPrograms:
         return leaf_norms([a - b for a, b in zip(after, before)]), finite
 
     def _dead(self, params: PyTree, inputs: Any) -> jax.Array:
-        return finite_or_minus_one(dead_fractions(relu_outputs(self.adapted.apply_fn, params, inputs)))
+        apply_fn = self.adapted.apply_fn
+        assert apply_fn is not None, "a Monitor samples dead ReLUs only with apply"
+        return finite_or_minus_one(dead_fractions(relu_outputs(apply_fn, params, inputs)))
 
     def dead_count(self, params: PyTree, inputs: Any) -> int:
         """How many ReLU sites apply has (traced abstractly once, no compile)."""
@@ -102,7 +110,7 @@ def _monitor(adapted: PureExperiment, dead_every: int, steps: int) -> Monitor:
     return Monitor(adapted, every=1, dead_every=dead_every, log_every=max(1, steps))
 
 
-def _eval_loss(adapted: PureExperiment, eval_batch: Any, opts: RunOptions) -> Callable | None:
+def _eval_loss(adapted: PureExperiment, eval_batch: Any, opts: RunOptions) -> Jitted | None:
     if eval_batch is not None and adapted.loss_fn is not None and opts.run_eval_every > 0:
         return adapted.jitted("loss")
     return None
@@ -225,5 +233,6 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     history = monitor.pull()
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story
-        findings.extend(check_training(history, **opts.run_thresholds))
+        thresholds: dict[str, Any] = opts.run_thresholds  # keys checked against check_training's by check_options
+        findings.extend(check_training(history, **thresholds))
     return findings

@@ -297,7 +297,7 @@ def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = Fals
     Uses ``Experiment.examples(batch, n)`` when given; otherwise the leading axis, but only when
     every leaf agrees on it. ``whole=True`` returns the whole batch where it cannot be cut (a
     function that is correct on any number of examples, e.g. the gradient check); otherwise
-    raises :class:`~jaxsane._core.errors.ExampleAxisError` with the reason.
+    raises :class:`~jaxsane.ExampleAxisError` with the reason.
     """
     reason = sliceable(exp, batch)
     if reason is not None:

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .purify import unwrap
 
@@ -63,7 +63,7 @@ def chex_asserts_off():
 def locate_target(step: Callable) -> Callable:
     """The function locate replays for ``step``: for a chexified step, the Python function under chexify and
     its jits (a jit's cached trace would still hold chex's checks, which only chexify can run)."""
-    return unwrap(step.__wrapped__) if is_chexified(step) else step
+    return unwrap(cast(Any, step).__wrapped__) if is_chexified(step) else step  # chexify sets __wrapped__
 
 
 __all__ = ["FINITE_ASSERTIONS", "chex_asserts_off", "failed_assertion", "is_chexified", "locate_target"]

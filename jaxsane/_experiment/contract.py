@@ -14,7 +14,7 @@ Supported step styles (all unchanged):
     (model, opt_state, loss | metrics)`` (Equinox's own examples), for any tuple state of 2+ items.
 
 Reading the data an Experiment names (batches, their inputs/labels/mask, examples) is
-:mod:`jaxsane._experiment.batches`.
+``_experiment/batches.py``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core.errors import ExperimentError
+from .._core.errors import ArgumentError, ExperimentError
 from .._core.tree import PyTree, is_array, is_inexact, same_structure
 from .._core.validate import show
-from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
 from .purify import (
     arrays_of,
@@ -368,7 +368,6 @@ class PureExperiment:
     # -- params / loss / apply on pure params
     def params(self, state: PyTree) -> PyTree:
         """The trainable parameters of a pure state. Jit-safe."""
-        exp = self.experiment
         if self.nnx:
             nnx = _nnx()
             return nnx.state(self._model_of(nnx.merge(self._graphdef, state)), nnx.Param)
@@ -425,28 +424,29 @@ class PureExperiment:
         def make() -> TracedOnce:
             if self.nnx:
                 return TracedOnce(lambda params, x: fn(self._model_with(params, training=training), x))
-            if self._params_static is not None:
-                return TracedOnce(lambda params, x: fn(combine(params, self._params_static), x))
+            static = self._params_static  # set once, in __init__
+            if static is not None:
+                return TracedOnce(lambda params, x: fn(combine(params, static), x))
             return TracedOnce(fn)
 
         return self.memo(name, make)
 
     def memo(self, name: str, make: Callable[[], Any]) -> Any:
         """One ``make()`` per ``name`` for this PureExperiment: the checks' shared functions (so jit and
-        :class:`~jaxsane._jaxpr.trace_cache.TracedOnce` caches see one object). Not jit-safe to build."""
+        ``TracedOnce`` (``_jaxpr/trace_cache.py``) caches see one object). Not jit-safe to build."""
         memo = self.__dict__.setdefault("_memo_table", {})
         if name not in memo:
             memo[name] = make()
         return memo[name]
 
-    def jitted(self, name: str) -> Callable | None:
+    def jitted(self, name: str) -> Jitted | None:
         """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
         :attr:`apply_fn`, :meth:`step`), shared by every check of this PureExperiment so that no check
         compiles what another already compiled (one program per input shape); None when the
         Experiment has no such handle. Call it outside jit (it is already jitted); not jit-safe."""
         fns = {"loss": lambda: self.loss_fn, "apply": lambda: self.apply_fn, "step": lambda: self.step}
         if name not in fns:
-            raise ValueError(
+            raise ArgumentError(
                 f"[jaxsane] PureExperiment.jitted: unknown function {name!r}; choose one of {sorted(fns)}."
             )
         fn = fns[name]()

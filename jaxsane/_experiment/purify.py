@@ -246,7 +246,7 @@ def uncounted(fn: Callable) -> Callable:
     ``fn`` itself. jaxsane's tools trace the user's step in contexts of their own (a smaller batch, a vmapped
     sweep, a replay); those traces must not spend the user's trace budget, whose purpose (no recompiles in
     the training loop) the step stage checks itself. Never imports equinox. Not jit-relevant."""
-    f = fn
+    f: Any = fn
     for _ in range(32):  # a wrapper chain, never a cycle
         kind = type(f)
         if kind.__name__ == "_AssertMaxTraces" and kind.__module__.startswith("equinox"):

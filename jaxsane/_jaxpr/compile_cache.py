@@ -43,7 +43,7 @@ def enable_compilation_cache(directory: str | bool | None = None) -> str | None:
     """
     if directory is False or (directory is None and cache_disabled_by_env()):
         return None
-    configured = jax.config.jax_compilation_cache_dir
+    configured = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a flag jax sets at run time; not in its stubs
     if configured and configured not in _ENABLED_BY_JAXSANE:
         return configured  # the user's own cache: leave it alone
     path = os.path.abspath(os.path.expanduser(str(directory) if directory not in (None, True) else default_cache_dir()))

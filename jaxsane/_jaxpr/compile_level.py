@@ -19,7 +19,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -125,6 +125,14 @@ def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dic
         return None
     cost = program_cost(jaxpr)
     return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
+
+
+class Jitted(Protocol):
+    """What ``jax.jit`` and :class:`QuickJit` return: called like the function, and lowered ahead of a call."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class QuickJit:

@@ -129,7 +129,7 @@ class Interpreter:
     calls and loop bodies (a loop's outputs take the tags its body gives them).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.path: list[Any] = []  # the call/loop equations being evaluated, outermost first
         self.records: dict[tuple, Any] = {}  # site -> recorded value (see emit)
         self.sites: dict[tuple, tuple] = {}  # site -> (eqn, enclosing equations), kept across collectors
@@ -366,8 +366,8 @@ def _cond_rule(it: Interpreter, eqn, invals, tags, ectx):
 
             return fn
 
-        index = jnp.asarray(it.value(invals[0]))
-        return list(jax.lax.switch(index, [branch(k) for k in range(len(branches))], *ops)), out_tags
+        traced_index = jnp.asarray(it.value(invals[0]))
+        return list(jax.lax.switch(traced_index, [branch(k) for k in range(len(branches))], *ops)), out_tags
     index = int(np.asarray(it.value(invals[0])).reshape(-1)[0])
     index = min(max(index, 0), len(branches) - 1)
     sub, consts = closed(branches[index])

@@ -175,11 +175,11 @@ def diff(old: tuple[_Arg, ...], new: tuple[_Arg, ...]) -> list[Change]:
         if name not in news:
             changes.append(Change(name, "removed", _leaf_text(a.leaves[0]) if a.treedef is None else "an argument", ""))
     for name, b in news.items():
-        a = olds.get(name)
-        if a is None:
+        before = olds.get(name)
+        if before is None:
             changes.append(Change(name, "added", "", "an argument"))
-        elif not a.same(b):
-            changes += _arg_diff(a, b)
+        elif not before.same(b):
+            changes += _arg_diff(before, b)
     return changes
 
 
@@ -279,7 +279,7 @@ class RecompileTracker:
     next compile against it. ``reasons`` holds one :class:`Recompile` per compile after the first.
     Not jit-safe."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.last: tuple[_Arg, ...] | None = None
         self.reasons: list[Recompile] = []
         self.calls = 0

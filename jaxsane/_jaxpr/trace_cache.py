@@ -31,7 +31,7 @@ try:  # the configuration that shapes a trace (x64, promotion rules, matmul prec
 except ImportError:  # pragma: no cover - a jax without it: key by the public x64 flag alone
 
     def _trace_context() -> tuple:
-        return (jax.config.jax_enable_x64,)
+        return (jax.config.jax_enable_x64,)  # type: ignore[attr-defined]  # a flag jax sets at run time; not in its stubs
 
 
 _UNTRACEABLE = object()
@@ -78,6 +78,7 @@ class TracedOnce:
         with self._lock:
             if key in self._jaxprs:
                 return self._jaxprs[key]
+            entry: object
             try:
                 closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(*args, **kwargs)
                 entry = (closed, jax.tree_util.tree_structure(out_shape))

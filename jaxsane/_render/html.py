@@ -2,7 +2,7 @@
 
 ``write_html(path, diagnoses)`` draws, for each :class:`Diagnosis`, whichever artifacts exist:
 
-* ``artifacts["run"]`` — a :class:`~jaxsane._monitor.monitor.History` (or its ``to_dict()``): train/eval loss
+* ``artifacts["run"]`` — a :class:`~jaxsane.History` (or its ``to_dict()``): train/eval loss
   curves, gradient norms per layer, update/parameter ratios, dead-ReLU fractions;
 * ``artifacts["overfit"]`` and ``artifacts["init_scales"]`` — any object with ``.plot()`` returning a
   matplotlib ``Figure`` (the overfit sweep and the init-scale plot).
@@ -100,7 +100,7 @@ def _meta_value(value: Any) -> str:
 
 
 def _meta_table(d: Diagnosis) -> str:
-    """The run's metadata (:func:`~jaxsane._core.run_meta.run_metadata`): steps, wall time, stage seconds,
+    """The run's metadata (``run_metadata`` in ``_core/run_meta.py``): steps, wall time, stage seconds,
     checkpoint directory, best step, versions, backend and devices."""
     meta = run_metadata(d.artifacts)
     known = {k for k, _ in _META_ROWS} | {"device_count"}

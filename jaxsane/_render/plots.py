@@ -45,18 +45,19 @@ def legend_outside(
 ) -> None:
     """The axes' legend (or one of ``handles``) to the right of the axes, never over the curves, with
     "and N more" when ``more`` entries were left out of it."""
+    entries: list[Any]
     if handles is None:
-        handles, labels = ax.get_legend_handles_labels()
+        entries, labels = ax.get_legend_handles_labels()
     else:
-        handles, labels = list(handles), [h.get_label() for h in handles]
+        entries, labels = list(handles), [h.get_label() for h in handles]
     if more:
         from matplotlib.lines import Line2D
 
-        handles.append(Line2D([], [], color=OTHERS, lw=1))
+        entries.append(Line2D([], [], color=OTHERS, lw=1))
         labels.append(more_text.format(n=more))
-    if handles:
+    if entries:
         ax.legend(
-            handles,
+            entries,
             labels,
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
@@ -70,10 +71,10 @@ def legend_outside(
 
 def top_k(scores: Sequence[float], k: int = MAX_ENTRIES) -> set[int]:
     """Indices of the ``k`` largest finite scores (NaN last); all of them when there are at most ``k``."""
-    scores = np.asarray(scores, dtype=float)
-    if len(scores) <= k:
-        return set(range(len(scores)))
-    order = np.argsort(np.where(np.isfinite(scores), -scores, np.inf), kind="stable")
+    values = np.asarray(scores, dtype=float)
+    if len(values) <= k:
+        return set(range(len(values)))
+    order = np.argsort(np.where(np.isfinite(values), -values, np.inf), kind="stable")
     return set(int(i) for i in order[:k])
 
 

@@ -4,7 +4,7 @@ Each result class (``Finding``, ``Diagnosis``, ``LocateReport``, ``OverfitResult
 ``FitResult``) has a two-line ``__repr__`` / ``_repr_html_`` that calls a function here. The text is a few
 lines (headline numbers, counts, codes, never whole arrays or parameters); the HTML is a fragment scoped
 under ``<div class="jaxsane-repr">``. The fragments (findings and stages tables, figures as embedded PNGs)
-are the HTML report's own: :mod:`jaxsane._render.html` builds its page from them.
+are the HTML report's own: ``_render/html.py`` builds its page from them.
 
 This module imports no other jaxsane module (it reads its objects by their attributes), so the shared
 classes can call it without an import cycle. Not jit-safe: host-side text.
