@@ -250,9 +250,9 @@ def check_example_slices(
     return [
         Finding(
             "batch.cross_talk",
-            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
-            f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
-            f"the whole batch; change relative to the largest output): {shown}",
+            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after "
+            f"them (outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples "
+            f"in the whole batch; change relative to the largest output): {shown}",
             "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
             "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
             "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",

@@ -11,7 +11,7 @@
 * ``2`` — plus the fraction of dead ReLU units per ReLU site, when the Experiment has ``apply``
   (the ReLU-family ``max(x, 0)`` outputs, see :func:`relu_outputs`, are captured by evaluating
   ``apply``'s jaxpr on the batch's inputs
-  with a hook on jaxsane's one interpreter, :mod:`jaxsane._jaxpr.interpret`; inside ``lax.scan``
+  with a hook on jaxsane's one interpreter (``_jaxpr/interpret.py``); inside ``lax.scan``
   bodies over all time steps together).
 
 Telemetry stays on the device; :meth:`Monitor.record` queues it and :meth:`Monitor.pull` moves a
@@ -19,7 +19,7 @@ whole batch of steps to the host at once (every ``log_every`` steps), so healthy
 device-to-host round trip. Telemetry scalars are sanitized in-graph (non-finite -> ``-1``) so that
 they never trip :func:`jaxsane.guard` on their own.
 
-The detectors (:func:`check_training`, in :mod:`jaxsane._monitor.train_checks`, re-exported here) judge
+The detectors (:func:`jaxsane.check_training`, in ``train_checks.py``, re-exported here) judge
 the recorded :class:`History`.
 """
 

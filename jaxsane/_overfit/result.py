@@ -44,7 +44,7 @@ class OverfitResult:
       verdicts: per configuration ``"fits"`` (reached the target), ``"floor"`` (converged to a floor above
         0 after falling by at least half), ``"high_floor"``, ``"unsettled"`` (still falling), ``"fails"``
         (hardly moved), ``"unbounded"`` (falls without bound below 0), ``"diverged"`` or ``"baseline"``
-        (see ``jaxsane._overfit.verdict``).
+        (see ``_overfit/verdict.py``).
       findings: ``overfit.failed``, ``overfit.unsettled``, ``overfit.floor``, ``model.ignores_input``,
         ``overfit.best``, ``overfit.no_lr_sweep``.
       target: the loss target as a fraction of each configuration's initial loss.

@@ -187,7 +187,7 @@ def compile_sweep(
     traces: list[int],
 ) -> tuple[Any, float]:
     """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
-    :func:`~jaxsane._jaxpr.compile_level.compiler_options` picks for its chunks) for the abstract shapes of
+    ``compiler_options`` in ``_jaxpr/compile_level.py`` picks for its chunks) for the abstract shapes of
     ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
     t = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
