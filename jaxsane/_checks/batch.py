@@ -6,7 +6,8 @@ elsewhere) gives the gradient of that output w.r.t. the WHOLE input batch; it mu
 outside example i. A few probes cost a few VJPs, not a Jacobian. Integer inputs (tokens), which
 have no gradient, are probed forward instead: every other example is replaced and example i's
 output must not move. BatchNorm in train mode is not cross talk as long as ``apply`` runs in eval
-mode (running averages), which is what ``Experiment.apply`` is for.
+mode (running averages), which is what ``Experiment.apply`` is for. Not jit-safe: it runs ``apply`` and its
+VJPs from the host.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ The check runs in float64 with x64 switched on only inside the check (``jax.enab
 parameters and float inputs are cast to float64 there, so float16/bfloat16/float32 models are
 upcast. When the function still computes in a lower precision on the path from the parameters
 (an explicit ``astype`` or ``dtype=jnp.bfloat16`` in a layer), the tolerances of that dtype are used.
+
+This module holds the public entry and its plan; the precision is in ``grads_precision.py``, one leaf's
+comparison in ``grads_leaf.py``, the kink test in ``grads_kink.py``. Not jit-safe (it runs ``f`` on the host).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ is probed the same way at both steps, against the autodiff derivative ``grad . d
 * otherwise (smooth and agreeing, or mixed between the steps): agrees / not judged.
 
 A leaf without a wrong sub-direction is reported in one ``grad.kink`` (info) finding, never as an
-error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative.
+error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative. Host-side numpy,
+not jit-safe.
 """
 
 from __future__ import annotations

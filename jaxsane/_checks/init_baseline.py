@@ -14,7 +14,7 @@ first value of the loss's forward pass equal to each output of ``apply``), and
 :func:`constant_loss` evaluates that jaxpr on jaxsane's interpreter with those values replaced by
 one constant per output position (broadcast over the example axis), minimised over the constant.
 The fit can only miss the optimum from above, so the reference it gives is never lower than the
-true best constant's and the comparison never overstates.
+true best constant's and the comparison never overstates. Not jit-safe (it runs the loss from the host).
 """
 
 from __future__ import annotations

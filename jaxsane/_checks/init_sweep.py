@@ -87,7 +87,7 @@ class InitScaleSweep:
     names: tuple[str, ...] = ()
 
     def table(self) -> str:
-        """Plain text: loss and per-layer std for each scale."""
+        """Plain text: loss and per-layer std for each scale. Host-side, not jit-safe."""
         lines = [f"init-scale sweep over {len(self.layers)} layers"]
         for s, scale in enumerate(self.scales):
             acts = " ".join(f"{v:.3g}" for v in self.activation_std[s])
@@ -109,7 +109,7 @@ class InitScaleSweep:
         return sweep_html(self)
 
     def plot(self):
-        """Activation std and gradient std against depth, one line per scale; returns the Figure."""
+        """Activation std and gradient std against depth, one line per scale; returns the Figure. Not jit-safe."""
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), layout="constrained")

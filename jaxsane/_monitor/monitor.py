@@ -20,7 +20,8 @@ device-to-host round trip. Telemetry scalars are sanitized in-graph (non-finite 
 they never trip :func:`jaxsane.guard` on their own.
 
 The detectors (:func:`jaxsane.check_training`, in ``train_checks.py``, re-exported here) judge
-the recorded :class:`History`.
+the recorded :class:`History`. The telemetry is computed inside the compiled step (jit-safe); everything
+else here runs on the host and is not jit-safe.
 """
 
 from __future__ import annotations
@@ -336,7 +337,8 @@ class Monitor:
 
     # ------------------------------------------------------------------ host side
     def mode_for(self, i: int) -> int:
-        """The static mode for step index ``i`` (0-based): bare, norms, or full (norms + dead ReLUs)."""
+        """The static mode for step index ``i`` (0-based): bare, norms, or full (norms + dead ReLUs). Host-side (a
+        Python int, passed to :meth:`step` as a static mode); not jit-safe."""
         if self.dead and i % self.dead_every == 0:
             return MODE_FULL
         return MODE_NORMS if i % self.every == 0 else MODE_BARE
@@ -370,7 +372,8 @@ class Monitor:
                 h.relu_labels = []
 
     def record(self, i: int, metrics: dict, state: PyTree = None, batch: PyTree = None) -> None:
-        """Queue step ``i``'s metrics (device arrays, no sync); pulls every ``log_every`` records."""
+        """Queue step ``i``'s metrics (device arrays, no sync); pulls every ``log_every`` records. Call it outside
+        jit (not jit-safe)."""
         if not self._layout_done and state is not None:
             self._layout(state, batch)
         self._pending.append((i, metrics))
@@ -441,7 +444,7 @@ class Monitor:
         return h
 
     def record_eval(self, step: int, loss: float, **metrics: float) -> None:
-        """Record an evaluation made after ``step`` steps (host floats)."""
+        """Record an evaluation made after ``step`` steps (host floats). Not jit-safe."""
         h = self.history
         h.eval_steps.append(int(step))
         h.eval_loss.append(float(loss))
@@ -451,7 +454,7 @@ class Monitor:
             write_scalars(self.writer, [{"kind": "eval", "step": int(step), "loss": float(loss), **metrics}])
 
     def check(self, **thresholds: Any) -> list[Finding]:
-        """Pull, then run :func:`check_training` on the history."""
+        """Pull, then run :func:`jaxsane.check_training` on the history. Not jit-safe."""
         return check_training(self.pull(), **thresholds)
 
 

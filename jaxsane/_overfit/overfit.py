@@ -3,9 +3,10 @@
 Every configuration (seed x learning rate x init scale, plus one constant-input baseline) is a
 slice of a ``jax.vmap``-ed train state; the steps run in a ``lax.scan`` of ``chunk`` steps inside a
 ``lax.while_loop`` that stops once every real configuration has reached the target (the engine is
-in ``_sweep.py``). The whole sweep is traced and compiled once, runs without any host round trip
+in ``sweep.py``). The whole sweep is traced and compiled once, runs without any host round trip
 between chunks, and works on CPU, GPU or TPU alike. It is Karpathy's "overfit one batch" sanity
-check ("A Recipe for Training Neural Networks"), run for a whole grid at once.
+check ("A Recipe for Training Neural Networks"), run for a whole grid at once. This module plans the sweep
+(arguments, configurations, the loss step) and runs it; not jit-safe (it compiles and runs its own program).
 """
 
 from __future__ import annotations

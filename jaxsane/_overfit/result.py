@@ -114,7 +114,7 @@ class OverfitResult:
 
     # -- rendering
     def table(self) -> str:
-        """A plain-text table, one row per configuration."""
+        """A plain-text table, one row per configuration. Host-side, not jit-safe."""
         head = ["#", "seed", "lr", "scale", "input", "loss[0]", "loss[-1]", "ratio", "acc", "reached@", "verdict"]
         rows = []
         for i, c in enumerate(self.configs):
@@ -168,7 +168,7 @@ class OverfitResult:
         return overfit_html(self)
 
     def plot(self, ax: Any = None):
-        """Loss against step for every configuration (log scale); returns the matplotlib Figure.
+        """Loss against step for every configuration (log scale); returns the matplotlib Figure. Not jit-safe.
 
         Curves are coloured by learning rate (a sequential colormap, low to high; the optimizer's own
         rate in black), dashed when the init scale is not 1; the default configuration (the optimizer's

@@ -13,7 +13,7 @@ stopped, so every configuration runs exactly the steps a single vmapped program 
 
 The program is traced and compiled once, in a background thread, while the host builds the
 per-seed initial states (or earlier: :func:`compile_sweep` can be started ahead, as doctor does while
-its other stages run).
+its other stages run). :func:`sweep_program` is jit-safe (it is what gets jitted); the rest runs on the host.
 """
 
 from __future__ import annotations
