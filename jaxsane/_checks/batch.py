@@ -6,7 +6,8 @@ elsewhere) gives the gradient of that output w.r.t. the WHOLE input batch; it mu
 outside example i. A few probes cost a few VJPs, not a Jacobian. Integer inputs (tokens), which
 have no gradient, are probed forward instead: every other example is replaced and example i's
 output must not move. BatchNorm in train mode is not cross talk as long as ``apply`` runs in eval
-mode (running averages), which is what ``Experiment.apply`` is for.
+mode (running averages), which is what ``Experiment.apply`` is for. Not jit-safe: it runs ``apply`` and its
+VJPs from the host.
 """
 
 from __future__ import annotations
@@ -250,9 +251,9 @@ def check_example_slices(
     return [
         Finding(
             "batch.cross_talk",
-            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after them "
-            f"(outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples in "
-            f"the whole batch; change relative to the largest output): {shown}",
+            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after "
+            f"them (outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples "
+            f"in the whole batch; change relative to the largest output): {shown}",
             "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
             "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
             "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",

@@ -8,18 +8,20 @@ The check runs in float64 with x64 switched on only inside the check (``jax.enab
 parameters and float inputs are cast to float64 there, so float16/bfloat16/float32 models are
 upcast. When the function still computes in a lower precision on the path from the parameters
 (an explicit ``astype`` or ``dtype=jnp.bfloat16`` in a layer), the tolerances of that dtype are used.
+
+This module holds the public entry and its plan; the precision is in ``grads_precision.py``, one leaf's
+comparison in ``grads_leaf.py``, the kink test in ``grads_kink.py``. Not jit-safe (it runs ``f`` on the host).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jax.test_util
 import numpy as np
 
 from .._core.errors import JaxsaneError
@@ -27,79 +29,13 @@ from .._core.finding import Finding
 from .._core.tree import leaves_with_paths
 from .._core.validate import require_bool, require_callable, require_float, require_int
 from .._jaxpr.compile_level import quick_jit
-from .._jaxpr.interpret import bodies
-from .grads_findings import (
-    missing_finding,
-    nonfinite_gradient_finding,
-    nonfinite_loss_finding,
-    nonfinite_nearby_finding,
-    sampled_finding,
-)
-from .grads_kink import kink_at_every_step, kink_finding, probe_sub_directions
-
-# effective compute dtype (by bits) -> (eps, atol, rtol). float64 is tighter than
-# jax.test_util's 1e-5 step (eps 1e-6 keeps ReLU kinks out of the finite difference); the others
-# follow jax.test_util.check_grads' default gradient tolerances (float32 2e-3, float16 1e-2,
-# bfloat16 1e-1), loosened for float32/float16 because a loss of O(1) has finite-difference round-off
-# of ~1e-7 / eps in float32.
-GRAD_DEFAULTS: dict[str, tuple[float, float, float]] = {
-    "float64": (1e-6, 1e-5, 1e-5),
-    "float32": (1e-3, 5e-3, 2e-2),
-    "float16": (1e-2, 5e-2, 5e-2),
-    "bfloat16": (3e-2, 1e-1, 1e-1),
-}
-
-
-def _is_real_float(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return isinstance(x, float)
-    try:
-        return bool(jnp.issubdtype(dtype, jnp.floating))
-    except TypeError:  # key dtypes
-        return False
-
-
-def _tainted_float_dtypes(jaxpr, mask: Sequence[bool]) -> set:
-    """Float dtypes of every value computed from the invars flagged in ``mask`` (recursing into calls)."""
-    from jax.extend.core import Literal
-
-    tainted = {v for v, m in zip(jaxpr.invars, mask) if m}
-    found: set = set()
-    for eqn in jaxpr.eqns:
-        flags = [not isinstance(v, Literal) and v in tainted for v in eqn.invars]
-        if not any(flags):
-            continue
-        for sub, index in bodies(eqn):
-            found |= _tainted_float_dtypes(sub, [flags[i] for i in index])
-        for out in eqn.outvars:
-            dtype = getattr(out.aval, "dtype", None)
-            if dtype is not None and _is_real_float(out.aval):
-                found.add(np.dtype(dtype))
-            tainted.add(out)
-    return found
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = np.dtype(dtype).name
-    return name if name in GRAD_DEFAULTS else ("float64" if np.dtype(dtype).itemsize >= 8 else "float32")
-
-
-def _lowest(dtypes: Iterable[Any], default: str) -> str:
-    order = ["bfloat16", "float16", "float32", "float64"]
-    names = [_dtype_name(d) for d in dtypes]
-    for name in order:
-        if name in names:
-            return name
-    return default
+from .grads_findings import nonfinite_loss_finding, sampled_finding
+from .grads_leaf import LeafJudge, Tally
+from .grads_precision import GRAD_DEFAULTS as GRAD_DEFAULTS, Tolerance, is_real_float
 
 
 def _display(path: str) -> str:
     return path[: -len(".value")] if path.endswith(".value") else path
-
-
-def _directional(h: Callable, t0: np.ndarray, eps: float) -> float:
-    return float((h(t0 + eps) - h(t0 - eps)) / (2 * eps))
 
 
 def check_grads(
@@ -143,7 +79,7 @@ def check_grads(
         ``grad.mismatch``. At a kink, the leaf's coordinates are probed in up to 32 random blocks: a block
         off the kink (equal one-sided slopes at both steps) where autodiff disagrees with finite
         differences at both steps is a ``grad.mismatch``; otherwise the leaf is not judged and is named
-        in one ``grad.kink`` (info), never an error (see ``jaxsane._checks.grads_kink``).
+        in one ``grad.kink`` (info), never an error (the kink test is described in ``_checks/grads_kink.py``).
       atol, rtol: tolerances of the comparison; default per compute dtype (``GRAD_DEFAULTS``,
         float64: 1e-5, jax.test_util.check_grads' float64 gradient tolerance).
       dtype: precision of the check (default float64, x64 enabled only inside this call);
@@ -179,76 +115,90 @@ def check_grads(
       >>> check_grads(lambda p, x: jnp.sum(jnp.tanh(x @ p["w"])), {"w": jnp.ones((3, 2))}, jnp.ones((4, 3)))
       []
     """
-    require_callable("check_grads", "f", f, signature="(*args) -> output")
-    require_int("check_grads", "order", order)
-    for _name, _tol in (("eps", eps), ("atol", atol), ("rtol", rtol)):
-        require_float("check_grads", _name, _tol, positive=True, optional=True)
-    require_bool("check_grads", "has_aux", has_aux)
-    require_int("check_grads", "seed", seed)
-    require_bool("check_grads", "kinks", kinks)
-    require_float("check_grads", "kink_rtol", kink_rtol, positive=True, optional=True)
-    require_int("check_grads", "max_leaves", max_leaves, min=0, optional=True)
-    if int(order) < 1:
-        raise JaxsaneError(f"check_grads: order must be >= 1, got {order}.")
-    modes = tuple(modes)
-    if not modes or any(m not in ("fwd", "rev") for m in modes):
-        raise JaxsaneError(f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}.")
-    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    if not args:
-        raise JaxsaneError(
-            "check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, params, batch)."
-        )
-    if any(not isinstance(i, int) or not 0 <= i < len(args) for i in argnums):
-        raise JaxsaneError(f"check_grads: argnums {argnums} out of range for {len(args)} argument(s).")
-    if isinstance(root, str):
-        root = (root,)
-    names = list(root) if root is not None else ["params" if i == 0 else f"args[{i}]" for i in argnums]
-    if len(names) != len(argnums):
-        raise JaxsaneError(f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums.")
-    x64 = dtype is not None and np.dtype(dtype).itemsize >= 8
+    options = dict(order=order, eps=eps, atol=atol, rtol=rtol, dtype=dtype, has_aux=has_aux, seed=seed)
+    options.update(kinks=kinks, kink_rtol=kink_rtol, max_leaves=max_leaves)
+    return _run(GradCheckPlan.build(f, args, argnums=argnums, modes=modes, root=root, **options))
+
+
+@dataclasses.dataclass(frozen=True)
+class GradCheckPlan:
+    """What :func:`jaxsane.check_grads` was asked, validated: the function, its arguments, which of them to
+    check under which names, and every option (the tolerances left ``None`` take the compute dtype's
+    ``GRAD_DEFAULTS``). Host-side only."""
+
+    f: Callable
+    args: tuple
+    argnums: tuple[int, ...]
+    names: tuple[str, ...]
+    order: int
+    modes: tuple[str, ...]
+    eps: float | None
+    atol: float | None
+    rtol: float | None
+    dtype: Any
+    has_aux: bool
+    seed: int
+    kinks: bool
+    kink_rtol: float | None
+    max_leaves: int | None
+
+    @classmethod
+    def build(
+        cls,
+        f: Callable,
+        args: tuple,
+        *,
+        argnums: int | Sequence[int],
+        modes: Sequence[str],
+        root: str | Sequence[str] | None,
+        **options: Any,
+    ) -> GradCheckPlan:
+        """The plan of ``check_grads(f, *args, ...)``; raises the error of a bad option."""
+        require_callable("check_grads", "f", f, signature="(*args) -> output")
+        require_int("check_grads", "order", options["order"])
+        for _name in ("eps", "atol", "rtol"):
+            require_float("check_grads", _name, options[_name], positive=True, optional=True)
+        require_bool("check_grads", "has_aux", options["has_aux"])
+        require_int("check_grads", "seed", options["seed"])
+        require_bool("check_grads", "kinks", options["kinks"])
+        require_float("check_grads", "kink_rtol", options["kink_rtol"], positive=True, optional=True)
+        require_int("check_grads", "max_leaves", options["max_leaves"], min=0, optional=True)
+        if int(options["order"]) < 1:
+            raise JaxsaneError(f"check_grads: order must be >= 1, got {options['order']}.")
+        modes = tuple(modes)
+        if not modes or any(m not in ("fwd", "rev") for m in modes):
+            raise JaxsaneError(f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}.")
+        argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        if not args:
+            raise JaxsaneError(
+                "check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, params, batch)."
+            )
+        if any(not isinstance(i, int) or not 0 <= i < len(args) for i in argnums):
+            raise JaxsaneError(f"check_grads: argnums {argnums} out of range for {len(args)} argument(s).")
+        if isinstance(root, str):
+            root = (root,)
+        names = list(root) if root is not None else ["params" if i == 0 else f"args[{i}]" for i in argnums]
+        if len(names) != len(argnums):
+            raise JaxsaneError(f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums.")
+        options["order"] = int(options["order"])
+        return cls(f, tuple(args), argnums, tuple(names), modes=modes, **options)
+
+
+def _run(plan: GradCheckPlan) -> list[Finding]:
+    """The check in float64 (x64 on inside it) when the plan asks so; a function that pins a dtype of its own
+    and so does not trace in float64 is checked as written instead, and its findings say so."""
+    x64 = plan.dtype is not None and np.dtype(plan.dtype).itemsize >= 8
     scope = jax.enable_x64(True) if x64 else contextlib.nullcontext()
     try:
         with scope:
-            return _check(
-                f,
-                args,
-                argnums,
-                names,
-                int(order),
-                modes,
-                eps,
-                atol,
-                rtol,
-                dtype,
-                has_aux,
-                seed,
-                kinks,
-                kink_rtol,
-                max_leaves,
-            )
+            return _check(plan)
     except _MixedPrecision as e:
         # the function pins a dtype of its own (a recurrent cell's float32 initial carry from
         # initialize_carry, a float32 constant in a scan's carry): casting only the arguments to float64
         # breaks it. Check it as written instead, with the tolerances of its own dtype (GRAD_DEFAULTS).
-        findings = _check(
-            f,
-            args,
-            argnums,
-            names,
-            int(order),
-            modes,
-            eps,
-            atol,
-            rtol,
-            None,
-            has_aux,
-            seed,
-            kinks,
-            kink_rtol,
-            max_leaves,
-        )
+        findings = _check(dataclasses.replace(plan, dtype=None))
         note = (
-            f" (checked in the arguments' own precision with its tolerances: in {np.dtype(dtype).name} the "
+            f" (checked in the arguments' own precision with its tolerances: in {np.dtype(plan.dtype).name} the "
             f"function does not trace: {e.reason})"
         )
         return [
@@ -269,86 +219,86 @@ def _cast_host(x: Any, dtype: Any) -> Any:
     """Float leaves to ``dtype`` through numpy (no device compile per shape); other host arrays onto the device
     as they are (the user's functions see jax arrays, as in their own jitted step: numpy indexing by a traced
     index would fail); other leaves unchanged."""
-    if dtype is None or not (_is_real_float(x) and hasattr(x, "dtype")):
+    if dtype is None or not (is_real_float(x) and hasattr(x, "dtype")):
         return jax.device_put(x) if isinstance(x, np.ndarray) else x
     if isinstance(x, jax.core.Tracer):
         raise JaxsaneError("check_grads is not jit-safe: call it on concrete arrays, outside jax.jit.")
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
 
-def _check(
-    f, args, argnums, names, order, modes, eps, atol, rtol, dtype, has_aux, seed, kinks, kink_rtol, max_leaves
-) -> list[Finding]:
-    args = [jax.tree_util.tree_map(lambda x: _cast_host(x, dtype), a) for a in args]
-    rng = np.random.default_rng(seed)
+@dataclasses.dataclass(frozen=True)
+class _Leaves:
+    """The float leaves under check: the (cast) arguments flattened, each leaf's path, which leaves are
+    checked (``(argument, leaf)`` pairs, sampled down to ``max_leaves``) and how to put them back."""
 
-    # the leaves under check, their paths, and how to put them back
-    flat, defs, paths = [], [], []
-    for i, name in zip(argnums, names):
-        leaves, treedef = jax.tree_util.tree_flatten(args[i])
-        flat.append(leaves)
-        defs.append(treedef)
-        paths.append([p for p, _ in leaves_with_paths(args[i], name)])
-    checked = [
-        (a, k)
-        for a, leaves in enumerate(flat)
-        for k, leaf in enumerate(leaves)
-        if _is_real_float(leaf) and hasattr(leaf, "shape")
-    ]
-    if not checked:
-        return []
-    sampled = []
-    if max_leaves and len(checked) > max_leaves:
-        keep = np.sort(np.random.default_rng(seed).choice(len(checked), size=int(max_leaves), replace=False))
-        sampled = [sampled_finding(int(max_leaves), len(checked), seed)]
-        checked = [checked[i] for i in keep]
-    n = len(checked)
-    values = [flat[a][k] for a, k in checked]
-    dirs = [jax.device_put(rng.standard_normal(v.shape).astype(v.dtype)) for v in values]
+    plan: GradCheckPlan
+    args: list
+    flat: list[list]
+    defs: list
+    paths: list[list[str]]
+    checked: list[tuple[int, int]]
+    sampled: list[Finding]
 
-    def call(vals):
-        full = list(args)
-        new = [list(leaves) for leaves in flat]
-        for (a, k), v in zip(checked, vals):
+    @classmethod
+    def select(cls, plan: GradCheckPlan, args: list) -> _Leaves:
+        flat, defs, paths = [], [], []
+        for i, name in zip(plan.argnums, plan.names):
+            leaves, treedef = jax.tree_util.tree_flatten(args[i])
+            flat.append(leaves)
+            defs.append(treedef)
+            paths.append([p for p, _ in leaves_with_paths(args[i], name)])
+        checked = [
+            (a, k)
+            for a, leaves in enumerate(flat)
+            for k, leaf in enumerate(leaves)
+            if is_real_float(leaf) and hasattr(leaf, "shape")
+        ]
+        sampled = []
+        max_leaves, seed = plan.max_leaves, plan.seed
+        if checked and max_leaves and len(checked) > max_leaves:
+            keep = np.sort(np.random.default_rng(seed).choice(len(checked), size=int(max_leaves), replace=False))
+            sampled = [sampled_finding(int(max_leaves), len(checked), seed)]
+            checked = [checked[i] for i in keep]
+        return cls(plan, args, flat, defs, paths, checked, sampled)
+
+    def call(self, vals: Sequence[Any]) -> Any:
+        """``f``'s output (without aux) with the checked leaves replaced by ``vals``."""
+        full = list(self.args)
+        new = [list(leaves) for leaves in self.flat]
+        for (a, k), v in zip(self.checked, vals):
             new[a][k] = v
-        for i, treedef, leaves in zip(argnums, defs, new):
+        for i, treedef, leaves in zip(self.plan.argnums, self.defs, new):
             full[i] = jax.tree_util.tree_unflatten(treedef, leaves)
-        out = f(*full)
-        return out[0] if has_aux else out
+        out = self.plan.f(*full)
+        return out[0] if self.plan.has_aux else out
 
-    try:
-        jaxpr, out_shape = jax.make_jaxpr(call, return_shape=True)(values)
-    except JaxsaneError:
-        raise
-    except Exception as e:
-        if dtype is not None and np.dtype(dtype).itemsize >= 8 and isinstance(e, TypeError):
-            raise _MixedPrecision(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-        raise JaxsaneError(f"check_grads: calling f on the given arguments failed: {type(e).__name__}: {e}") from e
-    out_leaves = jax.tree_util.tree_leaves(out_shape)
-    if not any(_is_real_float(o) for o in out_leaves):
-        raise JaxsaneError(
-            "check_grads: f returns no float output to differentiate; return the loss (or pass "
-            "has_aux=True when f returns (loss, aux))."
-        )
-    cots = [
-        jax.device_put(np.asarray(1.0 if o.shape == () else rng.standard_normal(o.shape)).astype(o.dtype))
-        if _is_real_float(o)
-        else None
-        for o in out_leaves
-    ]
+    def trace(self, values: list) -> tuple[Any, list]:
+        """``(closed jaxpr, output leaves' shapes)`` of :meth:`call` at ``values``."""
+        dtype = self.plan.dtype
+        try:
+            jaxpr, out_shape = jax.make_jaxpr(self.call, return_shape=True)(values)
+        except JaxsaneError:
+            raise
+        except Exception as e:
+            if dtype is not None and np.dtype(dtype).itemsize >= 8 and isinstance(e, TypeError):
+                raise _MixedPrecision(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+            raise JaxsaneError(f"check_grads: calling f on the given arguments failed: {type(e).__name__}: {e}") from e
+        out_leaves = jax.tree_util.tree_leaves(out_shape)
+        if not any(is_real_float(o) for o in out_leaves):
+            raise JaxsaneError(
+                "check_grads: f returns no float output to differentiate; return the loss (or pass "
+                "has_aux=True when f returns (loss, aux))."
+            )
+        return jaxpr, out_leaves
 
-    # precision the function really computes in, on the path from the checked leaves to the output
-    tdtype = np.dtype(dtype if dtype is not None else np.float32)
-    mask = [True] * n + [False] * (len(jaxpr.jaxpr.invars) - n)
-    compute = _lowest(_tainted_float_dtypes(jaxpr.jaxpr, mask) or {tdtype}, _dtype_name(tdtype))
-    d_eps, d_atol, d_rtol = GRAD_DEFAULTS[compute]
-    eps = d_eps if eps is None else float(eps)
-    atol = d_atol if atol is None else float(atol)
-    rtol = d_rtol if rtol is None else float(rtol)
-    kink_rtol = rtol if kink_rtol is None else float(kink_rtol)
+
+def _programs(leaves: _Leaves, cots: list, n: int, tdtype: np.dtype) -> tuple[Any, Any]:
+    """``(value_at, derivatives)``, compiled once for all leaves: ``value_at(vals, directions, t)`` is the
+    projected output with leaf ``j`` moved by ``t[j]`` along ``directions[j]``; ``derivatives`` gives the
+    reverse-mode gradients and the forward-mode JVPs (see ``autodiff``)."""
 
     def scalar(vals):
-        outs = jax.tree_util.tree_leaves(call(vals))
+        outs = jax.tree_util.tree_leaves(leaves.call(vals))
         return sum(jnp.sum(c * o) for c, o in zip(cots, outs) if c is not None)
 
     def perturbed(vals, directions, t):
@@ -369,15 +319,17 @@ def _check(
             return grads, jvp(jnp.ones((n,), tdtype))
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
 
-    value_at = quick_jit(perturbed, runs=2 * len(checked) * 4 + 1)  # at most: 2 points x 4 steps per leaf, + base
+    value_at = quick_jit(perturbed, runs=2 * n * 4 + 1)  # at most: 2 points x 4 steps per leaf, + base
+    return value_at, quick_jit(autodiff, runs=1, static_argnums=2)
 
-    def value_along(j, sub, t):  # f with leaf j moved by t along ``sub`` (a sub-direction of its direction)
-        vec = np.zeros((n,), tdtype)
-        vec[j] = t
-        return np.asarray(value_at(values, dirs[:j] + [sub] + dirs[j + 1 :], vec))
 
+def _autodiff(
+    derivatives: Any, values: list, dirs: list, modes: tuple[str, ...], tol: Tolerance, tdtype: np.dtype
+) -> tuple[list[np.ndarray], list[float], np.ndarray | None, tuple[str, ...]]:
+    """``(grads, directional, jvps, modes)``: every leaf's reverse-mode gradient and directional derivative,
+    its forward-mode JVP (None without ``"fwd"``), and the modes checked (forward mode is dropped when it
+    cannot go through a ``jax.custom_vjp``)."""
     fwd = "fwd" in modes
-    derivatives = quick_jit(autodiff, runs=1, static_argnums=2)
     try:
         grads, jvps = derivatives(values, dirs, "sum" if fwd else None)
     except TypeError as e:  # forward mode cannot go through a jax.custom_vjp: check in reverse mode only
@@ -396,153 +348,56 @@ def _check(
         if (
             np.isfinite(total)
             and np.all(np.isfinite(directional))
-            and abs(total - sum(directional)) <= atol + rtol * sum(abs(x) for x in directional)
+            and abs(total - sum(directional)) <= tol.atol + tol.rtol * sum(abs(x) for x in directional)
         ):
             jvps = np.asarray(directional, tdtype)
         else:
             jvps = np.asarray(derivatives(values, dirs, "each")[1])
+    return grads, directional, jvps, modes
 
-    # finite-difference steps tried in turn; a leaf fails only if it fails at every one and the gap
-    # does not shrink with the step. ReLU kinks crossed by the step spoil the difference quotient
-    # (on a 2M-parameter MLP by ~1e-3 at step 1e-6) in proportion to the step; a real bug
-    # (a wrong sign, a missing factor) leaves the same gap at every step.
-    ladder = (eps, eps / 10, eps / 100, eps / 1000) if compute == "float64" else (eps, eps / 3)
-    findings: list[Finding] = []
-    t0 = np.asarray(0.0, tdtype)
+
+def _check(plan: GradCheckPlan) -> list[Finding]:
+    """The check in the plan's dtype: pick the leaves, draw their directions and the output's cotangents, find
+    the compute dtype, take the derivatives once for all leaves, then compare leaf by leaf."""
+    args = [jax.tree_util.tree_map(lambda x: _cast_host(x, plan.dtype), a) for a in plan.args]
+    rng = np.random.default_rng(plan.seed)
+    leaves = _Leaves.select(plan, args)
+    if not leaves.checked:
+        return []
+    n = len(leaves.checked)
+    values = [leaves.flat[a][k] for a, k in leaves.checked]
+    dirs = [jax.device_put(rng.standard_normal(v.shape).astype(v.dtype)) for v in values]
+    jaxpr, out_leaves = leaves.trace(values)
+    cots = [
+        jax.device_put(np.asarray(1.0 if o.shape == () else rng.standard_normal(o.shape)).astype(o.dtype))
+        if is_real_float(o)
+        else None
+        for o in out_leaves
+    ]
+    # precision the function really computes in, on the path from the checked leaves to the output
+    tdtype = np.dtype(plan.dtype if plan.dtype is not None else np.float32)
+    tol = Tolerance.of(jaxpr, n, tdtype, eps=plan.eps, atol=plan.atol, rtol=plan.rtol, kink_rtol=plan.kink_rtol)
+    value_at, derivatives = _programs(leaves, cots, n, tdtype)
+    grads, directional, jvps, modes = _autodiff(derivatives, values, dirs, plan.modes, tol, tdtype)
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
         return [nonfinite_loss_finding(v0, n)]
-    backward: list[tuple[str, float]] = []  # autodiff non-finite, loss finite
-    nearby: list[tuple[str, float]] = []  # the loss itself goes non-finite within a step of the point
-    kinked: list = []  # (path, KinkVerdict): not judged, the point is a kink
-    ends = (ladder[0], ladder[-1])  # the steps of the kink test
-    for j, (a, k) in enumerate(checked):
-        path = _display(paths[a][k])
-        ad = directional[j]
-        if not (np.all(np.isfinite(grads[j])) and np.isfinite(ad) and (jvps is None or np.isfinite(jvps[j]))):
-            backward.append((path, ad))
-            continue
-
-        memo: dict[float, np.ndarray] = {0.0: v0}
-
-        def g(t, j=j, memo=memo):  # check_jvp and check_vjp ask for the same points: evaluate once
-            key = float(np.asarray(t))
-            if key not in memo:
-                vec = np.zeros((n,), tdtype)
-                vec[j] = key
-                memo[key] = np.asarray(value_at(values, dirs, vec))
-            return memo[key]
-
-        if not np.any(grads[j]):
-            fd = _directional(g, t0, eps)
-            if not np.isfinite(fd):
-                nearby.append((path, fd))
-                continue
-            kink = fd != 0.0 and kinks and kink_at_every_step(g, ends, 0.0, atol, kink_rtol)[0]
-            findings.append(missing_finding(path, fd, fd != 0.0, values[j], kink))
-            continue
-
-        def g_jvp(primals, tangents, j=j):  # jvp is linear in the tangent: scale the compiled one
-            return v0, np.asarray(jvps[j] * np.asarray(tangents[0]), v0.dtype)
-
-        def g_vjp(t, ad=ad):  # check_vjp asks at t0 only, where the reverse-mode gradient is known
-            return v0, lambda ct: (np.asarray(np.asarray(ct) * ad, tdtype),)
-
-        def g_traceable(t, j=j):  # for order >= 2, differentiated by jax.test_util.check_grads itself
-            return value_at(values, dirs, jnp.zeros((n,), tdtype).at[j].set(t))
-
-        checks = (g, g_jvp, g_vjp) if order == 1 else (g_traceable, None, None)
-        failure, errors, fds = None, [], []
-        for step_size in ladder:  # a kink (ReLU) inside the step is not a bug: it leaves at smaller steps
-            failure = _run_check(checks, t0, order, modes, atol, rtol, step_size)
-            if failure is None:
-                break
-            fds.append(_directional(g, t0, step_size))
-            errors.append(abs(fds[-1] - ad) / max(abs(ad), abs(fds[-1]), 1e-30))
-        if failure is None:
-            continue
-        if not np.all(np.isfinite(fds)):  # not a wrong rule: the loss is NaN/Inf a step away from the point
-            nearby.append((path, next(v for v in fds if not np.isfinite(v))))
-            continue
-        if min(abs(f - ad) for f in fds) <= atol + rtol * abs(ad) or (len(errors) > 1 and errors[-1] < errors[0] / 10):
-            continue  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
-        fd = min(fds, key=lambda v: abs(v - ad))
-        where, kink_extra = "", {}
-        if kinks and order == 1:
-            at_kink, right, left = kink_at_every_step(g, ends, ad, atol, kink_rtol)
-            if at_kink:  # no step helps at a kink: judge the sub-directions off it, or not at all
-                verdict = probe_sub_directions(
-                    lambda sub, t, j=j: value_along(j, sub, t),
-                    grads[j],
-                    np.asarray(dirs[j]),
-                    np.random.default_rng([seed, j]),
-                    ends,
-                    right,
-                    left,
-                    atol,
-                    rtol,
-                    kink_rtol,
-                )
-                if verdict.wrong is None:
-                    kinked.append((path, verdict))
-                    continue
-                ad, fd, kink_extra = verdict.wrong["autodiff"], verdict.wrong["finite_diff"], verdict.wrong
-                where = (
-                    f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
-                    f"{np.size(values[j])} coordinates; {verdict.summary()})"
-                )
-        rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
-        fwd_note = ""
-        if jvps is not None and not where:
-            fwd_note = f", forward mode {float(jvps[j]):.6g}"
-        findings.append(
-            Finding(
-                "grad.mismatch",
-                f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g}{where} "
-                f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
-                f"{compute}, order {order}, modes {'/'.join(modes)})",
-                "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
-                "jax.custom_vjp/custom_jvp rule it flows through (sign, a missing factor of the cotangent g, the "
-                "residuals saved in fwd); leaves that check clean sit downstream of the bug",
-                path=path,
-                extra={
-                    "autodiff": ad,
-                    "finite_diff": fd,
-                    "relative_error": rel,
-                    "atol": atol,
-                    "rtol": rtol,
-                    "eps": eps,
-                    "compute_dtype": compute,
-                    "modes": list(modes),
-                    "jax_message": failure[:2000],
-                    **({"kink": kink_extra} if kink_extra else {}),
-                },
-            )
-        )
-    if backward:
-        findings.append(nonfinite_gradient_finding(backward, float(v0.sum())))
-    if nearby:
-        findings.append(nonfinite_nearby_finding(nearby, float(v0.sum()), eps))
-    if kinked:
-        findings.append(kink_finding(kinked))
-    return findings + sampled
-
-
-def _run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
-    """None when jax.test_util's checks pass on the one-scalar function at ``t0``, else their message.
-
-    Order 1 uses ``check_jvp``/``check_vjp`` (what ``check_grads`` runs at order 1) with the JVP and
-    VJP compiled once for all leaves; higher orders call ``jax.test_util.check_grads`` itself.
-    """
-    g, g_jvp, g_vjp = fns
-    try:
-        if g_jvp is None:
-            jax.test_util.check_grads(g, (t0,), order, modes=modes, atol=atol, rtol=rtol, eps=eps)
-        else:
-            if "fwd" in modes:
-                jax.test_util.check_jvp(g, g_jvp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="JVP")
-            if "rev" in modes:
-                jax.test_util.check_vjp(g, g_vjp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="VJP")
-    except AssertionError as e:
-        return str(e)
-    return None
+    judge = LeafJudge(
+        order=plan.order,
+        kinks=plan.kinks,
+        seed=plan.seed,
+        tol=tol,
+        modes=modes,
+        tdtype=tdtype,
+        values=values,
+        dirs=dirs,
+        value_at=value_at,
+        v0=v0,
+        grads=grads,
+        directional=directional,
+        jvps=jvps,
+    )
+    tally = Tally()
+    for j, (a, k) in enumerate(leaves.checked):
+        judge.judge(j, _display(leaves.paths[a][k]), tally)
+    return tally.findings_at(v0, tol.eps) + leaves.sampled

@@ -1,5 +1,5 @@
 """The findings of :func:`jaxsane.check_grads`: one builder per outcome (missing gradient, non-finite loss,
-gradient or neighbourhood, leaves sampled). Host-side only, not jit-safe.
+gradient or neighbourhood, leaves sampled, a wrong derivative). Host-side only, not jit-safe.
 """
 
 from __future__ import annotations
@@ -104,4 +104,49 @@ def sampled_finding(checked: int, total: int, seed: int) -> Finding:
         "check other leaves",
         severity="info",
         extra={"checked": checked, "leaves": total, "seed": seed},
+    )
+
+
+def mismatch_finding(
+    path: str,
+    ad: float,
+    fd: float,
+    *,
+    forward: float | None,
+    where: str,
+    atol: float,
+    rtol: float,
+    eps: float,
+    compute: str,
+    order: int,
+    modes: tuple[str, ...],
+    failure: str,
+    kink: dict,
+) -> Finding:
+    """``grad.mismatch``: autodiff ``ad`` against finite differences ``fd`` along the leaf's direction (or a
+    sub-direction of it, ``where``); ``forward`` is the forward-mode value when it is shown; ``compute`` is the
+    name of the dtype the function computes in."""
+    rel = abs(ad - fd) / max(abs(ad), abs(fd), 1e-30)
+    fwd_note = f", forward mode {forward:.6g}" if forward is not None else ""
+    return Finding(
+        "grad.mismatch",
+        f"{path}: autodiff directional derivative {ad:.6g}{fwd_note} vs finite differences {fd:.6g}{where} "
+        f"(relative error {rel:.2e}; tolerance atol={atol:g}, rtol={rtol:g}, eps={eps:g}, computed in "
+        f"{compute}, order {order}, modes {'/'.join(modes)})",
+        "a hand-written derivative on the path from this leaf to the loss is wrong: check every "
+        "jax.custom_vjp/custom_jvp rule it flows through (sign, a missing factor of the cotangent g, the "
+        "residuals saved in fwd); leaves that check clean sit downstream of the bug",
+        path=path,
+        extra={
+            "autodiff": ad,
+            "finite_diff": fd,
+            "relative_error": rel,
+            "atol": atol,
+            "rtol": rtol,
+            "eps": eps,
+            "compute_dtype": compute,
+            "modes": list(modes),
+            "jax_message": failure[:2000],
+            **({"kink": kink} if kink else {}),
+        },
     )

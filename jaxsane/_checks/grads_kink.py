@@ -25,7 +25,8 @@ is probed the same way at both steps, against the autodiff derivative ``grad . d
 * otherwise (smooth and agreeing, or mixed between the steps): agrees / not judged.
 
 A leaf without a wrong sub-direction is reported in one ``grad.kink`` (info) finding, never as an
-error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative.
+error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative. Host-side numpy,
+not jit-safe.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class KinkVerdict:
 
 
 def probe_sub_directions(
-    value_along: Callable[[np.ndarray, float], float],
+    value_along: Callable[[np.ndarray, float], np.ndarray | float],
     grad: np.ndarray,
     direction: np.ndarray,
     rng: np.random.Generator,
@@ -125,13 +126,13 @@ def probe_sub_directions(
             return cache[t]
 
         slopes = [one_sided(g, h) for h in steps]
-        kinks = [jumps(r, l, ad, atol, kink_rtol) for r, l in slopes]
+        kinks = [jumps(right_h, left_h, ad, atol, kink_rtol) for right_h, left_h in slopes]
         if all(kinks):
             kinked += 1
-            consistent += all(brackets(ad, r, l, atol, rtol) for r, l in slopes)
+            consistent += all(brackets(ad, right_h, left_h, atol, rtol) for right_h, left_h in slopes)
             continue
         if not any(kinks):
-            centrals = [(r + l) / 2 for r, l in slopes]
+            centrals = [(right_h + left_h) / 2 for right_h, left_h in slopes]
             if all(disagrees(ad, c, atol, rtol) for c in centrals):
                 if wrong is None:
                     fd = min(centrals, key=lambda c: abs(c - ad))

@@ -1,15 +1,15 @@
-"""Init checks: the loss at init against chance level (ln C for C classes), per-layer activation
-statistics captured from the jaxpr of ``apply`` (scale through depth, saturation, symmetric units).
+"""Init checks: per-layer activation statistics captured from the jaxpr of ``apply`` (scale through depth,
+saturation, symmetric units), and :func:`check_init`, which adds the loss at init against chance level
+(``init_loss.py``). Not jit-safe, except the capture itself, which runs inside one compiled program.
 
 The layers are found by evaluating ``apply``'s jaxpr with hooks on jaxsane's one interpreter
-(:mod:`jaxsane._jaxpr.interpret`), so checks record intermediate values with no cooperation from the
+(``_jaxpr/interpret.py``), so checks record intermediate values with no cooperation from the
 user's model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,122 +22,17 @@ from .._core.finding import Finding
 from .._core.frames import shown_location, user_location
 from .._core.tree import PyTree, leaves_with_paths
 from .._core.validate import require_callable, require_float, require_int, require_same_rows
-from .._experiment.batches import get_inputs, get_labels
 from .._experiment.contract import PureExperiment
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter
 from .._jaxpr.trace_cache import TracedOnce
-
-
-def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean cross-entropy of integer labels. Jit-safe."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, labels.astype(jnp.int32)[..., None], axis=-1))
-
-
-def initial_loss(adapted: PureExperiment, state: Any, batch: Any) -> tuple[float | None, str]:
-    """The loss of a fresh state on ``batch`` and how it was obtained. Not jit-safe."""
-    exp = adapted.experiment
-    params = adapted.params(state)
-    if adapted.loss_fn is not None:
-        return float(adapted.jitted("loss")(params, batch)), "Experiment.loss"
-    if adapted.apply_fn is not None:
-        logits = adapted.jitted("apply")(params, get_inputs(exp, batch))
-        labels = jnp.asarray(get_labels(exp, batch))
-        if logits.ndim == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
-            return float(softmax_cross_entropy(logits, labels)), "cross-entropy of Experiment.apply"
-    _, metrics = quick_jit(adapted.step)(state, batch)
-    if "loss" in metrics:
-        return float(np.asarray(metrics["loss"])), "the loss the step reports on its first call"
-    return None, "no loss handle"
-
-
-def infer_num_classes(adapted: PureExperiment, state: Any, batch: Any) -> int | None:
-    """num_classes from the Experiment, or C when ``apply`` gives C-way logits over integer labels.
-
-    ln C is chance level only for a C-way cross-entropy: the output's last axis is C >= 2, the labels
-    are integers in [0, C) with one axis less and the same leading shape. Regression, sigmoid or
-    multi-label outputs, reconstructions (a VAE's pixels) and tuple outputs give None (see
-    :func:`classification_of`). Not jit-safe.
-    """
-    return classification_of(adapted, state, batch)[0]
-
-
-def classification_of(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:
-    """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
-    exp = adapted.experiment
-    if exp.num_classes is not None:
-        return exp.num_classes, ""
-    if adapted.apply_fn is None:
-        return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
-    out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
-    if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
-        return None, (
-            f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
-            "not a C-way cross-entropy"
-        )
-    try:
-        labels = get_labels(exp, batch)
-    except Exception:
-        return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
-    shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
-    if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
-        return None, (
-            f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
-            "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
-            "reconstruction), so ln(output width) is not the loss at chance"
-        )
-    labels = np.asarray(labels)
-    width = int(out.shape[-1])
-    if labels.size and (labels.min() < 0 or labels.max() >= width):
-        return None, (
-            f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
-            "set Experiment.num_classes to check the loss at init"
-        )
-    return width, ""
-
-
-def _shape_text(out: Any) -> str:
-    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(out)]
-    return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} arrays {shapes}"
-
-
-def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list[Finding]:
-    """``init.loss`` when the initial loss is outside ``ln C * [1 - rtol, 1 + rtol]``.
-
-    The expectation ln C is Karpathy's ("A Recipe for Training Neural Networks"); ``rtol=0.5``
-    leaves room for the logit variance of standard inits. Not jit-safe.
-    """
-    chance = math.log(num_classes)
-    if not math.isfinite(loss):
-        return [
-            Finding(
-                "init.loss",
-                f"the loss at init is {loss} (expected about ln {num_classes} = {chance:.3f})",
-                "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
-                severity="error",
-                extra={"loss": loss, "chance": chance},
-            )
-        ]
-    if abs(loss - chance) <= rtol * chance:
-        return []
-    direction = "above" if loss > chance else "below"
-    hint = (
-        "logits are over-confident at init: scale down the last layer's init (e.g. zero or 0.01x its "
-        "kernel), check the init scale of every layer, and that the loss is softmax cross-entropy on logits"
-        if loss > chance
-        else "a loss below chance at init means labels leak into the inputs or the loss is not the mean "
-        "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)"
-    )
-    return [
-        Finding(
-            "init.loss",
-            f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} (tolerance ±{rtol:.0%})",
-            hint,
-            extra={"loss": loss, "chance": chance, "rtol": rtol},
-        )
-    ]
-
+from .init_loss import (  # the loss at init; re-exported for the doctor's pipeline
+    check_init_loss as check_init_loss,
+    classification_of as classification_of,
+    infer_num_classes as infer_num_classes,
+    initial_loss as initial_loss,
+    softmax_cross_entropy as softmax_cross_entropy,
+)
 
 # ----------------------------------------------------------------------------- activation statistics
 
@@ -287,7 +182,7 @@ class _Capture(Interpreter):
     ``("act", site, name)`` = a layer's output after a nonlinearity. Sites are the interpreter's.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.meta: dict[tuple, dict] = {}  # layer site -> what the layer is, in first-seen order
         self.act_of: dict[tuple, tuple] = {}  # layer site -> (activation name, site recording its activation)
@@ -359,7 +254,7 @@ class _Capture(Interpreter):
 def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[LayerStats]:
     """Per-layer activation statistics of ``apply(params, inputs)``, with no help from the model.
 
-    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (:mod:`jaxsane._jaxpr.interpret`,
+    The jaxpr of ``apply`` is evaluated by jaxsane's interpreter (``_jaxpr/interpret.py``,
     compiled once): every ``dot_general``/``conv_general_dilated`` with an operand computed from a
     parameter leaf is a layer, named by that leaf's path; the first nonlinearity applied to its
     output (``relu``, ``gelu``, ``tanh``, ``sigmoid``... by primitive or by jitted function name) is
@@ -477,7 +372,7 @@ def check_activations(
       1% of its bounds.
     """
     findings: list[Finding] = []
-    hidden = [l for l in layers if not l.is_output]
+    hidden = [lay for lay in layers if not lay.is_output]
     for layer in hidden:
         if layer.units >= 2 and np.isfinite(layer.symmetry) and layer.symmetry <= symmetric_tol:
             findings.append(
@@ -493,7 +388,7 @@ def check_activations(
                     extra={"layer": dataclasses.asdict(layer)},
                 )
             )
-    scaled = [l for l in hidden if np.isfinite(l.pre_rms) and l.pre_rms > 0]
+    scaled = [lay for lay in hidden if np.isfinite(lay.pre_rms) and lay.pre_rms > 0]
     if len(scaled) >= 2:
         total = scaled[-1].pre_rms / scaled[0].pre_rms
         per_layer = total ** (1.0 / (len(scaled) - 1))
@@ -503,7 +398,7 @@ def check_activations(
             jumps = [scaled[i + 1].pre_rms / scaled[i].pre_rms for i in range(len(scaled) - 1)]
             worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
             layer = scaled[worst + 1]
-            rms = ", ".join(f"{l.pre_rms:.3g}" for l in scaled)
+            rms = ", ".join(f"{lay.pre_rms:.3g}" for lay in scaled)
             findings.append(
                 Finding(
                     "init.scale",
@@ -522,14 +417,16 @@ def check_activations(
                     path=layer.name,
                     file=_file_of(layer.location),
                     line=_line_of(layer.location),
-                    extra={"rms": [l.pre_rms for l in scaled], "ratio": total, "per_layer": per_layer},
+                    extra={"rms": [lay.pre_rms for lay in scaled], "ratio": total, "per_layer": per_layer},
                 )
             )
-    saturated = [l for l in hidden if np.isfinite(l.act_frac_saturated) and l.act_frac_saturated > max_saturated]
+    saturated = [
+        lay for lay in hidden if np.isfinite(lay.act_frac_saturated) and lay.act_frac_saturated > max_saturated
+    ]
     if saturated:
         listed = "; ".join(
-            f"{l.name}: {l.act_frac_saturated:.0%} of {l.activation} (pre-activation RMS {l.pre_rms:.3g})"
-            for l in saturated
+            f"{lay.name}: {lay.act_frac_saturated:.0%} of {lay.activation} (pre-activation RMS {lay.pre_rms:.3g})"
+            for lay in saturated
         )
         findings.append(
             Finding(
@@ -541,7 +438,7 @@ def check_activations(
                 path=saturated[0].name,
                 file=_file_of(saturated[0].location),
                 line=_line_of(saturated[0].location),
-                extra={"frac_saturated": {l.name: l.act_frac_saturated for l in saturated}},
+                extra={"frac_saturated": {lay.name: lay.act_frac_saturated for lay in saturated}},
             )
         )
     return findings

@@ -7,13 +7,14 @@ loss should be near that constant's (Karpathy, "A Recipe for Training Neural Net
 well*, e.g. the final bias at the mean target), and far above it only when its outputs are at the
 wrong scale for the targets (a huge init, unnormalised targets).
 
-``init.loss`` of such a loss is :func:`check_init_loss_vs_constant`. The constant is fitted through the user's own loss, with no knowledge of its formula:
+``init.loss`` of such a loss is :func:`check_init_loss_vs_constant`. The constant is fitted through the user's
+own loss, with no knowledge of its formula:
 :func:`output_sites` finds where ``apply``'s outputs appear inside the jaxpr of ``loss`` (the
 first value of the loss's forward pass equal to each output of ``apply``), and
 :func:`constant_loss` evaluates that jaxpr on jaxsane's interpreter with those values replaced by
 one constant per output position (broadcast over the example axis), minimised over the constant.
 The fit can only miss the optimum from above, so the reference it gives is never lower than the
-true best constant's and the comparison never overstates.
+true best constant's and the comparison never overstates. Not jit-safe (it runs the loss from the host).
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def constant_loss(
 
     loss_with = quick_jit(f, runs=4)
     init_value = float(loss_with([put(o) for o in outs]))
-    label_stats = {}  # shape -> (mean, spread) over the examples
+    label_stats: dict[tuple[int, ...], tuple[np.ndarray, float]] = {}  # shape -> (mean, spread) over the examples
     for x in (
         []
         if labels is None
@@ -239,7 +240,7 @@ def check_init_loss_vs_constant(loss: float, constant_loss: float, *, factor: fl
     """``init.loss`` for a loss that is not a C-way cross-entropy: the loss at init is more than
     ``factor`` times the loss of the best constant prediction on the same batch.
 
-    The reference (see :mod:`jaxsane._checks.init_baseline`) is the user's loss with ``apply``'s outputs
+    The reference (see the docstring of ``_checks/init_baseline.py``) is the user's loss with ``apply``'s outputs
     replaced by one constant per output position fitted to the batch: for an MSE the targets'
     variance, for a sigmoid BCE the labels' entropy. A fresh model is uncorrelated with its
     targets, so its loss sits above that reference, by 1-5x for a standard init (Karpathy, "A

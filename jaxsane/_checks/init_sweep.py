@@ -2,7 +2,7 @@
 
 The "layers" are the matrix products of the loss (every ``dot_general`` and ``conv_general_dilated``
 the loss function executes, in order, including inside nested ``jit`` and ``scan`` bodies), found by
-evaluating its jaxpr with a hook on jaxsane's one interpreter (:mod:`jaxsane._jaxpr.interpret`),
+evaluating its jaxpr with a hook on jaxsane's one interpreter (``_jaxpr/interpret.py``),
 so the same code serves linen, NNX and hand-written models. For each layer it measures the std of
 its output (the pre-activation) and of the loss gradient with respect to that output (the
 back-propagated signal). A good init keeps both roughly constant through depth (Glorot & Bengio
@@ -26,7 +26,7 @@ from .._core.tree import PyTree, leaf_selector, leaves_with_paths, put_like, sca
 from .._core.validate import require_bool, require_sequence
 from .._experiment.batches import first_batch, get_inputs, get_labels
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
-from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.compile_level import QuickJit, quick_jit
 from .._jaxpr.interpret import Interpreter
 from .._render.plots import legend_outside
 from .._render.progress import Progress
@@ -87,7 +87,7 @@ class InitScaleSweep:
     names: tuple[str, ...] = ()
 
     def table(self) -> str:
-        """Plain text: loss and per-layer std for each scale."""
+        """Plain text: loss and per-layer std for each scale. Host-side, not jit-safe."""
         lines = [f"init-scale sweep over {len(self.layers)} layers"]
         for s, scale in enumerate(self.scales):
             acts = " ".join(f"{v:.3g}" for v in self.activation_std[s])
@@ -109,7 +109,7 @@ class InitScaleSweep:
         return sweep_html(self)
 
     def plot(self):
-        """Activation std and gradient std against depth, one line per scale; returns the Figure."""
+        """Activation std and gradient std against depth, one line per scale; returns the Figure. Not jit-safe."""
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), layout="constrained")
@@ -251,7 +251,7 @@ class ScaleSweepPlan:
     cache. Not jit-safe.
     """
 
-    program: Callable
+    program: QuickJit
     scales_arg: jax.Array
     scales: tuple[float, ...]
     layers: tuple[str, ...]
@@ -309,7 +309,7 @@ def plan_init_scale_sweep(
 
     finder = _Layers(lambda site, out: out)
     n_params = len(jax.tree_util.tree_leaves(params))
-    param_tags = [module_path(p) for p, _ in leaves_with_paths(params, "params")]
+    param_tags: list[str | None] = [module_path(p) for p, _ in leaves_with_paths(params, "params")]
     param_tags += [None] * (len(flat_args) - len(param_tags))
 
     sites: list[tuple] = []  # in the order the program runs them (a dict output would be key-sorted)

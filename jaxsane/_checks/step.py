@@ -5,7 +5,7 @@ randomness, and compile once? (``step.no_update``, ``step.opt_state_frozen``, ``
 Everything is read from a few real calls of the user's own step through :class:`PureExperiment`, called
 as the user calls it (not re-wrapped in ``jax.jit``, so that Python-side recompilation is seen).
 Randomness is found by evaluating the step's jaxpr with a hook on jaxsane's one interpreter
-(:mod:`jaxsane._jaxpr.interpret`) that records the output of every ``random_bits`` equation (dropout
+(``_jaxpr/interpret.py``) that records the output of every ``random_bits`` equation (dropout
 masks, noise; inside ``scan`` bodies once per time step) on two consecutive states.
 """
 
@@ -45,7 +45,7 @@ class CompileCounter:
     """Counts XLA compilations and jaxpr traces while active (a ``jax.monitoring`` listener).
 
     Use as ``with count_compilations() as c: ...; c.compiles``. Calls made through
-    :meth:`watch` are also explained: ``c.reasons`` holds a :class:`~jaxsane._jaxpr.recompile.Recompile` per compile
+    :meth:`watch` are also explained: ``c.reasons`` holds a ``Recompile`` (``_jaxpr/recompile.py``) per compile
     after the first (the argument paths that changed, old and new side by side, the caller's
     ``file:line``) and ``c.explain()`` writes them out. Not jit-safe; counts every compilation in the
     process while active (or, with ``thread``, only those made by that thread: jax compiles on the
@@ -62,7 +62,7 @@ class CompileCounter:
 
     @property
     def reasons(self) -> list[Recompile]:
-        """One :class:`~jaxsane._jaxpr.recompile.Recompile` per compile of a watched call after the first."""
+        """One ``Recompile`` (``_jaxpr/recompile.py``) per compile of a watched call after the first."""
         return self._tracker.reasons
 
     def explain(self) -> str:
@@ -98,7 +98,7 @@ class CompileCounter:
 
         return watched
 
-    def _listener(self, event: str, duration: float, **kwargs: Any) -> None:
+    def _listener(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         if not self.active or (self.thread is not None and threading.get_ident() != self.thread):
             return
         # a cache hit is recorded inside the compile; jax may or may not then record the backend-compile
@@ -223,7 +223,7 @@ def check_step(
     snapshots = [_snapshot(state)]
     compiles, traces = [], []
     tracker, site = RecompileTracker(), user_call_site()
-    for i in range(int(calls)):
+    for _call in range(int(calls)):
         sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
         with count_compilations(this_thread=True) as counter:  # doctor compiles other stages' programs meanwhile
             state, _ = adapted.step(state, batch)

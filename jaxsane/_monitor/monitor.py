@@ -11,7 +11,7 @@
 * ``2`` — plus the fraction of dead ReLU units per ReLU site, when the Experiment has ``apply``
   (the ReLU-family ``max(x, 0)`` outputs, see :func:`relu_outputs`, are captured by evaluating
   ``apply``'s jaxpr on the batch's inputs
-  with a hook on jaxsane's one interpreter, :mod:`jaxsane._jaxpr.interpret`; inside ``lax.scan``
+  with a hook on jaxsane's one interpreter (``_jaxpr/interpret.py``); inside ``lax.scan``
   bodies over all time steps together).
 
 Telemetry stays on the device; :meth:`Monitor.record` queues it and :meth:`Monitor.pull` moves a
@@ -19,8 +19,9 @@ whole batch of steps to the host at once (every ``log_every`` steps), so healthy
 device-to-host round trip. Telemetry scalars are sanitized in-graph (non-finite -> ``-1``) so that
 they never trip :func:`jaxsane.guard` on their own.
 
-The detectors (:func:`check_training`, in :mod:`jaxsane._monitor.train_checks`, re-exported here) judge
-the recorded :class:`History`.
+The detectors (:func:`jaxsane.check_training`, in ``train_checks.py``, re-exported here) judge
+the recorded :class:`History`. The telemetry is computed inside the compiled step (jit-safe); everything
+else here runs on the host and is not jit-safe.
 """
 
 from __future__ import annotations
@@ -279,13 +280,11 @@ class Monitor:
         adapted = (
             adapted if isinstance(adapted, PureExperiment) else PureExperiment(adapted)
         )  # an Experiment is adapted here
-        every = require_int("Monitor", "every", every, min=1)
-        log_every = require_int("Monitor", "log_every", log_every, min=1)
-        dead_every = require_int("Monitor", "dead_every", dead_every, min=0)
-        lag = require_int("Monitor", "lag", lag, min=0)
+        require_int("Monitor", "every", every, min=1)
+        require_int("Monitor", "log_every", log_every, min=1)
+        require_int("Monitor", "dead_every", dead_every, min=0)
+        require_int("Monitor", "lag", lag, min=0)
         require_bool("Monitor", "grads", grads)
-        if every < 1 or log_every < 1 or dead_every < 0 or lag < 0:
-            raise ValueError("[jaxsane] Monitor needs every >= 1, log_every >= 1, dead_every >= 0 and lag >= 0.")
         self.lag = int(lag)
         self.adapted = adapted
         self.every, self.dead_every, self.log_every = int(every), int(dead_every), int(log_every)
@@ -318,8 +317,8 @@ class Monitor:
         # read the values now: NNX states hold Variables that the step may update in place
         leaves0 = [x for x in jax.tree_util.tree_leaves(p0) if is_inexact(x)]
         grad_norm = handle_loss = None
-        if self.grads:
-            handle_loss, grads = jax.value_and_grad(adapted.loss_fn)(p0, batch)
+        if self.grads and (loss_fn := adapted.loss_fn) is not None:  # self.grads implies a loss handle
+            handle_loss, grads = jax.value_and_grad(loss_fn)(p0, batch)
             grad_norm = leaf_norms(grads)
         new_state, metrics = adapted.step(state, batch)
         if "loss" not in metrics and handle_loss is not None:
@@ -331,14 +330,15 @@ class Monitor:
         tel = {"param_norm": leaf_norms(leaves0), "update_norm": leaf_norms([a - b for a, b in zip(leaves1, leaves0)])}
         if grad_norm is not None:
             tel["grad_norm"] = grad_norm
-        if mode == MODE_FULL and self.dead:
+        if mode == MODE_FULL and self.dead and (apply_fn := adapted.apply_fn) is not None:  # dead: apply exists
             inputs = get_inputs(adapted.experiment, batch)
-            tel["dead_fraction"] = finite_or_minus_one(dead_fractions(relu_outputs(adapted.apply_fn, p0, inputs)))
+            tel["dead_fraction"] = finite_or_minus_one(dead_fractions(relu_outputs(apply_fn, p0, inputs)))
         return new_state, {**metrics, "telemetry": tel}
 
     # ------------------------------------------------------------------ host side
     def mode_for(self, i: int) -> int:
-        """The static mode for step index ``i`` (0-based): bare, norms, or full (norms + dead ReLUs)."""
+        """The static mode for step index ``i`` (0-based): bare, norms, or full (norms + dead ReLUs). Host-side (a
+        Python int, passed to :meth:`step` as a static mode); not jit-safe."""
         if self.dead and i % self.dead_every == 0:
             return MODE_FULL
         return MODE_NORMS if i % self.every == 0 else MODE_BARE
@@ -356,23 +356,24 @@ class Monitor:
         order = list(range(len(pairs)))
         floats = lambda t: [x for x in jax.tree_util.tree_leaves(t) if is_inexact(x)]
         try:
-            if adapted.apply_fn is not None:
-                fn = lambda leaves, x: adapted.apply_fn(_rebuild(params, leaves), x)
+            if (apply_fn := adapted.apply_fn) is not None:
+                fn = lambda leaves, x: apply_fn(_rebuild(params, leaves), x)
                 order = depth_order(fn, floats(params), get_inputs(adapted.experiment, batch))
-            elif adapted.loss_fn is not None:
-                fn = lambda leaves, b: adapted.loss_fn(_rebuild(params, leaves), b)
+            elif (loss_fn := adapted.loss_fn) is not None:
+                fn = lambda leaves, b: loss_fn(_rebuild(params, leaves), b)
                 order = depth_order(fn, floats(params), batch)
         except Exception:  # ordering is a nicety: fall back to tree order
             pass
         h.depth = order
-        if self.dead:
+        if self.dead and (labelled := adapted.apply_fn) is not None:  # self.dead implies an apply handle
             try:
-                h.relu_labels = relu_labels(adapted.apply_fn, params, get_inputs(adapted.experiment, batch))
+                h.relu_labels = relu_labels(labelled, params, get_inputs(adapted.experiment, batch))
             except Exception:  # labels are a nicety: the plot falls back to "ReLU #j"
                 h.relu_labels = []
 
     def record(self, i: int, metrics: dict, state: PyTree = None, batch: PyTree = None) -> None:
-        """Queue step ``i``'s metrics (device arrays, no sync); pulls every ``log_every`` records."""
+        """Queue step ``i``'s metrics (device arrays, no sync); pulls every ``log_every`` records. Call it outside
+        jit (not jit-safe)."""
         if not self._layout_done and state is not None:
             self._layout(state, batch)
         self._pending.append((i, metrics))
@@ -443,7 +444,7 @@ class Monitor:
         return h
 
     def record_eval(self, step: int, loss: float, **metrics: float) -> None:
-        """Record an evaluation made after ``step`` steps (host floats)."""
+        """Record an evaluation made after ``step`` steps (host floats). Not jit-safe."""
         h = self.history
         h.eval_steps.append(int(step))
         h.eval_loss.append(float(loss))
@@ -453,7 +454,7 @@ class Monitor:
             write_scalars(self.writer, [{"kind": "eval", "step": int(step), "loss": float(loss), **metrics}])
 
     def check(self, **thresholds: Any) -> list[Finding]:
-        """Pull, then run :func:`check_training` on the history."""
+        """Pull, then run :func:`jaxsane.check_training` on the history. Not jit-safe."""
         return check_training(self.pull(), **thresholds)
 
 

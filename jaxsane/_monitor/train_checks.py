@@ -8,6 +8,7 @@ AUTOTRAINER (ICSE 2021) and DeepDiagnosis (ICSE 2022) where those publish one. H
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -80,8 +81,37 @@ def check_training(
     Returns:
       A list of :class:`Finding` (empty for a healthy run). Not jit-safe (host numpy).
     """
+    history = _as_history(history)
+    limits = TrainThresholds(
+        min_steps=min_steps,
+        diverge_factor=diverge_factor,
+        plateau_rel=plateau_rel,
+        oscillation_rel=oscillation_rel,
+        oscillation_trend=oscillation_trend,
+        update_ratio_low=update_ratio_low,
+        update_ratio_high=update_ratio_high,
+        vanishing_ratio=vanishing_ratio,
+        vanishing_first=vanishing_first,
+        exploding_ratio=exploding_ratio,
+        grad_growth=grad_growth,
+        dead_fraction=dead_fraction,
+        overfit_rise=overfit_rise,
+        min_evals=min_evals,
+    )
+    out = _check_loss(history, limits)
+    out += _check_update_ratio(history, limits.update_ratio_low, limits.update_ratio_high)
+    out += _check_gradients(
+        history, limits.vanishing_ratio, limits.vanishing_first, limits.exploding_ratio, limits.grad_growth
+    )
+    out += _check_dead(history, limits.dead_fraction)
+    out += _check_overfitting(history, limits.overfit_rise, limits.min_evals)
+    return out
+
+
+def _as_history(history: object) -> History:
+    """``history`` itself, or a :class:`History` rebuilt from ``History.to_dict()`` (e.g. read back from JSON)."""
     if isinstance(history, Mapping):
-        history = History.from_dict(history)  # e.g. History.to_dict() read back from JSON
+        history = History.from_dict(dict(history))  # e.g. History.to_dict() read back from JSON
     if not isinstance(history, History):
         raise fail(
             "check_training",
@@ -99,105 +129,135 @@ def check_training(
             cause=f"history.steps has {len(history.steps)} entries but history.loss {len(history.loss)}",
             fix="record each step's index and loss together (Monitor.record)",
         )
-    require_int("check_training", "min_steps", min_steps, min=1)
-    require_int("check_training", "min_evals", min_evals, min=1)
-    for _name, _v in (
-        ("diverge_factor", diverge_factor),
-        ("plateau_rel", plateau_rel),
-        ("oscillation_rel", oscillation_rel),
-        ("oscillation_trend", oscillation_trend),
-        ("update_ratio_low", update_ratio_low),
-        ("update_ratio_high", update_ratio_high),
-        ("vanishing_ratio", vanishing_ratio),
-        ("vanishing_first", vanishing_first),
-        ("exploding_ratio", exploding_ratio),
-        ("grad_growth", grad_growth),
-        ("dead_fraction", dead_fraction),
-        ("overfit_rise", overfit_rise),
-    ):
-        require_float("check_training", _name, _v, min=0.0)
-    out: list[Finding] = []
-    loss = np.asarray(history.loss, dtype=np.float64)
-    steps = list(history.steps)
+    return history
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainThresholds:
+    """The thresholds of :func:`jaxsane.check_training`, with its documented defaults (AUTOTRAINER, ICSE 2021;
+    DeepDiagnosis, ICSE 2022, where they publish one); each field is the keyword argument of the same name.
+    Built once per call, after the history is checked; a value out of range raises
+    :class:`~jaxsane.ArgumentError`. Host-side only."""
+
+    min_steps: int = 10  # loss rules need this many recorded steps
+    diverge_factor: float = 2.0  # train.diverging: last window's median loss over the first's
+    plateau_rel: float = 0.01  # train.plateau: the loss fell by less than this fraction of its start
+    oscillation_rel: float = 0.25  # train.oscillating: spread around the moving median over the start ...
+    oscillation_trend: float = 0.1  # ... while the second half fell by less than this fraction
+    update_ratio_low: float = 1e-5  # train.update_ratio band (DeepDiagnosis: [1e-5, 1e-1])
+    update_ratio_high: float = 1e-1
+    vanishing_ratio: float = 1e-3  # train.vanishing_grads: |g_first|/|g_last| below this (AUTOTRAINER) ...
+    vanishing_first: float = 1e-4  # ... and |g_first| below this
+    exploding_ratio: float = 70.0  # train.exploding_grads: |g_first|/|g_last| above this (AUTOTRAINER) ...
+    grad_growth: float = 1e3  # ... or the total gradient norm grew by this factor
+    dead_fraction: float = 0.7  # train.dead_units: a ReLU site's median inactive fraction (AUTOTRAINER)
+    overfit_rise: float = 0.2  # train.overfitting: latest eval loss this fraction above its best
+    min_evals: int = 3  # the overfitting rule needs this many evaluations
+
+    def __post_init__(self) -> None:
+        require_int("check_training", "min_steps", self.min_steps, min=1)
+        require_int("check_training", "min_evals", self.min_evals, min=1)
+        for field in dataclasses.fields(self):
+            if field.name not in ("min_steps", "min_evals"):
+                require_float("check_training", field.name, getattr(self, field.name), min=0.0)
+
+
+def _check_loss(h: History, t: TrainThresholds) -> list[Finding]:
+    """``train.diverging`` or ``train.plateau`` from the first and last windows of the finite losses, then
+    ``train.oscillating`` over the second half of a run that does not diverge."""
+    loss = np.asarray(h.loss, dtype=np.float64)
+    n = loss.size
+    values = loss[np.isfinite(loss)]  # a step that reports no loss records NaN: loss rules judge finite values only
+    if not (n >= t.min_steps and values.size):
+        return []
+    kf = _window(values.size)
+    start, end = _median(values[:kf]), _median(values[-kf:])
+    out = _loss_trend(loss, list(h.steps), start, end, t)
+    diverging = any(f.code == "train.diverging" for f in out)
+    if not diverging and values.size >= t.min_steps and n >= 2 * t.min_steps:
+        out += _check_oscillation(loss, list(h.steps), start, t)
+    return out
+
+
+def _loss_trend(loss: np.ndarray, steps: list, start: float, end: float, t: TrainThresholds) -> list[Finding]:
+    """``train.diverging`` (went non-finite, or rose ``diverge_factor``-fold) or ``train.plateau``; ``start``
+    and ``end`` are the medians of the first and last windows of the finite losses."""
     n = loss.size
     finite = np.isfinite(loss)
-    values = loss[finite]  # a step that reports no loss records NaN: loss rules judge finite values only
-    diverging = False
-    if n >= min_steps and values.size:
-        k = _window(n)
-        kf = _window(values.size)
-        start, end = _median(values[:kf]), _median(values[-kf:])
-        went_nonfinite = not finite[-k:].any()  # finite earlier, nothing finite in the last window
-        if went_nonfinite:
-            first_bad = int(np.flatnonzero(finite)[-1]) + 1
-            diverging = True
-            out.append(
-                Finding(
-                    "train.diverging",
-                    f"the train loss went non-finite: finite from {start:.4g} (median of the first {kf} finite steps) "
-                    f"to {values[-1]:.4g}, then {loss[first_bad]:.4g} from step {steps[first_bad]} to the end of the "
-                    f"{n} steps",
-                    "run the step under jaxsane.guard to catch the first non-finite value and its line; lower the "
-                    "learning rate (try 10x smaller); add gradient clipping (optax.clip_by_global_norm)",
-                    step=steps[first_bad],
-                    extra={"start": start, "end": float(loss[-1]), "nonfinite_from": steps[first_bad]},
-                )
+    values = loss[finite]
+    k = _window(n)
+    kf = _window(values.size)
+    went_nonfinite = not finite[-k:].any()  # finite earlier, nothing finite in the last window
+    if went_nonfinite:
+        first_bad = int(np.flatnonzero(finite)[-1]) + 1
+        return [
+            Finding(
+                "train.diverging",
+                f"the train loss went non-finite: finite from {start:.4g} (median of the first {kf} finite steps) "
+                f"to {values[-1]:.4g}, then {loss[first_bad]:.4g} from step {steps[first_bad]} to the end of the "
+                f"{n} steps",
+                "run the step under jaxsane.guard to catch the first non-finite value and its line; lower the "
+                "learning rate (try 10x smaller); add gradient clipping (optax.clip_by_global_norm)",
+                step=steps[first_bad],
+                extra={"start": start, "end": float(loss[-1]), "nonfinite_from": steps[first_bad]},
             )
-        elif values.size < min_steps:
-            pass  # too few finite losses to judge a trend
-        elif end > diverge_factor * max(start, 1e-12) and end > start:
-            diverging = True
-            out.append(
-                Finding(
-                    "train.diverging",
-                    f"the train loss rose from {start:.4g} (median of the first {kf} steps) to "
-                    f"{end:.4g} (median of the last {kf}) over {n} steps",
-                    "lower the learning rate (try 10x smaller); check the update's sign (params - lr * grad, "
-                    "optax.apply_updates with the optimizer's updates, not + grads); add gradient clipping "
-                    "(optax.clip_by_global_norm)",
-                    step=steps[-1],
-                    extra={"start": start, "end": end, "factor": diverge_factor},
-                )
+        ]
+    if values.size < t.min_steps:
+        return []  # too few finite losses to judge a trend
+    if end > t.diverge_factor * max(start, 1e-12) and end > start:
+        return [
+            Finding(
+                "train.diverging",
+                f"the train loss rose from {start:.4g} (median of the first {kf} steps) to "
+                f"{end:.4g} (median of the last {kf}) over {n} steps",
+                "lower the learning rate (try 10x smaller); check the update's sign (params - lr * grad, "
+                "optax.apply_updates with the optimizer's updates, not + grads); add gradient clipping "
+                "(optax.clip_by_global_norm)",
+                step=steps[-1],
+                extra={"start": start, "end": end, "factor": t.diverge_factor},
             )
-        elif abs(start - end) < plateau_rel * abs(start) + 1e-12:
-            out.append(
-                Finding(
-                    "train.plateau",
-                    f"the train loss stayed flat over {n} steps: {start:.4g} -> {end:.4g} "
-                    f"(less than {plateau_rel:.0%} change); the model is not learning (underfitting)",
-                    "check that the learning rate is not 0 or far too small, that the parameters are not frozen "
-                    "(stop_gradient, an optax.set_to_zero/masked transform) and that the update is applied to "
-                    "the state the step returns",
-                    step=steps[-1],
-                    extra={"start": start, "end": end},
-                )
+        ]
+    if abs(start - end) < t.plateau_rel * abs(start) + 1e-12:
+        return [
+            Finding(
+                "train.plateau",
+                f"the train loss stayed flat over {n} steps: {start:.4g} -> {end:.4g} "
+                f"(less than {t.plateau_rel:.0%} change); the model is not learning (underfitting)",
+                "check that the learning rate is not 0 or far too small, that the parameters are not frozen "
+                "(stop_gradient, an optax.set_to_zero/masked transform) and that the update is applied to "
+                "the state the step returns",
+                step=steps[-1],
+                extra={"start": start, "end": end},
             )
-        if not diverging and values.size >= min_steps and n >= 2 * min_steps:
-            half = loss[n // 2 :]
-            half = half[np.isfinite(half)]
-            if half.size >= min_steps:
-                w = max(3, half.size // 5) | 1
-                pad = np.pad(half, (w // 2, w // 2), mode="edge")
-                moving = np.array([np.median(pad[i : i + w]) for i in range(half.size)])
-                spread = _median(np.abs(half - moving)) * 1.4826
-                k2 = _window(half.size)
-                h0, h1 = _median(half[:k2]), _median(half[-k2:])
-                if spread > oscillation_rel * abs(start) and (h0 - h1) < oscillation_trend * abs(h0):
-                    out.append(
-                        Finding(
-                            "train.oscillating",
-                            f"the train loss oscillates without trend over the second half of the run: spread "
-                            f"{spread:.3g} around its moving median (start {start:.3g}), {h0:.3g} -> {h1:.3g}",
-                            "lower the learning rate or add a warmup/decay schedule; if the batch is tiny, increase it",
-                            step=steps[-1],
-                            extra={"spread": spread},
-                        )
-                    )
-    out += _check_update_ratio(history, update_ratio_low, update_ratio_high)
-    out += _check_gradients(history, vanishing_ratio, vanishing_first, exploding_ratio, grad_growth)
-    out += _check_dead(history, dead_fraction)
-    out += _check_overfitting(history, overfit_rise, min_evals)
-    return out
+        ]
+    return []
+
+
+def _check_oscillation(loss: np.ndarray, steps: list, start: float, t: TrainThresholds) -> list[Finding]:
+    """``train.oscillating``: over the second half, the loss's robust spread around its moving median exceeds
+    ``oscillation_rel`` of the starting loss while it fell by less than ``oscillation_trend``."""
+    half = loss[loss.size // 2 :]
+    half = half[np.isfinite(half)]
+    if half.size < t.min_steps:
+        return []
+    w = max(3, half.size // 5) | 1
+    pad = np.pad(half, (w // 2, w // 2), mode="edge")
+    moving = np.array([np.median(pad[i : i + w]) for i in range(half.size)])
+    spread = _median(np.abs(half - moving)) * 1.4826
+    k2 = _window(half.size)
+    h0, h1 = _median(half[:k2]), _median(half[-k2:])
+    if not (spread > t.oscillation_rel * abs(start) and (h0 - h1) < t.oscillation_trend * abs(h0)):
+        return []
+    return [
+        Finding(
+            "train.oscillating",
+            f"the train loss oscillates without trend over the second half of the run: spread "
+            f"{spread:.3g} around its moving median (start {start:.3g}), {h0:.3g} -> {h1:.3g}",
+            "lower the learning rate or add a warmup/decay schedule; if the batch is tiny, increase it",
+            step=steps[-1],
+            extra={"spread": spread},
+        )
+    ]
 
 
 ZERO_INIT_GROWTH = 0.01  # a leaf whose norm grew over 100x during the run started from (near) zero

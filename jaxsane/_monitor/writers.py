@@ -3,7 +3,8 @@
 A writer is any object with clu's metric-writer protocol: ``write_scalars(step: int, scalars:
 dict[str, float])`` and, optionally, ``flush()`` (so ``clu.metric_writers`` writers, a TensorBoard adapter
 or a user's own wandb shim plug in). jaxsane depends on neither clu nor tensorflow: it only calls those
-two methods. Tags: ``train/<metric>``, ``eval/<metric>``, ``grad_norm/<leaf path>``. Host-side only.
+two methods. Tags: ``train/<metric>``, ``eval/<metric>``, ``grad_norm/<leaf path>``. Host-side only, not
+jit-safe.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Every configuration (seed x learning rate x init scale, plus one constant-input baseline) is a
 slice of a ``jax.vmap``-ed train state; the steps run in a ``lax.scan`` of ``chunk`` steps inside a
 ``lax.while_loop`` that stops once every real configuration has reached the target (the engine is
-in ``_sweep.py``). The whole sweep is traced and compiled once, runs without any host round trip
+in ``sweep.py``). The whole sweep is traced and compiled once, runs without any host round trip
 between chunks, and works on CPU, GPU or TPU alike. It is Karpathy's "overfit one batch" sanity
-check ("A Recipe for Training Neural Networks"), run for a whole grid at once.
+check ("A Recipe for Training Neural Networks"), run for a whole grid at once. This module plans the sweep
+(arguments, configurations, the loss step) and runs it; not jit-safe (it compiles and runs its own program).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from .._core.errors import DataError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, leaf_selector as _selector, scale_selected as _scale_params
 from .._core.validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
-from .._experiment.batches import first_batch, slice_examples
+from .._experiment.batches import count_examples, first_batch, slice_examples
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
 from .._render.progress import Progress
 from .result import OverfitConfig, OverfitResult
 from .setup import (
+    HostPrepare,
     accuracy_fn,
     budget_seeds,
     constant_input_batch,
@@ -39,8 +41,17 @@ from .setup import (
     learning_rate_paths,
     set_learning_rate,
 )
-from .sweep import SweepSpec, compile_sweep, default_groups, group_layout, run_sweep, stack_states
-from .verdict import batch_ceiling, judge, normalised_outputs, targets_follow_inputs
+from .sweep import (
+    SweepOutput,
+    SweepSpec,
+    TraceCount,
+    compile_sweep,
+    default_groups,
+    group_layout,
+    run_sweep,
+    stack_states,
+)
+from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_follow_inputs
 
 # ----------------------------------------------------------------------------- the sweep
 
@@ -181,6 +192,93 @@ def plan_overfit(
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
     Not jit-safe."""
+    _check_arguments(
+        experiment,
+        seeds=seeds,
+        learning_rates=learning_rates,
+        init_scales=init_scales,
+        steps=steps,
+        chunk=chunk,
+        batch_size=batch_size,
+        groups=groups,
+        target=target,
+        target_accuracy=target_accuracy,
+        ignores_input_ratio=ignores_input_ratio,
+        baseline=baseline,
+        early_exit=early_exit,
+        progress=progress,
+        scale_leaves=scale_leaves,
+    )
+    adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
+    exp = adapted.experiment
+    if not 0 < target < 1:
+        raise JaxsaneError(f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}.")
+    if steps < 1 or chunk < 1:
+        raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
+    if batch is None:
+        batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
+    batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
+    n_examples = count_examples(exp, batch)
+    scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
+    if not scales:
+        raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
+    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps)
+    const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
+    one_step = _loss_step(adapted, grid.step_reports_loss)
+    accuracy = accuracy_fn(adapted, adapted.params(grid.example), batch)
+    ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
+    if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
+        target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
+    select = _selector(scale_leaves)
+    host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
+    spec = SweepSpec(
+        one_step,
+        None if host_plan is not None else _in_program_prepare(adapted, select, grid.lr_paths),
+        None if accuracy is None else _on_state(adapted, accuracy),
+        chunk=chunk,
+        n_chunks=max(1, math.ceil(steps / chunk)),
+        target=target,
+        target_accuracy=target_accuracy,
+    )
+    n_groups = default_groups(grid.n_real) if groups is None else int(groups)
+    if n_groups < 1:
+        raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
+    n_real, configs = grid.n_real, grid.configs
+    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
+    sweep = _Sweep(
+        adapted,
+        grid,
+        batch,
+        const_batch,
+        spec,
+        layout,
+        host_plan,
+        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None),
+        early_exit=early_exit,
+        progress=progress,
+    )
+    return OverfitPlan(sweep.compile, sweep.run)
+
+
+def _check_arguments(
+    experiment: Any,
+    *,
+    seeds: Any,
+    learning_rates: Any,
+    init_scales: Any,
+    steps: Any,
+    chunk: Any,
+    batch_size: Any,
+    groups: Any,
+    target: Any,
+    target_accuracy: Any,
+    ignores_input_ratio: Any,
+    baseline: Any,
+    early_exit: Any,
+    progress: Any,
+    scale_leaves: Any,
+) -> None:
+    """Raise the :class:`~jaxsane.ArgumentError` of a bad argument of :func:`jaxsane.overfit`, before any work."""
     fn = "overfit"
     require_experiment(fn, experiment)
     if seeds is not None:
@@ -198,183 +296,241 @@ def plan_overfit(
     require_bool(fn, "early_exit", early_exit)
     require_bool(fn, "progress", progress)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
-    adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
-    exp = adapted.experiment
-    if not 0 < target < 1:
-        raise JaxsaneError(f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}.")
-    if steps < 1 or chunk < 1:
-        raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
-    if batch is None:
-        batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
-    batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
-    from .._experiment.batches import count_examples
 
-    n_examples = count_examples(exp, batch)
-    scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
-    if not scales:
-        raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
 
-    example = adapted.example_state
-    findings: list[Finding] = []
-    step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
-    if seeds is None:  # as many as the model's size affords
-        seeds, budget = budget_seeds(step_jaxpr, steps)
-        findings += [budget] if budget is not None else []
-    seed_list = _as_seeds(seeds)
-    lr_paths = set(learning_rate_paths(example))
-    default_lr = current_learning_rate(example) if lr_paths else None
-    if lr_paths:
-        lrs = (
-            [default_lr * m for m in (0.1, 1.0, 10.0)] if learning_rates is None else [float(x) for x in learning_rates]
-        )
-    else:
-        lrs = [None]
-        findings.append(
-            Finding(
-                "overfit.no_lr_sweep",
-                "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
-                "'learning_rate'"
-                + (f" (asked for {list(learning_rates)})" if learning_rates else "")
-                + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
-                "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can set "
-                "the rate per configuration",
+@dataclasses.dataclass
+class _Grid:
+    """The configurations of the sweep (seed x learning rate x init scale, then the baseline if any), what
+    the step reports, where the optimizer state holds its injectable learning rate, and the findings of
+    the setup (``overfit.budget``, ``overfit.no_lr_sweep``)."""
+
+    example: PyTree  # one pure state: the abstract shapes of every configuration's
+    step_reports_loss: bool
+    seed_list: list[int]
+    lr_paths: set
+    default_lr: float | None
+    configs: list[OverfitConfig]
+    findings: list[Finding]
+
+    @property
+    def n_real(self) -> int:
+        return sum(not c.baseline for c in self.configs)
+
+    @classmethod
+    def build(
+        cls,
+        adapted: PureExperiment,
+        batch: PyTree,
+        seeds: int | Sequence[int] | None,
+        learning_rates: Sequence[float] | None,
+        scales: list[float],
+        steps: int,
+    ) -> _Grid:
+        example = adapted.example_state
+        findings: list[Finding] = []
+        step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
+        if seeds is None:  # as many as the model's size affords
+            seeds, budget = budget_seeds(step_jaxpr, steps)
+            findings += [budget] if budget is not None else []
+        seed_list = _as_seeds(seeds)
+        lr_paths = set(learning_rate_paths(example))
+        default_lr = current_learning_rate(example) if lr_paths else None
+        lrs: list[float | None]
+        if default_lr is not None:  # found exactly when lr_paths is not empty
+            lrs = (
+                [default_lr * m for m in (0.1, 1.0, 10.0)]
+                if learning_rates is None
+                else [float(x) for x in learning_rates]
             )
-        )
+        else:
+            lrs = [None]
+            findings.append(
+                Finding(
+                    "overfit.no_lr_sweep",
+                    "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
+                    "'learning_rate'"
+                    + (f" (asked for {list(learning_rates)})" if learning_rates else "")
+                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
+                    "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can "
+                    "set the rate per configuration",
+                )
+            )
+        configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
+        reports = "loss" in metrics_shape
+        return cls(example, reports, seed_list, lr_paths, default_lr, configs, findings)
 
-    configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
-    n_real = len(configs)
-    const_batch, baseline_reason = None, None
-    if baseline:
-        try:
-            const_batch = constant_input_batch(exp, batch)
-        except DataError:
-            const_batch = None
-        if const_batch is not None:
-            baseline_reason = targets_follow_inputs(exp, batch, const_batch)
-            if baseline_reason is not None:
-                const_batch = None
-        if const_batch is not None:
-            configs.append(OverfitConfig(seed_list[0], default_lr, 1.0, baseline=True))
 
-    # -- what the loss is: the step's reported loss, else Experiment.loss on the params before the step
-    step_reports_loss = "loss" in metrics_shape
+def _add_baseline(grid: _Grid, exp: Experiment, batch: PyTree) -> tuple[PyTree | None, str | None]:
+    """``(constant-input batch, None)`` with the baseline configuration added to ``grid``, or ``(None, why
+    not)`` when the targets follow the inputs (``(None, None)`` when the inputs cannot be replaced)."""
+    try:
+        const_batch = constant_input_batch(exp, batch)
+    except DataError:
+        return None, None
+    baseline_reason = targets_follow_inputs(exp, batch, const_batch)
+    if baseline_reason is not None:
+        return None, baseline_reason
+    grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
+    return const_batch, None
+
+
+def _loss_step(adapted: PureExperiment, step_reports_loss: bool) -> Callable[[PyTree, PyTree], tuple[PyTree, Any]]:
+    """``(state, batch) -> (state, loss)`` of one configuration: the loss the step reports, else
+    ``Experiment.loss`` on the parameters before the step. Jit-safe (it runs in the sweep program)."""
     loss_fn = adapted.loss_fn
     if not step_reports_loss and loss_fn is None:
         raise ExperimentError(
             "overfit needs a loss: the step's metrics have no 'loss' and the Experiment has no "
             "loss. Return {'loss': value} from the step or pass Experiment(loss=...)."
         )
-    accuracy = accuracy_fn(adapted, adapted.params(example), batch)
-    ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
-    if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
-        target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
-    select = _selector(scale_leaves)
-
-    host_plan = host_prepare_plan(adapted, example, select, lr_paths)
-
-    def prepare(state, lr, scale):  # in the compiled program, only when the host cannot do it
-        state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
-        return set_learning_rate(state, lr_paths, lr) if lr_paths else state
 
     def one_step(state, b):
         new_state, metrics = adapted.step(state, b)
         if step_reports_loss:
             loss = jnp.mean(jnp.asarray(metrics["loss"], jnp.float32))
         else:
+            assert loss_fn is not None  # checked above: a step without a loss needs Experiment.loss
             loss = jnp.asarray(loss_fn(adapted.params(state), b), jnp.float32)
         return new_state, loss
 
-    spec = SweepSpec(
-        one_step,
-        None if host_plan is not None else prepare,
-        None if accuracy is None else lambda s, b: accuracy(adapted.params(s), b),
-        chunk=chunk,
-        n_chunks=max(1, math.ceil(steps / chunk)),
-        target=target,
-        target_accuracy=target_accuracy,
-    )
-    n_groups = default_groups(n_real) if groups is None else int(groups)
-    if n_groups < 1:
-        raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
-    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
-    seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
-    lr_values = np.asarray([np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32)
-    scale_values = np.asarray([c.init_scale for c in configs], np.float32)
-    treedef = jax.tree_util.tree_structure(example)
+    return one_step
 
-    per_seed: list[list[Any]] = []
 
-    def build_states(rows: np.ndarray):
+def _in_program_prepare(adapted: PureExperiment, select: Callable[[str], bool], lr_paths: set) -> Callable:
+    """``(state, lr, scale) -> state`` that the compiled program applies when the host cannot. Jit-safe."""
+
+    def prepare(state, lr, scale):  # in the compiled program, only when the host cannot do it
+        state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
+        return set_learning_rate(state, lr_paths, lr) if lr_paths else state
+
+    return prepare
+
+
+def _on_state(adapted: PureExperiment, accuracy: Callable) -> Callable:
+    """``(state, batch) -> accuracy`` of the parameters in ``state``. Jit-safe."""
+    return lambda s, b: accuracy(adapted.params(s), b)
+
+
+class _Judging(NamedTuple):
+    """What the verdict needs besides the curves."""
+
+    ceiling: Ceiling | None
+    baseline_reason: str | None
+    ignores_input_ratio: float
+    n_examples: int
+    measures_accuracy: bool
+
+
+@dataclasses.dataclass
+class _Sweep:
+    """A planned sweep: the configurations, the spec and layout of the compiled program, and how to build
+    the stacked initial states (one pure state per seed, built once). :meth:`compile` and :meth:`run` are
+    the :class:`OverfitPlan`'s."""
+
+    adapted: PureExperiment
+    grid: _Grid
+    batch: PyTree
+    const_batch: PyTree | None
+    spec: SweepSpec
+    layout: Any
+    host_plan: HostPrepare | None
+    judging: _Judging
+    early_exit: bool
+    progress: bool
+    traces: TraceCount = dataclasses.field(default_factory=TraceCount)
+    per_seed: list[list[Any]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        configs, seed_list = self.grid.configs, self.grid.seed_list
+        self.seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
+        self.lr_values = np.asarray(
+            [np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32
+        )
+        self.scale_values = np.asarray([c.init_scale for c in configs], np.float32)
+        self.treedef: Any = jax.tree_util.tree_structure(self.grid.example)  # jaxlib ships no PyTreeDef stub
+
+    def batch_for(self, c: int) -> PyTree:
+        return self.const_batch if self.grid.configs[c].baseline else self.batch
+
+    def build_states(self, rows: np.ndarray) -> PyTree:
         # one pure state per seed, built on the host (NNX init builds objects: not vmappable), once; stacked
         # leaf by leaf under the example's treedef (static metadata such as a linen TrainState's tx may differ
         # by identity between init calls)
-        if not per_seed:
-            per_seed.extend(jax.tree_util.tree_leaves(adapted.init(jax.random.key(s))) for s in seed_list)
-        if any(len(leaves) != treedef.num_leaves for leaves in per_seed):
+        if not self.per_seed:
+            self.per_seed.extend(
+                jax.tree_util.tree_leaves(self.adapted.init(jax.random.key(s))) for s in self.grid.seed_list
+            )
+        if any(len(leaves) != self.treedef.num_leaves for leaves in self.per_seed):
             raise ExperimentError(
                 "init(key) returns states of different structure for different seeds; overfit "
                 "stacks one state per seed, so init must build the same pytree for every key."
             )
-        states = stack_states(per_seed, treedef, seed_index[rows])
-        return states if host_plan is None else host_plan.apply(states, lr_values[rows], scale_values[rows])
+        states = stack_states(self.per_seed, self.treedef, self.seed_index[rows])
+        if self.host_plan is None:
+            return states
+        return self.host_plan.apply(states, self.lr_values[rows], self.scale_values[rows])
 
-    traces = [0]
-    batch_for = lambda c: const_batch if configs[c].baseline else batch  # noqa: E731
+    def compile(self) -> tuple[Any, float]:
+        return compile_sweep(
+            self.spec, self.layout, example_state=self.grid.example, batch_for=self.batch_for, traces=self.traces
+        )
 
-    def compile_now() -> tuple[Any, float]:
-        return compile_sweep(spec, layout, example_state=example, batch_for=batch_for, traces=traces)
-
-    def run(precompiled: Any = None) -> OverfitResult:
-        with warnings.catch_warnings(), Progress(progress, "overfit") as show:
+    def run(self, precompiled: Any = None) -> OverfitResult:
+        configs, n_real = self.grid.configs, self.grid.n_real
+        with warnings.catch_warnings(), Progress(self.progress, "overfit") as show:
             warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
             out = run_sweep(
-                spec,
-                layout,
-                build_states=build_states,
-                example_state=example,
-                batch_for=batch_for,
-                lrs=lr_values,
-                scales=scale_values,
+                self.spec,
+                self.layout,
+                build_states=self.build_states,
+                example_state=self.grid.example,
+                batch_for=self.batch_for,
+                lrs=self.lr_values,
+                scales=self.scale_values,
                 real=np.asarray([not c.baseline for c in configs]),
-                early_exit=early_exit,
-                traces=traces,
+                early_exit=self.early_exit,
+                traces=self.traces,
                 say=show.say,
                 precompiled=precompiled,
             )
             show.say(
                 f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in {out.steps_run} steps"
             )
-        losses, reached_at, steps_run = out.losses, out.reached_at, out.steps_run
-        acc_np = out.accuracy if accuracy is not None else None
-        reached = reached_at >= 0
-        result = OverfitResult(
-            tuple(configs),
-            losses,
-            acc_np,
-            reached,
-            reached_at,
+        return self.judged(self.result_of(out))
+
+    def result_of(self, out: SweepOutput) -> OverfitResult:
+        """The sweep's curves as an :class:`OverfitResult`, not judged yet."""
+        spec, judging = self.spec, self.judging
+        return OverfitResult(
+            tuple(self.grid.configs),
+            out.losses,
+            out.accuracy if judging.measures_accuracy else None,
+            out.reached_at >= 0,
+            out.reached_at,
             (),
             (),
-            target,
-            target_accuracy if accuracy is not None else None,
-            steps_run,
-            spec.n_chunks * chunk,
-            traces[0],
+            spec.target,
+            spec.target_accuracy if judging.measures_accuracy else None,
+            out.steps_run,
+            spec.n_chunks * spec.chunk,
+            self.traces.count,
             out.seconds,
-            bool(lr_paths),
-            n_examples,
+            bool(self.grid.lr_paths),
+            judging.n_examples,
             out.compile_seconds,
-            layout.groups,
+            self.layout.groups,
         )
-        params, inputs = adapted.params(example), inputs_or_none(exp, batch)
+
+    def judged(self, result: OverfitResult) -> OverfitResult:
+        """``result`` with its verdicts and findings (the setup's, then the verdict's)."""
+        adapted, judging = self.adapted, self.judging
+        params, inputs = adapted.params(self.grid.example), inputs_or_none(adapted.experiment, self.batch)
         verdicts, judged = judge(
             result,
-            ceiling=ceiling,
-            baseline_reason=baseline_reason,
+            ceiling=judging.ceiling,
+            baseline_reason=judging.baseline_reason,
             normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
-            ignores_input_ratio=ignores_input_ratio,
+            ignores_input_ratio=judging.ignores_input_ratio,
         )
         result = dataclasses.replace(result, verdicts=verdicts)
-        return dataclasses.replace(result, findings=(*findings, *judged))
-
-    return OverfitPlan(compile_now, run)
+        return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

@@ -44,7 +44,7 @@ class OverfitResult:
       verdicts: per configuration ``"fits"`` (reached the target), ``"floor"`` (converged to a floor above
         0 after falling by at least half), ``"high_floor"``, ``"unsettled"`` (still falling), ``"fails"``
         (hardly moved), ``"unbounded"`` (falls without bound below 0), ``"diverged"`` or ``"baseline"``
-        (see ``jaxsane._overfit.verdict``).
+        (see ``_overfit/verdict.py``).
       findings: ``overfit.failed``, ``overfit.unsettled``, ``overfit.floor``, ``model.ignores_input``,
         ``overfit.best``, ``overfit.no_lr_sweep``.
       target: the loss target as a fraction of each configuration's initial loss.
@@ -114,7 +114,7 @@ class OverfitResult:
 
     # -- rendering
     def table(self) -> str:
-        """A plain-text table, one row per configuration."""
+        """A plain-text table, one row per configuration. Host-side, not jit-safe."""
         head = ["#", "seed", "lr", "scale", "input", "loss[0]", "loss[-1]", "ratio", "acc", "reached@", "verdict"]
         rows = []
         for i, c in enumerate(self.configs):
@@ -168,7 +168,7 @@ class OverfitResult:
         return overfit_html(self)
 
     def plot(self, ax: Any = None):
-        """Loss against step for every configuration (log scale); returns the matplotlib Figure.
+        """Loss against step for every configuration (log scale); returns the matplotlib Figure. Not jit-safe.
 
         Curves are coloured by learning rate (a sequential colormap, low to high; the optimizer's own
         rate in black), dashed when the init scale is not 1; the default configuration (the optimizer's

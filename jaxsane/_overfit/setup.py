@@ -158,7 +158,7 @@ class HostPrepare:
 
     def apply(self, states: PyTree, lrs: np.ndarray, scales: np.ndarray) -> PyTree:
         """``states`` (leaves stacked ``[rows, ...]``) with row ``r`` scaled by ``scales[r]`` and its rate
-        set to ``lrs[r]`` (NaN: kept). Not jit-safe (numpy, as :func:`~jaxsane._core.tree.scale_selected` and
+        set to ``lrs[r]`` (NaN: kept). Not jit-safe (numpy, as ``scale_selected`` in ``_core/tree.py`` and
         :func:`set_learning_rate` compute it in a program)."""
         leaves, treedef = jax.tree_util.tree_flatten(states)
         for i in self.scaled:

@@ -13,7 +13,7 @@ stopped, so every configuration runs exactly the steps a single vmapped program 
 
 The program is traced and compiled once, in a background thread, while the host builds the
 per-seed initial states (or earlier: :func:`compile_sweep` can be started ahead, as doctor does while
-its other stages run).
+its other stages run). :func:`sweep_program` is jit-safe (it is what gets jitted); the rest runs on the host.
 """
 
 from __future__ import annotations
@@ -35,13 +35,21 @@ from .._jaxpr.compile_level import compiler_options
 
 
 class Carry(NamedTuple):
-    """The ``while_loop`` carry of one group, also the program's input and output."""
+    """The ``while_loop`` carry of one group, also the program's input and output. Its leaves are jax arrays
+    in the program, numpy arrays when a run starts on the host, ``jax.ShapeDtypeStruct`` when compiling."""
 
-    chunks: jax.Array  # int32 []: chunks run so far
+    chunks: Any  # int32 []: chunks run so far
     states: PyTree  # [size, ...] train states
-    losses: jax.Array  # float32 [size, total]; NaN where not run yet
-    accuracy: jax.Array  # float32 [size]: per-example accuracy after the last chunk (0 when unmeasured)
-    reached_at: jax.Array  # int32 [size]: first step that met the target, -1 when never
+    losses: Any  # float32 [size, total]; NaN where not run yet
+    accuracy: Any  # float32 [size]: per-example accuracy after the last chunk (0 when unmeasured)
+    reached_at: Any  # int32 [size]: first step that met the target, -1 when never
+
+
+@dataclasses.dataclass
+class TraceCount:
+    """How many times the sweep program was traced, i.e. compiled (a Python side effect of tracing it)."""
+
+    count: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,17 +119,17 @@ class SweepSpec:
     target_accuracy: float
 
 
-def sweep_program(spec: SweepSpec, traces: list[int]) -> Callable:
+def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
     """The program of one group: ``run(carry, batches, lrs, scales, real, limit, early_exit) -> carry``.
 
     Runs chunks until ``limit`` chunks have run or, when ``early_exit``, every ``real`` slot has reached
-    the target. ``traces[0]`` counts traces (one per compile). Jit-safe (it is what gets jitted).
+    the target. ``traces`` counts traces (one per compile). Jit-safe (it is what gets jitted).
     """
     vstep = jax.vmap(spec.step)
     chunk = spec.chunk
 
     def run(carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
-        traces[0] += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
+        traces.count += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
         if spec.prepare is not None:
             carry = carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
 
@@ -184,10 +192,10 @@ def compile_sweep(
     *,
     example_state: PyTree,
     batch_for: Callable[[int], PyTree],
-    traces: list[int],
+    traces: TraceCount,
 ) -> tuple[Any, float]:
     """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
-    :func:`~jaxsane._jaxpr.compile_level.compiler_options` picks for its chunks) for the abstract shapes of
+    ``compiler_options`` in ``_jaxpr/compile_level.py`` picks for its chunks) for the abstract shapes of
     ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
     t = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -223,7 +231,7 @@ def run_sweep(
     scales: np.ndarray,
     real: np.ndarray,
     early_exit: bool,
-    traces: list[int],
+    traces: TraceCount,
     say: Callable[[str], None] = lambda message: None,
     precompiled: concurrent.futures.Future | None = None,
 ) -> SweepOutput:

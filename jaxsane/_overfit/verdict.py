@@ -206,147 +206,179 @@ def judge(
     already probabilities (:func:`normalised_outputs`); it runs (once) only when a verdict depends on it, as
     it runs the model. Not jit-safe."""
     normalised = functools.lru_cache(maxsize=1)(normalised)
-    losses, real = result.losses, result.real
     verdicts = tuple(
-        "baseline" if c.baseline else curve_verdict(losses[i], bool(result.reached[i]))
+        "baseline" if c.baseline else curve_verdict(result.losses[i], bool(result.reached[i]))
         for i, c in enumerate(result.configs)
     )
+    sweep = _Judged.of(result, verdicts, ceiling)
+    real = result.real
     fitting = [i for i in real if verdicts[i] in ("fits", "floor")]
-    best = best_configuration(result, verdicts)
-    cfg = result.configs[best]
     out: list[Finding] = []
-    accuracy = result.accuracy
-    acc_text = "" if accuracy is None else f", accuracy {accuracy[best]:.0%}"
-    ceiling_text = ""
-    if ceiling is not None and ceiling.ambiguous > 0:
-        ceiling_text = (
-            f"; the batch allows at most {ceiling.accuracy:.0%} accuracy and a cross-entropy of "
-            f"{ceiling.loss:.3g} ({ceiling.ambiguous:.0%} of its targets share their input"
-            + (" prefix" if ceiling.kind == "prefixes" else "")
-            + " with a different label)"
-        )
-    target_text = f"loss <= {result.target:g} x initial" + (
-        "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}"
-    )
-    curve = f"{cfg.label()} went from loss {losses[best, 0]:.4g} to {losses[best, -1]:.4g}{acc_text}"
-    fell_by_half = any(
-        losses[i, 0] > 0 and losses[i, -1] <= (1 - FLOOR_DROP) * losses[i, 0]
-        for i in real
-        if np.isfinite(losses[i, -1])
-    )
-    extra = {"best": best, "initial": float(losses[best, 0]), "final": float(losses[best, -1])}
-
-    def failed(message: str, hint: str) -> Finding:
-        return Finding("overfit.failed", message, hint, extra=extra)
-
-    if not fell_by_half and normalised():
+    if not sweep.fell_by_half() and normalised():
         fitting = []
         out.append(
-            failed(
+            sweep.failed(
                 f"the model's outputs are already probabilities (every row in [0, 1] and summing to 1), and the loss "
-                f"cannot fall: {curve}",
+                f"cannot fall: {sweep.curve}",
                 "return logits from the model (drop its final softmax/sigmoid) or use a loss that takes probabilities "
                 "(e.g. the negative log of the probability of the label), not one that applies softmax again",
             )
         )
     elif not fitting and len(real):
-        kinds = {verdicts[i] for i in real}
-        if kinds == {"diverged"}:
-            out.append(
-                failed(
-                    f"every one of {len(real)} configurations diverged (non-finite loss) on one batch "
-                    f"of {result.batch_size} examples",
-                    "lower the learning rate, check the loss for "
-                    "log(0) or division by zero; jaxsane.locate names the operation",
-                )
-            )
-        elif "unbounded" in kinds:
-            out.append(
-                failed(
-                    f"the loss falls without bound instead of fitting: {curve}",
-                    "a loss is minimised: "
-                    "check its sign (the negative of a cross-entropy or likelihood is maximised by "
-                    "descent), or a term that can grow without limit",
-                )
-            )
-        elif kinds & {"unsettled"} or (kinds & {"high_floor"} and accuracy is None):
-            out.append(
-                Finding(
-                    "overfit.unsettled",
-                    f"no configuration fits one batch of {result.batch_size} examples yet in {result.steps_run} "
-                    f"steps, but the loss is still falling or has settled where the sweep cannot judge it: {curve}"
-                    f"{ceiling_text}",
-                    "run overfit(..., steps=...) longer (or doctor -o overfit_steps=...); a loss that settles far "
-                    "above 0 points at a regulariser that dominates it, a too-small model, or a loss the outputs "
-                    "cannot reach",
-                    extra=extra,
-                )
-            )
-        else:
-            out.append(
-                failed(
-                    f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
-                    f"{result.steps_run} steps (target: {target_text}); best: {curve}{ceiling_text}",
-                    "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
-                    "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), "
-                    "that gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) "
-                    "or init scales",
-                )
-            )
-    b = result.baseline
+        out.append(sweep.none_fit())
     # outputs that are already probabilities fit no batch, real or constant: the baseline says nothing then
-    if b is not None and not fitting and len(real) and not normalised():
+    if result.baseline is not None and not fitting and len(real) and not normalised():
+        out += sweep.ignores_input(ignores_input_ratio)
+    if baseline_reason is not None:
+        out.append(Finding("doctor.skipped", f"model.ignores_input not judged: {baseline_reason}", ""))
+    if verdicts[sweep.best] == "floor":
+        out.append(sweep.floor())
+    out.append(sweep.best_finding(len(fitting)))
+    return verdicts, out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    """A sweep's curves with their verdicts and best configuration, and the texts its findings share."""
+
+    result: Any
+    verdicts: tuple[str, ...]
+    ceiling: Ceiling | None
+    best: int
+    curve: str  # the best configuration's curve, in words
+    acc_text: str
+    ceiling_text: str
+
+    @classmethod
+    def of(cls, result: Any, verdicts: tuple[str, ...], ceiling: Ceiling | None) -> _Judged:
+        losses = result.losses
+        best = best_configuration(result, verdicts)
+        accuracy = result.accuracy
+        acc_text = "" if accuracy is None else f", accuracy {accuracy[best]:.0%}"
+        ceiling_text = ""
+        if ceiling is not None and ceiling.ambiguous > 0:
+            ceiling_text = (
+                f"; the batch allows at most {ceiling.accuracy:.0%} accuracy and a cross-entropy of "
+                f"{ceiling.loss:.3g} ({ceiling.ambiguous:.0%} of its targets share their input"
+                + (" prefix" if ceiling.kind == "prefixes" else "")
+                + " with a different label)"
+            )
+        cfg = result.configs[best]
+        curve = f"{cfg.label()} went from loss {losses[best, 0]:.4g} to {losses[best, -1]:.4g}{acc_text}"
+        return cls(result, verdicts, ceiling, best, curve, acc_text, ceiling_text)
+
+    @property
+    def extra(self) -> dict:
+        losses, best = self.result.losses, self.best
+        return {"best": best, "initial": float(losses[best, 0]), "final": float(losses[best, -1])}
+
+    def fell_by_half(self) -> bool:
+        """Whether a real configuration's loss fell to at most half its (positive) start."""
+        losses = self.result.losses
+        return any(
+            losses[i, 0] > 0 and losses[i, -1] <= (1 - FLOOR_DROP) * losses[i, 0]
+            for i in self.result.real
+            if np.isfinite(losses[i, -1])
+        )
+
+    def failed(self, message: str, hint: str) -> Finding:
+        return Finding("overfit.failed", message, hint, extra=self.extra)
+
+    def none_fit(self) -> Finding:
+        """Why no real configuration fits: all diverged, a loss without bound, still falling, or failed."""
+        result, real, curve = self.result, self.result.real, self.curve
+        kinds = {self.verdicts[i] for i in real}
+        if kinds == {"diverged"}:
+            return self.failed(
+                f"every one of {len(real)} configurations diverged (non-finite loss) on one batch "
+                f"of {result.batch_size} examples",
+                "lower the learning rate, check the loss for log(0) or division by zero; jaxsane.locate names the "
+                "operation",
+            )
+        if "unbounded" in kinds:
+            return self.failed(
+                f"the loss falls without bound instead of fitting: {curve}",
+                "a loss is minimised: check its sign (the negative of a cross-entropy or likelihood is maximised by "
+                "descent), or a term that can grow without limit",
+            )
+        if kinds & {"unsettled"} or (kinds & {"high_floor"} and result.accuracy is None):
+            return Finding(
+                "overfit.unsettled",
+                f"no configuration fits one batch of {result.batch_size} examples yet in {result.steps_run} "
+                f"steps, but the loss is still falling or has settled where the sweep cannot judge it: {curve}"
+                f"{self.ceiling_text}",
+                "run overfit(..., steps=...) longer (or doctor -o overfit_steps=...); a loss that settles far "
+                "above 0 points at a regulariser that dominates it, a too-small model, or a loss the outputs "
+                "cannot reach",
+                extra=self.extra,
+            )
+        target_text = f"loss <= {result.target:g} x initial" + (
+            "" if result.target_accuracy is None else f" or accuracy >= {result.target_accuracy:.0%}"
+        )
+        return self.failed(
+            f"none of {len(real)} configurations fit one batch of {result.batch_size} examples in "
+            f"{result.steps_run} steps (target: {target_text}); best: {curve}{self.ceiling_text}",
+            "a healthy model memorises a tiny batch: check that the loss uses the batch's own labels (aligned "
+            "with the inputs), that the step returns the UPDATED state (or applies the optimizer update), "
+            "that gradients reach the parameters, and try other learning rates (optax.inject_hyperparams) "
+            "or init scales",
+        )
+
+    def ignores_input(self, ratio: float) -> list[Finding]:
+        """``model.ignores_input`` when the best real final loss is above ``ratio`` x the baseline's."""
+        losses, real, b = self.result.losses, self.result.real, self.result.baseline
         finite = losses[real, -1][np.isfinite(losses[real, -1])]
         real_final = float(finite.min()) if finite.size else float("inf")
         base_final = float(losses[b, -1])
         moved = np.nanmax(np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12))
-        if np.isfinite(base_final) and real_final > ignores_input_ratio * base_final and moved > 1e-3:
-            out.append(
-                Finding(
-                    "model.ignores_input",
-                    f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
-                    f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
-                    f"{ignores_input_ratio:g} x constant)",
-                    "the model's output does not depend on its input: check that the input is wired into the "
-                    "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
-                    "the labels belong to these inputs",
-                    extra={"real_final": real_final, "constant_final": base_final},
-                )
-            )
-    if baseline_reason is not None:
-        out.append(Finding("doctor.skipped", f"model.ignores_input not judged: {baseline_reason}", ""))
-    if verdicts[best] == "floor":
-        out.append(
+        if not (np.isfinite(base_final) and real_final > ratio * base_final and moved > 1e-3):
+            return []
+        return [
             Finding(
-                "overfit.floor",
-                f"the loss converged to a floor of {losses[best, -1]:.4g} ({losses[best, -1] / losses[best, 0]:.1%} of "
-                f"its start) rather than 0{ceiling_text}",
-                "expected when the loss has a floor: a KL term, dropout, label smoothing, weight decay in the loss, "
-                "or ambiguous examples; otherwise compare with a run without them",
-                extra={"floor": float(losses[best, -1])},
+                "model.ignores_input",
+                f"real inputs fit no better than constant inputs: best real final loss {real_final:.4g} vs "
+                f"{base_final:.4g} with every input replaced by the batch mean (threshold: real < "
+                f"{ratio:g} x constant)",
+                "the model's output does not depend on its input: check that the input is wired into the "
+                "forward pass (not a stale global, a zeroed or detached tensor, a wrong batch key), and that "
+                "the labels belong to these inputs",
+                extra={"real_final": real_final, "constant_final": base_final},
             )
+        ]
+
+    def floor(self) -> Finding:
+        losses, best = self.result.losses, self.best
+        return Finding(
+            "overfit.floor",
+            f"the loss converged to a floor of {losses[best, -1]:.4g} ({losses[best, -1] / losses[best, 0]:.1%} of "
+            f"its start) rather than 0{self.ceiling_text}",
+            "expected when the loss has a floor: a KL term, dropout, label smoothing, weight decay in the loss, "
+            "or ambiguous examples; otherwise compare with a run without them",
+            extra={"floor": float(losses[best, -1])},
         )
-    lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
-    status = {"fits": f"fits at step {result.reached_at[best]}", "floor": "converged to a floor"}.get(
-        verdicts[best], f"does not fit (loss ratio {_ratio(losses[best]):.3g})"
-    )
-    out.append(
-        Finding(
+
+    def best_finding(self, fits: int) -> Finding:
+        """``overfit.best``: the best configuration and how many of the real ones fit."""
+        result, best, ceiling = self.result, self.best, self.ceiling
+        cfg = result.configs[best]
+        lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
+        status = {"fits": f"fits at step {result.reached_at[best]}", "floor": "converged to a floor"}.get(
+            self.verdicts[best], f"does not fit (loss ratio {_ratio(result.losses[best]):.3g})"
+        )
+        return Finding(
             "overfit.best",
             f"best configuration: learning rate {lr_text}, init scale {cfg.init_scale:g}, seed {cfg.seed}: {status}"
-            f"{acc_text}; {len(fitting)}/{len(real)} configurations fit",
+            f"{self.acc_text}; {fits}/{len(result.real)} configurations fit",
             "",
             extra={
                 "learning_rate": cfg.learning_rate,
                 "init_scale": cfg.init_scale,
                 "seed": cfg.seed,
                 "reached_at": int(result.reached_at[best]),
-                "fits": len(fitting),
+                "fits": fits,
                 "ceiling_accuracy": None if ceiling is None else ceiling.accuracy,
             },
         )
-    )
-    return verdicts, out
 
 
 def _ratio(losses: np.ndarray) -> float:

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jaxsane
-from jaxsane._checks.init import classification_of
+from jaxsane._checks.init_loss import classification_of
 from jaxsane._core.errors import ExampleAxisError, ExperimentError
 from jaxsane._experiment.batches import count_examples, slice_examples
 from jaxsane._experiment.contract import PureExperiment

@@ -1,0 +1,224 @@
+"""One leaf of the gradient check: its autodiff derivative along its direction against central finite
+differences down the step ladder, then, for a leaf that fails at every step, the kink test at the point
+(``grads_kink``); what each leaf gives is gathered in a :class:`Tally`. Host-side, not jit-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+
+from .._core.finding import Finding
+from .grads_findings import (
+    mismatch_finding,
+    missing_finding,
+    nonfinite_gradient_finding,
+    nonfinite_nearby_finding,
+)
+from .grads_kink import KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
+from .grads_precision import Tolerance
+
+
+def directional_quotient(h: Callable, t0: np.ndarray, eps: float) -> float:
+    return float((h(t0 + eps) - h(t0 - eps)) / (2 * eps))
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the leaves' comparisons found, in leaf order: findings, and the leaves reported together."""
+
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    backward: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # autodiff non-finite, loss finite
+    nearby: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # non-finite within a step
+    kinked: list[tuple[str, KinkVerdict]] = dataclasses.field(default_factory=list)  # not judged: a kink
+
+    def findings_at(self, v0: np.ndarray, eps: float) -> list[Finding]:
+        findings = list(self.findings)
+        if self.backward:
+            findings.append(nonfinite_gradient_finding(self.backward, float(v0.sum())))
+        if self.nearby:
+            findings.append(nonfinite_nearby_finding(self.nearby, float(v0.sum()), eps))
+        if self.kinked:
+            findings.append(kink_finding(self.kinked))
+        return findings
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafJudge:
+    """Compares one leaf's autodiff derivative along its direction with finite differences (order 1 through
+    ``check_jvp``/``check_vjp`` with the compiled derivatives, higher orders through
+    ``jax.test_util.check_grads``), down the step ladder, then tests a failing leaf for a kink at the point."""
+
+    order: int
+    kinks: bool
+    seed: int
+    tol: Tolerance
+    modes: tuple[str, ...]
+    tdtype: np.dtype
+    values: list
+    dirs: list
+    value_at: Any
+    v0: np.ndarray
+    grads: list[np.ndarray]
+    directional: list[float]
+    jvps: np.ndarray | None
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    def value_along(self, j: int, sub: np.ndarray, t: float) -> np.ndarray:
+        """``f`` with leaf ``j`` moved by ``t`` along ``sub`` (a sub-direction of its direction)."""
+        vec = np.zeros((self.n,), self.tdtype)
+        vec[j] = t
+        return np.asarray(self.value_at(self.values, self.dirs[:j] + [sub] + self.dirs[j + 1 :], vec))
+
+    def along(self, j: int) -> Callable:
+        """``g(t)``: ``f`` with leaf ``j`` moved by ``t`` along its direction; check_jvp and check_vjp ask for
+        the same points, so each is evaluated once."""
+        memo: dict[float, np.ndarray] = {0.0: self.v0}
+
+        def g(t):
+            key = float(np.asarray(t))
+            if key not in memo:
+                vec = np.zeros((self.n,), self.tdtype)
+                vec[j] = key
+                memo[key] = np.asarray(self.value_at(self.values, self.dirs, vec))
+            return memo[key]
+
+        return g
+
+    def checks(self, j: int, g: Callable, ad: float) -> tuple:
+        """The ``(g, g_jvp, g_vjp)`` that :func:`run_check` compares for leaf ``j``."""
+        v0, jvps, tdtype = self.v0, self.jvps, self.tdtype
+        if self.order != 1:
+
+            def g_traceable(t):  # for order >= 2, differentiated by jax.test_util.check_grads itself
+                return self.value_at(self.values, self.dirs, jnp.zeros((self.n,), tdtype).at[j].set(t))
+
+            return g_traceable, None, None
+
+        def g_jvp(primals, tangents):  # jvp is linear in the tangent: scale the compiled one
+            assert jvps is not None  # asked only in forward mode, where the JVPs were computed
+            return v0, np.asarray(jvps[j] * np.asarray(tangents[0]), v0.dtype)
+
+        def g_vjp(t):  # check_vjp asks at t0 only, where the reverse-mode gradient is known
+            return v0, lambda ct: (np.asarray(np.asarray(ct) * ad, tdtype),)
+
+        return g, g_jvp, g_vjp
+
+    def judge(self, j: int, path: str, tally: Tally) -> None:
+        """Compare leaf ``j`` and record what it gives in ``tally``."""
+        tol, ad, jvps = self.tol, self.directional[j], self.jvps
+        if not (np.all(np.isfinite(self.grads[j])) and np.isfinite(ad) and (jvps is None or np.isfinite(jvps[j]))):
+            tally.backward.append((path, ad))
+            return
+        g = self.along(j)
+        t0 = np.asarray(0.0, self.tdtype)
+        if not np.any(self.grads[j]):
+            self.missing(j, path, g, t0, tally)
+            return
+        checks = self.checks(j, g, ad)
+        failure, errors, fds = None, [], []
+        for step_size in tol.ladder:  # a kink (ReLU) inside the step is not a bug: it leaves at smaller steps
+            failure = run_check(checks, t0, self.order, self.modes, tol.atol, tol.rtol, step_size)
+            if failure is None:
+                break
+            fds.append(directional_quotient(g, t0, step_size))
+            errors.append(abs(fds[-1] - ad) / max(abs(ad), abs(fds[-1]), 1e-30))
+        if failure is None:
+            return
+        if not np.all(np.isfinite(fds)):  # not a wrong rule: the loss is NaN/Inf a step away from the point
+            tally.nearby.append((path, next(v for v in fds if not np.isfinite(v))))
+            return
+        if min(abs(f - ad) for f in fds) <= tol.atol + tol.rtol * abs(ad) or (
+            len(errors) > 1 and errors[-1] < errors[0] / 10
+        ):
+            return  # agrees at some step, or the gap shrinks with the step: kink noise, not a bug
+        fd = min(fds, key=lambda v: abs(v - ad))
+        self.mismatch(j, path, g, ad, fd, failure, tally)
+
+    def missing(self, j: int, path: str, g: Callable, t0: np.ndarray, tally: Tally) -> None:
+        """A leaf whose gradient is identically zero: ``grad.missing``, or non-finite a step away."""
+        tol = self.tol
+        fd = directional_quotient(g, t0, tol.eps)
+        if not np.isfinite(fd):
+            tally.nearby.append((path, fd))
+            return
+        ends = (tol.ladder[0], tol.ladder[-1])  # the steps of the kink test
+        kink = fd != 0.0 and self.kinks and kink_at_every_step(g, ends, 0.0, tol.atol, tol.kink_rtol)[0]
+        tally.findings.append(missing_finding(path, fd, fd != 0.0, self.values[j], kink))
+
+    def mismatch(self, j: int, path: str, g: Callable, ad: float, fd: float, failure: str, tally: Tally) -> None:
+        """A leaf that fails at every step: ``grad.mismatch``, unless the point is a kink along its direction
+        and no sub-direction off the kink disagrees (then it is not judged)."""
+        tol = self.tol
+        where, kink_extra = "", {}
+        if self.kinks and self.order == 1:
+            ends = (tol.ladder[0], tol.ladder[-1])  # the steps of the kink test
+            at_kink, right, left = kink_at_every_step(g, ends, ad, tol.atol, tol.kink_rtol)
+            if at_kink:  # no step helps at a kink: judge the sub-directions off it, or not at all
+                verdict = probe_sub_directions(
+                    functools.partial(self.value_along, j),
+                    self.grads[j],
+                    np.asarray(self.dirs[j]),
+                    np.random.default_rng([self.seed, j]),
+                    ends,
+                    right,
+                    left,
+                    tol.atol,
+                    tol.rtol,
+                    tol.kink_rtol,
+                )
+                if verdict.wrong is None:
+                    tally.kinked.append((path, verdict))
+                    return
+                ad, fd, kink_extra = verdict.wrong["autodiff"], verdict.wrong["finite_diff"], verdict.wrong
+                where = (
+                    f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
+                    f"{np.size(self.values[j])} coordinates; {verdict.summary()})"
+                )
+        forward = float(self.jvps[j]) if self.jvps is not None and not where else None
+        finding = mismatch_finding(
+            path,
+            ad,
+            fd,
+            forward=forward,
+            where=where,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            eps=tol.eps,
+            compute=tol.compute,
+            order=self.order,
+            modes=self.modes,
+            failure=failure,
+            kink=kink_extra,
+        )
+        tally.findings.append(finding)
+
+
+def run_check(fns, t0, order, modes, atol, rtol, eps) -> str | None:
+    """None when jax.test_util's checks pass on the one-scalar function at ``t0``, else their message.
+
+    Order 1 uses ``check_jvp``/``check_vjp`` (what ``check_grads`` runs at order 1) with the JVP and
+    VJP compiled once for all leaves; higher orders call ``jax.test_util.check_grads`` itself.
+    """
+    g, g_jvp, g_vjp = fns
+    try:
+        if g_jvp is None:
+            jax.test_util.check_grads(g, (t0,), order, modes=modes, atol=atol, rtol=rtol, eps=eps)
+        else:
+            if "fwd" in modes:
+                jax.test_util.check_jvp(g, g_jvp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="JVP")
+            if "rev" in modes:
+                jax.test_util.check_vjp(g, g_vjp, (t0,), atol=atol, rtol=rtol, eps=eps, err_msg="VJP")
+    except AssertionError as e:
+        return str(e)
+    return None

@@ -1,0 +1,130 @@
+"""The loss at init against chance level: ln C for a C-way cross-entropy over integer labels (Karpathy's
+"A Recipe for Training Neural Networks"), where C comes from the Experiment or from the logits' width.
+Only :func:`softmax_cross_entropy` is jit-safe; the rest runs the model on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._core.finding import Finding
+from .._experiment.batches import get_inputs, get_labels
+from .._experiment.contract import PureExperiment
+from .._jaxpr.compile_level import quick_jit
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean cross-entropy of integer labels. Jit-safe."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels.astype(jnp.int32)[..., None], axis=-1))
+
+
+def initial_loss(adapted: PureExperiment, state: Any, batch: Any) -> tuple[float | None, str]:
+    """The loss of a fresh state on ``batch`` and how it was obtained. Not jit-safe."""
+    exp = adapted.experiment
+    params = adapted.params(state)
+    loss_fn = adapted.jitted("loss")
+    if loss_fn is not None:
+        return float(loss_fn(params, batch)), "Experiment.loss"
+    apply_fn = adapted.jitted("apply")
+    if apply_fn is not None:
+        logits = apply_fn(params, get_inputs(exp, batch))
+        labels = jnp.asarray(get_labels(exp, batch))
+        if logits.ndim == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
+            return float(softmax_cross_entropy(logits, labels)), "cross-entropy of Experiment.apply"
+    _, metrics = quick_jit(adapted.step)(state, batch)
+    if "loss" in metrics:
+        return float(np.asarray(metrics["loss"])), "the loss the step reports on its first call"
+    return None, "no loss handle"
+
+
+def infer_num_classes(adapted: PureExperiment, state: Any, batch: Any) -> int | None:
+    """num_classes from the Experiment, or C when ``apply`` gives C-way logits over integer labels.
+
+    ln C is chance level only for a C-way cross-entropy: the output's last axis is C >= 2, the labels
+    are integers in [0, C) with one axis less and the same leading shape. Regression, sigmoid or
+    multi-label outputs, reconstructions (a VAE's pixels) and tuple outputs give None (see
+    :func:`classification_of`). Not jit-safe.
+    """
+    return classification_of(adapted, state, batch)[0]
+
+
+def classification_of(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:
+    """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
+    exp = adapted.experiment
+    if exp.num_classes is not None:
+        return exp.num_classes, ""
+    if adapted.apply_fn is None:
+        return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
+    out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
+    if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
+        return None, (
+            f"apply's output ({_shape_text(out)}) is not one array of C >= 2 logits, so the loss is "
+            "not a C-way cross-entropy"
+        )
+    try:
+        labels = get_labels(exp, batch)
+    except Exception:
+        return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
+    shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
+    if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
+        return None, (
+            f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
+            "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "
+            "reconstruction), so ln(output width) is not the loss at chance"
+        )
+    labels = np.asarray(labels)
+    width = int(out.shape[-1])
+    if labels.size and (labels.min() < 0 or labels.max() >= width):
+        return None, (
+            f"the integer labels span [{labels.min()}, {labels.max()}], outside the {width} outputs; "
+            "set Experiment.num_classes to check the loss at init"
+        )
+    return width, ""
+
+
+def _shape_text(out: Any) -> str:
+    shapes = [tuple(x.shape) for x in jax.tree_util.tree_leaves(out)]
+    return str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} arrays {shapes}"
+
+
+def check_init_loss(loss: float, num_classes: int, *, rtol: float = 0.5) -> list[Finding]:
+    """``init.loss`` when the initial loss is outside ``ln C * [1 - rtol, 1 + rtol]``.
+
+    The expectation ln C is Karpathy's ("A Recipe for Training Neural Networks"); ``rtol=0.5``
+    leaves room for the logit variance of standard inits. Not jit-safe.
+    """
+    chance = math.log(num_classes)
+    if not math.isfinite(loss):
+        return [
+            Finding(
+                "init.loss",
+                f"the loss at init is {loss} (expected about ln {num_classes} = {chance:.3f})",
+                "the loss is already non-finite at init: run jaxsane.locate on the loss to find where",
+                severity="error",
+                extra={"loss": loss, "chance": chance},
+            )
+        ]
+    if abs(loss - chance) <= rtol * chance:
+        return []
+    direction = "above" if loss > chance else "below"
+    hint = (
+        "logits are over-confident at init: scale down the last layer's init (e.g. zero or 0.01x its "
+        "kernel), check the init scale of every layer, and that the loss is softmax cross-entropy on logits"
+        if loss > chance
+        else "a loss below chance at init means labels leak into the inputs or the loss is not the mean "
+        "cross-entropy (e.g. it is summed the wrong way, or masks drop most examples)"
+    )
+    return [
+        Finding(
+            "init.loss",
+            f"loss at init {loss:.4f} is {direction} chance ln {num_classes} = {chance:.4f} (tolerance ±{rtol:.0%})",
+            hint,
+            extra={"loss": loss, "chance": chance, "rtol": rtol},
+        )
+    ]
