@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import ExperimentError, JaxsaneError
+from .._core.errors import ArgumentError, ExperimentError
 from .._core.finding import Finding
 from .._core.tree import PyTree, like_sharding, put_like
 from .._core.validate import require_callable, require_count_or_list, require_float, require_int
@@ -40,7 +40,10 @@ def _probes(n: int, probes: int | Sequence[int]) -> list[int]:
         chosen = [int(i) for i in probes]
         bad = [i for i in chosen if not 0 <= i < n]
         if bad:
-            raise JaxsaneError(f"check_batch_independence: probe examples {bad} outside the batch of {n}.")
+            raise ArgumentError(
+                f"check_batch_independence: probe examples {bad} outside the batch of {n}. "
+                f"Fix: pass probes among 0..{n - 1}."
+            )
         return chosen
     picks = [0, n - 1, n // 2, 1, n - 2]
     return list(dict.fromkeys(i for i in picks if 0 <= i < n))[: max(1, probes)]

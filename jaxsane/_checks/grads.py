@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import JaxsaneError
+from .._core.errors import ArgumentError, JaxsaneError
 from .._core.finding import Finding
 from .._core.tree import leaves_with_paths
 from .._core.validate import require_bool, require_callable, require_float, require_int
@@ -164,22 +164,32 @@ class GradCheckPlan:
         require_float("check_grads", "kink_rtol", options["kink_rtol"], positive=True, optional=True)
         require_int("check_grads", "max_leaves", options["max_leaves"], min=0, optional=True)
         if int(options["order"]) < 1:
-            raise JaxsaneError(f"check_grads: order must be >= 1, got {options['order']}.")
+            raise ArgumentError(f"check_grads: order must be >= 1, got {options['order']}. Fix: pass order=1 or 2.")
         modes = tuple(modes)
         if not modes or any(m not in ("fwd", "rev") for m in modes):
-            raise JaxsaneError(f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}.")
+            raise ArgumentError(
+                f"check_grads: modes must be a non-empty subset of ('fwd', 'rev'), got {modes}. "
+                "Fix: pass modes=('fwd', 'rev') or one of them."
+            )
         argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
         if not args:
-            raise JaxsaneError(
-                "check_grads(f, *args): pass the arguments to differentiate, e.g. check_grads(loss, params, batch)."
+            raise ArgumentError(
+                "check_grads(f, *args) got no arguments. Fix: pass the arguments to differentiate, e.g. "
+                "check_grads(loss, params, batch)."
             )
         if any(not isinstance(i, int) or not 0 <= i < len(args) for i in argnums):
-            raise JaxsaneError(f"check_grads: argnums {argnums} out of range for {len(args)} argument(s).")
+            raise ArgumentError(
+                f"check_grads: argnums {argnums} out of range for {len(args)} argument(s). "
+                f"Fix: pass argnums among 0..{len(args) - 1}."
+            )
         if isinstance(root, str):
             root = (root,)
         names = list(root) if root is not None else ["params" if i == 0 else f"args[{i}]" for i in argnums]
         if len(names) != len(argnums):
-            raise JaxsaneError(f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums.")
+            raise ArgumentError(
+                f"check_grads: root has {len(names)} name(s) for {len(argnums)} argnums. "
+                "Fix: pass one root name per argnum."
+            )
         options["order"] = int(options["order"])
         return cls(f, tuple(args), argnums, tuple(names), modes=modes, **options)
 
@@ -222,7 +232,7 @@ def _cast_host(x: Any, dtype: Any) -> Any:
     if dtype is None or not (is_real_float(x) and hasattr(x, "dtype")):
         return jax.device_put(x) if isinstance(x, np.ndarray) else x
     if isinstance(x, jax.core.Tracer):
-        raise JaxsaneError("check_grads is not jit-safe: call it on concrete arrays, outside jax.jit.")
+        raise ArgumentError("check_grads is not jit-safe. Fix: call it on concrete arrays, outside jax.jit.")
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
 

@@ -26,12 +26,9 @@ from .._experiment.contract import PureExperiment
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter
 from .._jaxpr.trace_cache import TracedOnce
-from .init_loss import (  # the loss at init; re-exported for the doctor's pipeline
-    check_init_loss as check_init_loss,
-    classification_of as classification_of,
-    infer_num_classes as infer_num_classes,
-    initial_loss as initial_loss,
-    softmax_cross_entropy as softmax_cross_entropy,
+from .init_loss import (
+    check_init_loss,
+    softmax_cross_entropy,
 )
 
 # ----------------------------------------------------------------------------- activation statistics

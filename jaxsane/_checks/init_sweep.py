@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import ExperimentError, JaxsaneError
+from .._core.errors import ArgumentError, ExperimentError
 from .._core.frames import display_location, is_cell_file, user_location
 from .._core.tree import PyTree, leaf_selector, leaves_with_paths, put_like, scale_selected
 from .._core.validate import require_bool, require_sequence
@@ -297,7 +297,7 @@ def plan_init_scale_sweep(
         raise ExperimentError("init_scale_sweep needs Experiment.loss or Experiment.apply to run the model.")
     scales_list = [float(s) for s in scales]
     if not scales_list:
-        raise JaxsaneError("[jaxsane] init_scale_sweep(scales=...) is empty.")
+        raise ArgumentError("[jaxsane] init_scale_sweep(scales=...) is empty. Fix: pass e.g. scales=(0.1, 1, 10).")
     if batch is None:
         batch = first_batch(exp.train, "train")
     batch = jax.tree_util.tree_map(jnp.asarray, batch)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import JaxsaneError
+from .._core.errors import ArgumentError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
 from .._core.tree import PyTree, is_key, leaves_with_paths
@@ -211,7 +211,9 @@ def check_step(
     require_int("check_step", "calls", calls)
     require_bool("check_step", "check_rng", check_rng)
     if int(calls) < 2:
-        raise JaxsaneError(f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}.")
+        raise ArgumentError(
+            f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}. Fix: pass calls=2 or more."
+        )
     key = jax.random.key(0) if key is None else key
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment, key=key)
     batch = first_batch(adapted.experiment.train, "train") if batch is None else batch

@@ -134,4 +134,10 @@ class ReplicaDivergenceError(JaxsaneError):
 
 
 class JaxsaneWarning(RuntimeWarning):
-    """Issued by ``guard(..., on_nonfinite="warn")``, ``fit`` and the monitor when they carry on past a problem."""
+    """Issued by ``guard(..., on_nonfinite="warn")``, ``fit`` and the monitor when they carry on past a problem.
+
+    Attributes:
+      finding: the :class:`~jaxsane.Finding` behind the warning, when there is one (else None).
+    """
+
+    finding: Any = None

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import JaxsaneError
+from .errors import ArgumentError
 
 PyTree = Any
 
@@ -167,4 +167,7 @@ def leaf_selector(spec: str | Callable[[str], bool] | None) -> Callable[[str], b
         return lambda path: pattern.search(path) is not None
     if callable(spec):
         return spec
-    raise JaxsaneError("[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool.")
+    raise ArgumentError(
+        "[jaxsane] scale_leaves must be None, a regex string or a callable(path) -> bool. "
+        "Fix: pass e.g. scale_leaves='kernel'."
+    )

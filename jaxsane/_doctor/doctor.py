@@ -142,8 +142,6 @@ class DoctorDiagnosis(Diagnosis):
             console.print(f"[{style}]{escape(line)}[/]")
 
 
-
-
 # ----------------------------------------------------------------------------- compile accounting
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

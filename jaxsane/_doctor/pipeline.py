@@ -21,15 +21,9 @@ import jax
 
 from .._checks.batch import check_batch_independence, check_example_slices
 from .._checks.grads import check_grads
-from .._checks.init import (
-    activation_stats,
-    check_activations,
-    check_init_loss,
-    classification_of,
-    initial_loss,
-    traceable,
-)
+from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
+from .._checks.init_loss import check_init_loss, classification_of, initial_loss
 from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
 from .._checks.sequence import check_causal, check_padding_in_loss, loss_reads_first_target
 from .._checks.step import check_step

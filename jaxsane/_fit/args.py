@@ -11,12 +11,12 @@ import jax
 import numpy as np
 
 from .._core.errors import ExperimentError, FitArgumentError
-from .._core.validate import require_policy
+from .._core.validate import FIT_POLICIES, require_policy
 from .._dist.hang import check_hang_timeout
 from .._experiment.contract import Experiment
 from .._monitor.writers import require_writer
 
-POLICIES = ("rollback", "skip", "raise")  # the words of _validate.NONFINITE_POLICIES that fit carries out
+POLICIES = FIT_POLICIES  # the words of the one raise/skip/warn vocabulary that fit carries out
 
 
 # ----------------------------------------------------------------------------- arguments

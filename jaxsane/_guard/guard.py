@@ -21,7 +21,7 @@ import functools
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -449,7 +449,7 @@ class Guarded:
                 f"[jaxsane] {finding.headline()}\n    fix: {finding.hint}\n    (warned once; "
                 f"every later compilation is listed in guarded.recompiles)"
             )
-            cast(Any, warning).finding = finding  # (JaxsaneWarning declares no finding attribute)
+            warning.finding = finding
             warnings.warn(warning, stacklevel=user_stacklevel())
 
     def _replica_plan(self, state) -> tuple:

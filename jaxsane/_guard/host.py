@@ -1,7 +1,7 @@
 """guard's host side (:class:`HostSide`, a component that :class:`jaxsane.Guarded` builds and delegates to):
 the reading of a dispatched step's flags once they are ready and, on a failure, which leaves went non-finite
-and their names, the shards that hold them, locate's origin, the dump, and raise/skip/warn (the report
-itself is ``report.py``); plus the callback of a step traced under an outer jit/vmap and the flush at exit.
+and their names, the shards that hold them, locate's origin, the dump, and raise/skip/warn (what guard knows
+of the failure is ``failure.py``); plus the callback of a step traced under an outer jit/vmap and the flush at exit.
 
 Not jit-safe: this runs on the host, off the hot path.
 """
@@ -22,9 +22,9 @@ from .._core.finding import Finding
 from .._core.frames import user_stacklevel
 from .._core.tree import host_finite_flags, leaves_with_paths, same_structure, to_host
 from .._experiment.purify import Layout
+from .failure import FIX, Failure, classify, nnx_records, some_paths, stop_at_origin, try_locate
 from .flags import flag_chunks
 from .kept import KeptCall, PendingStep
-from .report import FIX, Report, classify, nnx_records, some_paths, stop_at_origin, try_locate
 from .settings import GuardSettings
 
 
@@ -251,7 +251,7 @@ class HostSide:
 
     # ------------------------------------------------------------------ a failing step
     def on_failure(self, rec: PendingStep, flags: np.ndarray) -> None:
-        """Report the failing step ``rec`` (its flag vector ``flags`` has a False): name its leaves, then
+        """Failure the failing step ``rec`` (its flag vector ``flags`` has a False): name its leaves, then
         raise, warn or count a skip by the policy. Not jit-safe."""
         call = rec.call
         divergence: list[Finding] = []
@@ -262,66 +262,66 @@ class HostSide:
         if call is not None:
             flags = self._leaf_flags(rec, call, flags)
         bad = np.flatnonzero(~flags)
-        report = classify(rec.step, call, bad, self.names(call) if call is not None else ([], []))
-        report.divergence = divergence
+        failure = classify(rec.step, call, bad, self.names(call) if call is not None else ([], []))
+        failure.divergence = divergence
         if call is not None:
-            self._examine(report, call, bad)
-        report.take_origin()
-        if call is not None and report.host_inputs is not None and self.settings.dump_dir:
-            self._dump(report, call, self.settings.dump_dir)
-        self._act(report)
+            self._examine(failure, call, bad)
+        failure.take_origin()
+        if call is not None and failure.host_inputs is not None and self.settings.dump_dir:
+            self._dump(failure, call, self.settings.dump_dir)
+        self._act(failure)
 
-    def _examine(self, report: Report, call: KeptCall, bad: np.ndarray) -> None:
+    def _examine(self, failure: Failure, call: KeptCall, bad: np.ndarray) -> None:
         """The failing step's shards, its inputs on the host and (where it can run) locate's origin."""
-        report.shard = self._shard_finding(call, bad, report.step, report.code)
+        failure.shard = self._shard_finding(call, bad, failure.step, failure.code)
         if self.multiprocess:  # leaves spread over processes are gathered (the same collective everywhere)
             from .._dist.shards import gather_to_host
 
-            report.host_inputs = gather_to_host((call.args(), call.kwargs))
+            failure.host_inputs = gather_to_host((call.args(), call.kwargs))
         else:
-            report.host_inputs = (to_host(call.args()), to_host(call.kwargs))
+            failure.host_inputs = (to_host(call.args()), to_host(call.kwargs))
         # locate replays the step equation by equation on this host only: under jax.distributed that would
         # run the step's collectives on one process, so it is left to a single-process replay of the dump.
-        if self.settings.locate and report.code != "nonfinite.input" and not self.multiprocess:
-            report.located = try_locate(self.step, call)
+        if self.settings.locate and failure.code != "nonfinite.input" and not self.multiprocess:
+            failure.located = try_locate(self.step, call)
 
-    def _dump(self, report: Report, call: KeptCall, dump_dir: str) -> None:
+    def _dump(self, failure: Failure, call: KeptCall, dump_dir: str) -> None:
         """Write the failing step's inputs under ``dump_dir``; a failed dump becomes a warning in the message."""
         from .._dump.dump import save_dump
 
-        assert report.host_inputs is not None  # (checked by the caller)
-        args, kwargs = report.host_inputs
-        dump_path = os.path.join(dump_dir, f"step_{report.step:06d}")
+        assert failure.host_inputs is not None  # (checked by the caller)
+        args, kwargs = failure.host_inputs
+        dump_path = os.path.join(dump_dir, f"step_{failure.step:06d}")
         try:
             if not self.multiprocess or jax.process_index() == 0:  # the gathered inputs are the same everywhere
                 meta = {
-                    "step": report.step,
-                    "finding": {"code": report.code, "message": report.message, "paths": report.paths},
+                    "step": failure.step,
+                    "finding": {"code": failure.code, "message": failure.message, "paths": failure.paths},
                     "arg_names": [self.arg_name(i) for i in range(len(args))],
                     **nnx_records(call),
                 }
                 save_dump(dump_path, args, kwargs, meta=meta)
-            report.dump_path = dump_path
-            report.message += f" (inputs dumped to {dump_path})"
+            failure.dump_path = dump_path
+            failure.message += f" (inputs dumped to {dump_path})"
         except Exception as e:  # a failed dump is a warning inside the failure, never a replacement for it
-            report.dump_error = str(e)
-            report.message += (
-                f" (warning: the inputs could not be dumped: {report.dump_error}; they are still in "
+            failure.dump_error = str(e)
+            failure.message += (
+                f" (warning: the inputs could not be dumped: {failure.dump_error}; they are still in "
                 "NonFiniteError.inputs)"
             )
 
-    def _act(self, report: Report) -> None:
+    def _act(self, failure: Failure) -> None:
         """Record the failure's findings, then carry out the policy: count a skip (raise past
         max_consecutive_skips), warn, or raise (after the debugger with JAXSANE_ON_NONFINITE=breakpoint)."""
         settings = self.settings
-        finding = report.finding(settings.policy)
+        finding = failure.finding(settings.policy)
         self.failures.append(finding)
-        self.failures.extend([report.shard] if report.shard is not None else [])
-        self.failures.extend(report.divergence)
-        consecutive = self._last_failed_step is not None and report.step == self._last_failed_step + 1
+        self.failures.extend([failure.shard] if failure.shard is not None else [])
+        self.failures.extend(failure.divergence)
+        consecutive = self._last_failed_step is not None and failure.step == self._last_failed_step + 1
         self._consecutive = self._consecutive + 1 if consecutive else 1
-        self._last_failed_step = report.step
-        text = report.text()
+        self._last_failed_step = failure.step
+        text = failure.text()
         if settings.on_nonfinite == "skip":
             self.skipped += 1
             if self._consecutive < settings.max_consecutive_skips:
@@ -335,14 +335,14 @@ class HostSide:
             return
         self.pending.clear()  # later steps ran on a non-finite state: the first failure is the story
         if settings.breakpoint:  # JAXSANE_ON_NONFINITE=breakpoint: stop at the origin, then raise
-            stop_at_origin(text, report.located, report.code)
+            stop_at_origin(text, failure.located, failure.code)
         raise NonFiniteError(
             text,
             finding,
-            dump_path=report.dump_path,
-            inputs=report.host_inputs,
-            located=report.located,
-            dump_error=report.dump_error,
+            dump_path=failure.dump_path,
+            inputs=failure.host_inputs,
+            located=failure.located,
+            dump_error=failure.dump_error,
         )
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import GuardConfigError
-from .._core.validate import require_policy
+from .._core.validate import GUARD_POLICIES, require_policy
 
-POLICIES = ("raise", "skip", "warn")  # the words of _validate.NONFINITE_POLICIES that guard carries out
-ENV_ONLY = ("breakpoint",)  # and of _validate.ENV_ONLY_POLICIES (JAXSANE_ON_NONFINITE only)
+POLICIES = GUARD_POLICIES  # the words of the one raise/skip/warn vocabulary that guard carries out
+ENV_ONLY = ("breakpoint",)  # and of ENV_ONLY_POLICIES (JAXSANE_ON_NONFINITE only)
 
 
 @dataclasses.dataclass(frozen=True)

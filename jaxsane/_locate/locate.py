@@ -40,6 +40,7 @@ import jax
 import numpy as np
 from jax._src import core as jcore
 
+from .._core.errors import ArgumentError
 from .._core.frames import user_frame
 from .._core.tree import is_inexact, leaves_with_paths
 from .._dump.nnx import standin_message
@@ -180,7 +181,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     from .._core.errors import DumpError, JaxsaneError
 
     if not callable(fn):
-        raise JaxsaneError(f"locate needs a callable, got {type(fn).__name__}; call locate(step, *inputs).")
+        raise ArgumentError(f"locate needs a callable, got {type(fn).__name__}. Fix: call locate(step, *inputs).")
     message = standin_message(args)
     if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
         raise DumpError(message)

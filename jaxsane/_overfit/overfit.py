@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import DataError, ExperimentError, JaxsaneError
+from .._core.errors import ArgumentError, DataError, ExperimentError
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, leaf_selector as _selector, scale_selected as _scale_params
 from .._core.validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
@@ -59,11 +59,11 @@ from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_
 def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
     if isinstance(seeds, (int, np.integer)):
         if seeds < 1:
-            raise JaxsaneError(f"[jaxsane] overfit(seeds=...) must be >= 1, got {seeds}.")
+            raise ArgumentError(f"[jaxsane] overfit(seeds=...) must be >= 1, got {seeds}. Fix: pass seeds=1 or more.")
         return list(range(int(seeds)))
     out = [int(s) for s in seeds]
     if not out:
-        raise JaxsaneError("[jaxsane] overfit(seeds=...) is empty; pass a count or a list of ints.")
+        raise ArgumentError("[jaxsane] overfit(seeds=...) is empty. Fix: pass a count or a list of ints.")
     return out
 
 
@@ -212,16 +212,22 @@ def plan_overfit(
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
     exp = adapted.experiment
     if not 0 < target < 1:
-        raise JaxsaneError(f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}.")
+        raise ArgumentError(
+            f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
+            "Fix: pass e.g. target=0.05."
+        )
     if steps < 1 or chunk < 1:
-        raise JaxsaneError(f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}.")
+        raise ArgumentError(
+            f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}. "
+            "Fix: pass positive counts."
+        )
     if batch is None:
         batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
     n_examples = count_examples(exp, batch)
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
-        raise JaxsaneError("[jaxsane] overfit(init_scales=...) is empty.")
+        raise ArgumentError("[jaxsane] overfit(init_scales=...) is empty. Fix: pass None or a few multipliers.")
     grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps)
     const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
     one_step = _loss_step(adapted, grid.step_reports_loss)
@@ -242,7 +248,7 @@ def plan_overfit(
     )
     n_groups = default_groups(grid.n_real) if groups is None else int(groups)
     if n_groups < 1:
-        raise JaxsaneError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}.")
+        raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
     n_real, configs = grid.n_real, grid.configs
     layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
     sweep = _Sweep(

@@ -14,7 +14,7 @@ tx = optax.adam(3e-3)
 
 def init_params(key):
     params = []
-    for i, (n_in, n_out) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+    for n_in, n_out in zip(SIZES[:-1], SIZES[1:]):
         key, sub = jax.random.split(key)
         params.append({"w": jax.random.normal(sub, (n_in, n_out)) * jnp.sqrt(2.0 / n_in), "b": jnp.zeros(n_out)})
     return params

@@ -1,4 +1,4 @@
-"""The report of a failing guarded step: its code, message and fix (:class:`Report`, built by
+"""What guard knows of a failing step: its code, message and fix (:class:`Failure`, built by
 :func:`classify`), locate's origin on its inputs (:func:`try_locate`), the NNX names of its dump
 (:func:`nnx_records`) and the debugger stop of ``JAXSANE_ON_NONFINITE=breakpoint`` (:func:`stop_at_origin`).
 
@@ -39,7 +39,7 @@ def some_paths(paths: list[str], n: int = 4) -> str:
 
 
 @dataclasses.dataclass
-class Report:
+class Failure:
     """What the host side learns about one failing step, filled in as it looks (failure path only)."""
 
     step: int
@@ -101,22 +101,22 @@ class Report:
         return text
 
 
-def classify(step: int, call: KeptCall | None, bad: np.ndarray, names: tuple[list[str], list[str]]) -> Report:
+def classify(step: int, call: KeptCall | None, bad: np.ndarray, names: tuple[list[str], list[str]]) -> Failure:
     """The failure's code (bad inputs, forward or update), the failing leaves' paths and the first message.
     ``names``: (input leaf paths, output leaf paths) of ``call`` (unused without one)."""
     if call is None:
         message = f"step {step} produced NaN/Inf (keep_inputs=False: leaf names and inputs not kept)"
-        return Report(step, "nonfinite.forward", [f"leaf {i}" for i in bad], message)
+        return Failure(step, "nonfinite.forward", [f"leaf {i}" for i in bad], message)
     in_paths, out_paths = names
     all_paths = in_paths + out_paths
     bad_inputs = [all_paths[i] for i in bad if i < len(in_paths)]
     bad_outputs = [all_paths[i] for i in bad if i >= len(in_paths)]
     if bad_inputs:
         message = f"the inputs of step {step} already hold NaN/Inf at {some_paths(bad_inputs)}"
-        return Report(step, "nonfinite.input", bad_inputs, message)
+        return Failure(step, "nonfinite.input", bad_inputs, message)
     in_metrics = any(p.startswith(("metrics", "loss", "out")) for p in bad_outputs)
     code = "nonfinite.forward" if in_metrics else "nonfinite.update"
-    return Report(step, code, bad_outputs, f"step {step} produced NaN/Inf in {some_paths(bad_outputs)}")
+    return Failure(step, code, bad_outputs, f"step {step} produced NaN/Inf in {some_paths(bad_outputs)}")
 
 
 def stop_at_origin(text: str, located: Any, code: str) -> None:
