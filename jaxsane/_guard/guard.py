@@ -58,6 +58,16 @@ def _wait_checks(step: Any) -> None:
     step.wait_checks()
 
 
+class _Setting:
+    """A read-only attribute of :class:`Guarded` that reads guard's frozen settings (one source of truth)."""
+
+    def __init__(self, name: str, doc: str):
+        self.name, self.__doc__ = name, doc
+
+    def __get__(self, guarded: Any, owner: type | None = None) -> Any:
+        return self if guarded is None else getattr(guarded._settings, self.name)
+
+
 class Guarded:
     """The step returned by :func:`guard`. Call it exactly like the wrapped step.
 
@@ -158,50 +168,21 @@ class Guarded:
         atexit.register(flush_at_exit, weakref.ref(self._host))
 
     # ------------------------------------------------------------------ settings and the host side's state
-    @property
-    def on_nonfinite(self) -> str:
-        """The policy on a failing step: ``"raise"``, ``"skip"`` or ``"warn"``."""
-        return self._settings.on_nonfinite
-
-    @property
-    def dump_dir(self) -> str | None:
-        """Where a failing step's inputs are dumped (None: not dumped)."""
-        return self._settings.dump_dir
-
-    @property
-    def max_consecutive_skips(self) -> int:
-        """With ``"skip"``: raise after this many failing steps in a row."""
-        return self._settings.max_consecutive_skips
-
-    @property
-    def max_lag(self) -> int:
-        """How many calls a failure may be reported late."""
-        return self._settings.max_lag
-
-    @property
-    def keep_inputs(self) -> bool:
-        """Whether the inputs of steps whose flags are not read yet are kept (for dumps and locate)."""
-        return self._settings.keep_inputs
-
-    @property
-    def sync(self) -> bool:
-        """Whether each call waits for its own flags."""
-        return self._settings.sync
-
-    @property
-    def locate_on_failure(self) -> bool:
-        """Whether a failing step is located (guard's ``locate=``)."""
-        return self._settings.locate
-
-    @property
-    def check_replicas(self) -> bool | int:
-        """Whether (or every how many steps) replicated state is compared across devices."""
-        return self._settings.check_replicas
-
-    @property
-    def warn_recompiles(self) -> bool:
-        """Whether the step's second compilation warns."""
-        return self._settings.warn_recompiles
+    on_nonfinite = _Setting("on_nonfinite", 'The policy on a failing step: ``"raise"``, ``"skip"`` or ``"warn"``.')
+    dump_dir = _Setting("dump_dir", "Where a failing step's inputs are dumped (None: not dumped).")
+    max_consecutive_skips = _Setting(
+        "max_consecutive_skips", 'With ``"skip"``: raise after this many failing steps in a row.'
+    )
+    max_lag = _Setting("max_lag", "How many calls a failure may be reported late.")
+    keep_inputs = _Setting(
+        "keep_inputs", "Whether the inputs of steps whose flags are not read yet are kept (for dumps and locate)."
+    )
+    sync = _Setting("sync", "Whether each call waits for its own flags.")
+    locate_on_failure = _Setting("locate", "Whether a failing step is located (guard's ``locate=``).")
+    check_replicas = _Setting(
+        "check_replicas", "Whether (or every how many steps) replicated state is compared across devices."
+    )
+    warn_recompiles = _Setting("warn_recompiles", "Whether the step's second compilation warns.")
 
     @property
     def breakpoint(self) -> bool:
