@@ -1,1 +1,3 @@
-"""_checks: see the package map in jaxsane/__init__.py."""
+"""The single-purpose checks: gradients (``grads*``), init and the loss at init (``init*``), step wiring
+(``step``), batch independence (``batch``) and sequence models (``sequence``).
+"""

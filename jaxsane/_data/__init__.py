@@ -1,1 +1,3 @@
-"""_data: see the package map in jaxsane/__init__.py."""
+"""``check_data``: reading the user's data (``read``), one pass over each split (``scan``, ``split``), row hashes
+and matches for leakage and duplicates (``row_hash``, ``match``) and the ``data.*`` findings (``findings``).
+"""

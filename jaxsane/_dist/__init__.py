@@ -1,1 +1,3 @@
-"""_dist: see the package map in jaxsane/__init__.py."""
+"""Pods and clusters: replicas that silently diverge (``replicas``), which shard went non-finite (``shards``),
+and the watchdog that names a process that stopped entering the step (``hang``).
+"""

@@ -1,1 +1,3 @@
-"""_doctor: see the package map in jaxsane/__init__.py."""
+"""``doctor``: the checklist as a pipeline of stages (``pipeline``) run on one ``Experiment`` (``doctor``), its
+run stage (``run_stage``), its options (``options``) and how crashes become findings (``triage``). The top layer.
+"""

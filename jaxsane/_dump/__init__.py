@@ -1,1 +1,3 @@
-"""_dump: see the package map in jaxsane/__init__.py."""
+"""Safe dumps of a failing step's inputs (``arrays.npz`` + ``tree.json``, no pickle): writing (``save``),
+reading with limits (``dump``, ``npz``), the format's constants and Flax NNX objects in dumps.
+"""

@@ -1,1 +1,3 @@
-"""_experiment: see the package map in jaxsane/__init__.py."""
+"""The user's side of the contract: ``Experiment`` and its pure view ``PureExperiment`` (``contract``), reading
+batches (``batches``), and the adapters that make NNX / Equinox / chex programs pure (``purify``, ``chex``).
+"""

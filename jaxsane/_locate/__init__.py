@@ -1,1 +1,4 @@
-"""_locate: see the package map in jaxsane/__init__.py."""
+"""Where a NaN is born: the equation-by-equation replay (``replay``), the data-flow analysis (``flow``),
+origins and their causes (``origins``, ``nan_causes``, ``nan_values``), the result (``result``: ``LocateReport``)
+and the post-mortem debugger at the origin (``debugger``).
+"""

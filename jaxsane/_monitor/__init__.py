@@ -1,1 +1,3 @@
-"""_monitor: see the package map in jaxsane/__init__.py."""
+"""The training monitor: telemetry inside the compiled step (``monitor``), the ``train.*`` detectors that judge a
+recorded ``History`` (``train_checks``), and metric writers (``writers``).
+"""

@@ -1,1 +1,3 @@
-"""_overfit: see the package map in jaxsane/__init__.py."""
+"""Overfit one small batch: many configurations of the user's own step in one compiled program (``overfit``,
+``setup``, ``sweep``), the result and its verdict (``result``, ``verdict``).
+"""

@@ -1,1 +1,3 @@
-"""_render: see the package map in jaxsane/__init__.py."""
+"""What results look like: notebook reprs (``reprs``), plots, the one progress display, and the self-contained
+HTML report (``html``). Host-side only.
+"""
