@@ -17,6 +17,8 @@ def run_cli(*args, cwd=None, timeout=300):
                           timeout=timeout, env=env, cwd=cwd)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_healthy_example_exits_0(tmp_path):
     out = tmp_path / "d.json"
     proc = run_cli("doctor", "jaxsane.examples.digits_linen:experiment", *FAST, "--json", str(out))
@@ -25,6 +27,8 @@ def test_healthy_example_exits_0(tmp_path):
     assert payload["ok"] is True and payload["name"] == "digits_linen"
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_planted_bug_exits_1_and_names_it(tmp_path):
     out = tmp_path / "d.json"
     proc = run_cli("doctor", "jaxsane.examples.where_nan:experiment", *FAST, "--json", str(out))
@@ -34,6 +38,8 @@ def test_planted_bug_exits_1_and_names_it(tmp_path):
     assert "nonfinite" in proc.stdout
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_file_target(tmp_path):
     script = tmp_path / "my_exp.py"
     script.write_text(textwrap.dedent("""
@@ -50,6 +56,8 @@ def test_file_target(tmp_path):
     assert proc.stdout == ""
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (("doctor", "no_such_module_xyz:exp"), "cannot import"),
     (("doctor", "jaxsane.examples:EXAMPLES"), "not a jaxsane.Experiment"),
@@ -80,6 +88,7 @@ BAD_BEFORE_JAX = [
 ]
 
 
+@pytest.mark.subprocess
 def test_argument_errors_are_reported_before_jax_is_imported():
     # one interpreter for all cases: each must exit 2 with one [jaxsane] line, and jax must stay unimported
     code = textwrap.dedent(f"""
@@ -204,6 +213,7 @@ def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_sayin
     assert "Traceback" not in err_text
 
 
+@pytest.mark.slow
 def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_path, monkeypatch):
     from jaxsane import cli
     from jaxsane._doctor import pipeline as _pipeline

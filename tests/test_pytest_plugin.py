@@ -6,6 +6,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PROJECT = '''
@@ -46,6 +48,8 @@ def run_pytest(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess
                           timeout=300)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_devices_option_fixtures_and_marker(tmp_path):
     (tmp_path / "test_user.py").write_text(PROJECT)
     r = run_pytest(tmp_path, "--jaxsane-devices=8")
@@ -54,6 +58,7 @@ def test_devices_option_fixtures_and_marker(tmp_path):
     assert "3 passed, 1 skipped" in out and "run pytest with --jaxsane-devices=16" in out
 
 
+@pytest.mark.subprocess
 def test_without_the_option_nothing_changes(tmp_path):
     (tmp_path / "test_one.py").write_text("import jax, os\n\ndef test_one():\n"
                                           "    assert len(jax.devices()) == 1 and 'XLA_FLAGS' not in os.environ\n")
@@ -61,6 +66,7 @@ def test_without_the_option_nothing_changes(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.subprocess
 def test_too_late_is_a_clear_usage_error(tmp_path):
     (tmp_path / "conftest.py").write_text("import jax\njax.devices()\n")  # initialises the backend, 1 device
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
@@ -75,6 +81,7 @@ def test_the_entry_point_is_declared():
     assert meta["project"]["entry-points"]["pytest11"] == {"jaxsane": "jaxsane.pytest_plugin"}
 
 
+@pytest.mark.subprocess
 def test_loading_the_plugin_does_not_import_jax():
     code = "import sys, jaxsane.pytest_plugin; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})

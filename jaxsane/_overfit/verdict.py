@@ -330,7 +330,9 @@ class _Judged:
         finite = losses[real, -1][np.isfinite(losses[real, -1])]
         real_final = float(finite.min()) if finite.size else float("inf")
         base_final = float(losses[b, -1])
-        moved = np.nanmax(np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12))
+        rel = np.abs(losses[:, -1] - losses[:, 0]) / np.maximum(np.abs(losses[:, 0]), 1e-12)
+        rel = rel[~np.isnan(rel)]  # every loss NaN: nothing moved (np.nanmax would warn "All-NaN slice")
+        moved = rel.max() if rel.size else np.nan
         if not (np.isfinite(base_final) and real_final > ratio * base_final and moved > 1e-3):
             return []
         return [

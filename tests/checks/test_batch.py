@@ -37,6 +37,7 @@ def test_a_single_leaking_pair_is_named():
     assert findings[0].path == "example 3 <- example 0"
 
 
+@pytest.mark.slow
 def test_per_example_model_is_silent_and_assert_helper():
     apply = lambda p, x: jax.nn.softmax(jnp.tanh(x @ p), axis=-1)
     assert check_batch_independence(apply, W, X, probes=4) == []
@@ -53,6 +54,7 @@ class _BN(nn.Module):
         return nn.Dense(3)(nn.relu(h))
 
 
+@pytest.mark.slow
 def test_linen_batchnorm_eval_mode_is_silent_train_mode_is_not():
     """BatchNorm trains on batch statistics (that is not a bug); apply in eval mode must not."""
     model = _BN()
@@ -112,6 +114,7 @@ def _eval_apply(model, x):
     return out
 
 
+@pytest.mark.slow
 def test_nnx_batchnorm_without_eval_is_cross_talk_in_doctor():
     diagnosis = jaxsane.doctor(_nnx_experiment(lambda m, x: m(x)), stages=["batch"], progress=False)
     assert diagnosis.codes == ["batch.cross_talk"], diagnosis

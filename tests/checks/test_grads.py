@@ -54,6 +54,7 @@ def _loss_with(act):
     return loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ["sign", "factor", "residual"])
 def test_wrong_custom_vjp_is_named_by_leaf(bug):
     findings = check_grads(_loss_with(_tanh_vjp(bug)), _mlp_params(), {"x": X, "y": Y})
@@ -154,6 +155,7 @@ def _nnx_experiment(**kw):
                               apply=lambda m, x: m(x), num_classes=3, name="nnx-test")
 
 
+@pytest.mark.slow
 def test_unused_nnx_layer_is_grad_missing_from_doctor():
     diagnosis = jaxsane.doctor(_nnx_experiment(use_extra=False), stages=["grads"], progress=False)
     missing = [f for f in diagnosis if f.code == "grad.missing"]
@@ -162,6 +164,7 @@ def test_unused_nnx_layer_is_grad_missing_from_doctor():
     assert "unused" in missing[0].hint
 
 
+@pytest.mark.slow
 def test_clean_nnx_with_batchnorm_and_dropout_is_silent():
     diagnosis = jaxsane.doctor(_nnx_experiment(bn=True, dropout=True), stages=["grads"], progress=False)
     assert not diagnosis.by_code("grad"), diagnosis
@@ -190,6 +193,7 @@ def test_clean_linen_batchnorm_train_mode_is_silent():
     assert findings == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["digits_optax", "digits_linen", "digits_nnx"])
 def test_doctor_model_and_step_stages_silent_on_examples(name):
     """The bundled healthy programs: no finding at all from the init/grads/step/batch stages."""
@@ -219,6 +223,7 @@ def test_low_precision_compute_uses_its_dtype_tolerance():
     assert [f.path for f in bad] == ["params['l1']['b']"] and bad[0].extra["compute_dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_order_two_and_non_scalar_output():
     def f(params, x):
         return jnp.tanh(x @ params["w"])  # (8, 2) output: projected on a random cotangent
@@ -365,6 +370,7 @@ def _relu_vjp(bug):
     return relu
 
 
+@pytest.mark.slow
 def test_relu_on_zero_rows_of_a_padded_graph_batch_is_not_a_mismatch():
     """Zero rows through a zero bias put the encoder's ReLU exactly on its kink: autodiff returns one side
     (relu'(0) = 0), central differences the average at every step. Not judged (info), never an error."""
@@ -381,6 +387,7 @@ def test_relu_on_zero_rows_of_a_padded_graph_batch_is_not_a_mismatch():
     assert [f.code for f in check_grads(_graph_loss(_relu_vjp(None)), params, graphs)] == ["grad.kink"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ["double", "sign"])
 def test_wrong_custom_relu_on_the_padded_graph_model_is_still_a_mismatch(bug):
     """The encoder's ReLU has the wrong backward; its weight sees no kink (a zero row times any weight is 0), so
@@ -444,6 +451,7 @@ def test_kink_options_are_validated():
         check_grads(lambda p: jnp.sum(p), jnp.ones(3), kinks="yes")
 
 
+@pytest.mark.slow
 def test_big_models_are_sampled_and_say_so():
     params = {f"p{i:03d}": jnp.full((3,), 0.1 * (i + 1)) for i in range(200)}
 

@@ -18,6 +18,7 @@ def _batch(n=32):
     return {"x": x[:n], "y": y[:n]}
 
 
+@pytest.mark.slow
 def test_relu_mlp_std_scales_as_a_power_of_depth():
     # biases are zero at init and ReLU is positively homogeneous, so layer l's output scales by s**(l+1)
     sweep = init_scale_sweep(load("digits_optax"), _batch(), scales=(0.5, 1.0, 2.0))
@@ -36,6 +37,7 @@ def test_relu_mlp_std_scales_as_a_power_of_depth():
     assert fig.axes[1].get_legend() is not None
 
 
+@pytest.mark.slow
 def test_nnx_and_nested_jit_layers_are_found():
     sweep = init_scale_sweep(load("digits_nnx"), _batch(), scales=(1.0, 3.0))
     assert len(sweep.layers) == 3 and sweep.activation_std.shape == (2, 3)

@@ -128,6 +128,7 @@ def _experiment(apply, loss, causal_flag=True):
                               loss=loss, apply=apply, causal=causal_flag)
 
 
+@pytest.mark.slow
 def test_doctor_batch_stage_runs_the_sequence_checks():
     masked = lambda p, b: jnp.sum(per_token(p, b) * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
     leaky = attention_lm(lambda t: jnp.ones((t, t), bool))

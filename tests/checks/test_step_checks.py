@@ -121,6 +121,7 @@ def _linen_dropout_experiment(split_key):
     return jaxsane.Experiment(init=init, step=step, train=BATCH, num_classes=3)
 
 
+@pytest.mark.slow
 def test_dropout_key_never_advanced_is_rng_reused():
     findings = check_step(_linen_dropout_experiment(split_key=False))
     assert _codes(findings) == ["step.rng_reused"]
@@ -131,6 +132,7 @@ def test_dropout_key_never_advanced_is_rng_reused():
     assert "split" in f.hint
 
 
+@pytest.mark.slow
 def test_dropout_with_split_key_is_silent():
     assert check_step(_linen_dropout_experiment(split_key=True)) == []
 
@@ -145,6 +147,7 @@ class _NNXDrop(nnx.Module):
         return self.out(self.drop(nnx.relu(self.l1(x))))
 
 
+@pytest.mark.slow
 def test_nnx_dropout_with_rngs_is_silent():
     """nnx.Rngs keeps its key and advances a counter: the draws differ, nothing is reported."""
     def init(key):
@@ -168,6 +171,7 @@ def _step_with_static_lr(state, batch, lr):
     return (jax.tree.map(lambda p, g: p - lr * g, params, grads), opt_state), {"loss": value}
 
 
+@pytest.mark.slow
 def test_python_float_static_argument_recompiles():
     calls = []
 
@@ -182,6 +186,7 @@ def test_python_float_static_argument_recompiles():
     assert "static" in findings[0].hint
 
 
+@pytest.mark.slow
 def test_new_jit_every_call_recompiles():
     def step(state, batch):
         @jax.jit  # BUG: a new jitted function (and compilation) on every call

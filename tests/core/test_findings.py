@@ -292,6 +292,7 @@ def _off_by_one_classifier(offset):
                               name=f"labels_from_{offset}")
 
 
+@pytest.mark.slow
 def test_doctor_on_off_by_one_labels_leads_with_the_label_range_and_folds_the_rest():
     d = jaxsane.doctor(_off_by_one_classifier(1), progress=False, run_steps=8, overfit_steps=60, overfit_seeds=1,
                        step_calls=2)

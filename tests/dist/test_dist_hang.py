@@ -122,6 +122,7 @@ def _stuck_line() -> int:
     return next(i for i, line in enumerate(CHILD.splitlines(), 1) if "# STUCK HERE" in line)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_process_that_stops_entering_the_step_is_named_by_every_process(tmp_path, n):
     results = run_job(tmp_path, n, "sleep")
@@ -141,6 +142,7 @@ def test_a_process_that_stops_entering_the_step_is_named_by_every_process(tmp_pa
     assert all("finished" not in r["reports"] for r in results)
 
 
+@pytest.mark.multiprocess
 def test_a_process_that_dies_is_named_by_the_others(tmp_path):
     results = run_job(tmp_path, 2, "exit")
     assert results[1]["rc"] == 3
@@ -247,6 +249,7 @@ def test_fit_turns_the_watch_on_under_jax_distributed(monkeypatch, processes, gi
     assert seen["hang_timeout"] == expected
 
 
+@pytest.mark.multiprocess
 def test_a_process_that_exits_cleanly_is_named_and_every_process_ends(tmp_path):
     results = run_job(tmp_path, 2, "sysexit")
     left_at = results[1]["reports"]["stuck"]["t"]
@@ -258,6 +261,7 @@ def test_a_process_that_exits_cleanly_is_named_and_every_process_ends(tmp_path):
         assert res["ended"] - left_at < HANG_TIMEOUT + SLACK_S, f"process {pid} took {res['ended'] - left_at:.1f}s"
 
 
+@pytest.mark.multiprocess
 def test_a_healthy_job_runs_to_its_end_with_the_watch_on(tmp_path):
     results = run_job(tmp_path, 2, "healthy")
     for pid, r in enumerate(results):

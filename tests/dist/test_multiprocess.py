@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 240  # generous for a loaded 2-core CI box; a healthy run takes a few seconds per process
 
@@ -162,6 +164,7 @@ def by_kind(reports: list[dict]) -> dict[str, dict]:
     return {r["kind"]: r for r in reports}
 
 
+@pytest.mark.subprocess
 def test_nan_on_one_process_stops_both_with_the_same_report(tmp_path):
     r0, r1 = (by_kind(r) for r in run_two(tmp_path, "nan"))
     devices = r0["devices"]["devices"]
@@ -182,6 +185,7 @@ def test_nan_on_one_process_stops_both_with_the_same_report(tmp_path):
     assert "shutdown" in r0 and "shutdown" in r1
 
 
+@pytest.mark.subprocess
 def test_processes_with_different_seeds_are_caught(tmp_path):
     r0, r1 = (by_kind(r) for r in run_two(tmp_path, "replicas"))
     for r in (r0, r1):

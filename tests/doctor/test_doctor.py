@@ -44,6 +44,7 @@ def _line_of(fn, needle):
 
 # ----------------------------------------------------------------------------- honest verdicts
 
+@pytest.mark.slow
 def test_healthy_program_passes_and_every_stage_ran():
     d = jaxsane.doctor(_experiment(), **FAST)
     assert isinstance(d, DoctorDiagnosis)
@@ -265,6 +266,8 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(capsys):
 
 # ----------------------------------------------------------------------------- a light package import
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_importing_jaxsane_and_its_cli_does_not_import_jax():
     code = ("import sys, jaxsane, jaxsane.cli; assert 'jax' not in sys.modules, 'jax imported'; "
             "from jaxsane import guard, doctor, Experiment, CODES; import jaxsane as j; "

@@ -83,6 +83,7 @@ def test_doctor_rejects_a_bad_compile_cache_value():
         jaxsane.doctor(optax_experiment(), compile_cache=3, progress=False)
 
 
+@pytest.mark.slow
 def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
     exp = jaxsane.Experiment(init=nnx_init, step=nnx_step, train={"x": np.ones((4, 4), np.float32),
                              "y": np.zeros(4, np.int32)}, loss=nnx_loss, apply=lambda m, x: m(x))
@@ -160,6 +161,8 @@ def _cli(tmp_path, *args, **env):
     return json.loads(out.read_text())
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_doctor_cli_fills_the_cache_and_no_cache_leaves_it_alone(tmp_path):
     cache = tmp_path / "cache"
     payload = _cli(tmp_path, JAXSANE_CACHE="1", JAXSANE_CACHE_DIR=str(cache))
@@ -187,6 +190,7 @@ def test_progress_writes_plain_lines_off_a_terminal_and_nothing_when_off():
     assert quiet.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_standalone_overfit_and_init_scale_sweep_show_progress(capfd):
     exp = optax_experiment()
     jaxsane.overfit(exp, seeds=1, steps=25, learning_rates=(1e-2,), baseline=False)
@@ -264,6 +268,8 @@ def test_html_stage_table_shows_what_each_stage_compiled():
     assert "1.0 s (2 compiled, 0.5 s)" in page and "0.1 s</td>" in page
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_bundled_digits_read_without_importing_sklearn_match_load_digits():
     code = ("import sys; from jaxsane.examples._digits import load_digits_arrays; d, t = load_digits_arrays(); "
             "print('sklearn' in sys.modules, d.shape, t.shape)")

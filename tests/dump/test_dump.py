@@ -431,6 +431,7 @@ def test_guard_raises_the_finding_with_a_warning_when_the_dump_cannot_be_written
     assert info.value.dump_error is None and jaxsane.load_dump(info.value.dump_path).step == 0
 
 
+@pytest.mark.slow
 def test_fit_keeps_rolling_back_when_the_dump_dir_is_unusable(tmp_path, monkeypatch):
     import errno
 
@@ -522,6 +523,7 @@ def _origin(report):
     return o.code, o.primitive, os.path.basename(o.file), o.line
 
 
+@pytest.mark.slow
 def test_a_guarded_nnx_dump_replays_through_like_objects_to_the_live_origin(tmp_path):
     from _programs import nnx_log_dump
     from flax import nnx

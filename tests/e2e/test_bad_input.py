@@ -316,6 +316,7 @@ def test_fit_refuses_out_of_range_labels_before_the_first_step():
         assert what in str(info.value) and "Experiment(mask=" in str(info.value)
 
 
+@pytest.mark.slow
 def test_fit_trains_on_in_range_labels_and_on_a_masked_ignore_index():
     assert jaxsane.fit(_labelled(Y.copy()), steps=2, progress=False).step == 2
     y = Y.copy()

@@ -18,6 +18,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.faults import run as faults  # noqa: E402
 from jaxsane import CODES  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 STYLES = ("optax", "linen", "nnx", "equinox")
 PROGRAMS = faults.discover()
 FAULTY = [n for n in PROGRAMS if n.startswith("f")]

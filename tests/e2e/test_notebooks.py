@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = int(os.environ.get("JAXSANE_NB_TIMEOUT", "600"))  # whole-notebook limit; cells get the same
 MAX_BYTES, MAX_TOTAL_BYTES = 300_000, 700_000

@@ -16,6 +16,8 @@ from jaxsane._experiment.batches import count_examples, slice_examples
 from jaxsane._experiment.contract import PureExperiment
 from jaxsane._monitor.monitor import Monitor
 
+pytestmark = pytest.mark.slow
+
 
 def _codes(diagnosis):
     return [f.code for f in diagnosis]

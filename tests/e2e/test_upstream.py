@@ -31,6 +31,8 @@ from flax.training import train_state
 
 import jaxsane
 
+pytestmark = [pytest.mark.slow, pytest.mark.network, pytest.mark.subprocess]
+
 CACHE = Path(os.environ.get("JAXSANE_TEST_CACHE", Path.home() / ".cache" / "jaxsane-tests"))
 
 

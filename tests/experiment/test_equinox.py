@@ -61,6 +61,7 @@ def experiment(step_fn=step, **kw):
                               name="eqx", **kw)
 
 
+@pytest.mark.slow
 def test_partition_keeps_equinox_paths_and_round_trips():
     model = init(jax.random.key(0))[0]
     assert needs_partition(model) and not needs_partition({"w": jnp.ones(2), "n": 3})
@@ -75,6 +76,7 @@ def test_partition_keeps_equinox_paths_and_round_trips():
         combine([jnp.ones(2)], rest)
 
 
+@pytest.mark.subprocess
 def test_import_jaxsane_does_not_import_equinox():
     code = "import sys, jaxsane; assert 'equinox' not in sys.modules, 'equinox imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -87,6 +89,7 @@ def _sqrt_trap_loss(model, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean() + rms.mean()
 
 
+@pytest.mark.slow
 def test_guard_catches_nan_and_names_the_equinox_path(tmp_path):
     @eqx.filter_jit
     def bad_step(model, opt_state, batch):
@@ -123,6 +126,7 @@ def test_guard_skip_returns_the_input_model():
     assert guarded.skipped == 1 and eqx.tree_equal(new_model, model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step_fn", [step, make_step], ids=["state_metrics", "spread"])
 def test_doctor_healthy_equinox_experiment(step_fn):
     d = jaxsane.doctor(experiment(step_fn), overfit_steps=60, run_steps=10, progress=False)
@@ -141,6 +145,7 @@ def test_doctor_finds_an_equinox_step_that_returns_the_old_model():
     assert [f.code for f in d.root_causes if f.severity == "error"] == ["step.no_update"]
 
 
+@pytest.mark.slow
 def test_doctor_and_guard_with_error_if_and_assert_max_traces():
     def checked_loss(model, batch):
         logits = eqx.error_if(apply(model, batch["x"]), ~jnp.isfinite(batch["x"]).all(), "non-finite inputs")
@@ -175,6 +180,7 @@ def test_error_if_that_fires_is_the_users_crash():
     assert d.stages[0]["status"] == "crashed" and "jaxsane bug" not in str([str(f) for f in d])
 
 
+@pytest.mark.slow
 def test_fit_checkpoints_and_resumes_an_equinox_state(tmp_path):
     fit = dict(telemetry_every=5, dead_every=0, log_every=5, progress=False, eval_every=0)
     ckpt = str(tmp_path / "ckpt")

@@ -30,6 +30,7 @@ STYLES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", list(STYLES))
 def test_every_step_style_adapts_to_one_pure_step(style):
     exp = jaxsane.Experiment(train=batch(), num_classes=3, **STYLES[style])

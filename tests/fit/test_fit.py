@@ -89,6 +89,8 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     script = tmp_path / "train.py"
@@ -125,6 +127,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert steps == list(range(30))
 
 
+@pytest.mark.slow
 def test_checkpoints_from_the_first_step_keep_last_k_and_early_stopping(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     # min_delta larger than any possible improvement: every eval after the first is "bad"
@@ -142,12 +145,14 @@ def test_checkpoints_from_the_first_step_keep_last_k_and_early_stopping(tmp_path
     assert not full.diagnosis.by_code("train") and not full.diagnosis.by_code("nonfinite")
 
 
+@pytest.mark.slow
 def test_first_checkpoint_is_the_first_step(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     jaxsane.fit(experiment(n=3), steps=3, checkpoint_dir=ckpt, checkpoint_every=100, eval_every=0, **FIT)
     assert sorted(int(d) for d in os.listdir(ckpt) if d.isdigit()) == [1, 3]
 
 
+@pytest.mark.slow
 def test_nan_rolls_back_to_the_last_good_checkpoint(tmp_path):
     with pytest.warns(jaxsane.JaxsaneWarning, match="rolled back"):
         result = jaxsane.fit(experiment(n=20, poison_at=(7,)), steps=20, checkpoint_every=4, eval_every=0, **FIT)
@@ -163,6 +168,7 @@ def test_nan_rolls_back_to_the_last_good_checkpoint(tmp_path):
         jaxsane.fit(experiment(n=12, poison_at=(5,)), steps=12, eval_every=0, on_nonfinite="raise", **FIT)
 
 
+@pytest.mark.slow
 def test_nnx_state_resumes_exactly(tmp_path):
     from flax import nnx
 
@@ -199,6 +205,7 @@ def test_nnx_state_resumes_exactly(tmp_path):
     assert isinstance(model, Net)
 
 
+@pytest.mark.slow
 def test_report_and_tensorboard_options(tmp_path):
     path = str(tmp_path / "fit.html")
     with warnings.catch_warnings(record=True) as caught:
@@ -225,6 +232,7 @@ def test_bad_arguments_raise_clear_errors():
         jaxsane.fit(no_eval, steps=2, patience=2)
 
 
+@pytest.mark.slow
 def test_restore_best_returns_the_state_of_the_best_evaluation(tmp_path):
     """Eval labels shuffled: learning the true mapping makes the eval loss worse, so early stopping fires
     and restore_best hands back the state that evaluated best, not the last one."""
@@ -248,6 +256,7 @@ def test_restore_best_returns_the_state_of_the_best_evaluation(tmp_path):
     assert plain.state is plain.last_state and not plain.restored_best
 
 
+@pytest.mark.slow
 def test_fit_records_run_metadata_in_the_report_and_the_json(tmp_path):
     path = str(tmp_path / "fit.html")
     result = jaxsane.fit(experiment(n=6), steps=6, eval_every=3, report=path, checkpoint_dir=str(tmp_path / "ck"),
@@ -261,6 +270,7 @@ def test_fit_records_run_metadata_in_the_report_and_the_json(tmp_path):
     assert "wall time" in block and str(tmp_path / "ck") in block and "optax" in block
 
 
+@pytest.mark.slow
 def test_fit_checks_put_the_overfit_and_init_scale_plots_in_the_report(tmp_path):
     path = str(tmp_path / "fit.html")
     result = jaxsane.fit(experiment(n=4), steps=4, eval_every=0, report=path, checks=True, **FIT)
@@ -273,6 +283,7 @@ def test_fit_checks_put_the_overfit_and_init_scale_plots_in_the_report(tmp_path)
         jaxsane.fit(experiment(n=4), steps=4, checks="yes", progress=False)
 
 
+@pytest.mark.slow
 def test_progress_writes_plain_lines_with_rate_and_eta_when_not_a_terminal(capsys):
     jaxsane.fit(experiment(n=12), steps=12, eval_every=0, **dict(FIT, progress=True))
     lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("[jaxsane] fit tiny:")]

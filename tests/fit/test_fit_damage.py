@@ -97,6 +97,7 @@ def _tree(root):
                   for d, _, fs in os.walk(root) for f in fs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__.strip("_"))
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(pristine, tmp_path, damage):
     ckpt = _copy(pristine, tmp_path)
@@ -181,6 +182,7 @@ def _train_steps(path):
     return [json.loads(line)["step"] for line in open(path) if '"train"' in line]
 
 
+@pytest.mark.slow
 def test_fit_falls_back_past_a_damaged_checkpoint_and_rebuilds_deleted_metrics(pristine, tmp_path):
     ckpt = _copy(pristine, tmp_path)
     _truncate(os.path.join(ckpt, "6"))
@@ -193,6 +195,7 @@ def test_fit_falls_back_past_a_damaged_checkpoint_and_rebuilds_deleted_metrics(p
     assert _train_steps(os.path.join(ckpt, "metrics.jsonl")) == list(range(7))
 
 
+@pytest.mark.slow
 def test_a_truncated_metrics_file_is_rebuilt_from_the_checkpoint(pristine, tmp_path):
     ckpt = _copy(pristine, tmp_path)
     path = os.path.join(ckpt, "metrics.jsonl")
@@ -217,6 +220,7 @@ def test_metrics_replace_is_atomic(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- full and read-only disks
 
+@pytest.mark.slow
 def test_a_full_disk_stops_fit_after_the_last_good_checkpoint(tmp_path, monkeypatch):
     import orbax.checkpoint as ocp
     ckpt = str(tmp_path / "ckpt")
@@ -235,6 +239,7 @@ def test_a_full_disk_stops_fit_after_the_last_good_checkpoint(tmp_path, monkeypa
     assert resumed.resumed_from == 2 and resumed.skipped_checkpoints == [] and resumed.history.steps == list(range(5))
 
 
+@pytest.mark.slow
 def test_a_read_only_metrics_file_is_a_clear_error(tmp_path, monkeypatch):
     def append(path, lines):
         raise OSError(errno.EROFS, "Read-only file system", path)
@@ -278,6 +283,7 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path):
 
 # ----------------------------------------------------------------------------- data and dtypes
 
+@pytest.mark.slow
 def test_data_that_runs_out_says_so_unless_asked_to_repeat():
     with pytest.warns(jaxsane.JaxsaneWarning, match=r"ran out after 5 batches.*repeat=True"):
         short = jaxsane.fit(T.experiment(n=5), steps=8, **FIT)
@@ -292,6 +298,7 @@ def test_data_that_runs_out_says_so_unless_asked_to_repeat():
         assert jaxsane.fit(one_shot, steps=6, repeat=True, **FIT).data_exhausted_at == 3
 
 
+@pytest.mark.slow
 def test_a_step_that_changes_a_parameter_dtype_is_flagged_once():
     @jax.jit
     def half_step(state, batch):
@@ -309,6 +316,7 @@ def test_a_step_that_changes_a_parameter_dtype_is_flagged_once():
 
 # ----------------------------------------------------------------------------- rollback keeps good work
 
+@pytest.mark.slow
 def test_rollback_loses_only_the_offending_batches():
     """Bad batches at steps 30 and 38 with checkpoints every 100 steps: the result equals a run on the same
     data without those two batches."""
@@ -328,6 +336,7 @@ def test_rollback_loses_only_the_offending_batches():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_failing_fit_still_writes_its_report_and_names_it(tmp_path):
     path = str(tmp_path / "fit.html")
     with warnings.catch_warnings():
@@ -338,6 +347,7 @@ def test_a_failing_fit_still_writes_its_report_and_names_it(tmp_path):
     assert info.value.finding is not None and info.value.finding.code.startswith("nonfinite")
 
 
+@pytest.mark.slow
 def test_an_interrupted_fit_still_writes_its_report_and_metrics(tmp_path):
     class Interrupted(T.Batches):
         def __iter__(self):
@@ -353,6 +363,7 @@ def test_an_interrupted_fit_still_writes_its_report_and_metrics(tmp_path):
     assert _train_steps(metrics) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_nnx_rollback_restores_the_kept_state():
     from flax import nnx
 

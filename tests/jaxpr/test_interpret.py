@@ -188,6 +188,7 @@ def _telemetry(exp):
     return jax.tree.map(np.asarray, metrics["telemetry"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias", [0.0, -50.0])
 def test_monitor_telemetry_on_a_scan_rnn(bias):
     tel = _telemetry(_pure_experiment(lambda k: _rnn_params(k, bias=bias), rnn_apply))
@@ -199,6 +200,7 @@ def test_monitor_telemetry_on_a_scan_rnn(bias):
         assert tel["dead_fraction"][0] == 1.0
 
 
+@pytest.mark.slow
 def test_doctor_run_stage_on_a_scan_rnn_does_not_crash():
     from jaxsane._doctor.doctor import doctor
     diagnosis = doctor(_pure_experiment(_rnn_params, rnn_apply), stages=["run"], progress=False, run_steps=6,
@@ -208,6 +210,7 @@ def test_doctor_run_stage_on_a_scan_rnn_does_not_crash():
     assert dead.shape[0] >= 1 and dead.shape[1] == 1 and np.all((dead >= 0) & (dead < 0.5))   # the ReLU in the scan
 
 
+@pytest.mark.slow
 def test_activation_stats_and_check_init_see_layers_inside_a_scan_body():
     params = _rnn_params(jax.random.key(0))
     layers = activation_stats(rnn_apply, params, BATCH["x"])
@@ -285,6 +288,7 @@ def _dropout_rnn_experiment(split_key):
     return jaxsane.Experiment(init=init, step=step, train=[BATCH], num_classes=C)
 
 
+@pytest.mark.slow
 def test_rng_reused_sees_dropout_draws_inside_a_scan_body():
     findings = check_step(_dropout_rnn_experiment(split_key=False))
     assert [f.code for f in findings] == ["step.rng_reused"]
@@ -333,6 +337,7 @@ def _nnx_experiment():
                               apply=lambda m, x: m(x), num_classes=C)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_linen_experiment, _nnx_experiment], ids=["linen", "nnx"])
 def test_lstm_cells_through_monitor_and_activation_stats(make):
     exp = make()

@@ -212,6 +212,7 @@ STEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_debug_origin_reads_the_terminal(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(STEP + "jaxsane.debug_origin(step, jnp.ones(2), {'x': jnp.array([1.0, 0.0])})\nprint('DONE')\n")
@@ -223,6 +224,7 @@ def test_debug_origin_reads_the_terminal(tmp_path):
     assert frame_files(out) == {str(script)} and out.rstrip().endswith("DONE")
 
 
+@pytest.mark.subprocess
 def test_cli_replay_pdb_on_a_guard_dump(tmp_path, monkeypatch, capsys):
     (tmp_path / "mystep.py").write_text(STEP)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -245,6 +247,7 @@ def test_cli_replay_pdb_on_a_guard_dump(tmp_path, monkeypatch, capsys):
     assert "no origin, so no debugger opened" in out and "(Pdb)" not in out
 
 
+@pytest.mark.subprocess
 def test_environment_breakpoint_stops_in_a_guarded_loop_then_raises(tmp_path, monkeypatch, capsys):
     loop = textwrap.dedent("""
         g = jaxsane.guard(step)

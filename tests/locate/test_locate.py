@@ -475,6 +475,7 @@ def step(state, batch):
 '''
 
 
+@pytest.mark.subprocess
 def test_guard_carries_the_located_origin(tmp_path):
     import importlib.util
     path = tmp_path / "user_step.py"

@@ -55,6 +55,7 @@ def run_codes(exp):
 
 # ----------------------------------------------------------------------------- telemetry in the graph
 
+@pytest.mark.slow
 def test_telemetry_values_match_host_computation():
     exp = load("digits_optax")
     adapted = PureExperiment(exp)
@@ -132,6 +133,7 @@ def test_relu_capture_and_depth_order():
 
 # ----------------------------------------------------------------------------- detectors on real runs
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["digits_optax", "digits_nnx", "digits_linen"])
 def test_healthy_examples_trigger_no_train_findings(name):
     diagnosis, codes = run_codes(load(name))

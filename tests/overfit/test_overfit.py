@@ -112,6 +112,7 @@ def test_learning_rates_are_set_per_configuration_and_compile_once():
     assert result.configs[result.baseline].learning_rate == pytest.approx(1e-2)
 
 
+@pytest.mark.slow
 def test_nnx_learning_rate_sweep():
     from flax import nnx
 
@@ -158,6 +159,7 @@ def test_missing_loss_raises_clear_error():
         overfit(bare, steps=25)
 
 
+@pytest.mark.slow
 def test_doctor_overfit_stage():
     diagnosis = jaxsane.doctor(_tiny("no_update"), stages=["overfit"], progress=False, overfit_steps=50)
     assert "overfit.failed" in diagnosis.codes

@@ -163,6 +163,7 @@ def _causal_lm(shifted_inside_loss: bool, unshifted: bool = False):
                               apply=apply, name="lm")
 
 
+@pytest.mark.slow
 def test_lm_with_ambiguous_continuations_fits_to_its_ceiling():
     result = overfit(_causal_lm(shifted_inside_loss=False), seeds=1, steps=400, learning_rates=[3e-2, 1e-1])
     assert result.ok, result.table()
