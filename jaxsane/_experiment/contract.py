@@ -492,7 +492,8 @@ def nnx_mode_model(model: Any, training: bool) -> Any:
     """
     nnx = _nnx()
     if isinstance(model, nnx.Module):
-        for _, module in model.iter_modules():
+        modules = nnx.iter_modules(model) if hasattr(nnx, "iter_modules") else model.iter_modules()
+        for _, module in modules:  # (the method is deprecated in newer flax)
             for flag in MODE_FLAGS:
                 if flag in vars(module) and getattr(module, flag) is None:
                     object.__setattr__(module, flag, not training)
