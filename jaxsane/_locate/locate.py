@@ -69,12 +69,21 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
 
 
-def _is_traced_leaf(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+def _is_traced_leaf(x: Any, scalars: bool = True) -> bool:
+    """Arrays are traced; so are Python ``float``/``complex`` leaves (``scalars``), as weak-typed scalars, as
+    ``jax.jit`` traces them (a NaN passed as ``np.nan`` is then an input, not a constant of the program)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or (scalars and isinstance(x, (float, complex)))
 
 
-def _prepare(fn: Callable, args: tuple, kwargs: dict):
-    """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs."""
+def _trace(pure: Callable, arrays: list):
+    """``(closed jaxpr, output shape)`` of ``pure`` on ``arrays``, with chex's assertions off."""
+    with chex_asserts_off():
+        return jax.make_jaxpr(pure, return_shape=True)(*arrays)
+
+
+def _prepare(fn: Callable, args: tuple, kwargs: dict, scalars: bool = True):
+    """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs.
+    ``scalars``: trace Python float/complex leaves too (else they are held static, as constants)."""
     names = _arg_names(fn, len(args))
     positions = nnx_positions(args)
     layout, nnx_state = split_objects(args, positions)
@@ -82,7 +91,7 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
     tree = (nnx_state, plain, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     paths = [_rename(path, names, positions) for path, _ in leaves_with_paths(tree)]
-    traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x)]
+    traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x, scalars)]
 
     def pure(*arrays):
         flat = list(leaves)
@@ -187,8 +196,11 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
     pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
     try:
-        with chex_asserts_off():
-            closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+        try:
+            closed, out_shape = _trace(pure, arrays)
+        except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold Python scalars static
+            pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars=False)
+            closed, out_shape = _trace(pure, arrays)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
         raise JaxsaneError(
             f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
@@ -197,6 +209,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         ) from e
     out_paths = out_paths_of(out_shape)
     replay = Replay()
+    # Python scalars are replayed as the weak-typed arrays the trace made of them
+    arrays = [
+        np.asarray(a, aval.dtype) if isinstance(a, (float, complex)) else a for a, aval in zip(arrays, closed.in_avals)
+    ]
     ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
     outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
@@ -335,11 +351,20 @@ def _module_experiment(step: Callable) -> Any:
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again and record its custom_vjp calls. Jit is disabled meanwhile, so that the
     jitted functions ``fn`` calls (the user's jitted step inside a wrapper) run their Python again instead of
-    taking their jaxpr from jit's trace cache."""
+    taking their jaxpr from jit's trace cache. ``fn`` itself is traced first (``unwrap`` would also strip a
+    ``jax.grad``, whose ``__wrapped__`` is the function it differentiates), then its unwrapped function."""
     records: list = []
-    pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
-        jax.make_jaxpr(pure)(*arrays)
+    for target in (fn, unwrap(fn)):
+        for scalars in (True, False):
+            pure, arrays, _, _ = _prepare(target, args, kwargs, scalars)
+            try:
+                with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
+                    jax.make_jaxpr(pure)(*arrays)
+                break
+            except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold it static
+                records.clear()
+        if records or target is unwrap(fn):
+            return records
     return records
 
 

@@ -9,13 +9,17 @@ Nothing here is jit-safe: it runs on the host, after a failure.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import linecache
+import re
 import sys
 
 import jax
 import numpy as np
 
 from .._core.frames import frames_of, is_library_file, source_text, user_chain, user_frame
+from .._core.tree import is_inexact
 from .._jaxpr.interpret import all_eqns
 from .flow import OUT, Analysis, nonfinite_counts
 from .nan_causes import Cause, explain
@@ -55,7 +59,9 @@ def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
         return None
     shapes = [tuple(np.shape(raw(x.value))) for x in node.ins]
     for site, obj, specs in records:
-        if site != node.frame or specs is None or getattr(obj, "nondiff_argnums", ()):
+        if specs is None or getattr(obj, "nondiff_argnums", None):
+            continue
+        if node.frame is not None and site != node.frame:  # (a custom_vjp passed straight to jax.grad: no site)
             continue
         try:
             out, res = jax.eval_shape(obj.fwd, *specs[0], **specs[1])
@@ -108,6 +114,7 @@ def find_origins(analysis: Analysis) -> list[Origin]:
                 if key not in keys:
                     keys[key] = len(found)
                     found.append((c.order, o))
+    _add_literals(analysis, found, keys)
     # a non-finite input is a root cause only when nothing computed is born from it
     for v in analysis.sources:
         if v.kind == "input" and (v.nan or not found):
@@ -145,6 +152,127 @@ def _first_real(analysis: Analysis, c) -> Node | None:
         c = users[0] if users else OUT
         seen += 1
     return None if c is OUT or getattr(c, "link", True) else c
+
+
+def _add_literals(analysis: Analysis, found: list, keys: dict) -> None:
+    """Add the non-finite constants returned as is (a cond branch's jnp.nan, a jitted function's return, a
+    backward rule's NaN constant) to ``found``."""
+    for v in analysis.sources:
+        if v.kind == "literal" and v.site is not None and _returned_as_is(analysis, v):
+            o = _literal_origin(analysis, v)
+            key = (o.primitive, o.file, o.line, o.code, None)
+            if key not in keys:
+                keys[key] = len(found)
+                found.append((tuple(v.site[1].order) if v.site[1] is not None else (), o))
+
+
+def _returned_as_is(analysis: Analysis, v: Val) -> bool:
+    """True when ``v`` reaches the outputs through links only (no equation computes on it)."""
+    return any(_first_real(analysis, c) is None for c in analysis.consumers.get(id(v), []))
+
+
+def _literal_origin(analysis: Analysis, v: Val) -> Origin:
+    """The origin of a non-finite constant that a jaxpr returns as is: ``nonfinite.literal`` at the line that
+    writes it (the enclosing cond/switch, a custom_vjp backward rule's return, a jitted function's return)."""
+    jaxpr, ctx = v.site if v.site is not None else (None, None)
+    stack = ctx.stack if ctx is not None else ""
+    phase = "backward" if "transpose(" in stack or (ctx is not None and ctx.phase == "backward") else "forward"
+    frame = ctx.frame if ctx is not None else None
+    bwd = literal_in_custom_vjp_bwd(analysis.vjp_records())  # a backward rule returning the constant
+    if bwd is not None:
+        frame, phase = bwd, "backward"
+    if frame is None and jaxpr is not None:
+        frame = return_line(getattr(jaxpr, "debug_info", None))
+    file, line = frame if frame else (None, None)
+    n_nan, n_inf = nonfinite_counts(v.value)
+    a = np.asarray(raw(v.value))
+    what = "NaN" if n_nan else ("-Inf" if (a[np.isinf(a)] < 0).all() else "Inf")
+    where = list(ctx.tags) if ctx is not None else []
+    return Origin(
+        "nonfinite.literal",
+        "literal",
+        phase,
+        file,
+        line,
+        source_text(file, line),
+        stack,
+        f"a {what} constant written in the program is returned as is ({n_nan} NaN, {n_inf} Inf)",
+        "the program itself returns a non-finite constant (jnp.nan, jnp.inf, float('nan')): no computation made it",
+        "return a finite value (or compute it); if the constant marks 'no value', replace it before it reaches "
+        "the loss or the gradients (jnp.where(..., fallback))",
+        analysis.reaches(v),
+        where,
+    )
+
+
+def literal_in_custom_vjp_bwd(records: list) -> tuple[str, int] | None:
+    """The line of a recorded custom_vjp's backward rule that writes a non-finite constant, or None."""
+    for _, obj, specs in records:
+        if specs is None or getattr(obj, "nondiff_argnums", None):
+            continue
+        try:
+            out, res = jax.eval_shape(obj.fwd, *specs[0], **specs[1])
+            bwd = jax.make_jaxpr(obj.bwd)(res, out)
+        except Exception:  # noqa: BLE001 - a rule we cannot re-trace
+            continue
+        if any(_nonfinite_literal(a) for a in bwd.jaxpr.outvars):
+            return return_line(bwd.jaxpr.debug_info)
+        for e in all_eqns(bwd.jaxpr):
+            if any(_nonfinite_literal(a) for a in e.invars) and user_frame(e) is not None:
+                return user_frame(e)
+    return None
+
+
+def _nonfinite_literal(a) -> bool:
+    from jax._src import core as jcore
+
+    if not isinstance(a, jcore.Literal):
+        return False
+    try:
+        return bool(is_inexact(np.asarray(a.val)) and not np.isfinite(np.asarray(a.val)).all())
+    except TypeError:  # pragma: no cover - a literal of an extended dtype
+        return False
+
+
+def return_line(debug_info) -> tuple[str, int] | None:
+    """``(file, line)`` of the ``return`` of the function a jaxpr was traced from (its ``debug_info``), preferring
+    one that writes nan/inf; the lambda's own line for a lambda; None when the source cannot be read."""
+    m = re.match(r"^(.*) at (.+):(\d+)$", str(getattr(debug_info, "func_src_info", "") or ""))
+    if m is None:
+        return None
+    name, file, first = m.group(1), m.group(2), int(m.group(3))
+    if is_library_file(file):
+        return None
+    if name == "<lambda>":
+        return file, first
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except SyntaxError:
+        return file, first
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != name:
+            continue
+        if first not in [node.lineno] + [d.lineno for d in node.decorator_list]:
+            continue
+        returns = _returns_of(node)
+        if not returns:
+            return file, first
+        text = [r for r in returns if re.search(r"nan|inf", ast.unparse(r).lower())]
+        return file, (text or returns)[-1].lineno
+    return file, first
+
+
+def _returns_of(fn: ast.AST) -> list[ast.Return]:
+    """The ``return`` statements of a function, not those of functions nested in it."""
+    found: list[ast.Return] = []
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            found.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda r: r.lineno)
 
 
 def _input_origin(analysis: Analysis, v: Val) -> Origin:

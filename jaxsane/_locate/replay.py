@@ -19,9 +19,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import core as jcore
 
 from .._core.frames import in_optax, user_frame
-from .._core.tree import is_inexact
+from .._core.tree import can_be_nonfinite
 from .._jaxpr.compile_level import quick_options
 from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
 
@@ -30,7 +31,7 @@ from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
 
 def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
-    if not is_inexact(x):
+    if not can_be_nonfinite(x):
         return False, False
     a = np.asarray(x)
     if a.size == 0:
@@ -43,7 +44,7 @@ def flags(x: Any) -> tuple[bool, bool]:
 class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
 
-    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
+    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "site", "__weakref__")
 
     def __init__(self, value, producer=None, kind=None, name=None):
         self.value = value
@@ -51,6 +52,7 @@ class Val:
         self.producer = producer
         self.kind = kind  # None (computed), "input", "literal", "const"
         self.name = name
+        self.site: tuple | None = None  # a literal returned as is: (the jaxpr returning it, its Ctx)
 
     @property
     def bad(self) -> bool:
@@ -438,9 +440,13 @@ class Replay(Interpreter):
     def run(self, jaxpr, consts, args, ctx=None, tags=None):
         self._runs.append((_last_grad_index(jaxpr), []))
         try:
-            return super().run(jaxpr, consts, args, ctx, tags)
+            outs, out_tags = super().run(jaxpr, consts, args, ctx, tags)
         finally:
             self._runs.pop()
+        for v, var in zip(outs, jaxpr.outvars):
+            if isinstance(v, Val) and v.kind == "literal" and v.site is None and isinstance(var, jcore.Literal):
+                v.site = (jaxpr, ctx)  # a constant the jaxpr returns as is: where it is written (origins.py)
+        return outs, out_tags
 
     def finished(self, jaxpr, env: dict) -> None:
         self._last_env = env
