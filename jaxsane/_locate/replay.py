@@ -182,15 +182,24 @@ def _bind(eqn, values: list, mesh=None) -> list:
 
     if mesh is None:
         return call(*values)
-    names, _ = mesh
+    if eqn.primitive.name in _TYPE_CASTS:  # a cast of the varying-axes type only: the values are unchanged
+        return list(values)
+    names, sizes = mesh
     stacked = [isinstance(v, _Stacked) for v in values]
     if not any(stacked):
-        return call(*values)
+        try:
+            return call(*values)
+        except Exception:  # noqa: BLE001 - it names a mesh axis (axis_index, a collective): bind it per shard
+            pass
     fn = lambda *xs: call(*xs)  # noqa: E731
-    for name in reversed(names):
-        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name)
+    for name, size in reversed(list(zip(names, sizes))):
+        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name, axis_size=size)
     out = fn(*[v.value if s else v for v, s in zip(values, stacked)])
     return [_Stacked(o) for o in out]
+
+
+# shard_map's casts between varying-axes types (check_vma=True): identities on the per-shard values
+_TYPE_CASTS = frozenset({"pvary", "pcast", "core_pvary"})
 
 
 # -- a host replay for the common primitives: no compilation, the values XLA's kernels give up to rounding
@@ -484,6 +493,13 @@ class Replay(Interpreter):
     def index(self, x: Val, t: int, eqn, node: Node) -> Val:
         link = Node(None, [x], node.ctx, node.order + (t, -1), link=True)
         val = Val(x.value[t], producer=link)
+        link.outs = [val]
+        return val
+
+    def select(self, going, new: Val, old: Val, eqn, node: Node) -> Val:
+        link = Node(None, [new, old], node.ctx, node.order + (-1,), link=True)
+        a = np.asarray(raw(new.value))
+        val = Val(np.where(going.reshape(going.shape + (1,) * (a.ndim - going.ndim)), a, raw(old.value)), link)
         link.outs = [val]
         return val
 
