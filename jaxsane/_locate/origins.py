@@ -295,7 +295,7 @@ def _input_origin(analysis: Analysis, v: Val) -> Origin:
 
 def _origin_of(analysis: Analysis, node: Node) -> Origin:
     phase = node.phase
-    deriv = phase == "forward" and "jvp(" in node.stack and analysis.only_backward(node)
+    deriv = phase == "forward" and "jvp(" in node.stack and analysis.only_backward(node) and _is_coefficient(node)
     if deriv:
         phase = "backward"
     elif phase == "backward" and node.prim in _COEFF_PRIMS and not any(x.bad for x in node.ins):
@@ -364,6 +364,14 @@ def _context_of(node: Node, phase: str, frame) -> OriginContext:
 
 
 _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
+
+
+def _is_coefficient(node: Node) -> bool:
+    """True when ``node`` computes a derivative coefficient (``0.5 / sqrt(x)`` after ``sqrt(0)``, the
+    ``x ** -2`` of ``x / y``'s derivative): its primal equation is another one. A primal computation that
+    the gradient alone reads (``1 / 0`` in a loss whose value ``jax.grad`` drops) stays a forward origin."""
+    p = primal_eqn(node)
+    return p is not None and p is not node
 
 
 def _primal_of(node: Node):
