@@ -88,7 +88,14 @@ def find_origins(analysis: Analysis) -> list[Origin]:
     found: list[tuple[tuple, Origin]] = []
     keys: dict[tuple, int] = {}
     forward: list[Node] = []  # forward births so far: a later backward birth at their inputs follows from them
+    then: dict[int, str] = {}  # id(input) -> what the first operation did with its inf
     for node in sorted(analysis.births, key=lambda n: n.order):
+        srcs = _input_sources(node)
+        if srcs:  # a NaN made from an input's inf by its first operation: the input is the origin
+            o = _origin_of(analysis, node)
+            for v in srcs:
+                then.setdefault(id(v), f"{o.values} in {o.phase} at {o.location}")
+            continue
         o = _origin_of(analysis, node)
         if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
             continue
@@ -117,8 +124,8 @@ def find_origins(analysis: Analysis) -> list[Origin]:
     _add_literals(analysis, found, keys)
     # a non-finite input is a root cause only when nothing computed is born from it
     for v in analysis.sources:
-        if v.kind == "input" and (v.nan or not found):
-            o = _input_origin(analysis, v)
+        if v.kind == "input" and (v.nan or not found or id(v) in then):
+            o = _input_origin(analysis, v, then.get(id(v), ""))
             found.append(((-1,), o))
     found.sort(key=lambda t: t[0])
     return [o for _, o in found]
@@ -275,7 +282,36 @@ def _returns_of(fn: ast.AST) -> list[ast.Return]:
     return sorted(found, key=lambda r: r.lineno)
 
 
-def _input_origin(analysis: Analysis, v: Val) -> Origin:
+def _input_sources(node: Node) -> list[Val]:
+    """The function inputs whose infinities alone make ``node``'s NaN (``sin(inf)``, ``inf - inf``): every
+    non-finite value on the way descends from an input, none from a constant or from finite values. Empty
+    when ``node`` computes on finite values only, or an inf on the way was born in the program."""
+    stack, seen, found = [x for x in node.ins if x.bad], set(), []
+    if not stack or not any(o.nan for o in node.outs):
+        return []
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        p = v.producer
+        if p is None:
+            if v.kind != "input":
+                return []  # a constant of the program (a -inf mask written in the code)
+            found.append(v)
+            continue
+        if not p.link and p.inner is not None:
+            k = next((i for i, o in enumerate(p.outs) if o is v), -1)
+            nxt = [x for x in p.inner[k] if x.bad] if k >= 0 else []
+        else:
+            nxt = [x for x in p.ins if x.bad]
+        if not nxt:
+            return []  # born from finite values inside the program
+        stack += nxt
+    return found
+
+
+def _input_origin(analysis: Analysis, v: Val, then: str = "") -> Origin:
     n_nan, n_inf = nonfinite_counts(v.value)
     return Origin(
         "nonfinite.input",
@@ -290,6 +326,7 @@ def _input_origin(analysis: Analysis, v: Val) -> Origin:
         "check the data pipeline (jaxsane.check_data) or the state passed in; repair or drop bad rows",
         analysis.reaches(v),
         [],
+        then,
     )
 
 
