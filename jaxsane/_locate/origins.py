@@ -405,8 +405,11 @@ _COEFF_PRIMS = ("div", "rsqrt", "pow", "integer_pow", "mul", "sqrt", "log")
 
 def _is_coefficient(node: Node) -> bool:
     """True when ``node`` computes a derivative coefficient (``0.5 / sqrt(x)`` after ``sqrt(0)``, the
-    ``x ** -2`` of ``x / y``'s derivative): its primal equation is another one. A primal computation that
+    ``x ** -2`` of ``x / y``'s derivative): its primal equation is another one, or it is a custom_vjp
+    forward rule's residual. A primal computation that
     the gradient alone reads (``1 / 0`` in a loss whose value ``jax.grad`` drops) stays a forward origin."""
+    if node.eqn is not None and any(fr.function_name == "_flatten_fwd" for fr in frames_of(node.eqn)):
+        return True  # computed by a custom_vjp forward rule for the backward rule alone: a residual
     p = primal_eqn(node)
     return p is not None and p is not node
 
