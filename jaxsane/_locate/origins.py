@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import linecache
 import re
 import sys
@@ -117,6 +118,8 @@ def find_origins(analysis: Analysis) -> list[Origin]:
                     continue
                 analysis.births.append(c)
                 o = _origin_of(analysis, c)
+                if not _fills_a_mask(analysis, c):  # y * jnp.inf: the constant itself makes the value non-finite
+                    o = dataclasses.replace(o, code="nonfinite.literal", cause=_LITERAL_CAUSE)
                 key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
                 if key not in keys:
                     keys[key] = len(found)
@@ -171,6 +174,31 @@ def _add_literals(analysis: Analysis, found: list, keys: dict) -> None:
             if key not in keys:
                 keys[key] = len(found)
                 found.append((tuple(v.site[1].order) if v.site[1] is not None else (), o))
+
+
+_LITERAL_CAUSE = (
+    "a non-finite constant written in the program (jnp.inf, jnp.nan, float('inf')) makes the value non-finite"
+)
+_MOVES = frozenset(
+    {"broadcast_in_dim", "reshape", "convert_element_type", "squeeze", "expand_dims", "transpose", "copy"}
+)
+
+
+def _fills_a_mask(analysis: Analysis, node: Node, depth: int = 8) -> bool:
+    """True when the constant that ``node`` takes in is, after shape moves, the fill of a ``select_n``
+    (``jnp.where(mask, x, -jnp.inf)``): a mask, whose fault is in what it covers, not in the constant."""
+    frontier = [node]
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            if n is OUT:
+                continue
+            if not n.link and n.prim in ("select_n", "clamp"):
+                return True
+            if n.link or n.prim in _MOVES:
+                nxt += [c for o in n.outs for c in analysis.consumers.get(id(o), [])]
+        frontier = nxt
+    return False
 
 
 def _returned_as_is(analysis: Analysis, v: Val) -> bool:

@@ -88,6 +88,27 @@ def test_inf_constant_consumed_by_a_mask_keeps_the_operation():
     assert_at(o, "mask_const", "nonfinite.forward", "forward")
 
 
+@pytest.mark.parametrize("op", ["mul", "switch"])
+def test_inf_constant_in_arithmetic_is_a_literal_at_its_line(op):
+    def f(i, x):
+        if op == "mul":
+            return (x + 2.0) * jnp.inf  # <inf_mul>
+        return lax.switch(i, [lambda v: v * 2.0, lambda v: v + jnp.inf], x)  # <inf_switch>
+
+    _, o = first(jax.jit(f), jnp.array(1), jnp.array(3.0))
+    assert_at(o, "inf_mul" if op == "mul" else "inf_switch", "nonfinite.literal", "forward")
+    assert "constant written in the program" in o.cause
+
+
+def test_inf_constant_filling_a_mask_that_reaches_the_output_stays_forward():
+    def pooled(x, m):
+        return jnp.where(m, x, -jnp.inf).max(-1)  # <mask_fill>
+
+    _, o = first(pooled, jnp.ones((2, 3)), jnp.array([[True, False, False], [False, False, False]]))
+    assert_at(o, "mask_fill", "nonfinite.forward", "forward")
+    assert locate(pooled, jnp.ones((2, 3)), jnp.array([[True, False, False], [False, True, False]])) is None
+
+
 # ----------------------------------------------------------------------------- B: shard_map bodies
 
 
