@@ -107,23 +107,8 @@ def find_origins(analysis: Analysis) -> list[Origin]:
             continue
         keys[key] = len(found)
         found.append((node.order, o))
-    # an infinite constant (a -inf mask) that reaches the outputs as is: name where it enters
-    if not found:
-        for v in analysis.sources:
-            if v.kind not in ("literal", "const"):
-                continue
-            for c in analysis.consumers.get(id(v), []):
-                c = _first_real(analysis, c)
-                if c is None or any(o is c for o in analysis.births):
-                    continue
-                analysis.births.append(c)
-                o = _origin_of(analysis, c)
-                if not _fills_a_mask(analysis, c):  # y * jnp.inf: the constant itself makes the value non-finite
-                    o = dataclasses.replace(o, code="nonfinite.literal", cause=_LITERAL_CAUSE)
-                key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
-                if key not in keys:
-                    keys[key] = len(found)
-                    found.append((c.order, o))
+    if not found:  # an infinite constant (a -inf mask) that reaches the outputs: name where it enters
+        _add_constants(analysis, found, keys)
     _add_literals(analysis, found, keys)
     # a non-finite input is a root cause only when nothing computed is born from it
     for v in analysis.sources:
@@ -162,6 +147,25 @@ def _first_real(analysis: Analysis, c) -> Node | None:
         c = users[0] if users else OUT
         seen += 1
     return None if c is OUT or getattr(c, "link", True) else c
+
+
+def _add_constants(analysis: Analysis, found: list, keys: dict) -> None:
+    """Add where an infinite constant that reaches the outputs enters a computation (nothing was born)."""
+    for v in analysis.sources:
+        if v.kind not in ("literal", "const"):
+            continue
+        for c in analysis.consumers.get(id(v), []):
+            c = _first_real(analysis, c)
+            if c is None or any(o is c for o in analysis.births):
+                continue
+            analysis.births.append(c)
+            o = _origin_of(analysis, c)
+            if not _fills_a_mask(analysis, c):  # y * jnp.inf: the constant itself makes the value non-finite
+                o = dataclasses.replace(o, code="nonfinite.literal", cause=_LITERAL_CAUSE)
+            key = (o.primitive, o.file, o.line, o.code, id(c.eqn))
+            if key not in keys:
+                keys[key] = len(found)
+                found.append((c.order, o))
 
 
 def _add_literals(analysis: Analysis, found: list, keys: dict) -> None:
