@@ -81,6 +81,18 @@ def _trace(pure: Callable, arrays: list):
         return jax.make_jaxpr(pure, return_shape=True)(*arrays)
 
 
+def _trace_call(fn: Callable, args: tuple, kwargs: dict):
+    """``(closed jaxpr, output shape, traced leaves, their paths, output namer)`` of ``fn(*args, **kwargs)``,
+    Python scalars traced; held static when the function branches on them in Python."""
+    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
+    try:
+        closed, out_shape = _trace(pure, arrays)
+    except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold Python scalars static
+        pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars=False)
+        closed, out_shape = _trace(pure, arrays)
+    return closed, out_shape, arrays, in_paths, out_paths_of
+
+
 def _prepare(fn: Callable, args: tuple, kwargs: dict, scalars: bool = True):
     """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs.
     ``scalars``: trace Python float/complex leaves too (else they are held static, as constants)."""
@@ -194,13 +206,8 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
         raise DumpError(message)
     fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
-    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
     try:
-        try:
-            closed, out_shape = _trace(pure, arrays)
-        except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold Python scalars static
-            pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars=False)
-            closed, out_shape = _trace(pure, arrays)
+        closed, out_shape, arrays, in_paths, out_paths_of = _trace_call(fn, args, kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
         raise JaxsaneError(
             f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
