@@ -117,7 +117,8 @@ def to_host(tree: PyTree) -> PyTree:
 
 
 def same_structure(a: PyTree, b: PyTree) -> bool:
-    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    left: Any = jax.tree_util.tree_structure(a)  # (PyTreeDef's stub has no __eq__)
+    return bool(left == jax.tree_util.tree_structure(b))
 
 
 def explicit_sharding(x: Any) -> Any:

@@ -375,10 +375,9 @@ def _cond_rule(it: Interpreter, eqn, invals, tags, ectx):
 
         index = jnp.asarray(it.value(invals[0]))
         return list(jax.lax.switch(index, [branch(k) for k in range(len(branches))], *ops)), out_tags
-    index = int(np.asarray(it.value(invals[0])).reshape(-1)[0])
-    index = min(max(index, 0), len(branches) - 1)
-    sub, consts = closed(branches[index])
-    return it.run(sub, consts, list(ops), it.child(eqn, ectx, f"branch {index}"), op_tags)
+    taken = min(max(int(np.asarray(it.value(invals[0])).reshape(-1)[0]), 0), len(branches) - 1)
+    sub, consts = closed(branches[taken])
+    return it.run(sub, consts, list(ops), it.child(eqn, ectx, f"branch {taken}"), op_tags)
 
 
 RULES: dict[str, Rule] = {
