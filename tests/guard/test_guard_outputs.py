@@ -77,3 +77,9 @@ def test_a_state_of_several_leaves_is_still_an_update():
     with pytest.raises(jaxsane.NonFiniteError) as info:
         jaxsane.guard(step, sync=True, locate=False)(state, jnp.float32(0.0))
     assert info.value.finding.code == "nonfinite.update" and info.value.finding.path == "state['b']"
+
+
+def test_a_returned_nan_constant_is_a_nonfinite_fact_for_root_causes():
+    from jaxsane._core.root_cause import is_nonfinite_fact
+
+    assert is_nonfinite_fact(jaxsane.Finding("nonfinite.literal", "a NaN constant", "return a finite value"))
