@@ -14,7 +14,10 @@ that actually flow into non-finite outputs, so NaNs produced and masked away
 (``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
 reported. The origin is the first computation with finite inputs and a non-finite result (or a
 NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
-path. ``nan_causes.py`` names the cause and the fix.
+path; a NaN/Inf constant of the program that reaches the outputs (``nonfinite.literal``); or a
+non-finite input (``nonfinite.input``, also when its first operation only turns its inf into NaN).
+Python float arguments are traced as weak-typed scalars, as ``jax.jit`` does.
+``nan_causes.py`` names the cause and the fix.
 
 When the replay is finite but the compiled program is not, the report says "not reproduced
 outside XLA" and the smallest compiled prefix of the program that produces the non-finite value

@@ -85,7 +85,10 @@ def _custom_vjp_bwd_frame(node, records: list) -> tuple[str, int] | None:
 def find_origins(analysis: Analysis) -> list[Origin]:
     """The origins of the analysis's births in replay order, without repeats (a backward birth at the
     inputs of an earlier forward one follows from it and is dropped); when there are none, where an
-    infinite constant enters on its way to the outputs. Not jit-safe."""
+    infinite constant enters on its way to the outputs (``nonfinite.literal``, or ``nonfinite.forward`` for
+    a mask's fill); non-finite constants returned as is (``nonfinite.literal``); and the non-finite inputs,
+    first, when they hold NaN, when nothing else was found, or when a birth only turned their inf into NaN
+    (that operation becomes the input's ``then``). Not jit-safe."""
     found: list[tuple[tuple, Origin]] = []
     keys: dict[tuple, int] = {}
     forward: list[Node] = []  # forward births so far: a later backward birth at their inputs follows from them
@@ -377,6 +380,9 @@ def _origin_of(analysis: Analysis, node: Node) -> Origin:
     if phase == "update" and reaches and all(p.startswith(("metrics", "loss")) for p in reaches):
         phase = "forward"  # computed after the gradients, but only for the reported metrics
     info: Cause = explain(analysis, node, phase=phase, derivative=deriv)
+    if id(node) in analysis.unopened:  # an opaque call: say so rather than blame it as the computation
+        why = analysis.unopened[id(node)][:160]
+        info = dataclasses.replace(info, values=f"{info.values}; its body could not be replayed ({why})")
     where = list(node.ctx.tags)
     shard = _shard_index(node)
     if shard:

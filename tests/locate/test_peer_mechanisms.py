@@ -269,3 +269,16 @@ def test_inf_made_inside_the_program_stays_the_operation():
 
     _, o = first(f, jnp.array([1.0, 100.0]))
     assert_at(o, "exp_overflow", "nonfinite.forward", "forward")
+
+
+def test_a_body_that_cannot_be_replayed_is_said_so(monkeypatch):
+    from jaxsane._locate import replay as replay_mod
+
+    def refuse(self, node):
+        raise RuntimeError("no replay for this body")
+
+    monkeypatch.setattr(replay_mod.Replay, "_expand_shard_map", refuse)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    f = jax.shard_map(lambda x: jnp.log(x), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    _, o = first(f, jnp.array([1.0, 0.0]))
+    assert o.primitive == "shard_map" and "body could not be replayed (RuntimeError: no replay" in o.values
