@@ -95,10 +95,13 @@ def find_origins(analysis: Analysis) -> list[Origin]:
     then: dict[int, str] = {}  # id(input) -> what the first operation did with its inf
     for node in sorted(analysis.births, key=lambda n: n.order):
         srcs = _input_sources(node)
-        if srcs:  # a NaN made from an input's inf by its first operation: the input is the origin
+        if srcs:  # a NaN made from an argument's inf by its first operation: the argument is the origin
             o = _origin_of(analysis, node)
             for v in srcs:
                 then.setdefault(id(v), f"{o.values} in {o.phase} at {o.location}")
+                if v.entry is not None and ("arg", id(v)) not in keys:  # a constant passed to the user's function
+                    keys[("arg", id(v))] = len(found)
+                    found.append((v.entry.order, _literal_origin(analysis, v, then[id(v)])))
             continue
         o = _origin_of(analysis, node)
         if o.phase != "forward" and any(_at_inputs_of(node, f) for f in forward):
@@ -213,16 +216,20 @@ def _returned_as_is(analysis: Analysis, v: Val) -> bool:
     return any(_first_real(analysis, c) is None for c in analysis.consumers.get(id(v), []))
 
 
-def _literal_origin(analysis: Analysis, v: Val) -> Origin:
-    """The origin of a non-finite constant that a jaxpr returns as is: ``nonfinite.literal`` at the line that
-    writes it (the enclosing cond/switch, a custom_vjp backward rule's return, a jitted function's return)."""
+def _literal_origin(analysis: Analysis, v: Val, then: str = "") -> Origin:
+    """The origin of a non-finite constant: ``nonfinite.literal`` at the line that writes it. Returned as is:
+    the enclosing cond/switch, a custom_vjp backward rule's return, a jitted function's return; passed
+    straight to the user's function (``then``: what its first operation made of it): the call."""
     jaxpr, ctx = v.site if v.site is not None else (None, None)
     stack = ctx.stack if ctx is not None else ""
     phase = "backward" if "transpose(" in stack or (ctx is not None and ctx.phase == "backward") else "forward"
     frame = ctx.frame if ctx is not None else None
-    bwd = literal_in_custom_vjp_bwd(analysis.vjp_records())  # a backward rule returning the constant
-    if bwd is not None:
-        frame, phase = bwd, "backward"
+    if v.site is None and v.entry is not None:
+        frame, phase, stack, ctx = v.entry.frame, v.entry.phase, v.entry.stack, v.entry.ctx
+    else:
+        bwd = literal_in_custom_vjp_bwd(analysis.vjp_records())  # a backward rule returning the constant
+        if bwd is not None:
+            frame, phase = bwd, "backward"
     if frame is None and jaxpr is not None:
         frame = return_line(getattr(jaxpr, "debug_info", None))
     file, line = frame if frame else (None, None)
@@ -238,12 +245,17 @@ def _literal_origin(analysis: Analysis, v: Val) -> Origin:
         line,
         source_text(file, line),
         stack,
-        f"a {what} constant written in the program is returned as is ({n_nan} NaN, {n_inf} Inf)",
-        "the program itself returns a non-finite constant (jnp.nan, jnp.inf, float('nan')): no computation made it",
-        "return a finite value (or compute it); if the constant marks 'no value', replace it before it reaches "
-        "the loss or the gradients (jnp.where(..., fallback))",
+        f"a {what} constant written in the program is "
+        + ("passed to the function called here" if then else "returned as is")
+        + f" ({n_nan} NaN, {n_inf} Inf)",
+        "the program itself "
+        + ("passes" if then else "returns")
+        + " a non-finite constant (jnp.nan, jnp.inf, float('nan')): no computation made it",
+        "pass or return a finite value (or compute it); if the constant marks 'no value', replace it before it "
+        "reaches the loss or the gradients (jnp.where(..., fallback))",
         analysis.reaches(v),
         where,
+        then,
     )
 
 
@@ -331,9 +343,9 @@ def _input_sources(node: Node) -> list[Val]:
         seen.add(id(v))
         p = v.producer
         if p is None:
-            if v.kind != "input":
+            if v.kind != "input" and v.entry is None:
                 return []  # a constant of the program (a -inf mask written in the code)
-            found.append(v)
+            found.append(v)  # an input, or a constant passed straight to the user's function (f(jnp.inf))
             continue
         if not p.link and p.inner is not None:
             k = next((i for i, o in enumerate(p.outs) if o is v), -1)

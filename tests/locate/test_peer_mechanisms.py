@@ -109,6 +109,22 @@ def test_inf_constant_filling_a_mask_that_reaches_the_output_stays_forward():
     assert locate(pooled, jnp.ones((2, 3)), jnp.array([[True, False, False], [False, True, False]])) is None
 
 
+@pytest.mark.parametrize("call", ["jit", "pmap"])
+def test_inf_constant_passed_to_the_users_function_is_a_literal_at_the_call(call):
+    def g(x):
+        def f(y):
+            return jnp.sin(x * y)  # <callee_sin>
+
+        if call == "jit":
+            return jax.jit(f)(jnp.inf)  # <call_jit>
+        return jax.pmap(f)(jnp.array([jnp.inf]))  # <call_pmap>
+
+    report, o = first(g, jnp.array(2.0))
+    assert_at(o, f"call_{call}", "nonfinite.literal", "forward")
+    assert "sin(inf) -> nan" in o.then and f":{line_of('callee_sin')}" in o.then, o.then
+    assert locate(lambda x: jax.jit(jnp.minimum)(x, jnp.inf), jnp.array(2.0)) is None  # a finite use of inf
+
+
 # ----------------------------------------------------------------------------- B: shard_map bodies
 
 
