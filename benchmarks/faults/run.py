@@ -6,7 +6,7 @@ exposes ``experiment()`` (a ``jaxsane.Experiment``) or, for checks that need sev
 ``check()`` (a list of findings); ``EXPECTED`` (the finding codes it must produce; empty for a correct
 program); ``STYLE`` ("optax", "linen", "nnx", "equinox"); ``STAGES`` (the doctor stages it needs) and optionally
 ``OPTIONS`` (doctor options). The faulty line carries a ``# FAULT`` comment, so line-exactness of
-``nonfinite.forward/backward/update`` findings is measured against the marked line, never hard-coded.
+``nonfinite.forward/backward/update/literal`` findings is measured against the marked line, never hard-coded.
 
 For each program this prints: the expected code(s), the codes doctor found (errors and warnings),
 whether the file:line of a nonfinite finding is the marked line, doctor's time, and whether
@@ -47,7 +47,7 @@ import jaxsane  # noqa: E402
 from jaxsane._experiment.contract import PureExperiment  # noqa: E402
 from jaxsane._experiment.batches import iter_batches  # noqa: E402
 
-LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update")
+LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update", "nonfinite.literal")
 BASELINE_STEPS = 10
 
 

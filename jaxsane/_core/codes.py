@@ -27,6 +27,12 @@ CODES: dict[str, tuple[str, str, str]] = {
         "gradients finite, optimizer update or new state is not",
         "fp16 Adam eps underflow, learning rate blow-up, division in a hand-written optimizer",
     ),
+    "nonfinite.literal": (
+        ERROR,
+        "a NaN/Inf constant written in the program reaches the outputs without being computed on",
+        "a cond/switch branch or a jitted function returning jnp.nan/jnp.inf, a custom_vjp backward rule returning "
+        "a NaN constant, a 'no value' sentinel never replaced",
+    ),
     "grad.mismatch": (
         ERROR,
         "autodiff gradient disagrees with finite differences",

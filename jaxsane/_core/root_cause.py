@@ -63,6 +63,7 @@ DATA_ROOTS = ("data.label_range", "data.all_padding", "nonfinite.input")
 # non-finite facts by the order in which a step computes them (input is data, above)
 NONFINITE_RANK = {
     "nonfinite.forward": 0,
+    "nonfinite.literal": 0,  # a NaN/Inf constant of the program: every value computed from it is garbage
     "init.loss": 0,
     "nonfinite.backward": 1,
     "nonfinite.update": 2,

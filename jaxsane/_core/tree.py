@@ -44,12 +44,22 @@ def is_inexact(x: Any) -> bool:
         return False
 
 
+def can_be_nonfinite(x: Any) -> bool:
+    """True for the leaves that can hold NaN/Inf: float and complex arrays (:func:`is_inexact`) and Python
+    ``float``/``complex`` scalars (what a function may return as is; jax.jit returns them as weak-typed
+    arrays). Jit-safe."""
+    return isinstance(x, (float, complex)) or is_inexact(x)
+
+
 def finite_flags(tree: PyTree) -> jax.Array:
     """One bool per leaf of ``tree`` (True = finite or not a float leaf). Jit-safe.
 
-    Each inexact leaf costs one fused reduction; integer, bool and key leaves are skipped.
+    Each inexact leaf (Python floats included) costs one fused reduction; integer, bool and key leaves are
+    skipped.
     """
-    flags = [jnp.all(jnp.isfinite(x)) if is_inexact(x) else jnp.asarray(True) for x in jax.tree_util.tree_leaves(tree)]
+    flags = [
+        jnp.all(jnp.isfinite(x)) if can_be_nonfinite(x) else jnp.asarray(True) for x in jax.tree_util.tree_leaves(tree)
+    ]
     if not flags:
         return jnp.ones((0,), bool)
     return jnp.stack(flags)
@@ -65,7 +75,7 @@ def grouped_finite_flags(tree: PyTree) -> jax.Array:
     """
     groups: dict = {}
     for x in jax.tree_util.tree_leaves(tree):
-        if is_inexact(x) and jnp.size(x):  # empty leaves are trivially finite
+        if can_be_nonfinite(x) and jnp.size(x):  # empty leaves are trivially finite
             groups.setdefault((jnp.shape(x), jnp.result_type(x)), []).append(x)
     flags = []
     for xs in groups.values():
@@ -78,7 +88,7 @@ def grouped_finite_flags(tree: PyTree) -> jax.Array:
 
 def host_finite_flags(leaves: list) -> np.ndarray:
     """Host side: one bool per leaf (True = finite or not a float leaf). Not jit-safe."""
-    return np.array([not is_inexact(x) or bool(np.isfinite(np.asarray(x)).all()) for x in leaves], bool)
+    return np.array([not can_be_nonfinite(x) or bool(np.isfinite(np.asarray(x)).all()) for x in leaves], bool)
 
 
 def is_key(x: Any) -> bool:
@@ -107,7 +117,8 @@ def to_host(tree: PyTree) -> PyTree:
 
 
 def same_structure(a: PyTree, b: PyTree) -> bool:
-    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)  # type: ignore[operator]  # jaxlib's PyTreeDef is not resolved by mypy here
+    left: Any = jax.tree_util.tree_structure(a)  # (PyTreeDef's stub has no __eq__)
+    return bool(left == jax.tree_util.tree_structure(b))
 
 
 def explicit_sharding(x: Any) -> Any:

@@ -27,6 +27,8 @@ FIX = {
     "drop or repair bad rows before they reach the step.",
     "nonfinite.forward": "run jaxsane.locate(step, *inputs) on the dumped inputs to find the line; typical "
     "causes are log(0), exp overflow, 0/0 in a masked mean, fp16 overflow.",
+    "nonfinite.literal": "the step returns a NaN/Inf constant written in the program (jnp.nan, jnp.inf, float('nan')): "
+    "return a finite value, or replace the 'no value' marker before it reaches the outputs.",
     "nonfinite.update": "the loss was finite but the new state is not: run jaxsane.locate on the dumped inputs; "
     "typical causes are a NaN gradient (double-where trap, norm at 0), fp16 Adam eps "
     "underflow, or a learning rate blow-up.",

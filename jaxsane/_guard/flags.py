@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.errors import GuardConfigError
-from .._core.tree import is_inexact, leaves_with_paths, same_structure
+from .._core.tree import can_be_nonfinite, leaves_with_paths, same_structure
 
 _CHUNK = 64  # leaves per grouped reduction: XLA:CPU compiles many small fusions faster than a few huge ones
 
@@ -60,8 +60,8 @@ def flag_chunks(leaves: list) -> list[list[int]]:
     """The leaf indices behind each flag of :func:`grouped_flags`, in flag order. Jit-safe."""
     groups: dict = {}
     for i, x in enumerate(leaves):
-        if is_inexact(x) and np.size(x):  # empty leaves are trivially finite
-            groups.setdefault((np.shape(x), np.dtype(x.dtype)), []).append(i)
+        if can_be_nonfinite(x) and np.size(x):  # empty leaves are trivially finite; Python floats count
+            groups.setdefault((np.shape(x), jnp.result_type(x)), []).append(i)
     return [idx[start : start + _CHUNK] for idx in groups.values() for start in range(0, len(idx), _CHUNK)]
 
 

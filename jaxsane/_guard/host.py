@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._core.errors import GuardConfigError, JaxsaneWarning, NonFiniteError, ReplicaDivergenceError
@@ -36,9 +37,22 @@ def _all_set(flags: np.ndarray) -> bool:
 
 
 def _echoes_args(out: Any, plain: tuple) -> bool:
-    """True when ``out`` is ``(*new values of the first k args, metrics)``, k >= 1."""
+    """True when ``out`` is ``(*new values of the first k args, metrics)``, k >= 1: the same structure, leaf
+    shapes and dtypes (a function of an int returning ``(jnp.nan, y)`` echoes no state)."""
     k = len(out) - 1 if isinstance(out, tuple) else 0
-    return 1 <= k <= len(plain) and all(same_structure(out[j], plain[j]) for j in range(k))
+    return 1 <= k <= len(plain) and all(_same_leaves(out[j], plain[j]) for j in range(k))
+
+
+def _same_leaves(a: Any, b: Any) -> bool:
+    if not same_structure(a, b):
+        return False
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        try:
+            if np.shape(x) != np.shape(y) or jnp.result_type(x) != jnp.result_type(y):
+                return False
+        except TypeError:  # leaves jnp cannot type (objects): the structure decides
+            continue
+    return True
 
 
 def _nnx_paths(state: Any, names: list[str]) -> list[str]:
@@ -143,7 +157,11 @@ class HostSide:
                 out_paths += [p for p, _ in leaves_with_paths(part, self.arg_name(k))]
             out_paths += [p for p, _ in leaves_with_paths(out[-1], "metrics" if isinstance(out[-1], dict) else "loss")]
         else:
-            root = self.arg_name(0) if call.plain and same_structure(out, call.plain[0]) else "out"
+            # the new state: the first argument's structure, shapes and dtypes (a single array is not a train
+            # state, as in locate: grad(f)(x) or a function returning jnp.nan has outputs, not an update)
+            state = call.plain[0] if call.plain else None
+            is_state = len(jax.tree_util.tree_leaves(state)) >= 2 and _same_leaves(out, state)
+            root = self.arg_name(0) if is_state else "out"
             out_paths += [p for p, _ in leaves_with_paths(out, root)]
         return in_paths, out_paths
 

@@ -173,6 +173,11 @@ class Interpreter:
         """``x[t]``: one time step of a scanned input."""
         return x[t]
 
+    def select(self, going: np.ndarray, new: Any, old: Any, eqn, ectx: Any) -> Any:
+        """A batched while's carry: ``new`` in the lanes (leading axis) where ``going`` is True, else ``old``."""
+        a = self.value(new)
+        return jnp.where(going.reshape(going.shape + (1,) * (np.ndim(a) - going.ndim)), a, self.value(old))
+
     def stack(self, parts: list, eqn, ectx: Any, aval: Any = None) -> Any:
         """Stack one scan output over its time steps (in time order)."""
         return jnp.stack(parts) if parts else jnp.zeros(aval.shape, aval.dtype)
@@ -338,11 +343,13 @@ def _while_rule(it: Interpreter, eqn, invals, tags, ectx):
     per_site: dict[tuple, list] = {}
     out_tags = list(tags[nc + nb :])
     n = 0
-    while bool(np.asarray(pred(carry))):
+    while (going := np.asarray(pred(carry))).any():
         with it.collecting() as rec:
-            carry, out_tags = it.run(
+            new, out_tags = it.run(
                 bj, bconsts_extra, [*bconsts, *carry], it.child(eqn, ectx, f"while iteration {n}", (n,)), body_tags
             )
+        # a batched predicate (vmap of a while_loop): the lanes whose predicate is False keep their carry
+        carry = new if going.ndim == 0 else [it.select(going, a, b, eqn, ectx) for a, b in zip(new, carry)]
         for site, v in rec.items():
             per_site.setdefault(site, []).append(v)
         n += 1
@@ -366,12 +373,11 @@ def _cond_rule(it: Interpreter, eqn, invals, tags, ectx):
 
             return fn
 
-        traced_index = jnp.asarray(it.value(invals[0]))
-        return list(jax.lax.switch(traced_index, [branch(k) for k in range(len(branches))], *ops)), out_tags
-    index = int(np.asarray(it.value(invals[0])).reshape(-1)[0])
-    index = min(max(index, 0), len(branches) - 1)
-    sub, consts = closed(branches[index])
-    return it.run(sub, consts, list(ops), it.child(eqn, ectx, f"branch {index}"), op_tags)
+        index = jnp.asarray(it.value(invals[0]))
+        return list(jax.lax.switch(index, [branch(k) for k in range(len(branches))], *ops)), out_tags
+    taken = min(max(int(np.asarray(it.value(invals[0])).reshape(-1)[0]), 0), len(branches) - 1)
+    sub, consts = closed(branches[taken])
+    return it.run(sub, consts, list(ops), it.child(eqn, ectx, f"branch {taken}"), op_tags)
 
 
 RULES: dict[str, Rule] = {

@@ -34,6 +34,7 @@ class Analysis:
         self.retrace: Callable[[], list] | None = None
         self._records: list | None = None
         self.reached: set[int] = set()
+        self.unopened: dict[int, str] = {}  # id(node) -> why its body could not be replayed
         work: list[Val] = []
         for v, path in zip(outs, out_paths):
             if v.bad:
@@ -70,8 +71,9 @@ class Analysis:
             if not node.link and node.prim in EXPANDABLE and node.inner is None:
                 try:
                     self.replay.expand(node)
-                except Exception:  # pragma: no cover - descent is best effort; the node stays opaque
+                except Exception as e:  # pragma: no cover - descent is best effort; the node stays opaque
                     node.inner = None
+                    self.unopened[id(node)] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if not node.link and node.inner is not None:
                 k = node.outs.index(v)
                 inner = [x for x in node.inner[k] if x.bad]

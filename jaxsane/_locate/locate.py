@@ -14,7 +14,10 @@ that actually flow into non-finite outputs, so NaNs produced and masked away
 (``jnp.where(mask, x / d, 0)``, ``-inf`` attention masks with a finite softmax) are never
 reported. The origin is the first computation with finite inputs and a non-finite result (or a
 NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
-path. ``nan_causes.py`` names the cause and the fix.
+path; a NaN/Inf constant of the program that reaches the outputs (``nonfinite.literal``); or a
+non-finite input (``nonfinite.input``, also when its first operation only turns its inf into NaN).
+Python float arguments are traced as weak-typed scalars, as ``jax.jit`` does.
+``nan_causes.py`` names the cause and the fix.
 
 When the replay is finite but the compiled program is not, the report says "not reproduced
 outside XLA" and the smallest compiled prefix of the program that produces the non-finite value
@@ -70,12 +73,33 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
 
 
-def _is_traced_leaf(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+def _is_traced_leaf(x: Any, scalars: bool = True) -> bool:
+    """Arrays are traced; so are Python ``float``/``complex`` leaves (``scalars``), as weak-typed scalars, as
+    ``jax.jit`` traces them (a NaN passed as ``np.nan`` is then an input, not a constant of the program)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or (scalars and isinstance(x, (float, complex)))
 
 
-def _prepare(fn: Callable, args: tuple, kwargs: dict):
-    """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs."""
+def _trace(pure: Callable, arrays: list):
+    """``(closed jaxpr, output shape)`` of ``pure`` on ``arrays``, with chex's assertions off."""
+    with chex_asserts_off():
+        return jax.make_jaxpr(pure, return_shape=True)(*arrays)
+
+
+def _trace_call(fn: Callable, args: tuple, kwargs: dict):
+    """``(closed jaxpr, output shape, traced leaves, their paths, output namer)`` of ``fn(*args, **kwargs)``,
+    Python scalars traced; held static when the function branches on them in Python."""
+    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
+    try:
+        closed, out_shape = _trace(pure, arrays)
+    except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold Python scalars static
+        pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars=False)
+        closed, out_shape = _trace(pure, arrays)
+    return closed, out_shape, arrays, in_paths, out_paths_of
+
+
+def _prepare(fn: Callable, args: tuple, kwargs: dict, scalars: bool = True):
+    """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs.
+    ``scalars``: trace Python float/complex leaves too (else they are held static, as constants)."""
     names = _arg_names(fn, len(args))
     positions = nnx_positions(args)
     layout, nnx_state = split_objects(args, positions)
@@ -83,7 +107,7 @@ def _prepare(fn: Callable, args: tuple, kwargs: dict):
     tree = (nnx_state, plain, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     paths = [_rename(path, names, positions) for path, _ in leaves_with_paths(tree)]
-    traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x)]
+    traced = [i for i, x in enumerate(leaves) if _is_traced_leaf(x, scalars)]
 
     def pure(*arrays):
         flat = list(leaves)
@@ -186,10 +210,8 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     if message is not None:  # a dump's NNX state where the step takes the object: say how to get it back
         raise DumpError(message)
     fn = locate_target(fn)  # a chexified step: the function under chexify, traced with chex's assertions off
-    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
     try:
-        with chex_asserts_off():
-            closed, out_shape = jax.make_jaxpr(pure, return_shape=True)(*arrays)
+        closed, out_shape, arrays, in_paths, out_paths_of = _trace_call(fn, args, kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function does not trace on these inputs
         raise JaxsaneError(
             f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
@@ -198,6 +220,10 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         ) from e
     out_paths = out_paths_of(out_shape)
     replay = Replay()
+    # Python scalars are replayed as the weak-typed arrays the trace made of them
+    arrays = [
+        np.asarray(a, aval.dtype) if isinstance(a, (float, complex)) else a for a, aval in zip(arrays, closed.in_avals)
+    ]
     ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
     outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
@@ -336,11 +362,20 @@ def _module_experiment(step: Callable) -> Any:
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     """Trace ``fn``'s Python again and record its custom_vjp calls. Jit is disabled meanwhile, so that the
     jitted functions ``fn`` calls (the user's jitted step inside a wrapper) run their Python again instead of
-    taking their jaxpr from jit's trace cache."""
+    taking their jaxpr from jit's trace cache. ``fn`` itself is traced first (``unwrap`` would also strip a
+    ``jax.grad``, whose ``__wrapped__`` is the function it differentiates), then its unwrapped function."""
     records: list = []
-    pure, arrays, _, _ = _prepare(unwrap(fn), args, kwargs)
-    with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
-        jax.make_jaxpr(pure)(*arrays)
+    for target in (fn, unwrap(fn)):
+        for scalars in (True, False):
+            pure, arrays, _, _ = _prepare(target, args, kwargs, scalars)
+            try:
+                with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():
+                    jax.make_jaxpr(pure)(*arrays)
+                break
+            except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold it static
+                records.clear()
+        if records or target is unwrap(fn):
+            return records
     return records
 
 

@@ -1,7 +1,7 @@
 """The replay engine behind :func:`jaxsane.locate`: a jaxpr run equation by equation on real values.
 
 :class:`Replay` evaluates a jaxpr on the host: the common primitives (elementwise math,
-reductions, ``dot_general``, shape ops, ``select_n``) with numpy, the rest through ``bind``.
+reductions, ``dot_general``, shape ops, ``select_n``) with numpy (``host_ops.py``), the rest through ``bind``.
 Each equation becomes a :class:`Node` whose outputs are :class:`Val` values carrying their
 NaN/Inf flags and their producer. Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are
 replayed inline; ``scan``/``while``/``cond``/``shard_map`` run whole until :meth:`Replay.expand`
@@ -19,18 +19,20 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import core as jcore
 
-from .._core.frames import in_optax, user_frame
-from .._core.tree import is_inexact
+from .._core.frames import in_optax, is_library_file, user_frame
+from .._core.tree import can_be_nonfinite
 from .._jaxpr.compile_level import quick_options
-from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, closed
+from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, all_eqns, closed
+from .host_ops import NP, NP_UFUNCS
 
 # ----------------------------------------------------------------------------- values and nodes
 
 
 def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) of an array; (False, False) for integer/bool/key arrays."""
-    if not is_inexact(x):
+    if not can_be_nonfinite(x):
         return False, False
     a = np.asarray(x)
     if a.size == 0:
@@ -43,7 +45,7 @@ def flags(x: Any) -> tuple[bool, bool]:
 class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
 
-    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "__weakref__")
+    __slots__ = ("value", "nan", "inf", "producer", "kind", "name", "site", "entry", "__weakref__")
 
     def __init__(self, value, producer=None, kind=None, name=None):
         self.value = value
@@ -51,6 +53,8 @@ class Val:
         self.producer = producer
         self.kind = kind  # None (computed), "input", "literal", "const"
         self.name = name
+        self.site: tuple | None = None  # a literal returned as is: (the jaxpr returning it, its Ctx)
+        self.entry: Node | None = None  # a non-finite constant passed straight to a user function: that call
 
     @property
     def bad(self) -> bool:
@@ -180,184 +184,24 @@ def _bind(eqn, values: list, mesh=None) -> list:
 
     if mesh is None:
         return call(*values)
-    names, _ = mesh
+    if eqn.primitive.name in _TYPE_CASTS:  # a cast of the varying-axes type only: the values are unchanged
+        return list(values)
+    names, sizes = mesh
     stacked = [isinstance(v, _Stacked) for v in values]
     if not any(stacked):
-        return call(*values)
+        try:
+            return call(*values)
+        except Exception:  # noqa: BLE001 - it names a mesh axis (axis_index, a collective): bind it per shard
+            pass
     fn = lambda *xs: call(*xs)  # noqa: E731
-    for name in reversed(names):
-        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name)
+    for name, size in reversed(list(zip(names, sizes))):
+        fn = jax.vmap(fn, in_axes=[0 if s else None for s in stacked], axis_name=name, axis_size=size)
     out = fn(*[v.value if s else v for v, s in zip(values, stacked)])
     return [_Stacked(o) for o in out]
 
 
-# -- a host replay for the common primitives: no compilation, the values XLA's kernels give up to rounding
-
-
-def _np_dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
-    (lc, rc), (lb, rb) = dimension_numbers
-    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    xs, ys = [None] * x.ndim, [None] * y.ndim
-    for i, j in zip(lb, rb):
-        xs[i] = ys[j] = next(letters)
-    for i, j in zip(lc, rc):
-        xs[i] = ys[j] = next(letters)
-    for i in range(x.ndim):
-        xs[i] = xs[i] or next(letters)
-    for j in range(y.ndim):
-        ys[j] = ys[j] or next(letters)
-    out = (
-        [xs[i] for i in lb]
-        + [xs[i] for i in range(x.ndim) if i not in lb and i not in lc]
-        + [ys[j] for j in range(y.ndim) if j not in rb and j not in rc]
-    )
-    dt = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(x, y)
-    if dt.kind == "f" and dt.itemsize < 4:  # XLA's CPU dots accumulate float16/bfloat16 in float32
-        x, y = x.astype(np.float32), y.astype(np.float32)
-    return np.einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y, optimize=True)
-
-
-def _np_broadcast(x, *, shape, broadcast_dimensions, **_):
-    expanded = [1] * len(shape)
-    for i, d in enumerate(broadcast_dimensions):
-        expanded[d] = x.shape[i]
-    return np.broadcast_to(x.reshape(expanded), shape)
-
-
-def _np_select(pred, *cases):
-    if pred.dtype == np.bool_:
-        return np.where(pred, cases[1], cases[0]) if len(cases) == 2 else np.choose(pred.astype(int), cases)
-    return np.choose(pred.astype(int), np.broadcast_arrays(*cases))
-
-
-def _np_slice(x, *, start_indices, limit_indices, strides=None, **_):
-    strides = strides or (1,) * x.ndim
-    return x[tuple(slice(a, b, c) for a, b, c in zip(start_indices, limit_indices, strides))]
-
-
-def _reduce(fn):
-    return lambda x, *, axes, **_: fn(x, axis=tuple(axes))
-
-
-_NP = {
-    "neg": np.negative,
-    "sign": np.sign,
-    "floor": np.floor,
-    "ceil": np.ceil,
-    "is_finite": np.isfinite,
-    "exp": np.exp,
-    "exp2": np.exp2,
-    "log": np.log,
-    "log1p": np.log1p,
-    "expm1": np.expm1,
-    "tanh": np.tanh,
-    "logistic": lambda x, **_: 1 / (1 + np.exp(-x)),
-    "sin": np.sin,
-    "cos": np.cos,
-    "tan": np.tan,
-    "asin": np.arcsin,
-    "acos": np.arccos,
-    "atan": np.arctan,
-    "sinh": np.sinh,
-    "cosh": np.cosh,
-    "asinh": np.arcsinh,
-    "acosh": np.arccosh,
-    "atanh": np.arctanh,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x, **_: 1 / np.sqrt(x),
-    "cbrt": np.cbrt,
-    "abs": np.abs,
-    "not": np.invert,
-    "square": np.square,
-    "add": np.add,
-    "add_any": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": lambda x, y, **_: np.trunc(x / y).astype(x.dtype) if x.dtype.kind in "iu" else np.divide(x, y),
-    "rem": np.fmod,
-    "pow": np.power,
-    "max": np.maximum,
-    "min": np.minimum,
-    "atan2": np.arctan2,
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-    "and": np.bitwise_and,
-    "or": np.bitwise_or,
-    "xor": np.bitwise_xor,
-    "integer_pow": lambda x, *, y, **_: x**y if y >= 0 else 1 / (x**-y),
-    "select_n": _np_select,
-    "convert_element_type": lambda x, *, new_dtype, **_: x.astype(new_dtype),
-    "broadcast_in_dim": _np_broadcast,
-    "reshape": lambda x, *, new_sizes, **_: x.reshape(new_sizes),
-    "squeeze": lambda x, *, dimensions, **_: np.squeeze(x, axis=tuple(dimensions)),
-    "expand_dims": lambda x, *, dimensions, **_: np.expand_dims(x, tuple(dimensions)),
-    "transpose": lambda x, *, permutation, **_: np.transpose(x, permutation),
-    "reduce_sum": _reduce(np.sum),
-    "reduce_max": _reduce(np.max),
-    "reduce_min": _reduce(np.min),
-    "reduce_prod": _reduce(np.prod),
-    "reduce_and": _reduce(np.all),
-    "reduce_or": _reduce(np.any),
-    "dot_general": _np_dot_general,
-    "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, dimension),
-    "slice": _np_slice,
-    "copy": lambda x, **_: x,
-    "copy_p": lambda x, **_: x,
-    "clamp": lambda lo, x, hi, **_: np.minimum(np.maximum(x, lo), hi),
-    "stop_gradient": lambda x, **_: x,
-}
-_NP_PARAMS = {
-    "neg",
-    "sign",
-    "floor",
-    "ceil",
-    "is_finite",
-    "exp",
-    "exp2",
-    "log",
-    "log1p",
-    "expm1",
-    "tanh",
-    "sin",
-    "cos",
-    "tan",
-    "asin",
-    "acos",
-    "atan",
-    "sinh",
-    "cosh",
-    "asinh",
-    "acosh",
-    "atanh",
-    "sqrt",
-    "cbrt",
-    "abs",
-    "not",
-    "square",
-    "add",
-    "add_any",
-    "sub",
-    "mul",
-    "rem",
-    "pow",
-    "max",
-    "min",
-    "atan2",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "and",
-    "or",
-    "xor",
-    "select_n",
-}  # ufuncs: called without params
+# shard_map's casts between varying-axes types (check_vma=True): identities on the per-shard values
+_TYPE_CASTS = frozenset({"pvary", "pcast", "core_pvary"})
 
 
 def _evaluate(eqn, values: list, mesh=None) -> list:
@@ -365,13 +209,13 @@ def _evaluate(eqn, values: list, mesh=None) -> list:
     name = eqn.primitive.name
     if name == "check" and not eqn.outvars:  # a checkify check (a chex value assertion traced under chexify, kept
         return []  # in jit's trace cache): the replay finds values, it asserts nothing
-    fn = _NP.get(name)
+    fn = NP.get(name)
     if fn is None or mesh is not None or any(_is_extended(v) for v in values):
         return _bind(eqn, values, mesh)
     arrays = [np.asarray(v) for v in values]
     try:
         with np.errstate(all="ignore"):
-            out = fn(*arrays) if name in _NP_PARAMS else fn(*arrays, **eqn.params)
+            out = fn(*arrays) if name in NP_UFUNCS else fn(*arrays, **eqn.params)
     except Exception:  # anything numpy reads differently: let jax do it
         return _bind(eqn, values, mesh)
     aval = eqn.outvars[0].aval
@@ -438,9 +282,13 @@ class Replay(Interpreter):
     def run(self, jaxpr, consts, args, ctx=None, tags=None):
         self._runs.append((_last_grad_index(jaxpr), []))
         try:
-            return super().run(jaxpr, consts, args, ctx, tags)
+            outs, out_tags = super().run(jaxpr, consts, args, ctx, tags)
         finally:
             self._runs.pop()
+        for v, var in zip(outs, jaxpr.outvars):
+            if isinstance(v, Val) and v.kind == "literal" and v.site is None and isinstance(var, jcore.Literal):
+                v.site = (jaxpr, ctx)  # a constant the jaxpr returns as is: where it is written (origins.py)
+        return outs, out_tags
 
     def finished(self, jaxpr, env: dict) -> None:
         self._last_env = env
@@ -453,6 +301,11 @@ class Replay(Interpreter):
         node.last_grad = last_grad
         nodes.append(node)
         self.count += 1
+        if eqn.primitive.name in _USER_CALLS:
+            consts = [v for v in invals if isinstance(v, Val) and v.kind in ("literal", "const") and v.bad]
+            if any(v.entry is None for v in consts) and _calls_user_code(eqn, node.frame):
+                for v in consts:  # f(jnp.inf): the constant is an argument of the user's function, written here
+                    v.entry = v.entry or node
         return node
 
     def enters(self, eqn, node: Node) -> bool:
@@ -478,6 +331,13 @@ class Replay(Interpreter):
     def index(self, x: Val, t: int, eqn, node: Node) -> Val:
         link = Node(None, [x], node.ctx, node.order + (t, -1), link=True)
         val = Val(x.value[t], producer=link)
+        link.outs = [val]
+        return val
+
+    def select(self, going, new: Val, old: Val, eqn, node: Node) -> Val:
+        link = Node(None, [new, old], node.ctx, node.order + (-1,), link=True)
+        a = np.asarray(raw(new.value))
+        val = Val(np.where(going.reshape(going.shape + (1,) * (a.ndim - going.ndim)), a, raw(old.value)), link)
         link.outs = [val]
         return val
 
@@ -546,6 +406,27 @@ class Replay(Interpreter):
         ctx.mesh = (names, sizes)
         outs, _ = self.replay(sub, consts, ins, ctx)
         node.inner = [[o] for o in outs]
+
+
+_USER_CALLS = frozenset({"pjit", "jit", "shard_map"})
+
+
+def _calls_user_code(eqn, call_frame) -> bool:
+    """Whether a call equation runs a function of the user's: its body's ``debug_info`` names a user file, or
+    (``pmap``'s wrapper) its equations carry user lines other than the call's own."""
+    body = eqn.params.get("jaxpr")
+    info = getattr(getattr(body, "jaxpr", body), "debug_info", None)
+    src = str(getattr(info, "func_src_info", "") or "")
+    file = src.rpartition(" at ")[2].rpartition(":")[0]
+    if file and not is_library_file(file):
+        return True
+    for k, e in enumerate(all_eqns(body) if body is not None else ()):
+        frame = user_frame(e)
+        if frame is not None and frame != call_frame:
+            return True
+        if k > 200:
+            break
+    return False
 
 
 def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:

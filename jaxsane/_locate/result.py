@@ -48,8 +48,10 @@ class Origin:
     """One place where a non-finite value that reaches the outputs is born.
 
     Attributes:
-      code: ``nonfinite.forward`` / ``.backward`` / ``.update`` / ``.input``.
-      primitive: the jaxpr primitive that produced it (``"input"`` for a bad argument).
+      code: ``nonfinite.forward`` / ``.backward`` / ``.update`` / ``.input`` / ``.literal`` (a non-finite
+        constant of the program returned as is; its phase says which pass returns it).
+      primitive: the jaxpr primitive that produced it (``"input"`` for a bad argument, ``"literal"`` for a
+        constant).
       phase: ``forward``, ``backward``, ``update`` or ``input``.
       file, line, source: the user's own frame and its source text.
       name_stack: the jaxpr name stack (``jvp()``, ``transpose(jvp())``, ...).
@@ -128,6 +130,12 @@ class Origin:
         )
 
 
+_NO_ORIGIN = (
+    "the equation-by-equation replay is non-finite too, but no equation, constant or input could be named as "
+    "the origin (a primitive the replay runs whole)"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class LocateReport:
     """What :func:`locate` found. ``origins[0]`` is the root cause; ``str(report)`` renders it all.
@@ -157,11 +165,11 @@ class LocateReport:
         return [
             Finding(
                 "nonfinite.forward",
-                f"non-finite outputs {', '.join(paths[:4])}: {self._xla_text()}",
+                f"non-finite outputs {', '.join(paths[:4])}: {self._xla_text() if self.xla_only else _NO_ORIGIN}",
                 "run the step without jit (jax.disable_jit()) or with XLA_FLAGS=--xla_cpu_enable_fast_math="
                 "false / --xla_gpu_enable_fast_min_max=false to confirm; check the reported prefix",
                 path=paths[0] if paths else None,
-                extra={"xla_only": True, "prefix": self.prefix},
+                extra={"xla_only": self.xla_only, "prefix": self.prefix},
             )
         ]
 
@@ -178,14 +186,18 @@ class LocateReport:
 
     def summary(self) -> str:
         """One line: the first origin's summary (or why there is none). Not jit-safe."""
-        return self.origins[0].summary() if self.origins else self._xla_text()
+        if self.origins:
+            return self.origins[0].summary()
+        return self._xla_text() if self.xla_only else _NO_ORIGIN
 
     def __str__(self) -> str:
         outs = ", ".join(f"{p} ({n} NaN, {i} Inf)" for p, n, i in self.bad_outputs[:6])
         more = f" and {len(self.bad_outputs) - 6} more" if len(self.bad_outputs) > 6 else ""
         lines = [f"[jaxsane] locate: non-finite outputs {outs}{more}"]
-        if self.xla_only or not self.origins:
+        if self.xla_only:
             lines.append("  " + self._xla_text())
+        elif not self.origins:
+            lines.append("  " + _NO_ORIGIN)
         for k, o in enumerate(self.origins):
             if k == 1:
                 lines.append(f"  {len(self.origins) - 1} further origin(s):")
