@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .._core.tree import is_inexact
+from .._core.tree import can_be_nonfinite
 from .replay import EXPANDABLE, Node, Replay, Val, raw
 
 OUT = "output"
@@ -189,7 +189,8 @@ class Analysis:
 
 def nonfinite_counts(x) -> tuple[int, int]:
     """``(NaN count, Inf count)`` of a value (0, 0 for integers). Not jit-safe."""
-    a = np.asarray(raw(x))
-    if not is_inexact(a):
+    x = raw(x)
+    if not can_be_nonfinite(x):  # (integers, bools and typed PRNG keys, which numpy cannot hold)
         return 0, 0
+    a = np.asarray(x)
     return int(np.isnan(a).sum()), int(np.isinf(a).sum())

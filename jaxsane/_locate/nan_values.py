@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .replay import host_array, is_key
+
 LOW_PRECISION = ("float16", "bfloat16")
 # primitives whose derivative blows up at the edge of their domain
 DERIV_PRIMS = (
@@ -36,10 +38,14 @@ DERIV_PRIMS = (
 
 
 def value_array(v: Any) -> np.ndarray:
-    """The concrete value of an analysis value (or of a plain array) as a numpy array."""
+    """The concrete value of an analysis value (or of a plain array) as a numpy array (a typed PRNG key
+    array: its key bits)."""
+    return host_array(_unwrapped(v))
+
+
+def _unwrapped(v: Any) -> Any:
     x = v.value if hasattr(v, "value") and not isinstance(v, np.ndarray) else v
-    x = getattr(x, "value", x)  # _Stacked
-    return np.asarray(x)
+    return getattr(x, "value", x)  # _Stacked
 
 
 def fmt_value(x: Any) -> str:
@@ -110,17 +116,20 @@ def describe(node) -> str:
         return node.prim
     out = value_array(next((o for o in node.outs if o.bad), node.outs[0]))
     idx = first_bad_index(out)
+    keys = [_unwrapped(x) if is_key(_unwrapped(x)) else None for x in node.ins]  # typed PRNG keys: named, no value
     ins = [value_array(x) for x in node.ins]
-    vals = [value_at(a, idx, out.shape) for a in ins]
-    if all(v is not None for v in vals) and all(a.size <= out.size for a in ins):
+    vals = [value_at(a, idx, out.shape) if k is None else _key_text(k) for a, k in zip(ins, keys)]
+    if all(v is not None for v in vals) and all(a.size <= out.size or k is not None for a, k in zip(ins, keys)):
         text = f"{node.prim}({', '.join(fmt_value(v) for v in vals)}) -> {fmt_value(out[idx] if idx else out)}"
         if idx:
             text += f" at index {list(idx)}"
     else:
         parts = []
-        for a in ins:
-            if a.dtype.kind in "fc" and a.size:
-                parts.append(f"{a.dtype}{list(a.shape)} max|x|={fmt_value(np.nanmax(np.abs(a)))}")
+        for a, k in zip(ins, keys):
+            if k is not None:
+                parts.append(_key_text(k))
+            elif a.dtype.kind in "fc" and (~np.isnan(a)).any():  # (an all-NaN operand has no max)
+                parts.append(f"{a.dtype}{list(a.shape)} max|x|={fmt_value(np.abs(a[~np.isnan(a)]).max())}")
             else:
                 parts.append(f"{a.dtype}{list(a.shape)}")
         n_nan, n_inf = int(np.isnan(out).sum()), int(np.isinf(out).sum())
@@ -129,6 +138,11 @@ def describe(node) -> str:
     if dt in LOW_PRECISION:
         text += f" in {dt}"
     return text
+
+
+def _key_text(key: Any) -> str:
+    """A typed PRNG key operand in a message: ``key<fry>[2, 4]``."""
+    return f"{key.dtype}{list(key.shape)}"
 
 
 # ----------------------------------------------------------------------------- structural helpers

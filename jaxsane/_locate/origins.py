@@ -25,7 +25,7 @@ from .._jaxpr.interpret import all_eqns
 from .flow import OUT, Analysis, nonfinite_counts
 from .nan_causes import Cause, explain
 from .nan_values import primal_eqn
-from .replay import Node, Val, raw
+from .replay import Node, Val, host_array, raw
 from .result import Origin, OriginContext
 
 
@@ -135,11 +135,11 @@ def _at_inputs_of(node: Node, origin: Node) -> bool:
     if any(a is b for a in mine for b in theirs):
         return True
     for a in mine:
-        va = np.asarray(raw(a.value))
+        va = host_array(a.value)
         if va.size < 2:
             continue
         for b in theirs:
-            vb = np.asarray(raw(b.value))
+            vb = host_array(b.value)
             if va.shape == vb.shape and va.dtype == vb.dtype and np.array_equal(va, vb):
                 return True
     return False

@@ -42,6 +42,22 @@ def flags(x: Any) -> tuple[bool, bool]:
     return bool(np.isnan(a).any()), bool(np.isinf(a).any())
 
 
+def is_key(x: Any) -> bool:
+    """Whether ``x`` is a typed PRNG key array (``jax.random.key``, dtype ``key<fry>``): never non-finite, and
+    numpy cannot hold it (its bits are ``jax.random.key_data``)."""
+    dtype = getattr(raw(x), "dtype", None)
+    try:
+        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:  # pragma: no cover - not a dtype
+        return False
+
+
+def host_array(x: Any) -> np.ndarray:
+    """A replayed value (a per-shard stack included) as a numpy array; a typed key array as its key bits."""
+    x = raw(x)
+    return np.asarray(jax.random.key_data(x)) if is_key(x) else np.asarray(x)
+
+
 class Val:
     """A runtime value of the replay, with its non-finite flags and the node that produced it."""
 
@@ -202,11 +218,15 @@ def _bind(eqn, values: list, mesh=None) -> list:
 
 # shard_map's casts between varying-axes types (check_vma=True): identities on the per-shard values
 _TYPE_CASTS = frozenset({"pvary", "pcast", "core_pvary"})
+# moves of a value between shardings (explicit-axis meshes): the replay keeps every value on the host
+_PLACEMENTS = frozenset({"reshard"})
 
 
 def _evaluate(eqn, values: list, mesh=None) -> list:
     """One equation on real values: on the host with numpy when it can, else ``bind`` (jax caches it)."""
     name = eqn.primitive.name
+    if name in _PLACEMENTS:  # where the value lives, not what it is (a reshard needs the mesh's context to bind)
+        return list(values)
     if name == "check" and not eqn.outvars:  # a checkify check (a chex value assertion traced under chexify, kept
         return []  # in jit's trace cache): the replay finds values, it asserts nothing
     fn = NP.get(name)
@@ -336,8 +356,11 @@ class Replay(Interpreter):
 
     def select(self, going, new: Val, old: Val, eqn, node: Node) -> Val:
         link = Node(None, [new, old], node.ctx, node.order + (-1,), link=True)
-        a = np.asarray(raw(new.value))
-        val = Val(np.where(going.reshape(going.shape + (1,) * (a.ndim - going.ndim)), a, raw(old.value)), link)
+        a, b = host_array(new.value), host_array(old.value)  # (a key carry: its bits, wrapped back below)
+        picked = np.where(going.reshape(going.shape + (1,) * (a.ndim - going.ndim)), a, b)
+        if is_key(new.value):
+            picked = jax.random.wrap_key_data(picked, impl=jax.random.key_impl(raw(new.value)))
+        val = Val(picked, link)
         link.outs = [val]
         return val
 
@@ -399,7 +422,7 @@ class Replay(Interpreter):
         ins = []
         for x, spec in zip(node.ins, p["in_specs"]):
             link = Node(None, [x], node.ctx, node.order + (-1,), link=True)
-            val = Val(_Stacked(_split_shards(np.asarray(x.value), spec, names, sizes)), producer=link)
+            val = Val(_Stacked(_shards_of(x.value, spec, names, sizes)), producer=link)
             link.outs = [val]
             ins.append(val)
         ctx = self._child(node, ("shard_map",))
@@ -427,6 +450,14 @@ def _calls_user_code(eqn, call_frame) -> bool:
         if k > 200:
             break
     return False
+
+
+def _shards_of(x: Any, spec, names, sizes) -> Any:
+    """:func:`_split_shards` of a global value; a typed key array is split by its bits and wrapped back."""
+    if is_key(x):
+        bits = _split_shards(np.asarray(jax.random.key_data(x)), spec, names, sizes)
+        return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(x))
+    return _split_shards(np.asarray(x), spec, names, sizes)
 
 
 def _split_shards(a: np.ndarray, spec, names, sizes) -> np.ndarray:
