@@ -240,8 +240,8 @@ def _replay(args: argparse.Namespace) -> int:
     except (DumpError, DumpShapeError) as e:  # a damaged or hostile dump, or a class it cannot rebuild
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    except JaxsaneError as e:
-        raise UsageError(str(e)) from e
+    except JaxsaneError as e:  # (the user's factory raised: named, with its file:line, in one line)
+        raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
     if report is None:
         print(
             "[jaxsane] replay: every output of the step is finite on the dumped inputs (the failure did not "

@@ -213,6 +213,54 @@ def test_replay_of_an_nnx_dump_with_nothing_to_rebuild_the_objects_exits_2_sayin
     assert "Traceback" not in err_text
 
 
+_FACTORIES = """
+def make_seeded(seed=0, *extra, **options):
+    return make_objects()
+
+def make_broken(seed=0):
+    raise ValueError("no checkpoint at /nowhere")  # BROKEN_LIKE
+
+def experiment_broken():
+    return {}["missing"]  # BROKEN_STEP
+"""
+
+
+def _line_of(file, tag):
+    with open(file) as fh:
+        return next(i + 1 for i, text in enumerate(fh) if text.rstrip().endswith(f"# {tag}"))
+
+
+def test_replay_calls_a_like_factory_whose_parameters_all_have_defaults(tmp_path, capsys):
+    from _programs import nnx_log_dump
+
+    from jaxsane import cli
+    module, err = nnx_log_dump(tmp_path, _FACTORIES)
+    file = os.path.join(str(tmp_path), "user_nnx_step.py")
+    assert cli.main(["replay", err.dump_path, "--step", f"{file}:train_step", "--like", f"{file}:make_seeded"]) == 1
+    out = capsys.readouterr().out
+    assert f"log (forward) at user_nnx_step.py:{err.located.origins[0].line}" in out, out
+
+
+@pytest.mark.parametrize("flag", ["--like", "--step"])
+def test_replay_whose_factory_raises_names_the_users_exception_and_line_and_exits_2(tmp_path, capsys, flag):
+    from _programs import nnx_log_dump
+
+    from jaxsane import cli
+    module, err = nnx_log_dump(tmp_path, _FACTORIES)
+    file = os.path.join(str(tmp_path), "user_nnx_step.py")
+    if flag == "--like":
+        args, kind, text, tag = ["--step", f"{file}:train_step", "--like", f"{file}:make_broken"], "ValueError", \
+            "no checkpoint at /nowhere", "BROKEN_LIKE"
+    else:
+        args, kind, text, tag = ["--step", f"{file}:experiment_broken"], "KeyError", "'missing'", "BROKEN_STEP"
+    assert cli.main(["replay", err.dump_path, *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and f"replay: your {flag} factory" in lines[0], captured.err
+    assert f"{kind}: {text} at {file}:{_line_of(file, tag)}" in lines[0], lines[0]
+    assert "Traceback" not in captured.err + captured.out and "[jaxsane] [jaxsane]" not in lines[0]
+
+
 @pytest.mark.slow
 def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_path, monkeypatch):
     from jaxsane import cli

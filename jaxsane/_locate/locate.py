@@ -35,7 +35,9 @@ at an origin in ``debugger.py``.
 
 from __future__ import annotations
 
+import inspect
 import os
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +46,7 @@ import numpy as np
 from jax._src import core as jcore
 
 from .._core.errors import ArgumentError
-from .._core.frames import user_frame
+from .._core.frames import is_library_file, user_frame
 from .._core.tree import is_inexact, leaves_with_paths
 from .._dump.nnx import standin_message
 from .._experiment.chex import chex_asserts_off, locate_target
@@ -52,7 +54,6 @@ from .._experiment.purify import (
     arrays_of,
     call_split,
     nnx_positions,
-    positional_arity,
     positional_names,
     split_objects,
     uncounted,
@@ -297,13 +298,13 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
 
     load = load or load_dump
     exp = target if isinstance(target, Experiment) else None
-    if exp is None and callable(target) and positional_arity(target) == 0:
-        made = target()
+    if exp is None and callable(target) and callable_without_arguments(target):
+        made = call_users(target, "your --step factory")
         exp = made if isinstance(made, Experiment) else None
         if exp is None:
             raise JaxsaneError(f"{target!r}() returned a {type(made).__name__}, not an Experiment or a step.")
     if like is not None:
-        templates = like() if callable(like) and positional_arity(like) == 0 else like
+        templates = call_users(like, "your --like factory") if callable_without_arguments(like) else like
         dump = load(path, like=tuple(templates) if isinstance(templates, (tuple, list)) else (templates,))
         step = target if exp is None else exp.step if PureExperiment(exp).nnx else PureExperiment(exp).step
         return locate(step, *dump.args, **dump.kwargs)
@@ -316,14 +317,14 @@ def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any 
         found = _module_experiment(target)
         if found is None:
             raise objects_error(path, dump.objects, positional_names(target))
-        objs = found.init(jax.random.key(0))
+        objs = call_users(lambda: found.init(jax.random.key(0)), "your Experiment's init")
         dump = load(path, like=tuple(objs) if isinstance(objs, (tuple, list)) else (objs,))
         return locate(target, *dump.args, **dump.kwargs)
     adapted = PureExperiment(exp)
     batch = first_batch(exp.train)
     n_args = len(load(path).args)
     if adapted.nnx:
-        objs = exp.init(jax.random.key(0))
+        objs = call_users(lambda: exp.init(jax.random.key(0)), "your Experiment's init")
         objs = tuple(objs) if isinstance(objs, (tuple, list)) else (objs,)
         if n_args == len(objs) + 1:
             dump = load(path, like=objs)  # the objects from templates, the batch from the dump's data
@@ -353,10 +354,42 @@ def _module_experiment(step: Callable) -> Any:
     if mine or len(found) == 1:
         return (mine or found)[0]
     make = namespace.get("experiment")
-    if not found and callable(make) and positional_arity(make, required=True) == 0:
-        made = make()
+    if not found and callable(make) and callable_without_arguments(make):
+        made = call_users(make, "your module's")
         return made if isinstance(made, Experiment) else None
     return None
+
+
+def callable_without_arguments(fn: Any) -> bool:
+    """Whether ``fn`` is a function that can be called with no arguments: every parameter has a default or is
+    ``*args``/``**kwargs`` (``make_objects(seed=0)`` is a factory, not a template value). Not jit-safe."""
+    if not callable(fn) or isinstance(fn, type):
+        return False
+    try:
+        params = inspect.signature(unwrap(fn)).parameters.values()
+    except (TypeError, ValueError):  # no readable signature (a builtin): not a factory we can call blind
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+
+
+def call_users(fn: Callable, role: str) -> Any:
+    """``fn()``, a function of the user's; when it raises, a :class:`JaxsaneError` that says so, with the
+    exception's type and message and the ``file:line`` of the raising frame in the user's code. Not jit-safe."""
+    from .._core.errors import JaxsaneError
+
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the user's code raised: say where, in one line
+        frames = traceback.extract_tb(e.__traceback__)
+        frame = next((f for f in reversed(frames) if not is_library_file(f.filename)), None)
+        where = f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+        name = getattr(fn, "__qualname__", "")
+        call = f" {name}()" if name and name != "<lambda>" else ""
+        text = " ".join(str(e).split())
+        raise JaxsaneError(
+            f"replay: {role}{call} raised {type(e).__name__}: {text}{where}. Fix it there (it "
+            "must build the objects the dump was taken from), then replay again."
+        ) from e
 
 
 def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
