@@ -354,3 +354,16 @@ def test_guard_on_a_sharded_nnx_step():
         g(model, opt, make_batch(mesh, nan_row=5))
     (shard,) = [f for f in g.failures if f.code == "dist.nonfinite_shard"]
     assert shard.extra["devices"] == [mesh.devices.flat[2].id] and shard.extra["rows"] == [5]
+
+
+def test_check_replicas_of_copies_nan_everywhere_with_other_nan_bits_warns_nothing():
+    """Every copy NaN, one with other NaN bits: the copies differ bitwise, and no difference is a number."""
+    mesh = jax.make_mesh((8,), ("data",))
+    sharding = NamedSharding(mesh, P())
+    full = np.full((2, 3), np.nan, np.float32)
+    other = full.view(np.uint32) | np.uint32(1)  # a NaN with another payload
+    pieces = [jax.device_put(other.view(np.float32) if d.id == 3 else full, d)
+              for d in sharding.addressable_devices_indices_map(full.shape)]
+    leaf = jax.make_array_from_single_device_arrays(full.shape, sharding, pieces)
+    (f,) = jaxsane.check_replicas({"k": leaf})  # warnings are errors in the suite: no "All-NaN slice"
+    assert f.extra["devices"] == [3] and np.isnan(f.extra["max_abs_diff"])

@@ -176,3 +176,15 @@ def test_lm_whose_targets_are_its_inputs_gets_no_baseline_verdict():
     skipped = [f for f in result.findings if f.code == "doctor.skipped"]
     assert skipped and "targets" in skipped[0].message
     assert result.baseline is None
+
+
+def test_ignores_input_on_all_nan_losses_warns_nothing():
+    """Every loss NaN (a diverged sweep): no 'All-NaN slice' RuntimeWarning (warnings are errors here), no finding."""
+    from types import SimpleNamespace
+
+    from jaxsane._overfit.verdict import _Judged
+
+    losses = np.full((3, 4), np.nan)
+    result = SimpleNamespace(losses=losses, real=np.array([True, True, False]), baseline=2)
+    judged = _Judged(result, ("diverged",) * 3, None, 0, "", "", "")
+    assert judged.ignores_input(1.5) == []
