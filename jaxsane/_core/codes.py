@@ -33,6 +33,12 @@ CODES: dict[str, tuple[str, str, str]] = {
         "a cond/switch branch or a jitted function returning jnp.nan/jnp.inf, a custom_vjp backward rule returning "
         "a NaN constant, a 'no value' sentinel never replaced",
     ),
+    "nonfinite.latent": (
+        WARNING,
+        "the compiled gradient is finite, but evaluated operation by operation (eager mode, jax.debug_nans, "
+        "another backend or fusion) it is NaN/Inf",
+        "jnp.where over log/sqrt/division whose untaken branch has an infinite derivative (double-where trap)",
+    ),
     "grad.mismatch": (
         ERROR,
         "autodiff gradient disagrees with finite differences",

@@ -43,6 +43,7 @@ from .._experiment.batches import (
     sliceable,
 )
 from .._experiment.contract import Experiment, PureExperiment
+from .._locate.locate import latent_nan_findings
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .options import (
@@ -305,14 +306,13 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
         ]
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
-    return check_grads(
-        _traceable(adapted, "loss"),
-        adapted.params(state),
-        batch,
-        order=opts.grads_order,
-        modes=opts.grads_modes,
-        max_leaves=opts.grads_max_leaves or None,
+    loss, params = _traceable(adapted, "loss"), adapted.params(state)
+    findings = check_grads(
+        loss, params, batch, order=opts.grads_order, modes=opts.grads_modes, max_leaves=opts.grads_max_leaves or None
     )
+    if not any(f.code.startswith("nonfinite.") for f in findings):  # finite compiled: is the replay's gradient?
+        findings += latent_nan_findings(jax.grad(loss), params, batch)
+    return findings
 
 
 def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:

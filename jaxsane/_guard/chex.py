@@ -48,7 +48,7 @@ def chex_failure(guarded: Any, exc: AssertionError, candidates: list[tuple[int, 
     """The NonFiniteError for chex's failed finite assertion ``exc``: the first of ``candidates`` (``(step,
     args, kwargs)`` the guard still holds, oldest first) on which locate finds a non-finite value gives the
     step, origin and dump; chex's message is kept in the text (and the caller raises it ``from exc``)."""
-    from .._locate.locate import locate
+    from .._locate.locate import locate_failure  # (chex's assertion failed in the compiled step: not latent)
 
     chex_text = " ".join(str(exc).split())
     target = locate_target(guarded.step)
@@ -62,7 +62,7 @@ def chex_failure(guarded: Any, exc: AssertionError, candidates: list[tuple[int, 
         for s, a, k in candidates:
             try:
                 with chex_asserts_off():
-                    report = locate(target, *a, **k)
+                    report = locate_failure(target, *a, **k)
             except Exception as e:  # locate must never hide the original failure
                 warnings.warn(
                     f"[jaxsane] locate failed on the inputs of step {s}: {type(e).__name__}: {e}",

@@ -156,8 +156,8 @@ def try_locate(step: Callable, call: KeptCall):
     NNX objects are rebuilt from their input state (``nnx.merge``), so locate sees the step exactly
     as it was called, before the in-place update.
     """
-    try:
-        from .._locate.locate import locate
+    try:  # (the compiled step just failed: no compile again to tell a latent NaN)
+        from .._locate.locate import locate_failure
     except ImportError:
         return None
     user_args, kwargs = call.user_args()
@@ -168,7 +168,7 @@ def try_locate(step: Callable, call: KeptCall):
             args[p] = obj
     try:
         with chex_asserts_off():  # a chexified step: replay the step under it, chex's assertions off
-            return locate(locate_target(step), *args, **kwargs)
+            return locate_failure(locate_target(step), *args, **kwargs)
     except Exception as e:  # locate must never hide the original failure
         warnings.warn(
             f"[jaxsane] locate failed on the failing step's inputs: {type(e).__name__}: {e}",

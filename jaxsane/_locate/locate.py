@@ -46,6 +46,7 @@ import numpy as np
 from jax._src import core as jcore
 
 from .._core.errors import ArgumentError
+from .._core.finding import Finding
 from .._core.frames import is_library_file, user_frame
 from .._core.tree import is_inexact, leaves_with_paths
 from .._dump.nnx import standin_message
@@ -62,6 +63,7 @@ from .._experiment.purify import (
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import closed as open_closed
 from .flow import Analysis, nonfinite_counts
+from .latent import as_latent, latent_candidate
 from .origins import find_origins, recording_custom_vjp
 from .replay import Ctx, Replay, Val, flags
 from .result import LocateReport, Origin
@@ -188,9 +190,14 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       fn: the function that produced non-finite outputs.
       *args, **kwargs: its exact inputs.
 
+    When the compiled program's outputs are finite but the replay's are not, and every origin is in the
+    backward pass (the ``jnp.where(x > 0, jnp.log(x), 0.0)`` trap: eager mode, ``jax.debug_nans`` and
+    other backends or fusions give NaN gradients), the report is ``latent`` and its origins are
+    ``nonfinite.latent`` warnings, with the line and the fix.
+
     Returns:
-      None when every output is finite; else a :class:`LocateReport` whose ``origins[0]`` is the
-      root cause (``.code``, ``.file``, ``.line``, ``.fix``, ``.summary()``).
+      None when every output is finite (compiled and replayed); else a :class:`LocateReport` whose
+      ``origins[0]`` is the root cause (``.code``, ``.file``, ``.line``, ``.fix``, ``.summary()``).
 
     Raises:
       JaxsaneError: ``fn`` is not callable or does not trace on the given inputs.
@@ -203,6 +210,17 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
       >>> report.origins[0].primitive, report.origins[0].code
       ('log', 'nonfinite.forward')
     """
+    return _locate(fn, args, kwargs, compiled_failed=False)
+
+
+def locate_failure(fn: Callable, *args, **kwargs) -> LocateReport | None:
+    """:func:`locate` for a call whose compiled outputs are known to be non-finite (a guarded step that just
+    failed): the same report, without compiling the program again to tell a latent NaN. Not jit-safe."""
+    return _locate(fn, args, kwargs, compiled_failed=True)
+
+
+def _locate(fn: Callable, args: tuple, kwargs: dict, compiled_failed: bool) -> LocateReport | None:
+    """The body of :func:`locate`; ``compiled_failed``: the caller saw the compiled outputs non-finite."""
     from .._core.errors import DumpError, JaxsaneError
 
     if not callable(fn):
@@ -230,21 +248,7 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
         out_paths = [f"out[{i}]" for i in range(len(outs))]
     if not any(v.bad for v in outs):
-        compiled = _run_compiled(closed, arrays)
-        bad = [i for i, o in enumerate(compiled) if any(flags(o))]
-        if not bad:
-            return None
-        bad_outputs = [(out_paths[i], *nonfinite_counts(compiled[i])) for i in bad]
-        target, target_env = closed, env
-        while (
-            len(target.jaxpr.eqns) == 1
-            and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
-            and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)
-        ):
-            inner = target.jaxpr.eqns[0].params["jaxpr"]  # a jitted function: bisect its body
-            target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
-        pre = bisect_compiled(target, arrays, env=target_env)
-        return _xla_report(bad_outputs, pre, replay.count)
+        return _compiled_only(closed, arrays, env, replay, out_paths)
     analysis = Analysis(replay, outs, out_paths)
     analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
     bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
@@ -254,17 +258,58 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
         if o.context is not None:
             o.context.inputs, o.context.call = inputs, (fn, args, kwargs)
     if not origins and analysis.xla:
-        node, _ = analysis.xla[0]
-        sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, [])
-        pre = None
-        if sub is not None and node.prim in ("pjit", "jit"):
-            pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
-        if pre is None and node.jaxpr is not None:  # the compiled loop/branch itself is the smallest prefix
-            frame = node.frame
-            at = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
-            pre = (node.index + 1, len(node.jaxpr.eqns), f"{node.prim} at {at}")
-        return _xla_report(bad_outputs, pre, replay.count)
-    return LocateReport(origins, bad_outputs, equations=replay.count)
+        return _xla_report(bad_outputs, _inner_prefix(analysis.xla[0][0]), replay.count)
+    report = LocateReport(origins, bad_outputs, equations=replay.count)
+    if not compiled_failed and latent_candidate(origins):  # a backward NaN: is the compiled program finite?
+        report = as_latent(report, [v.bad for v in outs], _run_compiled(closed, arrays))
+    return report
+
+
+def _compiled_only(closed, arrays: list, env: dict, replay: Replay, out_paths: list) -> LocateReport | None:
+    """The replay is finite: None when the compiled program is too, else the XLA-only report, bisected."""
+    compiled = _run_compiled(closed, arrays)
+    bad = [i for i, o in enumerate(compiled) if any(flags(o))]
+    if not bad:
+        return None
+    bad_outputs = [(out_paths[i], *nonfinite_counts(compiled[i])) for i in bad]
+    target, target_env = closed, env
+    while (
+        len(target.jaxpr.eqns) == 1
+        and target.jaxpr.eqns[0].primitive.name in ("pjit", "jit")
+        and list(target.jaxpr.eqns[0].invars) == list(target.jaxpr.invars)
+    ):
+        inner = target.jaxpr.eqns[0].params["jaxpr"]  # a jitted function: bisect its body
+        target, target_env = inner, replay.envs.get(id(inner.jaxpr), (None, {}))[1]
+    return _xla_report(bad_outputs, bisect_compiled(target, arrays, env=target_env), replay.count)
+
+
+def _inner_prefix(node) -> tuple[int, int, str] | None:
+    """The smallest compiled prefix inside a jit/loop/branch node that the replay kept finite inside."""
+    sub, consts = open_closed(node.eqn.params["jaxpr"]) if "jaxpr" in node.eqn.params else (None, [])
+    pre = None
+    if sub is not None and node.prim in ("pjit", "jit"):
+        pre = bisect_compiled(jcore.ClosedJaxpr(sub, consts), [x.value for x in node.ins], env=node.env)
+    if pre is None and node.jaxpr is not None:  # the compiled loop/branch itself is the smallest prefix
+        frame = node.frame
+        at = f"{os.path.basename(frame[0])}:{frame[1]}" if frame else "<unknown location>"
+        pre = (node.index + 1, len(node.jaxpr.eqns), f"{node.prim} at {at}")
+    return pre
+
+
+def latent_nan_findings(fn: Callable, *args, **kwargs) -> list[Finding]:
+    """``nonfinite.latent`` warnings for ``fn(*args, **kwargs)`` (typically ``jax.grad(loss)``): its compiled
+    outputs are finite, but replayed equation by equation its gradient is not (:mod:`.latent`); each names the
+    line and the fix. Empty when the replay is finite too, or when the compiled outputs are non-finite (a real
+    failure, for the checks that run the program to report). A function that does not trace gives one
+    ``doctor.skipped``. Not jit-safe (a host replay of ``fn``, and one compile when the replay is non-finite)."""
+    from .._core.errors import JaxsaneError
+
+    try:
+        report = locate(fn, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a program the replay cannot run: say so, never crash the caller
+        reason = str(e).removeprefix("[jaxsane] ") if isinstance(e, JaxsaneError) else f"{type(e).__name__}: {e}"
+        return [Finding("doctor.skipped", f"latent-NaN replay of the gradient skipped: {reason[:300]}", "")]
+    return report.findings() if report is not None and report.latent else []
 
 
 def replay_dump(path: str, target: Any, load: Callable | None = None, like: Any = None) -> LocateReport | None:
@@ -480,4 +525,4 @@ def bisect_compiled(
     return hi, n, f"{eqn.primitive.name} at {where}"
 
 
-__all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "replay_dump", "user_frame"]
+__all__ = ["LocateReport", "Origin", "bisect_compiled", "locate", "locate_failure", "replay_dump", "user_frame"]

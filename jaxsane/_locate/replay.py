@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jcore
 
@@ -359,7 +360,7 @@ class Replay(Interpreter):
         a, b = host_array(new.value), host_array(old.value)  # (a key carry: its bits, wrapped back below)
         picked = np.where(going.reshape(going.shape + (1,) * (a.ndim - going.ndim)), a, b)
         if is_key(new.value):
-            picked = jax.random.wrap_key_data(picked, impl=jax.random.key_impl(raw(new.value)))
+            picked = jax.random.wrap_key_data(jnp.asarray(picked), impl=jax.random.key_impl(raw(new.value)))
         val = Val(picked, link)
         link.outs = [val]
         return val
@@ -456,7 +457,7 @@ def _shards_of(x: Any, spec, names, sizes) -> Any:
     """:func:`_split_shards` of a global value; a typed key array is split by its bits and wrapped back."""
     if is_key(x):
         bits = _split_shards(np.asarray(jax.random.key_data(x)), spec, names, sizes)
-        return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(x))
+        return jax.random.wrap_key_data(jnp.asarray(bits), impl=jax.random.key_impl(x))
     return _split_shards(np.asarray(x), spec, names, sizes)
 
 

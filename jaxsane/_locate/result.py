@@ -49,7 +49,8 @@ class Origin:
 
     Attributes:
       code: ``nonfinite.forward`` / ``.backward`` / ``.update`` / ``.input`` / ``.literal`` (a non-finite
-        constant of the program returned as is; its phase says which pass returns it).
+        constant of the program returned as is; its phase says which pass returns it) / ``.latent`` (a backward
+        origin the compiled program does not show, see :attr:`LocateReport.latent`).
       primitive: the jaxpr primitive that produced it (``"input"`` for a bad argument, ``"literal"`` for a
         constant).
       phase: ``forward``, ``backward``, ``update`` or ``input``.
@@ -136,6 +137,12 @@ _NO_ORIGIN = (
 )
 
 
+_LATENT_TEXT = (
+    "the compiled program's outputs are finite on these inputs, but replayed operation by operation (as eager "
+    "mode, jax.debug_nans and other backends or fusions compute them) they are not: a bug waiting to fire"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class LocateReport:
     """What :func:`locate` found. ``origins[0]`` is the root cause; ``str(report)`` renders it all.
@@ -144,6 +151,8 @@ class LocateReport:
       origins: every origin found, earliest first.
       bad_outputs: ``[(path, n_nan, n_inf)]`` for each non-finite output leaf.
       xla_only: True when the de-optimized replay is finite but the compiled program is not.
+      latent: True for the converse in the backward pass: the compiled outputs are finite, the replay's
+        gradients are not (eager mode and other backends or fusions give NaN); origins are ``nonfinite.latent``.
       prefix: for ``xla_only``, the smallest compiled prefix (number of equations) that reproduces it.
       prefix_at: the primitive and file:line of that prefix's last equation.
       equations: how many equations the replay executed.
@@ -152,6 +161,7 @@ class LocateReport:
     origins: list[Origin]
     bad_outputs: list[tuple[str, int, int]]
     xla_only: bool = False
+    latent: bool = False
     prefix: int | None = None
     prefix_total: int | None = None
     prefix_at: str = ""
@@ -194,6 +204,9 @@ class LocateReport:
         outs = ", ".join(f"{p} ({n} NaN, {i} Inf)" for p, n, i in self.bad_outputs[:6])
         more = f" and {len(self.bad_outputs) - 6} more" if len(self.bad_outputs) > 6 else ""
         lines = [f"[jaxsane] locate: non-finite outputs {outs}{more}"]
+        if self.latent:
+            lines[0] = f"[jaxsane] locate: latent non-finite outputs {outs}{more}"
+            lines.append("  " + _LATENT_TEXT)
         if self.xla_only:
             lines.append("  " + self._xla_text())
         elif not self.origins:
