@@ -337,9 +337,15 @@ def _while_rule(it: Interpreter, eqn, invals, tags, ectx):
             nonlocal out_tags
             with it.collecting():  # records of a traced while body are dropped (unknown trip count)
                 outs, out_tags = it.run(bj, bconsts_extra, [*bconsts, *c], it.child(eqn, ectx, "while body"), body_tags)
+            going = pred(c)
+            if jnp.ndim(going):  # a batched predicate (vmap of a while_loop): finished lanes keep their carry
+                outs = [it.select(going, a, b, eqn, ectx) for a, b in zip(outs, c)]
             return outs
 
-        return list(jax.lax.while_loop(pred, body, list(carry))), out_tags
+        def any_going(c):
+            return jnp.any(pred(c))
+
+        return list(jax.lax.while_loop(any_going, body, list(carry))), out_tags
     per_site: dict[tuple, list] = {}
     out_tags = list(tags[nc + nb :])
     n = 0

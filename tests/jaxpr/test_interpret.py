@@ -78,6 +78,49 @@ def test_interpreter_matches_lax_semantics(fn, mode):
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-6)
 
 
+def _key_programs():
+    def scan_keys(key, xs):  # a key carry and key ys
+        def body(k, x):
+            k, sub = jax.random.split(k)
+            return k, (sub, x + jax.random.uniform(sub))
+        return jax.lax.scan(body, key, xs)
+
+    def scan_no_steps(key, xs):  # zero iterations: the stacked key ys are empty
+        return jax.lax.scan(lambda k, x: (k, k), key, xs[:0])
+
+    def batched_while(key, xs):  # per-lane trip counts: the key carry is selected lane by lane
+        def one(k, n):
+            return jax.lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1.0, jax.random.split(s[1])[0]),
+                                      (0.0, k))[1]
+        return jax.vmap(one)(jax.random.split(key, 3), xs[:3, 0] * 10)
+
+    def cond_key(key, xs):
+        return jax.lax.cond(xs.sum() > 0, lambda k, x: (k, x), lambda k, x: (jax.random.fold_in(k, 1), -x), key, xs)
+
+    return [scan_keys, scan_no_steps, batched_while, cond_key]
+
+
+def _bits(x):
+    return np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
+
+
+@pytest.mark.parametrize("fn", _key_programs(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("mode", ["concrete", "jit"])
+def test_interpreter_carries_typed_prng_keys(fn, mode):
+    key, xs = jax.random.key(3), jnp.arange(12.0).reshape(4, 3) / 10
+    closed = jax.make_jaxpr(fn)(key, xs)
+    expected = jax.tree.leaves(fn(key, xs))
+
+    def run(key, xs):
+        return Interpreter().run(closed.jaxpr, closed.consts, [key, xs])[0]
+
+    got = run(key, xs) if mode == "concrete" else jax.jit(run)(key, xs)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(_bits(g), _bits(e), rtol=1e-6)
+
+
 class _Tanhs(Interpreter):
     def after(self, eqn, invals, outs, tags, out_tags, ectx):
         if eqn.primitive.name == "tanh":
