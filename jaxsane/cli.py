@@ -308,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--like",
         metavar="MODULE:ATTR",
-        help="a zero-argument function returning the step's first positional args as templates "
-        "(NNX objects: (model, optimizer)); the rest come from the dump",
+        help="a function callable without arguments (make_objects(seed=0) too) returning the step's first "
+        "positional args as templates (NNX objects: (model, optimizer)); the rest come from the dump",
     )
     p.add_argument(
         "--pdb",
