@@ -299,16 +299,14 @@ def _inner_prefix(node) -> tuple[int, int, str] | None:
 def latent_nan_findings(fn: Callable, *args, **kwargs) -> list[Finding]:
     """``nonfinite.latent`` warnings for ``fn(*args, **kwargs)`` (typically ``jax.grad(loss)``): its compiled
     outputs are finite, but replayed equation by equation its gradient is not (:mod:`.latent`); each names the
-    line and the fix. Empty when the replay is finite too, or when the compiled outputs are non-finite (a real
-    failure, for the checks that run the program to report). A function that does not trace gives one
-    ``doctor.skipped``. Not jit-safe (a host replay of ``fn``, and one compile when the replay is non-finite)."""
-    from .._core.errors import JaxsaneError
-
+    line and the fix. Empty when the replay is finite too, when the compiled outputs are non-finite (a real
+    failure, for the checks that run the program to report), or when the replay cannot run the program (a
+    sub-check of a stage whose own check ran: it judges nothing rather than mark the stage skipped). Not
+    jit-safe (a host replay of ``fn``, and one compile when the replay is non-finite)."""
     try:
         report = locate(fn, *args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a program the replay cannot run: say so, never crash the caller
-        reason = str(e).removeprefix("[jaxsane] ") if isinstance(e, JaxsaneError) else f"{type(e).__name__}: {e}"
-        return [Finding("doctor.skipped", f"latent-NaN replay of the gradient skipped: {reason[:300]}", "")]
+    except Exception:  # noqa: BLE001 - a program the replay cannot run: no judgement, never crash the caller
+        return []
     return report.findings() if report is not None and report.latent else []
 
 
