@@ -219,8 +219,11 @@ def locate_failure(fn: Callable, *args, **kwargs) -> LocateReport | None:
     return _locate(fn, args, kwargs, compiled_failed=True)
 
 
-def _locate(fn: Callable, args: tuple, kwargs: dict, compiled_failed: bool) -> LocateReport | None:
-    """The body of :func:`locate`; ``compiled_failed``: the caller saw the compiled outputs non-finite."""
+def _locate(
+    fn: Callable, args: tuple, kwargs: dict, compiled_failed: bool, xla_only: bool = True
+) -> LocateReport | None:
+    """The body of :func:`locate`; ``compiled_failed``: the caller saw the compiled outputs non-finite;
+    ``xla_only``: when the replay is finite, compile the program to look for XLA-only NaNs (else None)."""
     from .._core.errors import DumpError, JaxsaneError
 
     if not callable(fn):
@@ -248,7 +251,7 @@ def _locate(fn: Callable, args: tuple, kwargs: dict, compiled_failed: bool) -> L
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
         out_paths = [f"out[{i}]" for i in range(len(outs))]
     if not any(v.bad for v in outs):
-        return _compiled_only(closed, arrays, env, replay, out_paths)
+        return _compiled_only(closed, arrays, env, replay, out_paths) if xla_only else None
     analysis = Analysis(replay, outs, out_paths)
     analysis.retrace = lambda: _trace_custom_vjps(fn, args, kwargs)
     bad_outputs = [(p, *nonfinite_counts(v.value)) for v, p in zip(outs, out_paths) if v.bad]
@@ -303,8 +306,8 @@ def latent_nan_findings(fn: Callable, *args, **kwargs) -> list[Finding]:
     failure, for the checks that run the program to report), or when the replay cannot run the program (a
     sub-check of a stage whose own check ran: it judges nothing rather than mark the stage skipped). Not
     jit-safe (a host replay of ``fn``, and one compile when the replay is non-finite)."""
-    try:
-        report = locate(fn, *args, **kwargs)
+    try:  # (a finite replay cannot be latent: no compile then)
+        report = _locate(fn, args, kwargs, compiled_failed=False, xla_only=False)
     except Exception:  # noqa: BLE001 - a program the replay cannot run: no judgement, never crash the caller
         return []
     return report.findings() if report is not None and report.latent else []
