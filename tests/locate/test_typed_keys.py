@@ -7,6 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 import optax
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsane._locate.locate import locate
@@ -125,3 +126,33 @@ def test_key_in_a_scan_carry_a_cond_operand_and_a_batched_while_carry():
 
     o = first_origin(jax.vmap(looped), jnp.array([1.0, 3.0]), jax.random.split(jax.random.key(0), 2))
     assert_at(o, "key_while", "nonfinite.forward")
+
+
+@pytest.mark.slow
+def test_doctor_run_stage_names_the_update_line_of_a_shard_map_step_with_a_key_in_its_state():
+    """Inside doctor the located origin (not guard's own guess, without a line) is the finding."""
+    import numpy as np
+
+    import jaxsane
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))  # (a host batch goes in)
+    smap = jax.shard_map(
+        _local_step, mesh=mesh, in_specs=(P(), P(), P("d"), P()), out_specs=(P(), P(), P(), P()), check_vma=False
+    )
+
+    @jax.jit
+    def step(state, batch):
+        w, opt_state, key = state
+        w, opt_state, key, loss = smap(w, opt_state, batch["x"], key)
+        return (w, opt_state, key), {"loss": loss}
+
+    def init(key):
+        w = jnp.ones((4, 2))
+        return w, TX.init(w), key
+
+    train = {"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.int32)}
+    diagnosis = jaxsane.doctor(jaxsane.Experiment(init=init, step=step, train=train), stages=["run"],
+                               progress=False, run_steps=3)
+    found = [f for f in diagnosis.findings if f.code.startswith("nonfinite.")]
+    assert found and found[0].code == "nonfinite.update", diagnosis.findings
+    assert os.path.abspath(found[0].file) == HERE and found[0].line == line_of("key_update"), found[0]
