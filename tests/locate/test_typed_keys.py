@@ -156,3 +156,23 @@ def test_doctor_run_stage_names_the_update_line_of_a_shard_map_step_with_a_key_i
     found = [f for f in diagnosis.findings if f.code.startswith("nonfinite.")]
     assert found and found[0].code == "nonfinite.update", diagnosis.findings
     assert os.path.abspath(found[0].file) == HERE and found[0].line == line_of("key_update"), found[0]
+
+
+@pytest.mark.slow
+def test_guard_and_its_dump_replay_locate_the_update_line_with_a_key_operand(tmp_path):
+    """guard's check skips the key output, its dump holds the key, and the dump's replay finds the same line."""
+    import jaxsane
+    from jaxsane._locate.locate import replay_dump
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))  # (a dump holds host arrays)
+    step = jax.jit(jax.shard_map(
+        _local_step, mesh=mesh, in_specs=(P(), P(), P("d"), P()), out_specs=(P(), P(), P(), P()), check_vma=False
+    ))
+    w = jnp.ones((4, 2))
+    guarded = jaxsane.guard(step, dump_dir=str(tmp_path), sync=True)
+    with pytest.raises(jaxsane.NonFiniteError) as info:
+        guarded(w, TX.init(w), jnp.ones((16, 4)), jax.random.key(0))
+    finding = info.value.finding
+    assert finding.code == "nonfinite.update" and finding.line == line_of("key_update"), finding
+    report = replay_dump(finding.extra["dump"], step)
+    assert_at(report.origins[0], "key_update", "nonfinite.update")
