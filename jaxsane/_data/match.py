@@ -1,7 +1,8 @@
 """Matching rows by content for :func:`jaxsane.check_data`: ``data.duplicates`` inside a split
 and ``data.leakage`` from eval into train. Matching sorts the 64-bit row hashes; candidate pairs of
 in-memory data are confirmed by exact byte comparison, so a hash collision is never reported
-(stream data keeps no rows: its matches are by hash).
+(stream data keeps no rows: its matches are by hash). Matches that chance explains (random low-dimensional
+rows at their precision, ``chance.py``) are not reported.
 
 Nothing here runs inside ``jit``.
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from .._core.finding import Finding
 from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
+from .chance import beyond_chance, collision_chance
 from .read import apply_handle, host_array, named_leaves, take_rows
 from .row_hash import U64 as _U64
 from .split import Split
@@ -74,7 +76,11 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
-    how = "exact content match" if exact else "64-bit content hash"
+    pairs = len(h) * (len(h) - 1) / 2
+    q = collision_chance(split, h, idx, inputs, pairs)
+    if not beyond_chance(len(dup), pairs, q):
+        return [], (hs, isorted)
+    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(pairs, q)
     pairs = ", ".join(f"{d}={r}" for d, r in zip(dup[:k].tolist(), orig[:k].tolist()))
     return [
         Finding(
@@ -109,7 +115,11 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
     frac = len(ev) / max(1, len(he))
     if not len(ev) or frac <= max_fraction:
         return []
-    how = "exact content match" if exact else "64-bit content hash"
+    pairs = float(len(hs)) * len(he)
+    q = collision_chance(train, hs, isorted, inputs, pairs)
+    if not beyond_chance(len(ev), pairs, q):
+        return []
+    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(pairs, q)
     return [
         Finding(
             "data.leakage",
@@ -121,3 +131,11 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
             extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()},
         )
     ]
+
+
+def _chance_text(pairs: float, q: float | None) -> str:
+    """What chance alone would give, for a finding's message."""
+    if q is None:
+        return ""
+    expected = pairs * q
+    return f"; chance alone explains {expected:.2g} at this dimensionality and precision" if expected >= 0.01 else ""
