@@ -173,17 +173,25 @@ def check_padding_in_loss(
     *,
     inputs: Any = None,
     labels: Any = None,
-    rtol: float = 1e-5,
+    rtol: float = 1e-4,
     seed: int = 0,
 ) -> list[Finding]:
     """``seq.padding_in_loss`` when the loss moves with the contents of padded positions.
 
-    The batch's leaves shaped like the mask ``[B, T, ...]`` (the mask itself excepted) are changed
-    at the positions the mask marks as padding (mask == 0): once the input leaves, once the target
-    leaves (a negative target, an ignore index, is left as it is). A loss that applies the mask
-    moves by neither; the error is reported only when every group that has such leaves moves it,
-    so a model that derives its own mask from pad ids, or a loss that masks by ``labels != -100``,
-    is not blamed for the other half.
+    Two forward probes, each compared with the loss's float noise floor (its change when only the
+    order of the rows changes, which a mean over examples cannot feel):
+
+    * perturb: the batch's leaves shaped like the mask ``[B, T, ...]`` (the mask itself excepted) are
+      changed at the positions the mask marks as padding (mask == 0): once the input leaves, once the
+      target leaves (a negative target, an ignore index, is left as it is). The error needs every group
+      that has such leaves to move the loss, so a model that derives its own mask from pad ids, or a
+      loss that masks by ``labels != -100``, is not blamed for the other half. An integer leaf whose
+      padded positions all hold one pad id that no real position holds is never changed: its padding is
+      in the ids (a loss may weight by ``ids > 0``, as Flax's lm1b and wmt do), so new ids would un-pad
+      those positions rather than probe them;
+    * truncate (when such pad-id leaves exist): the trailing columns that are padding in every row (of
+      the rows that have them) are cut off; a loss that averages over real positions only, of a model
+      whose real positions do not attend to later padding, does not move.
 
     Args:
       loss: ``(params, batch) -> scalar``.
@@ -192,14 +200,15 @@ def check_padding_in_loss(
       mask: the padding mask ``[B, T]`` (1 or True = real position), e.g. ``batch["mask"]``.
       inputs, labels: the batch's inputs and targets (subtrees of ``batch``, as the Experiment's
         handles return them); leaves are matched by identity. Leaves of neither count as both.
-      rtol: relative change of the loss allowed.
+      rtol: relative change of the loss allowed; a change must also exceed 30 times the noise floor.
       seed: seed of the float perturbation.
 
     Returns:
-      One ``seq.padding_in_loss`` finding, or nothing (also when the batch has no padded position,
-      or its loss is not finite: nothing can be judged then).
+      One ``seq.padding_in_loss`` finding; a ``doctor.skipped`` (info) when the padding is only in pad ids
+      and no trailing padding can be cut (nothing left to probe); or nothing (also when the batch has no
+      padded position, or its loss is not finite: nothing can be judged then).
 
-    Not jit-safe (compiles ``loss`` once and calls it up to three times).
+    Not jit-safe (compiles ``loss`` once per batch shape and calls it a few times).
     """
     fn = "check_padding_in_loss"
     require_callable(fn, "loss", loss, signature="(params, batch) -> scalar")
@@ -214,17 +223,83 @@ def check_padding_in_loss(
     if not pad.any():
         return []
     leaves, treedef = jax.tree_util.tree_flatten(batch)
+    groups, pad_ids = _padding_groups(leaves, mask, pad, inputs, labels)
+    if not groups and not pad_ids:
+        return []
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2 + len(groups))
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    base = float(run(params, host))
+    if not np.isfinite(base):
+        return []
+    floor = _noise_floor(run, params, host, base, m.shape[0])
+    rng = np.random.default_rng(seed)
+    moved_by: dict[str, float] = {}
+    for name, idx in groups.items():
+        changed = list(host)
+        for i in idx:
+            changed[i] = _perturb(host[i], pad, rng)
+        moved_by[name] = _relative(float(run(params, changed)), base)
+    if pad_ids:
+        cut = _truncated(run, params, host, pad, m.shape[0])
+        if cut is None and not groups:
+            return [
+                Finding(
+                    "doctor.skipped",
+                    f"padding in the loss not checked: the padding is in the ids themselves ({len(pad_ids)} integer "
+                    "leaves hold one pad id at every padded position; a loss may weight by ids > 0, so changing "
+                    "them would un-pad those positions), and no trailing padding could be cut off to probe instead "
+                    "(no row ends in padding, or the loss cannot run on a shorter sequence)",
+                    "",
+                    severity="info",
+                )
+            ]
+        if cut is not None:
+            moved_by["truncated padding"] = cut
+    clear = max(rtol, 30 * floor)
+    if not (all(r > clear for k, r in moved_by.items() if k in groups) and groups) and not (
+        moved_by.get("truncated padding", 0.0) > clear
+    ):
+        return []
+    what = " and ".join(
+        f"the {k} at padded positions (relative change {r:.2g})" if k in groups else f"{k} is cut off (relative "
+        f"change {r:.2g})"
+        for k, r in moved_by.items()
+        if r > clear
+    )
+    return [
+        Finding(
+            "seq.padding_in_loss",
+            f"the loss changes when only {what}: padding reaches the loss ({int(pad.sum())} of {pad.size} "
+            f"positions are padding in this batch; float noise floor {floor:.2g})",
+            "weight the per-position loss by the mask and divide by the number of real positions: "
+            "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
+            "in attention so real positions never attend to padding",
+            path="loss <- padded positions",
+            extra={"relative_change": moved_by, "padded": int(pad.sum()), "noise_floor": floor},
+        )
+    ]
+
+
+def _padding_groups(
+    leaves: list, mask: Any, pad: np.ndarray, inputs: Any, labels: Any
+) -> tuple[dict[str, list[int]], list[int]]:
+    """``({"inputs": [...], "targets": [...]}, pad-id leaves)``: the leaf indices each probe changes, and the
+    integer leaves whose padding is their pad id (never changed)."""
     in_ids = {id(x) for x in jax.tree_util.tree_leaves(inputs)} if inputs is not None else set()
     lab_ids = {id(x) for x in jax.tree_util.tree_leaves(labels)} if labels is not None else set()
     groups: dict[str, list[int]] = {"inputs": [], "targets": []}
+    pad_ids: list[int] = []
     for i, x in enumerate(leaves):
-        if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != m.shape:
+        if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != pad.shape:
             continue
         a = np.asarray(x)
         if a.dtype.kind not in "iufc" or (
-            a.shape == m.shape and np.array_equal(a.astype(bool), m.astype(bool)) and _binary(a)
+            a.shape == pad.shape and np.array_equal(a.astype(bool), ~pad) and _binary(a)
         ):
             continue  # another copy of the mask
+        if _pads_are_ids(a, pad):
+            pad_ids.append(i)
+            continue
         if id(x) in in_ids:
             groups["inputs"].append(i)
         elif id(x) in lab_ids:
@@ -232,37 +307,57 @@ def check_padding_in_loss(
         else:
             groups["inputs"].append(i)
             groups["targets"].append(i)
-    groups = {k: v for k, v in groups.items() if v}
-    if not groups:
-        return []
-    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=1 + len(groups))
-    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
-    base = float(run(params, host))
-    if not np.isfinite(base):
-        return []
-    rng = np.random.default_rng(seed)
-    moved_by: dict[str, float] = {}
-    for name, idx in groups.items():
-        changed = list(host)
-        for i in idx:
-            changed[i] = _perturb(host[i], pad, rng)
-        value = float(run(params, changed))
-        moved_by[name] = abs(value - base) / max(abs(base), 1e-12) if np.isfinite(value) else np.inf
-    if not all(r > rtol for r in moved_by.values()):
-        return []
-    what = " and ".join(f"the {k} at padded positions (relative change {r:.2g})" for k, r in moved_by.items())
-    return [
-        Finding(
-            "seq.padding_in_loss",
-            f"the loss changes when only {what} change: padding reaches the loss ({int(pad.sum())} of {pad.size} "
-            f"positions are padding in this batch)",
-            "weight the per-position loss by the mask and divide by the number of real positions: "
-            "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
-            "in attention so real positions never attend to padding",
-            path="loss <- padded positions",
-            extra={"relative_change": moved_by, "padded": int(pad.sum())},
-        )
-    ]
+    return {k: v for k, v in groups.items() if v}, pad_ids
+
+
+def _pads_are_ids(a: np.ndarray, pad: np.ndarray) -> bool:
+    """An integer ``[B, T]`` leaf whose padded positions all hold one id that no real position holds."""
+    if a.dtype.kind not in "iu" or a.shape != pad.shape:
+        return False
+    at_pads = a[pad]
+    return bool(at_pads.size) and bool((at_pads == at_pads[0]).all()) and not bool((a[~pad] == at_pads[0]).any())
+
+
+def _relative(value: float, base: float) -> float:
+    return abs(value - base) / max(abs(base), 1e-12) if np.isfinite(value) else np.inf
+
+
+def _noise_floor(run: Callable, params: PyTree, host: list, base: float, n: int) -> float:
+    """The loss's relative change when only the order of its ``n`` rows changes (reversed): float noise of
+    the reductions, which no padding probe can tell from an effect."""
+    if n < 2:
+        return 0.0
+    rev = [x[::-1] if np.ndim(x) and np.shape(x)[0] == n else x for x in host]
+    value = _relative(float(run(params, rev)), base)
+    return value if np.isfinite(value) else 0.0
+
+
+def _truncated(run: Callable, params: PyTree, host: list, pad: np.ndarray, n: int) -> float | None:
+    """The loss's relative change when the trailing all-padding columns of the rows that end in padding are
+    cut off (both losses on those rows only), or None when there are none or the loss fails on them."""
+    real = ~pad
+    T = pad.shape[1]
+    lengths = np.where(real.any(axis=1), T - np.argmax(real[:, ::-1], axis=1), 0)
+    shorter = lengths[(lengths > 0) & (lengths < T)]
+    if not shorter.size:
+        return None
+    cut_at = int(shorter.max())
+    rows = np.flatnonzero((lengths > 0) & (lengths <= cut_at))
+
+    def take(x: Any, cut: bool) -> Any:
+        if not np.ndim(x) or np.shape(x)[0] != n:
+            return x
+        x = x[rows]
+        return x[:, :cut_at] if cut and np.ndim(x) >= 2 and np.shape(x)[1] == T else x
+
+    try:
+        full = float(run(params, [take(x, False) for x in host]))
+        short = float(run(params, [take(x, True) for x in host]))
+    except Exception:  # a model that needs the full length: the probe cannot run
+        return None
+    if not np.isfinite(full):
+        return None
+    return _relative(short, full)
 
 
 def loss_reads_first_target(
