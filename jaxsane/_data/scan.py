@@ -28,10 +28,21 @@ _MAX_CLASSES = 100_000  # integer labels above this (without num_classes) are no
 DEFAULT_MAX_BATCHES = 1000  # batches read from an iterable split when max_batches is None
 
 
-def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> Split:
-    """Read one split once (see the module docstring) into a :class:`Split`. Not jit-safe."""
+def scan_split(
+    data: Any,
+    what: str,
+    max_batches: int | None,
+    k: int,
+    opts: dict,
+    findings: list[Finding],
+    max_seconds: float | None = None,
+) -> Split:
+    """Read one split once (see the module docstring) into a :class:`Split`: at most ``max_batches``
+    batches of a stream (None: ``DEFAULT_MAX_BATCHES``, or no batch limit when ``max_seconds`` bounds the
+    reading), for at most ``max_seconds``. Not jit-safe."""
     split = Split(what, k)
-    batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches, peek=max_batches is None)
+    limit = max_batches if max_batches is not None else (None if max_seconds is not None else DEFAULT_MAX_BATCHES)
+    batches = Stream(data, what, limit, peek=max_batches is None, seconds=max_seconds)
     split.stream = stream = batches.is_stream
     if stream:
         split.cycle = Cycle()
@@ -60,6 +71,7 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
         batch_hi: dict[str, float] = {}
         batch_any_mask = False
         batch_has_mask = False
+        nonfinite_before = sum(fl.count for fl in split.nonfinite.values())
         for s in range(0, n, step):
             chunk = slice_rows(batch, s, min(n, s + step)) if (s > 0 or step < n) else batch
             lo, hi, has_mask, any_mask = _scan_chunk(
@@ -70,6 +82,8 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
                 batch_hi[p] = max(batch_hi.get(p, -math.inf), hi[p])
             batch_has_mask |= has_mask
             batch_any_mask |= any_mask
+        if split.nonfinite_batch is None and sum(fl.count for fl in split.nonfinite.values()) > nonfinite_before:
+            split.nonfinite_batch = raw  # kept for judging whether the loss masks them
         if batch_has_mask and not batch_any_mask:
             split.padding_batches.add_index(b)
         elif stream and n > 1 and batch_lo and all(batch_lo[p] == batch_hi[p] for p in batch_lo):
@@ -85,7 +99,8 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
             "iterable, or a zero-argument function returning one."
         )
     split.rows = offset
-    split.partial = batches.more
+    split.partial = batches.more or (batches.timed_out and not batches.peek)
+    split.timed_out, split.seconds = batches.timed_out, batches.seconds_read
     if split.cycle is not None:
         # a stream cut off by the batch limit may end right after its wrap; one that ended by itself
         # with a short repeat of its start holds duplicates (confirmed wraps stopped the reading earlier)

@@ -30,8 +30,8 @@ from .._checks.step import check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
-from .._data.read import is_data
 from .._experiment.batches import (
+    Replayable,
     axis_text,
     count_examples,
     example_view,
@@ -115,12 +115,19 @@ class Stage:
 # ----------------------------------------------------------------------------- the stages
 
 
+# batches of a one-shot stream the data stage leaves cached for the later stages to replay (the run stage
+# reads run_steps, 30 by default); the data stage may read thousands, which are not all kept
+_KEEP_BATCHES = 100
+
+
 def data_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
+    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`).
+
+    A stream is read until it ends, starts over (one epoch) or ``data_max_seconds`` run out (or
+    ``data_max_batches`` when given); ``data.partial`` and the ``data`` artifact say how much was read. A
+    one-shot iterator (doctor makes it :class:`Replayable`) keeps only its first batches for the later stages."""
     exp = ctx.experiment
-    limit = ctx.options.data_max_batches
-    if limit is None:
-        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not is_data(exp.train) else 20
+    opts: DataOptions = ctx.options
     apply_fn = params = None
     if ctx.adapted is not None and ctx.adapted.apply_fn is not None:
         try:
@@ -130,15 +137,16 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             apply_fn = params = None
     try:
         diagnosis = check_data(
-            exp.train,
-            exp.eval,
+            _read_once(exp.train),
+            _read_once(exp.eval),
             num_classes=exp.num_classes,
             inputs=exp.inputs,
             labels=exp.labels,
             mask=exp.mask,
             apply=apply_fn,
             params=params,
-            max_batches=limit,
+            max_batches=opts.data_max_batches,
+            max_seconds=opts.data_max_seconds,
         )
     except DataError as e:
         view = example_view(exp, ctx.batch)
@@ -162,7 +170,13 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             params = adapted.params(adapted.init(ctx.key))
         except Exception:  # init problems are the init stage's to report
             loss_fn = None
-    return judge_masked_nonfinite(found, loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
+    held = diagnosis.artifacts.get("nonfinite_batches", {})
+    return judge_masked_nonfinite(found, loss_fn, params, {what: [batch] for what, batch in held.items()}, 1)
+
+
+def _read_once(data: Any) -> Any:
+    """What the data stage reads of one split: a :class:`Replayable` through its bounded cache."""
+    return data.reading(_KEEP_BATCHES) if isinstance(data, Replayable) else data
 
 
 def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
