@@ -261,8 +261,9 @@ def check_padding_in_loss(
     ):
         return []
     what = " and ".join(
-        f"the {k} at padded positions (relative change {r:.2g})" if k in groups else f"{k} is cut off (relative "
-        f"change {r:.2g})"
+        f"the {k} at padded positions (relative change {r:.2g})"
+        if k in groups
+        else f"{k} is cut off (relative change {r:.2g})"
         for k, r in moved_by.items()
         if r > clear
     )
@@ -293,9 +294,7 @@ def _padding_groups(
         if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != pad.shape:
             continue
         a = np.asarray(x)
-        if a.dtype.kind not in "iufc" or (
-            a.shape == pad.shape and np.array_equal(a.astype(bool), ~pad) and _binary(a)
-        ):
+        if a.dtype.kind not in "iufc" or (a.shape == pad.shape and np.array_equal(a.astype(bool), ~pad) and _binary(a)):
             continue  # another copy of the mask
         if _pads_are_ids(a, pad):
             pad_ids.append(i)
@@ -391,3 +390,57 @@ def loss_reads_first_target(
     if not (np.isfinite(base) and np.isfinite(value)):
         return None
     return value != base
+
+
+def output_sees_own_target(apply: Callable, params: PyTree, inputs: Any, labels: Any) -> bool | None:
+    """Whether the model's output at position t moves when only the target at position t changes in the
+    input leaf that holds the targets (integer ``[B, T]``, equal to ``labels``).
+
+    Targets fed as the model's input are a bug when the model reads position t to predict target t, and
+    the Flax lm1b/wmt convention when it shifts them right inside (``shift_right``), so that output t sees
+    targets ``< t`` only. Each probed position t gets another positive id in the targets leaf only (pad ids
+    0 are left as they are, and no id becomes 0, so an ``ids > 0`` mask is unchanged); the outputs ``[B, T,
+    ...]`` at position t are compared. None when nothing can be judged: no input leaf equals the targets, no
+    output per position, or non-finite outputs.
+
+    Not jit-safe (compiles ``apply`` once, calls it up to three times).
+    """
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(lab) != 1 or np.ndim(lab[0]) != 2 or np.shape(lab[0])[1] < 3:
+        return None
+    target = np.asarray(lab[0])
+    if target.dtype.kind not in "iu":
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    at = [i for i, x in enumerate(host) if np.shape(x) == target.shape and np.array_equal(x, target)]
+    if not at:
+        return None
+    run = quick_jit(
+        lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))), runs=3
+    )
+    base = [np.asarray(o) for o in run(params, host)]
+    n, T = target.shape
+    outs = [k for k, o in enumerate(base) if o.ndim >= 2 and o.shape[:2] == (n, T) and o.dtype.kind in "fc"]
+    if not outs or not all(np.isfinite(base[k]).all() for k in outs):
+        return None
+    top = int(target.max())
+    if top < 2:
+        return None
+    judged = False
+    for t in (T // 2, T - 1):
+        rows = target[:, t] > 0
+        if not rows.any():
+            continue
+        moved = list(host)
+        for i in at:
+            col = host[i].copy()
+            col[rows, t] = col[rows, t] % top + 1  # another positive id: the padding stays as it is
+            moved[i] = col
+        new = [np.asarray(o) for o in run(params, moved)]
+        for k in outs:
+            here = np.abs(new[k][rows, t].astype(np.float64) - base[k][rows, t]).max()
+            if here > 1e-6 * (np.abs(base[k][rows, t]).max() + 1e-30):
+                return True
+        judged = True
+    return False if judged else None

@@ -121,9 +121,7 @@ class Stream:
     ``peek``, ``more`` says whether one more batch came). ``seconds_read``: the time spent reading.
     """
 
-    def __init__(
-        self, data: Any, what: str, limit: int | None, *, peek: bool = False, seconds: float | None = None
-    ):
+    def __init__(self, data: Any, what: str, limit: int | None, *, peek: bool = False, seconds: float | None = None):
         if data is not None and not is_data(data) and callable(data):
             data = data()
         self.more = self.timed_out = False

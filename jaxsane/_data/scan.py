@@ -392,17 +392,17 @@ def _scan_shift(split: Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: A
         mk = host_array(m)
         if mk.shape == lab.shape:
             valid &= mk.astype(bool)
-    for tok in tokens:
+    varied_any = same_any = lag_any = np.zeros(rows, bool)
+    for tok in tokens:  # every token leaf of the targets' shape (an encoder-decoder feeds the source and the targets)
         varied = ((tok != tok[:, :1]) & valid).any(axis=1) & (valid.sum(axis=1) >= 3)
-        if not varied.any():
-            continue
-        split.seq_rows += int(varied.sum())
         same = ((lab == tok) | ~valid).all(axis=1) & varied
         period2 = ((tok[:, 2:] == tok[:, :-2]) | ~valid[:, 2:]).all(axis=1)
         lag = ((lab[:, 1:] == tok[:, :-1]) | ~valid[:, 1:]).all(axis=1) & varied & ~period2
-        split.seq_same.add(same, offset)
-        split.seq_lag.add(lag, offset)
-        return  # the first token leaf of the targets' shape is the one they are compared with
+        varied_any, same_any, lag_any = varied_any | varied, same_any | same, lag_any | lag
+    if varied_any.any():
+        split.seq_rows += int(varied_any.sum())
+        split.seq_same.add(same_any, offset)
+        split.seq_lag.add(lag_any & ~same_any, offset)
 
 
 def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:

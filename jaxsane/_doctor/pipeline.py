@@ -25,7 +25,12 @@ from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
 from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
-from .._checks.sequence import check_causal, check_padding_in_loss, loss_reads_first_target
+from .._checks.sequence import (
+    check_causal,
+    check_padding_in_loss,
+    loss_reads_first_target,
+    output_sees_own_target,
+)
 from .._checks.step import check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
@@ -180,24 +185,23 @@ def _read_once(data: Any) -> Any:
 
 
 def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
-    """True when targets equal to the inputs are the Hugging Face convention: the loss never reads
-    target 0, so it shifts internally (logits[:, :-1] against labels[:, 1:])."""
+    """True when targets equal to the inputs are not a bug: the model shifts them right inside (Flax's
+    lm1b and wmt: output t does not move when only target t changes), or the loss does (the Hugging Face
+    convention: it never reads target 0, logits[:, :-1] against labels[:, 1:])."""
     adapted = ctx.adapted
-    if adapted is None or adapted.loss_fn is None or "wrong way" in finding.message:
+    if adapted is None or "wrong way" in finding.message:
         return False
     try:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        return (
-            loss_reads_first_target(
-                _traceable(adapted, "loss"),
-                params,
-                ctx.batch,
-                get_labels(ctx.experiment, ctx.batch),
-                get_inputs(ctx.experiment, ctx.batch),
-            )
-            is False
-        )
-    except Exception:  # the loss's own problems are the later stages' to report
+        labels = get_labels(ctx.experiment, ctx.batch)
+        inputs = get_inputs(ctx.experiment, ctx.batch)
+        if adapted.apply_fn is not None:
+            if output_sees_own_target(_traceable(adapted, "apply"), params, inputs, labels) is False:
+                return True
+        if adapted.loss_fn is None:
+            return False
+        return loss_reads_first_target(_traceable(adapted, "loss"), params, ctx.batch, labels, inputs) is False
+    except Exception:  # the model's or loss's own problems are the later stages' to report
         return False
 
 

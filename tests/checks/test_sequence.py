@@ -261,3 +261,77 @@ def _relative_change(loss, batch):
     moved = dict(batch, x=np.where(MASK[..., None] > 0, batch["x"], batch["x"] + 3.0))
     a, b = float(loss(PARAMS, batch)), float(loss(PARAMS, moved))
     return abs(a - b) / abs(a)
+
+
+# ----------------------------------------------------------------------------- models that shift inside
+
+
+def _sgd_experiment(batch, loss, apply, **handles):
+    tx = optax.sgd(0.1)
+
+    def step(state, b):
+        p, s = state
+        u, s = tx.update(jax.grad(loss)(p, b), s, p)
+        return (optax.apply_updates(p, u), s), {}
+
+    return jaxsane.Experiment(init=lambda key: (PARAMS, tx.init(PARAMS)), step=jax.jit(step), train=batch, loss=loss,
+                              apply=apply, **handles)
+
+
+def unshifted_apply(p, ids):  # BUG: the decoder reads target t to predict target t
+    return causal(p, ids)
+
+
+def test_a_decoder_that_shifts_inside_is_not_unshifted_targets_and_one_that_does_not_is():
+    batch = {"inputs": TOKENS}
+    handles = dict(inputs=lambda b: b["inputs"], labels=lambda b: b["inputs"], mask=lambda b: b["inputs"] > 0)
+    from jaxsane._checks.sequence import output_sees_own_target
+    assert output_sees_own_target(lm1b_apply, PARAMS, TOKENS, TOKENS) is False
+    assert output_sees_own_target(unshifted_apply, PARAMS, TOKENS, TOKENS) is True
+
+    def loss_of(apply):
+        def loss(p, b):
+            ids = b["inputs"]
+            w = jnp.where(ids > 0, 1.0, 0.0)
+            return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(apply(p, ids), ids) * w) / jnp.sum(w)
+        return loss
+
+    clean = jaxsane.doctor(_sgd_experiment(batch, loss_of(lm1b_apply), lm1b_apply, **handles), stages=["data"],
+                           progress=False)
+    assert "data.unshifted_targets" not in clean.codes, clean
+    buggy = jaxsane.doctor(_sgd_experiment(batch, loss_of(unshifted_apply), unshifted_apply, **handles),
+                           stages=["data"], progress=False)
+    assert "data.unshifted_targets" in buggy.codes, buggy
+
+
+def encoder_decoder(shift):
+    """wmt style: the source is pooled into every decoder position; the decoder reads the targets, shifted
+    right inside (``shift=True``) or not (a bug: position t reads target t)."""
+    def apply(p, inputs):
+        src, tgt = inputs
+        memory = p["emb"][src].mean(axis=1, keepdims=True)
+        dec_in = _shift_right(tgt) if shift else tgt
+        h = p["emb"][dec_in] + memory
+        scores = (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2)
+        scores = jnp.where(jnp.tril(jnp.ones((tgt.shape[1],) * 2, bool))[None], scores, -1e9)
+        return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
+    return apply
+
+
+def test_an_encoder_decoder_with_an_unshifted_decoder_input_is_found():
+    src = np.random.default_rng(5).integers(1, V, (B, T)).astype(np.int32)
+    batch = {"inputs": src, "targets": TOKENS}
+    handles = dict(inputs=lambda b: (b["inputs"], b["targets"]), labels=lambda b: b["targets"],
+                   mask=lambda b: b["targets"] > 0)
+
+    def loss_of(apply):
+        def loss(p, b):
+            w = jnp.where(b["targets"] > 0, 1.0, 0.0)
+            per = optax.softmax_cross_entropy_with_integer_labels(apply(p, (b["inputs"], b["targets"])), b["targets"])
+            return jnp.sum(per * w) / jnp.sum(w)
+        return loss
+
+    for shift, expected in ((True, False), (False, True)):
+        apply = encoder_decoder(shift)
+        d = jaxsane.doctor(_sgd_experiment(batch, loss_of(apply), apply, **handles), stages=["data"], progress=False)
+        assert ("data.unshifted_targets" in d.codes) is expected, (shift, d)
