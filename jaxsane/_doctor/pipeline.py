@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from .._checks.batch import check_batch_independence, check_example_slices
+from .._checks.batch import check_batch_independence, check_example_slices, loss_pairs_labels
 from .._checks.grads import check_grads
 from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
@@ -167,7 +167,12 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             )
         ]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+    found = [
+        f
+        for f in diagnosis
+        if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))
+        and not (f.code == "data.shape" and "broadcast" in f.message and _pairs_labels(ctx, params))
+    ]
     adapted = ctx.adapted
     loss_fn = adapted.loss_fn if adapted is not None else None
     if adapted is not None and loss_fn is not None and params is None:
@@ -202,6 +207,20 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
             return False
         return loss_reads_first_target(_traceable(adapted, "loss"), params, ctx.batch, labels, inputs) is False
     except Exception:  # the model's or loss's own problems are the later stages' to report
+        return False
+
+
+def _pairs_labels(ctx: StageContext, params: Any) -> bool:
+    """True when shapes that would broadcast do not in the loss: it pairs each prediction with its own label
+    (it reshapes the labels, or squeezes the predictions, first), so rolling the labels moves it."""
+    adapted = ctx.adapted
+    if adapted is None or adapted.loss_fn is None:
+        return False
+    try:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        labels = get_labels(ctx.experiment, ctx.batch)
+        return loss_pairs_labels(_traceable(adapted, "loss"), params, ctx.batch, labels) is True
+    except Exception:  # the loss's own problems are the later stages' to report
         return False
 
 

@@ -391,7 +391,8 @@ def test_doctor_data_stage_clean_and_faulty():
     assert d.codes == ["data.leakage"], d
     # the apply handle is used: a model with a (B, 1) output against (B,) float targets
     reg = dataclasses.replace(exp, train={"x": x, "y": x.sum(1)}, eval=None, num_classes=None,
-                              apply=lambda model, inp: model(inp)[:, :1])
+                              apply=lambda model, inp: model(inp)[:, :1],
+                              loss=lambda model, b: jnp.mean((model(b["x"])[:, :1] - b["y"]) ** 2))  # (B, B)
     d = jaxsane.doctor(reg, stages=["data"], progress=False)
     assert "data.shape" in d.codes and "broadcast" in d.by_code("data.shape")[0].message
 
