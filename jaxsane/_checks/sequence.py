@@ -63,6 +63,20 @@ def _time_leaves(leaves: list, n: int) -> tuple[int | None, list[int]]:
     return T, idx
 
 
+def _decoder_leaves(host: list, idx: list[int], labels: Any) -> list[int]:
+    """Of several time leaves, the decoder's: those equal to the targets or to the targets shifted right by one
+    (empty when there is one leaf, no targets, or none matches)."""
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(idx) < 2 or len(lab) != 1 or np.ndim(lab[0]) != 2:
+        return []
+    y = np.asarray(lab[0])
+    return [
+        i
+        for i in idx
+        if host[i].shape == y.shape and (np.array_equal(host[i], y) or np.array_equal(host[i][:, 1:], y[:, :-1]))
+    ]
+
+
 def _probe_positions(T: int, probes: int | Sequence[int]) -> list[int]:
     if not isinstance(probes, int):
         return sorted({int(t) for t in probes if 0 <= int(t) < T - 1})
@@ -71,7 +85,14 @@ def _probe_positions(T: int, probes: int | Sequence[int]) -> list[int]:
 
 
 def check_causal(
-    apply: Callable, params: PyTree, inputs: Any, *, probes: int | Sequence[int] = 3, rtol: float = 1e-5, seed: int = 0
+    apply: Callable,
+    params: PyTree,
+    inputs: Any,
+    *,
+    labels: Any = None,
+    probes: int | Sequence[int] = 3,
+    rtol: float = 1e-5,
+    seed: int = 0,
 ) -> list[Finding]:
     """``seq.future_leakage`` when a causal model's output at position t depends on inputs after t.
 
@@ -85,6 +106,9 @@ def check_causal(
       apply: ``(params, inputs) -> outputs`` in eval mode, outputs ``[B, T, ...]`` per position.
       params: parameters.
       inputs: a batch of inputs (an array or pytree; padding masks among them are left unchanged).
+      labels: the targets ``[B, T]``, optional. In an encoder-decoder the source legitimately reaches every
+        decoder position; when some input leaves are the decoder's (equal to the targets, or to the targets
+        shifted right by one), only those are changed.
       probes: how many positions t to probe (default 3: the first, the middle and the last but one),
         or the positions.
       rtol: relative change allowed, ``max |out' - out| / max |out|`` over positions ``<= t``.
@@ -114,6 +138,7 @@ def check_causal(
             f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
             f"{[x.shape for x in host]}); the causal check needs sequence inputs."
         )
+    idx = _decoder_leaves(host, idx, labels) or idx
     run = quick_jit(
         lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))),
         runs=1 + len(_probe_positions(T, probes)),

@@ -424,20 +424,29 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
         else:
             params = adapted.params(adapted.init(ctx.key))
             try:
-                out += check_causal(_traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
+                out += check_causal(
+                    _traceable(adapted, "apply"),
+                    params,
+                    get_inputs(exp, ctx.batch),
+                    labels=_labels_or_none(exp, ctx.batch),
+                )
             except ExperimentError as e:
                 out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
     mask = get_mask(exp, ctx.batch)
     if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        try:
-            labels = get_labels(exp, ctx.batch)
-        except JaxsaneError:
-            labels = None
+        labels = _labels_or_none(exp, ctx.batch)
         out += check_padding_in_loss(
             _traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
         )
     return out
+
+
+def _labels_or_none(exp: Experiment, batch: Any) -> Any:
+    try:
+        return get_labels(exp, batch)
+    except JaxsaneError:
+        return None
 
 
 def overfit_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -335,3 +335,22 @@ def test_an_encoder_decoder_with_an_unshifted_decoder_input_is_found():
         apply = encoder_decoder(shift)
         d = jaxsane.doctor(_sgd_experiment(batch, loss_of(apply), apply, **handles), stages=["data"], progress=False)
         assert ("data.unshifted_targets" in d.codes) is expected, (shift, d)
+
+
+def test_causal_probe_of_an_encoder_decoder_changes_only_the_decoder_input():
+    src = np.random.default_rng(5).integers(1, V, (B, T)).astype(np.int32)
+    dec_in = np.asarray(_shift_right(TOKENS))
+    wmt_like = lambda p, inputs: encoder_decoder(False)(p, inputs)  # decoder input given pre-shifted
+
+    def no_causal_mask(p, inputs):  # BUG: decoder self-attention sees every position
+        src_, tgt = inputs
+        h = p["emb"][tgt] + p["emb"][src_].mean(axis=1, keepdims=True)
+        scores = (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2)
+        return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
+
+    # without the targets, the source (read whole by every position) looks like future leakage
+    assert check_causal(wmt_like, PARAMS, (src, dec_in))[0].code == "seq.future_leakage"
+    assert check_causal(wmt_like, PARAMS, (src, dec_in), labels=TOKENS) == []
+    assert check_causal(encoder_decoder(True), PARAMS, (src, TOKENS), labels=TOKENS) == []
+    [f] = check_causal(no_causal_mask, PARAMS, (src, dec_in), labels=TOKENS)
+    assert f.code == "seq.future_leakage"
