@@ -168,6 +168,11 @@ def check_causal(
             seen |= {int(p) for p in np.flatnonzero(diff / ref > rtol)}
         if worst > rtol:
             leaks.append((t, worst, sorted(seen)))
+    return _leak_finding(leaks, T)
+
+
+def _leak_finding(leaks: list[tuple[int, float, list[int]]], T: int) -> list[Finding]:
+    """The ``seq.future_leakage`` finding of the probes that leaked (none: nothing)."""
     if not leaks:
         return []
     shown = "; ".join(
@@ -267,20 +272,16 @@ def check_padding_in_loss(
     if pad_ids:
         cut = _truncated(run, params, host, pad, m.shape[0])
         if cut is None and not groups:
-            return [
-                Finding(
-                    "doctor.skipped",
-                    f"padding in the loss not checked: the padding is in the ids themselves ({len(pad_ids)} integer "
-                    "leaves hold one pad id at every padded position; a loss may weight by ids > 0, so changing "
-                    "them would un-pad those positions), and no trailing padding could be cut off to probe instead "
-                    "(no row ends in padding, or the loss cannot run on a shorter sequence)",
-                    "",
-                    severity="info",
-                )
-            ]
+            return _cannot_probe(len(pad_ids))
         if cut is not None:
             moved_by["truncated padding"] = cut
-    clear = max(rtol, 30 * floor)
+    return _padding_finding(moved_by, list(groups), max(rtol, 30 * floor), pad, floor)
+
+
+def _padding_finding(
+    moved_by: dict[str, float], groups: list[str], clear: float, pad: np.ndarray, floor: float
+) -> list[Finding]:
+    """``seq.padding_in_loss`` when every perturbed group, or the truncation, moved the loss by more than ``clear``."""
     if not (all(r > clear for k, r in moved_by.items() if k in groups) and groups) and not (
         moved_by.get("truncated padding", 0.0) > clear
     ):
@@ -302,6 +303,20 @@ def check_padding_in_loss(
             "in attention so real positions never attend to padding",
             path="loss <- padded positions",
             extra={"relative_change": moved_by, "padded": int(pad.sum()), "noise_floor": floor},
+        )
+    ]
+
+
+def _cannot_probe(leaves: int) -> list[Finding]:
+    return [
+        Finding(
+            "doctor.skipped",
+            f"padding in the loss not checked: the padding is in the ids themselves ({leaves} integer "
+            "leaves hold one pad id at every padded position; a loss may weight by ids > 0, so changing "
+            "them would un-pad those positions), and no trailing padding could be cut off to probe instead "
+            "(no row ends in padding, or the loss cannot run on a shorter sequence)",
+            "",
+            severity="info",
         )
     ]
 

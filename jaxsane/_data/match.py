@@ -76,11 +76,11 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
-    pairs = len(h) * (len(h) - 1) / 2
-    q = collision_chance(split, h, idx, inputs, pairs)
-    if not beyond_chance(len(dup), pairs, q):
+    candidates = len(h) * (len(h) - 1) / 2
+    q = collision_chance(split, h, idx, inputs, candidates)
+    if not beyond_chance(len(dup), candidates, q):
         return [], (hs, isorted)
-    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(pairs, q)
+    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(candidates, q)
     pairs = ", ".join(f"{d}={r}" for d, r in zip(dup[:k].tolist(), orig[:k].tolist()))
     return [
         Finding(
