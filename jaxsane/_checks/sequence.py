@@ -269,29 +269,30 @@ def check_padding_in_loss(
         for i in idx:
             changed[i] = _perturb(host[i], pad, rng)
         moved_by[name] = _relative(float(run(params, changed)), base)
-    if pad_ids:
+    # a group whose leaves all hold pad ids is judged by cutting off the trailing padding (not at all when that
+    # cannot run: then it never makes the error)
+    pad_only = [k for k in pad_ids if k not in groups]
+    if pad_only:
         cut = _truncated(run, params, host, pad, m.shape[0])
         if cut is None and not groups:
-            return _cannot_probe(len(pad_ids))
-        if cut is not None:
-            moved_by["truncated padding"] = cut
-    return _padding_finding(moved_by, list(groups), max(rtol, 30 * floor), pad, floor)
+            return _cannot_probe(len({i for v in pad_ids.values() for i in v}))
+        for k in pad_only:
+            moved_by[k] = 0.0 if cut is None else cut
+    return _padding_finding(moved_by, pad_only, max(rtol, 30 * floor), pad, floor)
 
 
 def _padding_finding(
-    moved_by: dict[str, float], groups: list[str], clear: float, pad: np.ndarray, floor: float
+    moved_by: dict[str, float], pad_only: list[str], clear: float, pad: np.ndarray, floor: float
 ) -> list[Finding]:
-    """``seq.padding_in_loss`` when every perturbed group, or the truncation, moved the loss by more than ``clear``."""
-    if not (all(r > clear for k, r in moved_by.items() if k in groups) and groups) and not (
-        moved_by.get("truncated padding", 0.0) > clear
-    ):
+    """``seq.padding_in_loss`` when every group (``inputs``, ``targets``) moved the loss by more than ``clear``
+    (those in ``pad_only`` by cutting off the trailing padding)."""
+    if not moved_by or not all(r > clear for r in moved_by.values()):
         return []
     what = " and ".join(
-        f"the {k} at padded positions (relative change {r:.2g})"
-        if k in groups
-        else f"{k} is cut off (relative change {r:.2g})"
+        f"the trailing padding of the {k} (pad ids) is cut off (relative change {r:.2g})"
+        if k in pad_only
+        else f"the {k} at padded positions change (relative change {r:.2g})"
         for k, r in moved_by.items()
-        if r > clear
     )
     return [
         Finding(
@@ -323,30 +324,28 @@ def _cannot_probe(leaves: int) -> list[Finding]:
 
 def _padding_groups(
     leaves: list, mask: Any, pad: np.ndarray, inputs: Any, labels: Any
-) -> tuple[dict[str, list[int]], list[int]]:
-    """``({"inputs": [...], "targets": [...]}, pad-id leaves)``: the leaf indices each probe changes, and the
-    integer leaves whose padding is their pad id (never changed)."""
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """``({"inputs": [...], "targets": [...]}, the same for pad-id leaves)``: the leaf indices each probe changes,
+    and per group the integer leaves whose padding is their pad id (never changed)."""
     in_ids = {id(x) for x in jax.tree_util.tree_leaves(inputs)} if inputs is not None else set()
     lab_ids = {id(x) for x in jax.tree_util.tree_leaves(labels)} if labels is not None else set()
     groups: dict[str, list[int]] = {"inputs": [], "targets": []}
-    pad_ids: list[int] = []
+    pad_ids: dict[str, list[int]] = {"inputs": [], "targets": []}
     for i, x in enumerate(leaves):
         if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != pad.shape:
             continue
         a = np.asarray(x)
         if a.dtype.kind not in "iufc" or (a.shape == pad.shape and np.array_equal(a.astype(bool), ~pad) and _binary(a)):
             continue  # another copy of the mask
-        if _pads_are_ids(a, pad):
-            pad_ids.append(i)
-            continue
+        into = pad_ids if _pads_are_ids(a, pad) else groups
         if id(x) in in_ids:
-            groups["inputs"].append(i)
+            into["inputs"].append(i)
         elif id(x) in lab_ids:
-            groups["targets"].append(i)
+            into["targets"].append(i)
         else:
-            groups["inputs"].append(i)
-            groups["targets"].append(i)
-    return {k: v for k, v in groups.items() if v}, pad_ids
+            into["inputs"].append(i)
+            into["targets"].append(i)
+    return {k: v for k, v in groups.items() if v}, {k: v for k, v in pad_ids.items() if v}
 
 
 def _pads_are_ids(a: np.ndarray, pad: np.ndarray) -> bool:
