@@ -92,7 +92,9 @@ def check_data(
 
     Returns:
       A :class:`~jaxsane.Diagnosis`; ``diagnosis.artifacts["data"]`` holds per-split summaries (rows, batches,
-      class counts, input mean/std).
+      class counts, input mean/std; for a stream the seconds spent reading it and why reading stopped:
+      ``"end"``, ``"epoch"``, ``"time"`` or ``"batches"``); ``artifacts["nonfinite_batches"]`` the first batch
+      of each split that holds NaN/Inf, as read.
 
     Raises:
       DataError: the data cannot be read: ragged batches or rows (labels of another length than the inputs), a
