@@ -273,7 +273,8 @@ def check_padding_in_loss(
     # cannot run: then it never makes the error)
     pad_only = [k for k in pad_ids if k not in groups]
     if pad_only:
-        cut = _truncated(run, params, host, pad, m.shape[0])
+        ids = [i for v in (*groups.values(), *pad_ids.values()) for i in v]
+        cut = _truncated(run, params, host, _padding_everywhere(host, ids, pad), m.shape[0])
         if cut is None and not groups:
             return _cannot_probe(len({i for v in pad_ids.values() for i in v}))
         for k in pad_only:
@@ -368,6 +369,19 @@ def _noise_floor(run: Callable, params: PyTree, host: list, base: float, n: int)
     rev = [x[::-1] if np.ndim(x) and np.shape(x)[0] == n else x for x in host]
     value = _relative(float(run(params, rev)), base)
     return value if np.isfinite(value) else 0.0
+
+
+def _padding_everywhere(host: list, ids: list[int], pad: np.ndarray) -> np.ndarray:
+    """``pad`` less the positions where an integer ``[B, T]`` leaf holds anything but its pad id (the most
+    common id at padded positions): the last real token, as the input of a position whose target is padding,
+    is still read by the model, and cutting it off is no probe of the padding."""
+    out = pad.copy()
+    for i in sorted(set(ids)):
+        a = host[i]
+        if a.shape == pad.shape and a.dtype.kind in "iu" and pad.any():
+            values, counts = np.unique(a[pad], return_counts=True)
+            out &= a == values[np.argmax(counts)]
+    return out
 
 
 def _truncated(run: Callable, params: PyTree, host: list, pad: np.ndarray, n: int) -> float | None:

@@ -73,6 +73,10 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
         return [], (hs, isorted)
     o = np.argsort(dup, kind="stable")
     dup, orig = dup[o], orig[o]
+    if split.memory is None:  # a stream: repeats one period apart are its epochs, not duplicated data
+        dup, orig = _off_period(dup, orig, split.rows)
+        if not len(dup):
+            return [], (hs, isorted)
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
@@ -139,3 +143,18 @@ def _chance_text(pairs: float, q: float | None) -> str:
         return ""
     expected = pairs * q
     return f"; chance alone explains {expected:.2g} at this dimensionality and precision" if expected >= 0.01 else ""
+
+
+def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The duplicate pairs of a stream that are not epoch repeats: when most pairs lie a multiple of the
+    commonest distance ``P`` apart (a stream that cycles over its data, re-augmenting or re-padding each
+    row, so only some rows repeat exactly) and the stream ran for two periods at least (a short repeat of a
+    stream's start before it ends is duplicated data), those pairs are the stream starting over and are
+    dropped."""
+    gaps = dup - orig
+    values, counts = np.unique(gaps, return_counts=True)
+    period = int(values[np.argmax(counts)])
+    keep = gaps % max(period, 1) != 0
+    if period < 2 or keep.mean() > 0.5 or rows < 2 * period:
+        return dup, orig
+    return dup[keep], orig[keep]
