@@ -16,6 +16,9 @@ import numpy as np
 
 from .._core.errors import DataError, JaxsaneError
 from .._core.tree import PyTree, explicit_sharding, path_str
+from .._experiment.batches import INPUT_KEYS, LABEL_KEYS, MASK_KEYS
+
+_KNOWN_KEYS = set(INPUT_KEYS) | set(LABEL_KEYS) | set(MASK_KEYS)
 
 
 def _is_arraylike(x: Any) -> bool:
@@ -220,7 +223,8 @@ def _default_handle(
             if k in batch:
                 return batch[k]
         if required:
-            key = next(iter(map(str, batch)), "your_key")
+            other = [str(k) for k in batch if str(k) not in _KNOWN_KEYS]  # not the inputs or mask: a candidate
+            key = other[0] if other else "<key>"
             raise DataError(
                 f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
                 f"{list(keys)}. Pass a function batch -> array: Experiment({what}=lambda batch: "

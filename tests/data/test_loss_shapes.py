@@ -53,3 +53,13 @@ def test_doctor_reports_only_the_loss_that_really_broadcasts():
     assert "data.shape" not in clean.codes, clean
     buggy = jaxsane.doctor(_experiment(broadcasting_loss), stages=["data"], progress=False)
     assert "data.shape" in buggy.codes, buggy
+
+
+def test_a_missing_label_key_is_explained_with_the_callable_the_experiment_takes():
+    import dataclasses
+    from jaxsane.examples import load
+    exp = load("digits_nnx")
+    bad = dataclasses.replace(exp, train={"x": exp.train.x, "answer": exp.train.y}, eval=None)
+    [f] = jaxsane.doctor(bad, stages=["data"], progress=False).by_code("doctor.skipped")
+    assert "Experiment(labels=lambda batch: batch['answer'])" in f.message, f.message
+    assert "labels='your_key'" not in f.message
