@@ -7,7 +7,11 @@ inputs are integers and have no gradient, so the probes are forward ones, exact 
 * future leakage: in a model declared causal, replace every input at positions ``> t``; the
   outputs at positions ``<= t`` must not move (a causal mask makes them bitwise equal);
 * padding in the loss: replace the inputs, and separately the targets, at the positions the mask
-  marks as padding; the loss must not move (a masked loss multiplies them by exactly 0).
+  marks as padding; the loss must not move (a masked loss multiplies them by exactly 0). Leaves whose
+  padding is their pad id (a loss may weight by ``ids > 0``) are probed by cutting off the trailing
+  padding instead; every change is judged against the loss's float noise floor;
+* targets fed as the model's input: does output t move when only target t changes (a model that shifts
+  them right inside, as Flax's lm1b and wmt, does not).
 
 Nothing here is jit-safe: each check compiles its function once and calls it a few times.
 """
