@@ -264,3 +264,53 @@ def check_example_slices(
             extra={"examples": moved, "cuts": cuts},
         )
     ]
+
+
+def loss_pairs_labels(loss: Callable, params: PyTree, batch: PyTree, labels: Any) -> bool | None:
+    """Whether ``loss`` pairs each example's prediction with its own label, or compares every prediction
+    with every label (a ``(B, 1)`` against ``(B,)`` broadcast to ``(B, B)``).
+
+    The labels leaf (found in ``batch`` by identity) is rolled by one example, the inputs left as they are.
+    A loss of matched pairs moves; a loss over all (prediction, label) pairs is a symmetric function of the
+    labels and does not (up to float noise). The float parameters are jittered first (a zero-initialised
+    output layer predicts one constant, and any loss of a constant prediction is symmetric in the labels).
+    True when it moves by more than 1e-4 relative, False when it
+    stays within 1e-6, None when that cannot be judged (no such leaf, labels all equal, a non-finite loss,
+    or a change in between).
+
+    Not jit-safe (compiles ``loss`` once, calls it twice).
+    """
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(lab) != 1 or np.ndim(lab[0]) < 1 or np.shape(lab[0])[0] < 2:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    at = [i for i, x in enumerate(leaves) if x is lab[0]]
+    if len(at) != 1:
+        return None
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    rolled = np.roll(host[at[0]], 1, axis=0)
+    if np.array_equal(rolled, host[at[0]]):
+        return None
+    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2)
+    params = _jittered(params)
+    base = float(run(params, host))
+    moved = list(host)
+    moved[at[0]] = rolled
+    value = float(run(params, moved))
+    if not (np.isfinite(base) and np.isfinite(value)):
+        return None
+    change = abs(value - base) / max(abs(base), 1e-12)
+    return True if change > 1e-4 else False if change <= 1e-6 else None
+
+
+def _jittered(params: PyTree) -> PyTree:
+    """``params`` with small random noise on every float leaf (scaled to the leaf, 0.01 for zeros)."""
+    rng = np.random.default_rng(0)
+
+    def jitter(x: Any) -> Any:
+        if not _is_float(x) or not hasattr(x, "shape"):
+            return x
+        scale = 0.1 * float(jnp.std(x)) + 1e-2
+        return x + jnp.asarray(rng.standard_normal(x.shape) * scale, x.dtype)
+
+    return jax.tree_util.tree_map(jitter, params)

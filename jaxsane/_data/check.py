@@ -53,6 +53,7 @@ def check_data(
     apply: Callable | None = None,
     params: Any = None,
     max_batches: int | None = None,
+    max_seconds: float | None = None,
     max_imbalance_ratio: float = 10.0,
     max_duplicate_fraction: float = 0.0,
     max_leakage_fraction: float = 0.0,
@@ -91,7 +92,9 @@ def check_data(
 
     Returns:
       A :class:`~jaxsane.Diagnosis`; ``diagnosis.artifacts["data"]`` holds per-split summaries (rows, batches,
-      class counts, input mean/std).
+      class counts, input mean/std; for a stream the seconds spent reading it and why reading stopped:
+      ``"end"``, ``"epoch"``, ``"time"`` or ``"batches"``); ``artifacts["nonfinite_batches"]`` the first batch
+      of each split that holds NaN/Inf, as read.
 
     Raises:
       DataError: the data cannot be read: ragged batches or rows (labels of another length than the inputs), a
@@ -118,6 +121,7 @@ def check_data(
             apply=apply,
             params=params,
             max_batches=max_batches,
+            max_seconds=max_seconds,
             max_imbalance_ratio=max_imbalance_ratio,
             max_duplicate_fraction=max_duplicate_fraction,
             max_leakage_fraction=max_leakage_fraction,
@@ -153,6 +157,9 @@ Args:
   max_batches: read at most this many batches of an iterable split. None (default): at most
     ``DEFAULT_MAX_BATCHES`` (1000), so an endless generator never hangs the check; when the stream had more,
     an info finding ``data.partial`` says that only a prefix was checked.
+  max_seconds: stop reading a stream after this many seconds (per split, at least one batch; a stream
+    that starts over, one epoch, or ends stops it earlier). With ``max_batches=None`` there is then no
+    batch limit. ``data.partial`` says how much was read. None (default): no time limit.
   max_imbalance_ratio: flag when the most frequent class has more than this many times the examples of the
     least frequent one (or a class in ``range(num_classes)`` never occurs). Default 10: Google's ML Crash
     Course ("Imbalanced datasets") calls a minority class of 1-20% "moderate" imbalance that needs
@@ -191,6 +198,7 @@ class _DataCheck:
     apply: Callable | None
     params: Any
     max_batches: int | None
+    max_seconds: float | None
     max_imbalance_ratio: float
     max_duplicate_fraction: float
     max_leakage_fraction: float
@@ -215,6 +223,8 @@ class _DataCheck:
                     f"{name}=lambda batch: ...."
                 )
         require_callable(fn, "apply", self.apply, signature="(params, inputs) -> predictions", optional=True)
+        if self.max_seconds is not None:
+            require_float(fn, "max_seconds", self.max_seconds, min=0.0)
         require_float(fn, "max_imbalance_ratio", self.max_imbalance_ratio, min=1.0)
         require_float(fn, "max_duplicate_fraction", self.max_duplicate_fraction, min=0.0, max=1.0)
         require_float(fn, "max_leakage_fraction", self.max_leakage_fraction, min=0.0, max=1.0)
@@ -247,8 +257,9 @@ class _DataCheck:
         k = self.max_indices
         diagnosis = Diagnosis(name="data")
         findings: list[Finding] = []
-        train_split = scan_split(train, "train", self.max_batches, k, opts, findings)
-        eval_split = scan_split(eval, "eval", self.max_batches, k, opts, findings) if eval is not None else None
+        read = dict(max_seconds=self.max_seconds)
+        train_split = scan_split(train, "train", self.max_batches, k, opts, findings, **read)
+        eval_split = scan_split(eval, "eval", self.max_batches, k, opts, findings, **read) if eval is not None else None
         splits = [s for s in (train_split, eval_split) if s is not None]
         train_sorted = None
         for split in splits:
@@ -262,6 +273,9 @@ class _DataCheck:
             findings += find_leakage(train_split, eval_split, train_sorted, self.max_leakage_fraction, k, self.inputs)
         diagnosis.add(findings)
         diagnosis.artifacts["data"] = {s.what: _summary(s) for s in splits}
+        diagnosis.artifacts["nonfinite_batches"] = {
+            s.what: s.nonfinite_batch for s in splits if s.nonfinite_batch is not None
+        }
         return diagnosis
 
 
@@ -283,6 +297,17 @@ def _check_scale_range(scale_range: Any) -> None:
 
 def _summary(split: Split) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": split.rows, "batches": split.batches, "stream": split.stream}
+    if split.stream:
+        out["seconds"] = round(split.seconds, 3)
+        out["stopped"] = (
+            "epoch"
+            if split.epoch is not None
+            else "time"
+            if split.partial and split.timed_out
+            else "batches"
+            if split.partial
+            else "end"
+        )
     if split.class_counts.size:
         out["class_counts"] = split.class_counts.tolist()
     out["inputs"] = {}

@@ -160,15 +160,21 @@ def _partial(j: _Judge) -> list[Finding]:
     split = j.split
     if not split.partial:
         return []
+    why = (
+        f"reading stopped at the time limit after {split.seconds:.1f} s"
+        if split.timed_out
+        else "reading stopped at the batch limit"
+    )
     return [
         Finding(
             "data.partial",
-            f"the {j.w} stream has more than {split.batches} batches; only these "
+            f"the {j.w} stream has more than {split.batches} batches; {why}, so only these "
             f"first {split.batches} batches ({split.rows} examples) were checked",
-            "pass check_data(max_batches=N) to read more (or fewer) batches",
+            "read more (or fewer): check_data(max_batches=N, max_seconds=S), in doctor the options "
+            "data_max_batches and data_max_seconds",
             severity="info",
             path=j.w,
-            extra={"batches": split.batches, "rows": split.rows},
+            extra={"batches": split.batches, "rows": split.rows, "seconds": round(split.seconds, 3)},
         )
     ]
 
@@ -349,12 +355,12 @@ def _epoch(j: _Judge) -> list[Finding]:
         Finding(
             "data.epoch",
             f"the {w} stream starts over after {split.epoch} examples (rows "
-            f"{split.epoch}.. repeat rows 0..): read as one epoch of {split.epoch} examples; the "
-            "repeat is an epoch boundary, not duplicated data",
+            f"{split.epoch}.. repeat earlier rows, in order or reshuffled): read as one epoch of {split.epoch} "
+            f"examples ({split.batches} batches read); the repeat is an epoch boundary, not duplicated data",
             "-",
             severity="info",
             path=w,
-            extra={"epoch_rows": split.epoch},
+            extra={"epoch_rows": split.epoch, "batches": split.batches},
         )
     ]
 

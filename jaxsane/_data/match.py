@@ -1,7 +1,8 @@
 """Matching rows by content for :func:`jaxsane.check_data`: ``data.duplicates`` inside a split
 and ``data.leakage`` from eval into train. Matching sorts the 64-bit row hashes; candidate pairs of
 in-memory data are confirmed by exact byte comparison, so a hash collision is never reported
-(stream data keeps no rows: its matches are by hash).
+(stream data keeps no rows: its matches are by hash). Matches that chance explains (random low-dimensional
+rows at their precision, ``chance.py``) are not reported.
 
 Nothing here runs inside ``jit``.
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from .._core.finding import Finding
 from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
+from .chance import beyond_chance, collision_chance
 from .read import apply_handle, host_array, named_leaves, take_rows
 from .row_hash import U64 as _U64
 from .split import Split
@@ -71,10 +73,18 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
         return [], (hs, isorted)
     o = np.argsort(dup, kind="stable")
     dup, orig = dup[o], orig[o]
+    if split.memory is None:  # a stream: repeats one period apart are its epochs, not duplicated data
+        dup, orig = _off_period(dup, orig, split.rows)
+        if not len(dup):
+            return [], (hs, isorted)
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
-    how = "exact content match" if exact else "64-bit content hash"
+    candidates = len(h) * (len(h) - 1) / 2
+    q = collision_chance(split, h, idx, inputs, candidates)
+    if not beyond_chance(len(dup), candidates, q):
+        return [], (hs, isorted)
+    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(candidates, q)
     pairs = ", ".join(f"{d}={r}" for d, r in zip(dup[:k].tolist(), orig[:k].tolist()))
     return [
         Finding(
@@ -109,7 +119,11 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
     frac = len(ev) / max(1, len(he))
     if not len(ev) or frac <= max_fraction:
         return []
-    how = "exact content match" if exact else "64-bit content hash"
+    pairs = float(len(hs)) * len(he)
+    q = collision_chance(train, hs, isorted, inputs, pairs)
+    if not beyond_chance(len(ev), pairs, q):
+        return []
+    how = ("exact content match" if exact else "64-bit content hash") + _chance_text(pairs, q)
     return [
         Finding(
             "data.leakage",
@@ -121,3 +135,26 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
             extra={"count": int(len(ev)), "eval_indices": ev[:k].tolist(), "train_indices": tr[:k].tolist()},
         )
     ]
+
+
+def _chance_text(pairs: float, q: float | None) -> str:
+    """What chance alone would give, for a finding's message."""
+    if q is None:
+        return ""
+    expected = pairs * q
+    return f"; chance alone explains {expected:.2g} at this dimensionality and precision" if expected >= 0.01 else ""
+
+
+def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The duplicate pairs of a stream that are not epoch repeats: when most pairs lie a multiple of the
+    commonest distance ``P`` apart (a stream that cycles over its data, re-augmenting or re-padding each
+    row, so only some rows repeat exactly) and the stream ran for two periods at least (a short repeat of a
+    stream's start before it ends is duplicated data), those pairs are the stream starting over and are
+    dropped."""
+    gaps = dup - orig
+    values, counts = np.unique(gaps, return_counts=True)
+    period = int(values[np.argmax(counts)])
+    keep = gaps % max(period, 1) != 0
+    if period < 2 or keep.mean() > 0.5 or rows < 2 * period:
+        return dup, orig
+    return dup[keep], orig[keep]

@@ -7,6 +7,7 @@ Nothing here runs inside ``jit``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ import numpy as np
 
 from .._core.errors import DataError, JaxsaneError
 from .._core.tree import PyTree, explicit_sharding, path_str
+from .._experiment.batches import INPUT_KEYS, LABEL_KEYS, MASK_KEYS
+
+_KNOWN_KEYS = set(INPUT_KEYS) | set(LABEL_KEYS) | set(MASK_KEYS)
 
 
 def _is_arraylike(x: Any) -> bool:
@@ -115,13 +119,16 @@ class Stream:
 
     ``is_stream`` is False for in-memory data (one batch, the whole split). With ``peek``, once the
     limit is reached one more batch is read to learn whether the stream went on (``more``), so a
-    check can say that it looked at a prefix.
+    check can say that it looked at a prefix. With ``seconds``, reading stops (after at least one
+    batch) once that much time has passed since the first batch was asked for (``timed_out``; with
+    ``peek``, ``more`` says whether one more batch came). ``seconds_read``: the time spent reading.
     """
 
-    def __init__(self, data: Any, what: str, limit: int | None, *, peek: bool = False):
+    def __init__(self, data: Any, what: str, limit: int | None, *, peek: bool = False, seconds: float | None = None):
         if data is not None and not is_data(data) and callable(data):
             data = data()
-        self.more = False
+        self.more = self.timed_out = False
+        self.seconds, self.seconds_read = seconds, 0.0
         if is_data(data):
             self.is_stream, self._data = False, data
             return
@@ -137,15 +144,20 @@ class Stream:
         if not self.is_stream:
             yield 0, self._data
             return
+        start = time.monotonic()
         it = iter(self._data)
         b = 0
         while True:
-            if self.limit is not None and b >= self.limit:
+            self.seconds_read = time.monotonic() - start
+            over_time = self.seconds is not None and b > 0 and self.seconds_read >= self.seconds
+            if over_time or (self.limit is not None and b >= self.limit):
+                self.timed_out = over_time
                 if self.peek:
                     self.more = self._next(it, b) is not _END
                 return
             batch = self._next(it, b)
             if batch is _END:
+                self.seconds_read = time.monotonic() - start
                 return
             yield b, batch
             b += 1
@@ -211,9 +223,12 @@ def _default_handle(
             if k in batch:
                 return batch[k]
         if required:
+            other = [str(k) for k in batch if str(k) not in _KNOWN_KEYS]  # not the inputs or mask: a candidate
+            key = other[0] if other else "<key>"
             raise DataError(
                 f"cannot find the {what} in {where} with keys {sorted(map(str, batch))}: looked for "
-                f"{list(keys)}. Pass {what}='your_key' or a function batch -> array."
+                f"{list(keys)}. Pass a function batch -> array: Experiment({what}=lambda batch: "
+                f"batch[{key!r}]) (check_data also takes the key itself, {what}={key!r})."
             )
         return None
     if isinstance(batch, tuple):

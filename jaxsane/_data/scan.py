@@ -28,10 +28,21 @@ _MAX_CLASSES = 100_000  # integer labels above this (without num_classes) are no
 DEFAULT_MAX_BATCHES = 1000  # batches read from an iterable split when max_batches is None
 
 
-def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict, findings: list[Finding]) -> Split:
-    """Read one split once (see the module docstring) into a :class:`Split`. Not jit-safe."""
+def scan_split(
+    data: Any,
+    what: str,
+    max_batches: int | None,
+    k: int,
+    opts: dict,
+    findings: list[Finding],
+    max_seconds: float | None = None,
+) -> Split:
+    """Read one split once (see the module docstring) into a :class:`Split`: at most ``max_batches``
+    batches of a stream (None: ``DEFAULT_MAX_BATCHES``, or no batch limit when ``max_seconds`` bounds the
+    reading), for at most ``max_seconds``. Not jit-safe."""
     split = Split(what, k)
-    batches = Stream(data, what, DEFAULT_MAX_BATCHES if max_batches is None else max_batches, peek=max_batches is None)
+    limit = max_batches if max_batches is not None else (None if max_seconds is not None else DEFAULT_MAX_BATCHES)
+    batches = Stream(data, what, limit, peek=max_batches is None, seconds=max_seconds)
     split.stream = stream = batches.is_stream
     if stream:
         split.cycle = Cycle()
@@ -60,6 +71,7 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
         batch_hi: dict[str, float] = {}
         batch_any_mask = False
         batch_has_mask = False
+        nonfinite_before = sum(fl.count for fl in split.nonfinite.values())
         for s in range(0, n, step):
             chunk = slice_rows(batch, s, min(n, s + step)) if (s > 0 or step < n) else batch
             lo, hi, has_mask, any_mask = _scan_chunk(
@@ -70,6 +82,8 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
                 batch_hi[p] = max(batch_hi.get(p, -math.inf), hi[p])
             batch_has_mask |= has_mask
             batch_any_mask |= any_mask
+        if split.nonfinite_batch is None and sum(fl.count for fl in split.nonfinite.values()) > nonfinite_before:
+            split.nonfinite_batch = raw  # kept for judging whether the loss masks them
         if batch_has_mask and not batch_any_mask:
             split.padding_batches.add_index(b)
         elif stream and n > 1 and batch_lo and all(batch_lo[p] == batch_hi[p] for p in batch_lo):
@@ -85,7 +99,8 @@ def scan_split(data: Any, what: str, max_batches: int | None, k: int, opts: dict
             "iterable, or a zero-argument function returning one."
         )
     split.rows = offset
-    split.partial = batches.more
+    split.partial = batches.more or (batches.timed_out and not batches.peek)
+    split.timed_out, split.seconds = batches.timed_out, batches.seconds_read
     if split.cycle is not None:
         # a stream cut off by the batch limit may end right after its wrap; one that ended by itself
         # with a short repeat of its start holds duplicates (confirmed wraps stopped the reading earlier)
@@ -377,17 +392,17 @@ def _scan_shift(split: Split, leaves: list[tuple[str, np.ndarray]], y: Any, m: A
         mk = host_array(m)
         if mk.shape == lab.shape:
             valid &= mk.astype(bool)
-    for tok in tokens:
+    varied_any = same_any = lag_any = np.zeros(rows, bool)
+    for tok in tokens:  # every token leaf of the targets' shape (an encoder-decoder feeds the source and the targets)
         varied = ((tok != tok[:, :1]) & valid).any(axis=1) & (valid.sum(axis=1) >= 3)
-        if not varied.any():
-            continue
-        split.seq_rows += int(varied.sum())
         same = ((lab == tok) | ~valid).all(axis=1) & varied
         period2 = ((tok[:, 2:] == tok[:, :-2]) | ~valid[:, 2:]).all(axis=1)
         lag = ((lab[:, 1:] == tok[:, :-1]) | ~valid[:, 1:]).all(axis=1) & varied & ~period2
-        split.seq_same.add(same, offset)
-        split.seq_lag.add(lag, offset)
-        return  # the first token leaf of the targets' shape is the one they are compared with
+        varied_any, same_any, lag_any = varied_any | varied, same_any | same, lag_any | lag
+    if varied_any.any():
+        split.seq_rows += int(varied_any.sum())
+        split.seq_same.add(same_any, offset)
+        split.seq_lag.add(lag_any & ~same_any, offset)
 
 
 def _apply_check(opts: dict, x: PyTree, y: Any, where: str) -> list[Finding]:

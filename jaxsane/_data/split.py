@@ -48,19 +48,27 @@ class LeafStats:
 
 
 class Cycle:
-    """Recognises a stream that wraps around to its start (an endless generator over a finite array).
+    """Recognises a stream that starts over: an endless generator over a finite array, in the same order
+    (a wrap) or reshuffled each epoch.
 
-    Keeps every row's content hash in stream order (8 bytes a row). The stream has wrapped at row
-    ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...`` (and rows ``0..k`` are not all one
-    row); the wrap is confirmed once ``confirm_rows`` rows have matched, and then the reader stops:
-    one epoch is ``k`` rows.
+    Keeps every row's content hash in stream order (8 bytes a row) and, for reshuffles, the set of hashes
+    seen. The stream has wrapped at row ``k`` when rows ``k, k+1, ...`` repeat rows ``0, 1, ...`` (and rows
+    ``0..k`` are not all one row); it has started a reshuffled epoch at row ``k`` when from ``k`` on every
+    chunk of rows is at least ``REPEATED`` rows seen before (a few copied rows never make whole chunks of
+    repeats). Either is confirmed once ``confirm_rows`` rows (and, for a reshuffle, two chunks) repeated,
+    and then the reader stops: one epoch is ``k`` rows.
     """
+
+    REPEATED = 0.9  # share of a chunk's rows seen before that marks a chunk of a new, reshuffled epoch
 
     def __init__(self, confirm_rows: int = 64):
         self.buf = np.zeros(1024, _U64)
         self.n = 0
         self.k: int | None = None
         self.confirm_rows = confirm_rows
+        self.seen: set[int] = set()
+        self.restart: int | None = None  # the row where a run of repeated chunks began
+        self.restart_chunks = 0
 
     def _matches(self, k: int, end: int) -> bool:
         return bool(np.array_equal(self.buf[k:end], self.buf[: end - k]))
@@ -71,6 +79,7 @@ class Cycle:
             self.buf = np.concatenate([self.buf, np.zeros(max(n1, 2 * len(self.buf)) - len(self.buf), _U64)])
         self.buf[n0:n1] = h
         self.n = n1
+        self._reshuffle(h.tolist(), n0)
         if self.k is not None:
             if self._matches(self.k, n1):
                 return
@@ -82,18 +91,37 @@ class Cycle:
                 self.k = c
                 return
 
-    def _varied(self) -> bool:
+    def _reshuffle(self, rows: list[int], n0: int) -> None:
+        """Track runs of chunks made of rows seen before (a reshuffled new epoch)."""
+        if rows and n0 > 0 and sum(r in self.seen for r in rows) >= self.REPEATED * len(rows):
+            if self.restart is None:
+                self.restart, self.restart_chunks = n0, 0
+            self.restart_chunks += 1
+        else:
+            self.restart = None
+        self.seen.update(rows)
+
+    def _varied(self, k: int) -> bool:
         """The epoch holds at least two distinct rows (a stream of one repeated row is data.constant's)."""
-        return bool((self.buf[1 : self.k] != self.buf[0]).any())
+        return bool((self.buf[1:k] != self.buf[0]).any())
+
+    def _reshuffled(self) -> bool:
+        r = self.restart
+        return r is not None and self.restart_chunks >= 2 and self.n - r >= self.confirm_rows and self._varied(r)
 
     @property
     def confirmed(self) -> bool:
-        return self.k is not None and self.n - self.k >= self.confirm_rows and self._varied()
+        wrapped = self.k is not None and self.n - self.k >= self.confirm_rows and self._varied(self.k)
+        return wrapped or self._reshuffled()
 
     def epoch(self, cut: bool) -> int | None:
         """Rows in one epoch, once confirmed (in a stream cut off by the batch limit: once 2 rows matched)."""
-        if self.confirmed or (cut and self.k is not None and self.n - self.k >= 2 and self._varied()):
+        if self.k is not None and (
+            (self.n - self.k >= self.confirm_rows or (cut and self.n - self.k >= 2)) and self._varied(self.k)
+        ):
             return self.k
+        if self._reshuffled():
+            return self.restart
         return None
 
 
@@ -112,7 +140,10 @@ class Split:
         self.label_signature: list | None = None
         self.padded = False
         self.empty_batches = Flags(k)
-        self.partial = False  # stopped at the default batch limit, more was left
+        self.partial = False  # stopped at the default batch limit or the time limit, more was left
+        self.timed_out = False  # stopped by the time limit
+        self.seconds = 0.0  # time spent reading (a stream)
+        self.nonfinite_batch: PyTree = None  # the first raw batch holding NaN/Inf in its inputs or labels
         self.shape_errors = Flags(k)
         self.shape_warnings = Flags(k)
         self.shape_detail = ""

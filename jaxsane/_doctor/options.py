@@ -48,8 +48,14 @@ class DataOptions:
     description: ClassVar[str] = "data: shapes, labels, leakage, duplicates, padding, scale"
     data_max_batches: int | None = _opt(
         None,
-        "batches read from an iterable split (default: all of a sized iterable up to 1000, otherwise 20)",
+        "batches read from an iterable split (default: no count limit; data_max_seconds bounds the reading)",
         minimum=1,
+    )
+    data_max_seconds: float = _opt(
+        5.0,
+        "seconds spent reading each iterable split: a stream is read until it ends, starts over (one epoch) "
+        "or this runs out, so rare corrupt rows far into an endless stream are seen",
+        minimum=0,
     )
 
 

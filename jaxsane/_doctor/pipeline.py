@@ -19,19 +19,24 @@ from typing import Any
 
 import jax
 
-from .._checks.batch import check_batch_independence, check_example_slices
+from .._checks.batch import check_batch_independence, check_example_slices, loss_pairs_labels
 from .._checks.grads import check_grads
 from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
 from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
-from .._checks.sequence import check_causal, check_padding_in_loss, loss_reads_first_target
+from .._checks.sequence import (
+    check_causal,
+    check_padding_in_loss,
+    loss_reads_first_target,
+    output_sees_own_target,
+)
 from .._checks.step import check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
-from .._data.read import is_data
 from .._experiment.batches import (
+    Replayable,
     axis_text,
     count_examples,
     example_view,
@@ -116,12 +121,19 @@ class Stage:
 # ----------------------------------------------------------------------------- the stages
 
 
+# batches of a one-shot stream the data stage leaves cached for the later stages to replay (the run stage
+# reads run_steps, 30 by default); the data stage may read thousands, which are not all kept
+_KEEP_BATCHES = 100
+
+
 def data_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`)."""
+    """doctor stage: :func:`check_data` on the experiment's train (and eval) data (:class:`DataOptions`).
+
+    A stream is read until it ends, starts over (one epoch) or ``data_max_seconds`` run out (or
+    ``data_max_batches`` when given); ``data.partial`` and the ``data`` artifact say how much was read. A
+    one-shot iterator (doctor makes it :class:`Replayable`) keeps only its first batches for the later stages."""
     exp = ctx.experiment
-    limit = ctx.options.data_max_batches
-    if limit is None:
-        limit = min(len(exp.train), 1000) if hasattr(exp.train, "__len__") and not is_data(exp.train) else 20
+    opts: DataOptions = ctx.options
     apply_fn = params = None
     if ctx.adapted is not None and ctx.adapted.apply_fn is not None:
         try:
@@ -131,15 +143,16 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             apply_fn = params = None
     try:
         diagnosis = check_data(
-            exp.train,
-            exp.eval,
+            _read_once(exp.train),
+            _read_once(exp.eval),
             num_classes=exp.num_classes,
             inputs=exp.inputs,
             labels=exp.labels,
             mask=exp.mask,
             apply=apply_fn,
             params=params,
-            max_batches=limit,
+            max_batches=opts.data_max_batches,
+            max_seconds=opts.data_max_seconds,
         )
     except DataError as e:
         view = example_view(exp, ctx.batch)
@@ -155,7 +168,12 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             )
         ]
     ctx.artifacts["data"] = diagnosis.artifacts.get("data")
-    found = [f for f in diagnosis if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))]
+    found = [
+        f
+        for f in diagnosis
+        if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))
+        and not (f.code == "data.shape" and "broadcast" in f.message and _pairs_labels(ctx, params))
+    ]
     adapted = ctx.adapted
     loss_fn = adapted.loss_fn if adapted is not None else None
     if adapted is not None and loss_fn is not None and params is None:
@@ -163,27 +181,46 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             params = adapted.params(adapted.init(ctx.key))
         except Exception:  # init problems are the init stage's to report
             loss_fn = None
-    return judge_masked_nonfinite(found, loss_fn, params, {"train": exp.train, "eval": exp.eval}, limit)
+    held = diagnosis.artifacts.get("nonfinite_batches", {})
+    return judge_masked_nonfinite(found, loss_fn, params, {what: [batch] for what, batch in held.items()}, 1)
+
+
+def _read_once(data: Any) -> Any:
+    """What the data stage reads of one split: a :class:`Replayable` through its bounded cache."""
+    return data.reading(_KEEP_BATCHES) if isinstance(data, Replayable) else data
 
 
 def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
-    """True when targets equal to the inputs are the Hugging Face convention: the loss never reads
-    target 0, so it shifts internally (logits[:, :-1] against labels[:, 1:])."""
+    """True when targets equal to the inputs are not a bug: the model shifts them right inside (Flax's
+    lm1b and wmt: output t does not move when only target t changes), or the loss does (the Hugging Face
+    convention: it never reads target 0, logits[:, :-1] against labels[:, 1:])."""
     adapted = ctx.adapted
-    if adapted is None or adapted.loss_fn is None or "wrong way" in finding.message:
+    if adapted is None or "wrong way" in finding.message:
         return False
     try:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        return (
-            loss_reads_first_target(
-                _traceable(adapted, "loss"),
-                params,
-                ctx.batch,
-                get_labels(ctx.experiment, ctx.batch),
-                get_inputs(ctx.experiment, ctx.batch),
-            )
-            is False
-        )
+        labels = get_labels(ctx.experiment, ctx.batch)
+        inputs = get_inputs(ctx.experiment, ctx.batch)
+        if adapted.apply_fn is not None:
+            if output_sees_own_target(_traceable(adapted, "apply"), params, inputs, labels) is False:
+                return True
+        if adapted.loss_fn is None:
+            return False
+        return loss_reads_first_target(_traceable(adapted, "loss"), params, ctx.batch, labels, inputs) is False
+    except Exception:  # the model's or loss's own problems are the later stages' to report
+        return False
+
+
+def _pairs_labels(ctx: StageContext, params: Any) -> bool:
+    """True when shapes that would broadcast do not in the loss: it pairs each prediction with its own label
+    (it reshapes the labels, or squeezes the predictions, first), so rolling the labels moves it."""
+    adapted = ctx.adapted
+    if adapted is None or adapted.loss_fn is None:
+        return False
+    try:
+        params = adapted.params(adapted.init(ctx.key)) if params is None else params
+        labels = get_labels(ctx.experiment, ctx.batch)
+        return loss_pairs_labels(_traceable(adapted, "loss"), params, ctx.batch, labels) is True
     except Exception:  # the loss's own problems are the later stages' to report
         return False
 
@@ -387,20 +424,29 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
         else:
             params = adapted.params(adapted.init(ctx.key))
             try:
-                out += check_causal(_traceable(adapted, "apply"), params, get_inputs(exp, ctx.batch))
+                out += check_causal(
+                    _traceable(adapted, "apply"),
+                    params,
+                    get_inputs(exp, ctx.batch),
+                    labels=_labels_or_none(exp, ctx.batch),
+                )
             except ExperimentError as e:
                 out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
     mask = get_mask(exp, ctx.batch)
     if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        try:
-            labels = get_labels(exp, ctx.batch)
-        except JaxsaneError:
-            labels = None
+        labels = _labels_or_none(exp, ctx.batch)
         out += check_padding_in_loss(
             _traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
         )
     return out
+
+
+def _labels_or_none(exp: Experiment, batch: Any) -> Any:
+    try:
+        return get_labels(exp, batch)
+    except JaxsaneError:
+        return None
 
 
 def overfit_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -9,7 +9,7 @@ Host side; nothing here runs inside ``jit``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -126,6 +126,24 @@ class Replayable:
                 except StopIteration:
                     return
                 self._cache.append(batch)
+                yield batch
+            i += 1
+
+    def reading(self, keep: int) -> Iterator[Any]:
+        """Batches from the start, as ``iter(self)``, but only the first ``keep`` are cached: a long read (doctor's
+        data stage, thousands of batches) keeps what later readers replay without holding the rest; a later
+        reader past the cache goes on with the source's next batches. Not jit-safe."""
+        i = 0
+        while True:
+            if i < len(self._cache):
+                yield self._cache[i]
+            else:
+                try:
+                    batch = next(self._source)
+                except StopIteration:
+                    return
+                if len(self._cache) < keep:
+                    self._cache.append(batch)
                 yield batch
             i += 1
 

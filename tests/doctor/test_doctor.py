@@ -193,7 +193,7 @@ def test_every_option_a_stage_reads_is_declared_and_every_declared_one_is_read()
 
 
 def test_the_option_names_of_earlier_releases_still_work():
-    earlier = ["data_max_batches", "init_loss_rtol", "init_loss_factor", "init_scale_ratio", "init_per_layer_factor",
+    earlier = ["data_max_batches", "data_max_seconds", "init_loss_rtol", "init_loss_factor", "init_scale_ratio", "init_per_layer_factor",
                "init_max_saturated", "init_symmetric_tol", "grads_order", "grads_modes", "grads_batch_size",
                "grads_max_leaves",
                "step_calls", "batch_probes", "overfit_seeds", "overfit_steps", "overfit_learning_rates",
