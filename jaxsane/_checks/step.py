@@ -29,7 +29,7 @@ from .._core.tree import PyTree, is_key, leaves_with_paths
 from .._core.validate import require_bool, require_int
 from .._experiment.batches import first_batch
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
-from .._experiment.purify import positional_names
+from .._experiment.purify import Kept, positional_names
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter, all_eqns
 from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
@@ -223,6 +223,7 @@ def check_step(
     kinds = _leaf_kinds(state, param_ids)
 
     snapshots = [_snapshot(state)]
+    fields = [_static_fields(state)]
     compiles, traces = [], []
     tracker, site = RecompileTracker(), user_call_site()
     for _call in range(int(calls)):
@@ -234,10 +235,11 @@ def check_step(
         traces.append(counter.traces)
         tracker.seen(sig, counter.compiles > 0, site)
         snapshots.append(_snapshot(state))
+        fields.append(_static_fields(state))
 
     findings: list[Finding] = []
     findings += _update_findings(snapshots, kinds)
-    findings += _recompile_findings(compiles, traces, tracker.reasons)
+    findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
     return findings
@@ -302,14 +304,52 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     return []
 
 
-def _recompile_findings(compiles: list[int], traces: list[int], reasons: list[Recompile]) -> list[Finding]:
-    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them."""
+def _static_fields(state: PyTree) -> dict[str, Any]:
+    """The non-array fields of an Equinox state (its :class:`Kept` nodes: Python ints, flags, functions that
+    ``eqx.filter_jit`` treats as static) by path. Not jit-safe."""
+    return {
+        p: leaf.value
+        for p, leaf in leaves_with_paths(state, "state", is_leaf=lambda x: isinstance(x, Kept))
+        if isinstance(leaf, Kept)
+    }
+
+
+def _changed_fields(fields: list[dict[str, Any]]) -> list[str]:
+    """``"path: old -> new"`` for each non-array field whose value a call of the step changed. Not jit-safe."""
+    out: list[str] = []
+    for before, after in zip(fields, fields[1:]):
+        for path, value in after.items():
+            old = before.get(path, value)
+            try:
+                same = bool(old is value or old == value)
+            except Exception:  # an odd __eq__: identity only
+                same = old is value
+            if not same and not any(line.startswith(path + ":") for line in out):
+                out.append(f"{path}: {old!r} -> {value!r}")
+    return out
+
+
+def _recompile_findings(
+    compiles: list[int], traces: list[int], reasons: list[Recompile], fields: Sequence[str] = ()
+) -> list[Finding]:
+    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them
+    (``fields``: the non-array fields the step changed, each ``"path: old -> new"``)."""
     later = compiles[1:]
     if not any(later) or not reasons:
         return []
     finding = recompile_finding(reasons[0])
     every = all(later)
-    if every and not reasons[0].changes:
+    if fields:
+        finding = dataclasses.replace(
+            finding,
+            message=f"the step changes a non-array field of the state on every call ({'; '.join(fields[:3])}), "
+            "and such a field is static to the compiled step, so each new value compiles it again",
+            hint="keep a value that changes every step in an array (e.g. `jnp.asarray(step, jnp.int32)`, or an "
+            "eqx.nn.StateIndex / optimizer count), never a Python int or float field of the model",
+            path=fields[0].split(":", 1)[0],
+        )
+        hint = finding.hint
+    elif every and not reasons[0].changes:
         hint = (
             "it recompiles on every call with identical arguments: a Python value that changes each call is a "
             "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "

@@ -392,6 +392,12 @@ def _loss_step(adapted: PureExperiment, step_reports_loss: bool) -> Callable[[Py
 
     def one_step(state, b):
         new_state, metrics = adapted.step(state, b)
+        # the loop's carry keeps the state's structure: a step that changes a non-array field each call (an
+        # Equinox model's Python-int counter rides in the treedef) runs with the field as init made it
+        # (step.recompiles reports such a step); the arrays are the step's own
+        new_state = jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(state), jax.tree_util.tree_leaves(new_state)
+        )
         if step_reports_loss:
             loss = jnp.mean(jnp.asarray(metrics["loss"], jnp.float32))
         else:
