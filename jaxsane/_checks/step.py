@@ -33,6 +33,7 @@ from .._experiment.purify import Kept, positional_names
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter, all_eqns
 from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
+from .step_dropped import dropped_state_findings
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
@@ -239,6 +240,7 @@ def check_step(
 
     findings: list[Finding] = []
     findings += _update_findings(snapshots, kinds)
+    findings += _frozen_state_findings(adapted, first_state, snapshots, batch, kinds, findings)
     findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
@@ -327,6 +329,34 @@ def _changed_fields(fields: list[dict[str, Any]]) -> list[str]:
             if not same and not any(line.startswith(path + ":") for line in out):
                 out.append(f"{path}: {old!r} -> {value!r}")
     return out
+
+
+def _frozen_state_findings(
+    adapted: PureExperiment, state0: PyTree, snapshots: list, batch: Any, kinds: list[str], found: list[Finding]
+) -> list[Finding]:
+    """``step.stats_frozen`` (``step_dropped.py``): float state leaves, not parameters, that every call left
+    bitwise unchanged although the step computes their new values. Nothing when the whole state is stale
+    (``step.no_update``); optimizer leaves only when ``step.opt_state_frozen`` did not already say so."""
+    codes = {f.code for f in found}
+    if "step.no_update" in codes:
+        return []
+    n = len(snapshots) - 1
+    candidates = [
+        i
+        for i, k in enumerate(kinds)
+        if (k == "stat" or (k == "opt" and "step.opt_state_frozen" not in codes))
+        and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(n))
+    ]
+    if not candidates:
+        return []
+    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    try:
+        closed, out_shape = jax.make_jaxpr(adapted.step, return_shape=True)(state0, batch)
+    except Exception:  # noqa: BLE001 - a step that cannot be traced again here: judge nothing
+        return []
+    n_out = len(jax.tree_util.tree_leaves(out_shape[0]))
+    paths = [_display(p) for p, _ in snapshots[0]]
+    return dropped_state_findings(closed, len(kinds), n_out, candidates, paths)
 
 
 def _recompile_findings(

@@ -63,6 +63,11 @@ CODES: dict[str, tuple[str, str, str]] = {
         "optimizer state is bitwise unchanged across steps",
         "returning the initial optimizer state each step",
     ),
+    "step.stats_frozen": (
+        ERROR,
+        "the step computes new values of a state collection (BatchNorm statistics, an EMA) and returns the old",
+        "the mutable collection from model.apply(..., mutable=[...]) not put back into the returned state",
+    ),
     "step.rng_reused": (
         WARNING,
         "the step draws the same randomness every call",
