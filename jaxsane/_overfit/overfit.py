@@ -51,6 +51,7 @@ from .sweep import (
     run_sweep,
     stack_states,
 )
+from .update_scale import UPDATE_SCALES, UpdateScaled, with_scaled_updates
 from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_follow_inputs
 
 # ----------------------------------------------------------------------------- the sweep
@@ -187,11 +188,16 @@ def plan_overfit(
     scale_leaves: str | Callable[[str], bool] | None = None,
     groups: int | None = None,
     progress: bool = True,
+    update_scales: Sequence[float] | None = None,
 ) -> OverfitPlan:
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
-    Not jit-safe."""
+    ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates
+    (``update_scale.py``; what ``run`` does itself when the optimizer's rate cannot be set and the step's
+    own rate fits nothing). Not jit-safe."""
+    # the same sweep with scaled updates, for when the rate cannot be set (the arguments as given, first)
+    options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
         experiment,
         seeds=seeds,
@@ -210,17 +216,9 @@ def plan_overfit(
         scale_leaves=scale_leaves,
     )
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
+    if update_scales is not None:
+        adapted = UpdateScaled(adapted)
     exp = adapted.experiment
-    if not 0 < target < 1:
-        raise ArgumentError(
-            f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
-            "Fix: pass e.g. target=0.05."
-        )
-    if steps < 1 or chunk < 1:
-        raise ArgumentError(
-            f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}. "
-            "Fix: pass positive counts."
-        )
     if batch is None:
         batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
@@ -228,7 +226,7 @@ def plan_overfit(
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
         raise ArgumentError("[jaxsane] overfit(init_scales=...) is empty. Fix: pass None or a few multipliers.")
-    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps)
+    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps, update_scales)
     const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
     one_step = _loss_step(adapted, grid.step_reports_loss)
     accuracy = accuracy_fn(adapted, adapted.params(grid.example), batch)
@@ -263,7 +261,12 @@ def plan_overfit(
         early_exit=early_exit,
         progress=progress,
     )
-    return OverfitPlan(sweep.compile, sweep.run)
+    if grid.lr_paths or update_scales is not None or learning_rates is not None:
+        return OverfitPlan(sweep.compile, sweep.run)
+    # the rate cannot be set: when the step's own rate fits nothing, sweep scaled updates (update_scale.py)
+    options["update_scales"] = UPDATE_SCALES
+    rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
+    return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
 
 
 def _check_arguments(
@@ -302,6 +305,11 @@ def _check_arguments(
     require_bool(fn, "early_exit", early_exit)
     require_bool(fn, "progress", progress)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
+    if not 0 < target < 1:
+        raise ArgumentError(
+            f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
+            "Fix: pass e.g. target=0.05."
+        )
 
 
 @dataclasses.dataclass
@@ -317,6 +325,7 @@ class _Grid:
     default_lr: float | None
     configs: list[OverfitConfig]
     findings: list[Finding]
+    scaled: bool = False  # the configurations sweep factors on the step's updates (update_scale.py)
 
     @property
     def n_real(self) -> int:
@@ -331,6 +340,7 @@ class _Grid:
         learning_rates: Sequence[float] | None,
         scales: list[float],
         steps: int,
+        update_scales: Sequence[float] | None = None,
     ) -> _Grid:
         example = adapted.example_state
         findings: list[Finding] = []
@@ -342,6 +352,13 @@ class _Grid:
         lr_paths = set(learning_rate_paths(example))
         default_lr = current_learning_rate(example) if lr_paths else None
         lrs: list[float | None]
+        if update_scales is not None:  # the rate is the step's own; the factor on its updates is swept
+            configs = [
+                OverfitConfig(s, None, sc, update_scale=float(k))
+                for s, k, sc in itertools.product(seed_list, update_scales, scales)
+            ]
+            reports = "loss" in metrics_shape
+            return cls(example, reports, seed_list, lr_paths, default_lr, configs, findings, scaled=True)
         if default_lr is not None:  # found exactly when lr_paths is not empty
             lrs = (
                 [default_lr * m for m in (0.1, 1.0, 10.0)]
@@ -356,7 +373,8 @@ class _Grid:
                     "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
                     "'learning_rate'"
                     + (f" (asked for {list(learning_rates)})" if learning_rates else "")
-                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
+                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate (and, "
+                    "when that fits nothing, with the step's updates scaled as larger rates)",
                     "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can "
                     "set the rate per configuration",
                 )
@@ -376,7 +394,10 @@ def _add_baseline(grid: _Grid, exp: Experiment, batch: PyTree) -> tuple[PyTree |
     baseline_reason = targets_follow_inputs(exp, batch, const_batch)
     if baseline_reason is not None:
         return None, baseline_reason
-    grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
+    if grid.scaled:
+        grid.configs.append(OverfitConfig(grid.seed_list[0], None, 1.0, baseline=True, update_scale=grid.default_lr))
+    else:
+        grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
     return const_batch, None
 
 
@@ -456,7 +477,11 @@ class _Sweep:
         configs, seed_list = self.grid.configs, self.grid.seed_list
         self.seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
         self.lr_values = np.asarray(
-            [np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32
+            [
+                c.update_scale if c.update_scale is not None else np.nan if c.learning_rate is None else c.learning_rate
+                for c in configs
+            ],
+            np.float32,
         )
         self.scale_values = np.asarray([c.init_scale for c in configs], np.float32)
         self.treedef: Any = jax.tree_util.tree_structure(self.grid.example)  # jaxlib ships no PyTreeDef stub

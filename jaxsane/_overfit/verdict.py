@@ -364,6 +364,8 @@ class _Judged:
         result, best, ceiling = self.result, self.best, self.ceiling
         cfg = result.configs[best]
         lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
+        if getattr(cfg, "update_scale", None) is not None:
+            lr_text = f"the step's own rate with its updates scaled by {cfg.update_scale:g}"
         status = {"fits": f"fits at step {result.reached_at[best]}", "floor": "converged to a floor"}.get(
             self.verdicts[best], f"does not fit (loss ratio {_ratio(result.losses[best]):.3g})"
         )
@@ -374,6 +376,7 @@ class _Judged:
             "",
             extra={
                 "learning_rate": cfg.learning_rate,
+                "update_scale": getattr(cfg, "update_scale", None),
                 "init_scale": cfg.init_scale,
                 "seed": cfg.seed,
                 "reached_at": int(result.reached_at[best]),
