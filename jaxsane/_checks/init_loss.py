@@ -85,27 +85,41 @@ def _is_mean_cross_entropy(adapted: PureExperiment, state: Any, batch: Any, rtol
         loss, source = initial_loss(adapted, state, batch)
         apply_fn = adapted.jitted("apply")
         assert apply_fn is not None
-        logits = jnp.asarray(apply_fn(adapted.params(state), get_inputs(exp, batch)), jnp.float32)
-        labels = jnp.asarray(get_labels(exp, batch))
+        logits = apply_fn(adapted.params(state), get_inputs(exp, batch))
+        labels = get_labels(exp, batch)
         mask = get_mask(exp, batch)
     except Exception:  # noqa: BLE001 - the handles fail here: the loss stage reports that, not this check
         return ""
     if loss is None or not math.isfinite(loss) or source.startswith("cross-entropy of"):
         return ""
-    per_position = -jnp.take_along_axis(
-        jax.nn.log_softmax(logits, axis=-1), labels.astype(jnp.int32)[..., None], axis=-1
-    )[..., 0]
-    candidates = [float(jnp.mean(per_position))]
-    if mask is not None and np.shape(mask) == tuple(per_position.shape):
-        m = jnp.asarray(mask).astype(jnp.float32)
-        candidates.append(float(jnp.sum(per_position * m) / jnp.maximum(jnp.sum(m), 1.0)))
-    if any(abs(loss - c) <= rtol * max(abs(c), 1e-6) for c in candidates if math.isfinite(c)):
+    candidates = mean_cross_entropies(logits, labels, mask)
+    if is_one_of(loss, candidates, rtol):
         return ""
     return (
         f"the loss at init ({source}: {loss:.4g}) is not the mean cross-entropy of apply's outputs over their "
         f"class axis against the labels ({candidates[0]:.4g}); it is another loss (a path likelihood such as "
         "CTC, a log-likelihood summed over time, label smoothing or weights), whose chance level is not ln C"
     )
+
+
+def mean_cross_entropies(logits: Any, labels: Any, mask: Any = None) -> list[float]:
+    """The mean softmax cross-entropy of ``logits`` ``[..., C]`` against integer ``labels`` ``[...]``: over
+    every position, then (when ``mask`` has the labels' shape) over the masked ones. Not jit-safe (floats)."""
+    logits = jnp.asarray(logits, jnp.float32)
+    labels = jnp.asarray(labels)
+    per_position = -jnp.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), labels.astype(jnp.int32)[..., None], axis=-1
+    )[..., 0]
+    out = [float(jnp.mean(per_position))]
+    if mask is not None and np.shape(mask) == tuple(per_position.shape):
+        m = jnp.asarray(mask).astype(jnp.float32)
+        out.append(float(jnp.sum(per_position * m) / jnp.maximum(jnp.sum(m), 1.0)))
+    return out
+
+
+def is_one_of(loss: float, candidates: list[float], rtol: float = 0.02) -> bool:
+    """Whether ``loss`` is within ``rtol`` of one of the finite ``candidates``. Not jit-safe."""
+    return any(abs(loss - c) <= rtol * max(abs(c), 1e-6) for c in candidates if math.isfinite(c))
 
 
 def _classifier_width(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:

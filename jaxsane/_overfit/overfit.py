@@ -33,6 +33,7 @@ from .result import OverfitConfig, OverfitResult
 from .setup import (
     HostPrepare,
     accuracy_fn,
+    accuracy_mismatch,
     budget_seeds,
     constant_input_batch,
     current_learning_rate,
@@ -52,7 +53,7 @@ from .sweep import (
     stack_states,
 )
 from .update_scale import UPDATE_SCALES, UpdateScaled, with_scaled_updates
-from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_follow_inputs
+from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs, targets_follow_inputs
 
 # ----------------------------------------------------------------------------- the sweep
 
@@ -233,6 +234,10 @@ def plan_overfit(
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
+    mismatch = (
+        None if accuracy is None else accuracy_mismatch(adapted, grid.seed_list[0], batch, grid.step_reports_loss)
+    )
+    target_accuracy = 2.0 if mismatch is not None else target_accuracy  # apply's accuracy then declares no fit
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
     spec = SweepSpec(
@@ -257,7 +262,7 @@ def plan_overfit(
         spec,
         layout,
         host_plan,
-        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None),
+        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None, mismatch),
         early_exit=early_exit,
         progress=progress,
     )
@@ -452,6 +457,7 @@ class _Judging(NamedTuple):
     ignores_input_ratio: float
     n_examples: int
     measures_accuracy: bool
+    accuracy_mismatch: str | None = None  # why apply's accuracy does not judge the loss's fit (setup.py)
 
 
 @dataclasses.dataclass
@@ -547,7 +553,7 @@ class _Sweep:
             (),
             (),
             spec.target,
-            spec.target_accuracy if judging.measures_accuracy else None,
+            spec.target_accuracy if judging.measures_accuracy and judging.accuracy_mismatch is None else None,
             out.steps_run,
             spec.n_chunks * spec.chunk,
             self.traces.count,
@@ -562,12 +568,17 @@ class _Sweep:
         """``result`` with its verdicts and findings (the setup's, then the verdict's)."""
         adapted, judging = self.adapted, self.judging
         params, inputs = adapted.params(self.grid.example), inputs_or_none(adapted.experiment, self.batch)
+        mismatch = judging.accuracy_mismatch or loss_fit_without_accuracy(result)
+        if mismatch is not None and judging.accuracy_mismatch is None:
+            judging = judging._replace(accuracy_mismatch=mismatch)
+            result = dataclasses.replace(result, target_accuracy=None)
         verdicts, judged = judge(
             result,
             ceiling=judging.ceiling,
             baseline_reason=judging.baseline_reason,
             normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
             ignores_input_ratio=judging.ignores_input_ratio,
+            accuracy_mismatch=judging.accuracy_mismatch,
         )
         result = dataclasses.replace(result, verdicts=verdicts)
         return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

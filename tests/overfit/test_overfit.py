@@ -337,3 +337,45 @@ def test_nnx_updates_are_scaled_from_the_values_before_the_step():
                              apply=lambda m, x: m(x), name="nnx_sgd")
     result = overfit(exp, seeds=1, steps=200)
     assert result.ok and "overfit.update_scaled" in result.codes, result.table()
+
+
+@pytest.mark.slow
+def test_batchnorm_fit_is_judged_by_the_loss_and_says_the_accuracy_is_apply_s():
+    import flax.linen as nn
+    from flax.training import train_state
+
+    class BNMLP(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            h = nn.BatchNorm(use_running_average=not train, momentum=0.9)(nn.Dense(32)(x))
+            return nn.Dense(10)(nn.relu(h))
+
+    class State(train_state.TrainState):
+        batch_stats: dict
+
+    model, tx = BNMLP(), optax.adam(3e-3)
+
+    def init(key):
+        v = model.init(key, jnp.zeros((2, 64)))
+        return State.create(apply_fn=model.apply, params=v["params"], tx=tx, batch_stats=v["batch_stats"])
+
+    @jax.jit
+    def step(state, batch):  # train mode: batch statistics
+        def loss(p):
+            logits, upd = model.apply({"params": p, "batch_stats": state.batch_stats}, batch["x"], train=True,
+                                      mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), upd
+
+        (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+        return state.apply_gradients(grads=grads).replace(batch_stats=upd["batch_stats"]), {"loss": value}
+
+    stats = init(jax.random.key(0)).batch_stats  # eval mode on the initial running statistics
+    exp = jaxsane.Experiment(init=init, step=step, train=_batch(), num_classes=10,
+                             apply=lambda p, x: model.apply({"params": p, "batch_stats": stats}, x))
+    result = overfit(exp, seeds=1, steps=150, baseline=False)
+    best = next(f for f in result.findings if f.code == "overfit.best")
+    assert result.ok and result.target_accuracy is None, result.table()
+    assert "(judged by the loss)" in best.message and "apply's accuracy" in best.message
+    # a model whose loss is apply's cross-entropy: the accuracy judges the same fit, as before
+    plain = overfit(_tiny("healthy"), seeds=1, steps=150, baseline=False)
+    assert plain.target_accuracy is not None and "judged by the loss" not in str(plain.findings)
