@@ -234,9 +234,7 @@ def plan_overfit(
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
-    mismatch = (
-        None if accuracy is None else accuracy_mismatch(adapted, grid.seed_list[0], batch, grid.step_reports_loss)
-    )
+    mismatch = accuracy_mismatch(adapted, grid.seed_list[0], batch, grid.step_reports_loss) if accuracy else None
     target_accuracy = 2.0 if mismatch is not None else target_accuracy  # apply's accuracy then declares no fit
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from .._checks.init_loss import is_one_of, mean_cross_entropies
 from .._core.errors import DataError
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, is_inexact, path_str
 from .._experiment.batches import get_inputs, get_labels, get_mask
-from .._checks.init_loss import is_one_of, mean_cross_entropies
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_level import program_cost
 
@@ -154,7 +154,9 @@ def accuracy_mismatch(adapted: PureExperiment, seed: int, batch: PyTree, step_re
     agree: the loss must be the mean cross-entropy of apply's outputs. When they do not, the fit is judged by
     the loss alone and the accuracy is shown as apply's."""
     exp = adapted.experiment
-    apply = adapted.jitted("apply")
+    apply, loss_fn = adapted.jitted("apply"), adapted.jitted("loss")
+    if apply is None or (loss_fn is None and not step_reports_loss):
+        return None
     try:
         state = adapted.init(jax.random.key(seed))
         params = adapted.params(state)
@@ -165,7 +167,7 @@ def accuracy_mismatch(adapted: PureExperiment, seed: int, batch: PyTree, step_re
             source, metrics = "the step's loss", adapted.step(state, batch)[1]  # after apply: a step may donate
             loss = float(np.mean(np.asarray(metrics["loss"], np.float64)))
         else:
-            loss_fn = adapted.jitted("loss")
+            assert loss_fn is not None  # checked above
             source, loss = "Experiment.loss", float(np.asarray(loss_fn(params, batch)))
     except Exception:  # noqa: BLE001 - a handle that does not run here: the other stages report it
         return None
