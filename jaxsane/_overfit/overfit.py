@@ -106,8 +106,11 @@ def overfit(
         would cost more than 3e10 flops on the CPU, 3e13 on GPU/TPU; an ``overfit.budget`` info finding says so.
       learning_rates: learning rates to try. They need an optimizer built with
         ``optax.inject_hyperparams`` (the rate is then set per configuration in the optimizer state);
-        default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters only seeds are
-        swept and an ``overfit.no_lr_sweep`` info finding says so.
+        default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters the step runs at its
+        own rate (``overfit.no_lr_sweep``, info); when that fits nothing, the sweep runs again with the step's
+        parameter updates scaled by 10, 100 and 1000 (a larger rate for SGD, momentum, Adam and most optax
+        chains; ``overfit.update_scaled``, ``_overfit/update_scale.py``), and a loss that even those cannot
+        move is not judged (``doctor.skipped``), never an error.
       init_scales: multipliers applied to the initial parameters (default ``(1.0,)``).
       steps: step budget per configuration (rounded up to a multiple of ``chunk``).
       target: a configuration fits when its loss falls to ``target`` x its initial loss (default 1%).
