@@ -92,7 +92,10 @@ class UpdateScaled(PureExperiment):
                 return p1
             return (p0 + scale.astype(p0.dtype) * (p1 - p0)).astype(p1.dtype)
 
-        return (self.inner.with_params(new, jax.tree_util.tree_map(scaled, before, after)), extra), metrics
+        # leaf by leaf under the new parameters' structure (an Equinox field the step changes rides in it)
+        leaves, treedef = jax.tree_util.tree_flatten(after)
+        moved = [scaled(p0, p1) for p0, p1 in zip(jax.tree_util.tree_leaves(before), leaves)]
+        return (self.inner.with_params(new, jax.tree_util.tree_unflatten(treedef, moved)), extra), metrics
 
     @property
     def loss_fn(self) -> Callable | None:
