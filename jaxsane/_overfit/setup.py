@@ -158,7 +158,10 @@ def accuracy_mismatch(adapted: PureExperiment, seed: int, batch: PyTree, step_re
     if apply is None or (loss_fn is None and not step_reports_loss):
         return None
     try:
-        state = adapted.init(jax.random.key(seed))
+        # own buffers: a donating step must not delete arrays that other stages share (doctor's reused init)
+        state = jax.tree_util.tree_map(
+            lambda x: x.copy() if isinstance(x, jax.Array) else x, adapted.init(jax.random.key(seed))
+        )
         params = adapted.params(state)
         candidates = mean_cross_entropies(
             apply(params, get_inputs(exp, batch)), get_labels(exp, batch), get_mask(exp, batch)
