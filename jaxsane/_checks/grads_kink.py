@@ -39,6 +39,7 @@ import numpy as np
 from .._core.finding import Finding
 
 KINK_BLOCKS = 32  # sub-directions probed per kinked leaf (4 evaluations each)
+KEEPS = 0.3  # a kink at the point keeps at least this share of its jump from the largest step to the smallest
 
 
 def one_sided(g: Callable[[float], float], h: float) -> tuple[float, float]:
@@ -66,12 +67,16 @@ def brackets(autodiff: float, right: float, left: float, atol: float, rtol: floa
 def kink_at_every_step(
     g: Callable[[float], float], steps: Sequence[float], autodiff: float, atol: float, kink_rtol: float
 ) -> tuple[bool, float, float]:
-    """``(kinked, R, L)``: whether the one-sided slopes jump at every step, and ``R, L`` at the smallest."""
-    kinked, right, left = True, 0.0, 0.0
+    """``(kinked, R, L)``: whether the one-sided slopes jump at every step by about as much (a jump at the
+    smallest step at least :data:`KEEPS` of the largest one's: kinks *crossed* by the step, many of them in a
+    float32 check's large steps, make a jump that shrinks with the step; a kink *at* the point does not), and
+    ``R, L`` at the smallest."""
+    kinked, right, left, sizes = True, 0.0, 0.0, []
     for h in steps:
         right, left = one_sided(g, h)
         kinked = kinked and jumps(right, left, autodiff, atol, kink_rtol)
-    return kinked, right, left
+        sizes.append(abs(right - left))
+    return kinked and sizes[-1] >= KEEPS * sizes[0], right, left
 
 
 @dataclasses.dataclass(frozen=True)

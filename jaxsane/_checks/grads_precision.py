@@ -112,4 +112,4 @@ class Tolerance:
         (on a 2M-parameter MLP by ~1e-3 at step 1e-6) in proportion to the step; a real bug
         (a wrong sign, a missing factor) leaves the same gap at every step."""
         eps = self.eps
-        return (eps, eps / 10, eps / 100, eps / 1000) if self.compute == "float64" else (eps, eps / 3)
+        return (eps, eps / 10, eps / 100, eps / 1000) if self.compute == "float64" else (eps, eps / 3, eps / 10)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.finding import Finding
-from .._experiment.batches import get_inputs, get_labels
+from .._experiment.batches import get_inputs, get_labels, get_mask
 from .._experiment.contract import PureExperiment
 from .._jaxpr.compile_level import quick_jit
 
@@ -55,12 +55,78 @@ def infer_num_classes(adapted: PureExperiment, state: Any, batch: Any) -> int | 
 
 
 def classification_of(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:
-    """``(C, "")`` for a C-way classifier over integer labels, else ``(None, why not)``. Not jit-safe."""
+    """``(C, "")`` when the loss is a C-way cross-entropy over integer labels, else ``(None, why not)``.
+
+    With ``Experiment.apply`` the loss itself decides: apply's outputs must be C-way logits over labels of
+    one axis less (:func:`_classifier_width`), and the loss at init must be their mean cross-entropy (over
+    every position or the masked ones, :func:`_is_mean_cross_entropy`). A path likelihood (CTC), a sequence
+    log-likelihood summed over time, a label-smoothed or weighted loss is none, and ln C is not its chance
+    level. Without apply, ``Experiment.num_classes`` is taken at its word. Not jit-safe."""
     exp = adapted.experiment
-    if exp.num_classes is not None:
-        return exp.num_classes, ""
     if adapted.apply_fn is None:
+        if exp.num_classes is not None:
+            return exp.num_classes, ""
         return None, "Experiment.num_classes is not set and there is no Experiment.apply to infer it from"
+    width, why_not = _classifier_width(adapted, state, batch)
+    if width is None:
+        return None, why_not
+    why_not = _is_mean_cross_entropy(adapted, state, batch)
+    if why_not:
+        return None, why_not
+    return exp.num_classes if exp.num_classes is not None else width, ""
+
+
+def _is_mean_cross_entropy(adapted: PureExperiment, state: Any, batch: Any, rtol: float = 0.02) -> str:
+    """``""`` when the loss at init is the mean softmax cross-entropy of apply's outputs against the labels
+    (within ``rtol``: room for a small regulariser), over every position or over the batch's mask; else why
+    not. A program whose loss cannot be read says nothing against it (``""``). Not jit-safe."""
+    exp = adapted.experiment
+    try:
+        loss, source = initial_loss(adapted, state, batch)
+        apply_fn = adapted.jitted("apply")
+        assert apply_fn is not None
+        logits = apply_fn(adapted.params(state), get_inputs(exp, batch))
+        labels = get_labels(exp, batch)
+        mask = get_mask(exp, batch)
+    except Exception:  # noqa: BLE001 - the handles fail here: the loss stage reports that, not this check
+        return ""
+    if loss is None or not math.isfinite(loss) or source.startswith("cross-entropy of"):
+        return ""
+    candidates = mean_cross_entropies(logits, labels, mask)
+    if is_one_of(loss, candidates, rtol):
+        return ""
+    return (
+        f"the loss at init ({source}: {loss:.4g}) is not the mean cross-entropy of apply's outputs over their "
+        f"class axis against the labels ({candidates[0]:.4g}); it is another loss (a path likelihood such as "
+        "CTC, a log-likelihood summed over time, label smoothing or weights), whose chance level is not ln C"
+    )
+
+
+def mean_cross_entropies(logits: Any, labels: Any, mask: Any = None) -> list[float]:
+    """The mean softmax cross-entropy of ``logits`` ``[..., C]`` against integer ``labels`` ``[...]``: over
+    every position, then (when ``mask`` has the labels' shape) over the masked ones. Not jit-safe (floats)."""
+    logits = jnp.asarray(logits, jnp.float32)
+    labels = jnp.asarray(labels)
+    per_position = -jnp.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), labels.astype(jnp.int32)[..., None], axis=-1
+    )[..., 0]
+    out = [float(jnp.mean(per_position))]
+    if mask is not None and np.shape(mask) == tuple(per_position.shape):
+        m = jnp.asarray(mask).astype(jnp.float32)
+        out.append(float(jnp.sum(per_position * m) / jnp.maximum(jnp.sum(m), 1.0)))
+    return out
+
+
+def is_one_of(loss: float, candidates: list[float], rtol: float = 0.02) -> bool:
+    """Whether ``loss`` is within ``rtol`` of one of the finite ``candidates``. Not jit-safe."""
+    return any(abs(loss - c) <= rtol * max(abs(c), 1e-6) for c in candidates if math.isfinite(c))
+
+
+def _classifier_width(adapted: PureExperiment, state: Any, batch: Any) -> tuple[int | None, str]:
+    """``(C, "")`` when apply gives C-way logits over integer labels in [0, C) of one axis less, else
+    ``(None, why not)``. Not jit-safe."""
+    exp = adapted.experiment
+    assert adapted.apply_fn is not None
     out = jax.eval_shape(adapted.apply_fn, adapted.params(state), get_inputs(exp, batch))
     if getattr(out, "ndim", 0) < 1 or out.shape[-1] < 2:
         return None, (

@@ -29,10 +29,11 @@ from .._core.tree import PyTree, is_key, leaves_with_paths
 from .._core.validate import require_bool, require_int
 from .._experiment.batches import first_batch
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
-from .._experiment.purify import positional_names
+from .._experiment.purify import Kept, positional_names
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter, all_eqns
 from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
+from .step_dropped import dropped_state_findings
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
@@ -223,6 +224,7 @@ def check_step(
     kinds = _leaf_kinds(state, param_ids)
 
     snapshots = [_snapshot(state)]
+    fields = [_static_fields(state)]
     compiles, traces = [], []
     tracker, site = RecompileTracker(), user_call_site()
     for _call in range(int(calls)):
@@ -234,10 +236,12 @@ def check_step(
         traces.append(counter.traces)
         tracker.seen(sig, counter.compiles > 0, site)
         snapshots.append(_snapshot(state))
+        fields.append(_static_fields(state))
 
     findings: list[Finding] = []
     findings += _update_findings(snapshots, kinds)
-    findings += _recompile_findings(compiles, traces, tracker.reasons)
+    findings += _frozen_state_findings(adapted, first_state, snapshots, batch, kinds, findings)
+    findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
     return findings
@@ -302,14 +306,80 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     return []
 
 
-def _recompile_findings(compiles: list[int], traces: list[int], reasons: list[Recompile]) -> list[Finding]:
-    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them."""
+def _static_fields(state: PyTree) -> dict[str, Any]:
+    """The non-array fields of an Equinox state (its :class:`Kept` nodes: Python ints, flags, functions that
+    ``eqx.filter_jit`` treats as static) by path. Not jit-safe."""
+    return {
+        p: leaf.value
+        for p, leaf in leaves_with_paths(state, "state", is_leaf=lambda x: isinstance(x, Kept))
+        if isinstance(leaf, Kept)
+    }
+
+
+def _changed_fields(fields: list[dict[str, Any]]) -> list[str]:
+    """``"path: old -> new"`` for each non-array field whose value a call of the step changed. Not jit-safe."""
+    out: list[str] = []
+    for before, after in zip(fields, fields[1:]):
+        for path, value in after.items():
+            old = before.get(path, value)
+            try:
+                same = bool(old is value or old == value)
+            except Exception:  # an odd __eq__: identity only
+                same = old is value
+            if not same and not any(line.startswith(path + ":") for line in out):
+                out.append(f"{path}: {old!r} -> {value!r}")
+    return out
+
+
+def _frozen_state_findings(
+    adapted: PureExperiment, state0: PyTree, snapshots: list, batch: Any, kinds: list[str], found: list[Finding]
+) -> list[Finding]:
+    """``step.stats_frozen`` (``step_dropped.py``): float state leaves, not parameters, that every call left
+    bitwise unchanged although the step computes their new values. Nothing when the whole state is stale
+    (``step.no_update``); optimizer leaves only when ``step.opt_state_frozen`` did not already say so."""
+    codes = {f.code for f in found}
+    if "step.no_update" in codes:
+        return []
+    n = len(snapshots) - 1
+    candidates = [
+        i
+        for i, k in enumerate(kinds)
+        if (k == "stat" or (k == "opt" and "step.opt_state_frozen" not in codes))
+        and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(n))
+    ]
+    if not candidates:
+        return []
+    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    try:
+        closed, out_shape = jax.make_jaxpr(adapted.step, return_shape=True)(state0, batch)
+    except Exception:  # noqa: BLE001 - a step that cannot be traced again here: judge nothing
+        return []
+    n_out = len(jax.tree_util.tree_leaves(out_shape[0]))
+    paths = [_display(p) for p, _ in snapshots[0]]
+    return dropped_state_findings(closed, len(kinds), n_out, candidates, paths)
+
+
+def _recompile_findings(
+    compiles: list[int], traces: list[int], reasons: list[Recompile], fields: Sequence[str] = ()
+) -> list[Finding]:
+    """One ``step.recompiles`` finding for calls 2.. that compiled, naming what changed at the first of them
+    (``fields``: the non-array fields the step changed, each ``"path: old -> new"``)."""
     later = compiles[1:]
     if not any(later) or not reasons:
         return []
     finding = recompile_finding(reasons[0])
     every = all(later)
-    if every and not reasons[0].changes:
+    if fields:
+        finding = dataclasses.replace(
+            finding,
+            message=f"the step changes a non-array field of the state on every call ({'; '.join(fields[:3])}), "
+            "and such a field is static to the compiled step, so each new value compiles it again",
+            hint="keep a value that changes every step in an array (e.g. `jnp.asarray(step, jnp.int32)`, or an "
+            "eqx.nn.StateIndex / optimizer count), never a Python int or float field of the model",
+            path=fields[0].split(":", 1)[0],
+        )
+        hint = finding.hint
+    elif every and not reasons[0].changes:
         hint = (
             "it recompiles on every call with identical arguments: a Python value that changes each call is a "
             "static argument or is closed over (pass it as a jnp array argument instead), or jax.jit is applied "

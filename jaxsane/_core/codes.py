@@ -69,6 +69,11 @@ CODES: dict[str, tuple[str, str, str]] = {
         "optimizer state is bitwise unchanged across steps",
         "returning the initial optimizer state each step",
     ),
+    "step.stats_frozen": (
+        ERROR,
+        "the step computes new values of a state collection (BatchNorm statistics, an EMA) and returns the old",
+        "the mutable collection from model.apply(..., mutable=[...]) not put back into the returned state",
+    ),
     "step.rng_reused": (
         WARNING,
         "the step draws the same randomness every call",
@@ -212,6 +217,11 @@ CODES: dict[str, tuple[str, str, str]] = {
     "overfit.floor": (INFO, "the overfit loss converged to a floor above 0", "-"),
     "overfit.best": (INFO, "the best configuration of the overfit sweep", "-"),
     "overfit.no_lr_sweep": (INFO, "learning rates were not swept (optimizer lacks inject_hyperparams)", "-"),
+    "overfit.update_scaled": (
+        INFO,
+        "the step's own rate fit nothing; the sweep scaled its parameter updates as larger rates",
+        "-",
+    ),
     "overfit.budget": (INFO, "the sweep ran 1 seed: the model is too large for 2 in its budget", "-"),
     "doctor.skipped": (INFO, "a doctor stage was skipped because a handle it needs is missing", "-"),
     "nonfinite.xla_only": (INFO, "a non-finite value appears only in the compiled (XLA) program", "-"),

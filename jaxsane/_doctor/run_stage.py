@@ -79,7 +79,7 @@ class RunPrograms:
         if self.monitor.grads:
             loss_fn = self.adapted.loss_fn
             assert loss_fn is not None, "a Monitor samples gradients only with a loss"
-            out["loss"], grads = jax.value_and_grad(loss_fn)(params, batch)
+            out["loss"], grads = jax.value_and_grad(loss_fn, allow_int=True)(params, batch)  # int leaves: float0
             out["grad_norm"] = leaf_norms(grads)
         return out
 

@@ -33,14 +33,17 @@ from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
 from .purify import (
-    arrays_of,
     call_split,
     combine,
+    has_kept,
     is_nnx_state as is_nnx_state,
+    keep_static,
+    kept_erased,
     needs_partition,
     nnx_module as _nnx,
     partition,
     positional_arity as _positional_arity,
+    restore_static,
     split_whole,
     uncounted,
 )
@@ -262,8 +265,8 @@ class PureExperiment:
     def to_pure(self, user_state: Any) -> PyTree:
         if self.nnx:
             return _nnx().state(user_state)
-        if self._static is not None:
-            return partition(user_state)[0]
+        if self._static is not None:  # the non-array fields ride in the state (Kept), as the user's step made them
+            return keep_static(user_state)
         return user_state
 
     def user_state(self, state: PyTree) -> Any:
@@ -272,7 +275,7 @@ class PureExperiment:
         if self.nnx:
             return _nnx().merge(self._graphdef, state)
         if self._static is not None:
-            return combine(state, self._static)
+            return restore_static(state) if has_kept(state) else combine(state, self._static)
         return state
 
     def init(self, key: jax.Array) -> PyTree:
@@ -328,7 +331,7 @@ class PureExperiment:
             n = len(user)  # (model, opt_state, loss) -> ((model, opt_state), loss)
             if len(out) == n + 1 and same_structure(type(user)(out[:n]), user):
                 out = (type(user)(out[:n]), out[n])
-        return None, arrays_of(out)
+        return None, keep_static(out) if needs_partition(out) else out
 
     def step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
         """Run the user's step once, purely. Jit-safe."""
@@ -338,8 +341,8 @@ class PureExperiment:
                 out = out[1]
             return new_state, _as_metrics(out)
         style = self._style or self.detect_style(state, batch)
-        if style == "state_metrics":
-            return out[0], _as_metrics(out[1])
+        if style == "state_metrics":  # an Equinox step's non-array metrics are not values (None, as before)
+            return out[0], _as_metrics(kept_erased(out[1]) if self._static is not None else out[1])
         return out, {}
 
     def detect_style(self, state: PyTree, batch: PyTree) -> str:
@@ -350,9 +353,10 @@ class PureExperiment:
             out = jax.eval_shape(lambda s, b: self._call_user_step(s, b)[1], state, batch)
         except Exception as e:  # the user's step failed to trace: show the real error, with context
             raise ExperimentError(f"calling the step on the first batch failed: {type(e).__name__}: {e}") from e
-        if isinstance(out, (tuple, list)) and len(out) == 2 and same_structure(out[0], state):
+        bare = kept_erased(state)  # a step may change a non-array field's value (a Python-int counter)
+        if isinstance(out, (tuple, list)) and len(out) == 2 and same_structure(kept_erased(out[0]), bare):
             self._style = "state_metrics"
-        elif same_structure(out, state):
+        elif same_structure(kept_erased(out), bare):
             self._style = "state"
         else:
             shown = jax.tree_util.tree_structure(out)
@@ -426,7 +430,9 @@ class PureExperiment:
                 return TracedOnce(lambda params, x: fn(self._model_with(params, training=training), x))
             static = self._params_static  # set once, in __init__
             if static is not None:
-                return TracedOnce(lambda params, x: fn(combine(params, static), x))
+                return TracedOnce(
+                    lambda params, x: fn(restore_static(params) if has_kept(params) else combine(params, static), x)
+                )
             return TracedOnce(fn)
 
         return self.memo(name, make)

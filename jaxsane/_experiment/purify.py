@@ -157,6 +157,9 @@ class _Hashed:
     def __hash__(self) -> int:
         return hash(self.key)
 
+    def __repr__(self) -> str:  # shown in treedefs (a recompile's "structure ... -> ..." names the value)
+        return repr(self.value)
+
 
 class Static:
     """The non-array part of a pytree (an Equinox model's activation functions, Python flags, strings): the
@@ -238,6 +241,59 @@ def combine(arrays: PyTree, static: Static) -> PyTree:
         )
     it = iter(values)
     return jax.tree_util.tree_unflatten(static.treedef, [next(it) if x is _ARRAY else x for x in static.leaves])
+
+
+class Kept:
+    """A non-array leaf of an Equinox state (a Python int, a flag, an activation function) kept IN the array
+    tree: a pytree node without children whose value rides in the treedef, as ``eqx.filter_jit`` carries it.
+    A step that changes the value (a Python-int counter) returns a tree with another treedef, so the value
+    flows from step to step as in the user's own loop (and recompiles the user's ``filter_jit`` as it does
+    there). Build trees of them with :func:`keep_static`; :func:`restore_static` puts the values back."""
+
+    __slots__ = ("value", "_hashed")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._hashed = _Hashed(value)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Kept) and self._hashed == other._hashed
+
+    def __hash__(self) -> int:
+        return hash(self._hashed)
+
+    def __repr__(self) -> str:
+        return f"Kept({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(Kept, lambda k: ((), k._hashed), lambda h, _: Kept(h.value))
+
+
+def _is_kept(x: Any) -> bool:
+    return isinstance(x, Kept)
+
+
+def keep_static(tree: PyTree) -> PyTree:
+    """``tree`` with every non-array leaf replaced by a :class:`Kept` node holding it: the leaves are the
+    arrays (the same paths as :func:`partition`'s array part), the rest rides in the treedef. Jit-safe."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(treedef, [x if is_array(x) else Kept(x) for x in leaves])
+
+
+def restore_static(tree: PyTree) -> PyTree:
+    """The user's tree from :func:`keep_static`'s: every :class:`Kept` node replaced by its value. Jit-safe."""
+    return jax.tree_util.tree_map(lambda x: x.value if _is_kept(x) else x, tree, is_leaf=_is_kept)
+
+
+def has_kept(tree: PyTree) -> bool:
+    """Whether ``tree`` holds :class:`Kept` nodes (a state made by :func:`keep_static`). Jit-safe."""
+    return any(_is_kept(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_kept))
+
+
+def kept_erased(tree: PyTree) -> PyTree:
+    """``tree`` with its :class:`Kept` nodes as None: compare the structure of two states whose non-array
+    values differ (a step that changes a Python-int field). Jit-safe."""
+    return jax.tree_util.tree_map(lambda x: None if _is_kept(x) else x, tree, is_leaf=_is_kept)
 
 
 def uncounted(fn: Callable) -> Callable:

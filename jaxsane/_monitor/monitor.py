@@ -318,7 +318,7 @@ class Monitor:
         leaves0 = [x for x in jax.tree_util.tree_leaves(p0) if is_inexact(x)]
         grad_norm = handle_loss = None
         if self.grads and (loss_fn := adapted.loss_fn) is not None:  # self.grads implies a loss handle
-            handle_loss, grads = jax.value_and_grad(loss_fn)(p0, batch)
+            handle_loss, grads = jax.value_and_grad(loss_fn, allow_int=True)(p0, batch)  # int leaves: float0
             grad_norm = leaf_norms(grads)
         new_state, metrics = adapted.step(state, batch)
         if "loss" not in metrics and handle_loss is not None:

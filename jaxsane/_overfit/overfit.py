@@ -33,6 +33,7 @@ from .result import OverfitConfig, OverfitResult
 from .setup import (
     HostPrepare,
     accuracy_fn,
+    accuracy_mismatch,
     budget_seeds,
     constant_input_batch,
     current_learning_rate,
@@ -51,7 +52,8 @@ from .sweep import (
     run_sweep,
     stack_states,
 )
-from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_follow_inputs
+from .update_scale import UPDATE_SCALES, UpdateScaled, with_scaled_updates
+from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs, targets_follow_inputs
 
 # ----------------------------------------------------------------------------- the sweep
 
@@ -104,8 +106,11 @@ def overfit(
         would cost more than 3e10 flops on the CPU, 3e13 on GPU/TPU; an ``overfit.budget`` info finding says so.
       learning_rates: learning rates to try. They need an optimizer built with
         ``optax.inject_hyperparams`` (the rate is then set per configuration in the optimizer state);
-        default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters only seeds are
-        swept and an ``overfit.no_lr_sweep`` info finding says so.
+        default ``(0.1, 1, 10) x`` the state's rate. Without injectable hyperparameters the step runs at its
+        own rate (``overfit.no_lr_sweep``, info); when that fits nothing, the sweep runs again with the step's
+        parameter updates scaled by 10, 100 and 1000 (a larger rate for SGD, momentum, Adam and most optax
+        chains; ``overfit.update_scaled``, ``_overfit/update_scale.py``), and a loss that even those cannot
+        move is not judged (``doctor.skipped``), never an error.
       init_scales: multipliers applied to the initial parameters (default ``(1.0,)``).
       steps: step budget per configuration (rounded up to a multiple of ``chunk``).
       target: a configuration fits when its loss falls to ``target`` x its initial loss (default 1%).
@@ -187,11 +192,16 @@ def plan_overfit(
     scale_leaves: str | Callable[[str], bool] | None = None,
     groups: int | None = None,
     progress: bool = True,
+    update_scales: Sequence[float] | None = None,
 ) -> OverfitPlan:
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
-    Not jit-safe."""
+    ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates
+    (``update_scale.py``; what ``run`` does itself when the optimizer's rate cannot be set and the step's
+    own rate fits nothing). Not jit-safe."""
+    # the same sweep with scaled updates, for when the rate cannot be set (the arguments as given, first)
+    options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
         experiment,
         seeds=seeds,
@@ -210,17 +220,9 @@ def plan_overfit(
         scale_leaves=scale_leaves,
     )
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment)
+    if update_scales is not None:
+        adapted = UpdateScaled(adapted)
     exp = adapted.experiment
-    if not 0 < target < 1:
-        raise ArgumentError(
-            f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
-            "Fix: pass e.g. target=0.05."
-        )
-    if steps < 1 or chunk < 1:
-        raise ArgumentError(
-            f"[jaxsane] overfit needs steps >= 1 and chunk >= 1, got steps={steps}, chunk={chunk}. "
-            "Fix: pass positive counts."
-        )
     if batch is None:
         batch = slice_examples(exp, first_batch(exp.train, "train"), batch_size)  # raises on an uncuttable batch
     batch = jax.tree_util.tree_map(host_leaf, batch)  # host numpy: no per-leaf eager XLA compiles
@@ -228,13 +230,15 @@ def plan_overfit(
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
         raise ArgumentError("[jaxsane] overfit(init_scales=...) is empty. Fix: pass None or a few multipliers.")
-    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps)
+    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps, update_scales)
     const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
     one_step = _loss_step(adapted, grid.step_reports_loss)
     accuracy = accuracy_fn(adapted, adapted.params(grid.example), batch)
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
+    mismatch = accuracy_mismatch(adapted, grid.seed_list[0], batch, grid.step_reports_loss) if accuracy else None
+    target_accuracy = 2.0 if mismatch is not None else target_accuracy  # apply's accuracy then declares no fit
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
     spec = SweepSpec(
@@ -259,11 +263,16 @@ def plan_overfit(
         spec,
         layout,
         host_plan,
-        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None),
+        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None, mismatch),
         early_exit=early_exit,
         progress=progress,
     )
-    return OverfitPlan(sweep.compile, sweep.run)
+    if grid.lr_paths or update_scales is not None or learning_rates is not None:
+        return OverfitPlan(sweep.compile, sweep.run)
+    # the rate cannot be set: when the step's own rate fits nothing, sweep scaled updates (update_scale.py)
+    options["update_scales"] = UPDATE_SCALES
+    rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
+    return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
 
 
 def _check_arguments(
@@ -302,6 +311,11 @@ def _check_arguments(
     require_bool(fn, "early_exit", early_exit)
     require_bool(fn, "progress", progress)
     _selector(scale_leaves)  # None, a regex string or a callable; raises a JaxsaneError otherwise
+    if not 0 < target < 1:
+        raise ArgumentError(
+            f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
+            "Fix: pass e.g. target=0.05."
+        )
 
 
 @dataclasses.dataclass
@@ -317,6 +331,7 @@ class _Grid:
     default_lr: float | None
     configs: list[OverfitConfig]
     findings: list[Finding]
+    scaled: bool = False  # the configurations sweep factors on the step's updates (update_scale.py)
 
     @property
     def n_real(self) -> int:
@@ -331,6 +346,7 @@ class _Grid:
         learning_rates: Sequence[float] | None,
         scales: list[float],
         steps: int,
+        update_scales: Sequence[float] | None = None,
     ) -> _Grid:
         example = adapted.example_state
         findings: list[Finding] = []
@@ -342,6 +358,13 @@ class _Grid:
         lr_paths = set(learning_rate_paths(example))
         default_lr = current_learning_rate(example) if lr_paths else None
         lrs: list[float | None]
+        if update_scales is not None:  # the rate is the step's own; the factor on its updates is swept
+            configs = [
+                OverfitConfig(s, None, sc, update_scale=float(k))
+                for s, k, sc in itertools.product(seed_list, update_scales, scales)
+            ]
+            reports = "loss" in metrics_shape
+            return cls(example, reports, seed_list, lr_paths, default_lr, configs, findings, scaled=True)
         if default_lr is not None:  # found exactly when lr_paths is not empty
             lrs = (
                 [default_lr * m for m in (0.1, 1.0, 10.0)]
@@ -356,7 +379,8 @@ class _Grid:
                     "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
                     "'learning_rate'"
                     + (f" (asked for {list(learning_rates)})" if learning_rates else "")
-                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate",
+                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate (and, "
+                    "when that fits nothing, with the step's updates scaled as larger rates)",
                     "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can "
                     "set the rate per configuration",
                 )
@@ -376,7 +400,10 @@ def _add_baseline(grid: _Grid, exp: Experiment, batch: PyTree) -> tuple[PyTree |
     baseline_reason = targets_follow_inputs(exp, batch, const_batch)
     if baseline_reason is not None:
         return None, baseline_reason
-    grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
+    if grid.scaled:
+        grid.configs.append(OverfitConfig(grid.seed_list[0], None, 1.0, baseline=True, update_scale=grid.default_lr))
+    else:
+        grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
     return const_batch, None
 
 
@@ -392,6 +419,12 @@ def _loss_step(adapted: PureExperiment, step_reports_loss: bool) -> Callable[[Py
 
     def one_step(state, b):
         new_state, metrics = adapted.step(state, b)
+        # the loop's carry keeps the state's structure: a step that changes a non-array field each call (an
+        # Equinox model's Python-int counter rides in the treedef) runs with the field as init made it
+        # (step.recompiles reports such a step); the arrays are the step's own
+        new_state = jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(state), jax.tree_util.tree_leaves(new_state)
+        )
         if step_reports_loss:
             loss = jnp.mean(jnp.asarray(metrics["loss"], jnp.float32))
         else:
@@ -425,6 +458,7 @@ class _Judging(NamedTuple):
     ignores_input_ratio: float
     n_examples: int
     measures_accuracy: bool
+    accuracy_mismatch: str | None = None  # why apply's accuracy does not judge the loss's fit (setup.py)
 
 
 @dataclasses.dataclass
@@ -450,7 +484,11 @@ class _Sweep:
         configs, seed_list = self.grid.configs, self.grid.seed_list
         self.seed_index = np.asarray([seed_list.index(c.seed) for c in configs])
         self.lr_values = np.asarray(
-            [np.nan if c.learning_rate is None else c.learning_rate for c in configs], np.float32
+            [
+                c.update_scale if c.update_scale is not None else np.nan if c.learning_rate is None else c.learning_rate
+                for c in configs
+            ],
+            np.float32,
         )
         self.scale_values = np.asarray([c.init_scale for c in configs], np.float32)
         self.treedef: Any = jax.tree_util.tree_structure(self.grid.example)  # jaxlib ships no PyTreeDef stub
@@ -516,7 +554,7 @@ class _Sweep:
             (),
             (),
             spec.target,
-            spec.target_accuracy if judging.measures_accuracy else None,
+            spec.target_accuracy if judging.measures_accuracy and judging.accuracy_mismatch is None else None,
             out.steps_run,
             spec.n_chunks * spec.chunk,
             self.traces.count,
@@ -531,12 +569,17 @@ class _Sweep:
         """``result`` with its verdicts and findings (the setup's, then the verdict's)."""
         adapted, judging = self.adapted, self.judging
         params, inputs = adapted.params(self.grid.example), inputs_or_none(adapted.experiment, self.batch)
+        mismatch = judging.accuracy_mismatch or loss_fit_without_accuracy(result)
+        if mismatch is not None and judging.accuracy_mismatch is None:
+            judging = judging._replace(accuracy_mismatch=mismatch)
+            result = dataclasses.replace(result, target_accuracy=None)
         verdicts, judged = judge(
             result,
             ceiling=judging.ceiling,
             baseline_reason=judging.baseline_reason,
             normalised=lambda: normalised_outputs(adapted.jitted("apply"), params, inputs),
             ignores_input_ratio=judging.ignores_input_ratio,
+            accuracy_mismatch=judging.accuracy_mismatch,
         )
         result = dataclasses.replace(result, verdicts=verdicts)
         return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

@@ -23,9 +23,16 @@ class OverfitConfig(NamedTuple):
     learning_rate: float | None
     init_scale: float
     baseline: bool = False
+    update_scale: float | None = None  # the step's own rate, its parameter updates scaled by this
+
+    def rate_text(self) -> str:
+        """The learning rate in words: ``0.01``, ``default`` or ``default x10 (updates scaled)``."""
+        if self.update_scale is not None:
+            return f"default x{self.update_scale:g} (updates scaled)"
+        return "default" if self.learning_rate is None else f"{self.learning_rate:.3g}"
 
     def label(self) -> str:
-        lr = "lr=default" if self.learning_rate is None else f"lr={self.learning_rate:.3g}"
+        lr = f"lr={self.rate_text()}"
         text = f"seed={self.seed} {lr} scale={self.init_scale:g}"
         return text + " (constant input)" if self.baseline else text
 
@@ -124,7 +131,7 @@ class OverfitResult:
                 [
                     str(i),
                     str(c.seed),
-                    "default" if c.learning_rate is None else f"{c.learning_rate:.3g}",
+                    c.rate_text(),
                     f"{c.init_scale:g}",
                     "constant" if c.baseline else "real",
                     f"{init:.4g}",

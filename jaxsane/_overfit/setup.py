@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from .._checks.init_loss import is_one_of, mean_cross_entropies
 from .._core.errors import DataError
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, is_inexact, path_str
@@ -142,6 +143,44 @@ def accuracy_fn(adapted: PureExperiment, params: PyTree, batch: PyTree) -> Calla
         return jnp.mean(correct)
 
     return accuracy
+
+
+def accuracy_mismatch(adapted: PureExperiment, seed: int, batch: PyTree, step_reports_loss: bool) -> str | None:
+    """Why apply's accuracy cannot judge the same fit as the sweep's loss, or None when it can. Not jit-safe.
+
+    The sweep's loss is the step's (train mode: BatchNorm on batch statistics, dropout on) or
+    ``Experiment.loss``; the accuracy comes from ``apply``, which may run in eval mode (running statistics,
+    possibly stale) or belong to another loss. At init (seed ``seed``, one call of the step) the two must
+    agree: the loss must be the mean cross-entropy of apply's outputs. When they do not, the fit is judged by
+    the loss alone and the accuracy is shown as apply's."""
+    exp = adapted.experiment
+    apply, loss_fn = adapted.jitted("apply"), adapted.jitted("loss")
+    if apply is None or (loss_fn is None and not step_reports_loss):
+        return None
+    try:
+        # own buffers: a donating step must not delete arrays that other stages share (doctor's reused init)
+        state = jax.tree_util.tree_map(
+            lambda x: x.copy() if isinstance(x, jax.Array) else x, adapted.init(jax.random.key(seed))
+        )
+        params = adapted.params(state)
+        candidates = mean_cross_entropies(
+            apply(params, get_inputs(exp, batch)), get_labels(exp, batch), get_mask(exp, batch)
+        )
+        if step_reports_loss:
+            source, metrics = "the step's loss", adapted.step(state, batch)[1]  # after apply: a step may donate
+            loss = float(np.mean(np.asarray(metrics["loss"], np.float64)))
+        else:
+            assert loss_fn is not None  # checked above
+            source, loss = "Experiment.loss", float(np.asarray(loss_fn(params, batch)))
+    except Exception:  # noqa: BLE001 - a handle that does not run here: the other stages report it
+        return None
+    if not np.isfinite(loss) or is_one_of(loss, candidates):
+        return None
+    return (
+        f"{source} at init ({loss:.4g}) is not the cross-entropy of apply's outputs ({candidates[0]:.4g}): apply "
+        "runs in another mode than the loss (BatchNorm running statistics, dropout) or the loss is another one, "
+        "so the fit is judged by the loss alone"
+    )
 
 
 # ----------------------------------------------------------------------------- per-configuration setup

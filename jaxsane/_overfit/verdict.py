@@ -164,6 +164,24 @@ def normalised_outputs(apply: Callable | None, params: PyTree, inputs: PyTree) -
     return bool(np.all(out >= -1e-6) and np.all(out <= 1 + 1e-6) and np.allclose(out.sum(-1), 1.0, atol=1e-3))
 
 
+def loss_fit_without_accuracy(result: Any) -> str | None:
+    """Why the accuracy cannot judge the sweep's fits, when a real configuration's loss reached the target
+    (a mean cross-entropy that low classifies every example) while its accuracy, from apply's outputs, stayed
+    below the accuracy target: apply runs in another mode than the loss. None otherwise. Not jit-safe."""
+    if result.accuracy is None or result.target_accuracy is None:
+        return None
+    for i in result.real:
+        curve = np.asarray(result.losses[i], np.float64)
+        if curve[0] > 0 and np.any(curve <= result.target * curve[0]) and result.accuracy[i] < result.target_accuracy:
+            return (
+                f"the loss fell to {result.target:g} of its start while apply's outputs classify only "
+                f"{result.accuracy[i]:.0%} of the same batch: apply runs in another mode than the loss (BatchNorm "
+                "running statistics, dropout) or the loss is not a cross-entropy of its outputs, so the fit is "
+                "judged by the loss alone"
+            )
+    return None
+
+
 def curve_verdict(losses: np.ndarray, reached: bool) -> str:
     """One configuration's loss curve judged by its trend. Not jit-safe.
 
@@ -199,6 +217,7 @@ def judge(
     baseline_reason: str | None,
     normalised: Callable[[], bool],
     ignores_input_ratio: float,
+    accuracy_mismatch: str | None = None,
 ) -> tuple[tuple[str, ...], list[Finding]]:
     """Verdicts per configuration and the sweep's findings (``overfit.failed``, ``overfit.unsettled``,
     ``overfit.floor``, ``model.ignores_input``, ``overfit.best``, and ``doctor.skipped`` when the
@@ -210,7 +229,7 @@ def judge(
         "baseline" if c.baseline else curve_verdict(result.losses[i], bool(result.reached[i]))
         for i, c in enumerate(result.configs)
     )
-    sweep = _Judged.of(result, verdicts, ceiling)
+    sweep = _Judged.of(result, verdicts, ceiling, accuracy_mismatch)
     real = result.real
     fitting = [i for i in real if verdicts[i] in ("fits", "floor")]
     out: list[Finding] = []
@@ -250,11 +269,15 @@ class _Judged:
     ceiling_text: str
 
     @classmethod
-    def of(cls, result: Any, verdicts: tuple[str, ...], ceiling: Ceiling | None) -> _Judged:
+    def of(
+        cls, result: Any, verdicts: tuple[str, ...], ceiling: Ceiling | None, mismatch: str | None = None
+    ) -> _Judged:
         losses = result.losses
         best = best_configuration(result, verdicts)
         accuracy = result.accuracy
         acc_text = "" if accuracy is None else f", accuracy {accuracy[best]:.0%}"
+        if accuracy is not None and mismatch is not None:  # say which: the fit is the loss's, the accuracy apply's
+            acc_text = f" (judged by the loss); apply's accuracy {accuracy[best]:.0%}, not judged: {mismatch}"
         ceiling_text = ""
         if ceiling is not None and ceiling.ambiguous > 0:
             ceiling_text = (
@@ -364,6 +387,8 @@ class _Judged:
         result, best, ceiling = self.result, self.best, self.ceiling
         cfg = result.configs[best]
         lr_text = "the step's own rate" if cfg.learning_rate is None else f"{cfg.learning_rate:.3g}"
+        if getattr(cfg, "update_scale", None) is not None:
+            lr_text = f"the step's own rate with its updates scaled by {cfg.update_scale:g}"
         status = {"fits": f"fits at step {result.reached_at[best]}", "floor": "converged to a floor"}.get(
             self.verdicts[best], f"does not fit (loss ratio {_ratio(result.losses[best]):.3g})"
         )
@@ -374,6 +399,7 @@ class _Judged:
             "",
             extra={
                 "learning_rate": cfg.learning_rate,
+                "update_scale": getattr(cfg, "update_scale", None),
                 "init_scale": cfg.init_scale,
                 "seed": cfg.seed,
                 "reached_at": int(result.reached_at[best]),

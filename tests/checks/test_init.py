@@ -147,3 +147,57 @@ def test_init_stage_needs_apply_for_activations():
     diagnosis = jaxsane.doctor(exp, stages=["init"], progress=False)
     assert any(f.code == "doctor.skipped" and "activation" in f.message for f in diagnosis)
     assert not diagnosis.by_code("init.symmetric")
+
+
+# ----------------------------------------------------------------------------- init.loss: what the loss is
+_T, _V = 12, 6  # time steps, vocabulary (class 0 is CTC's blank)
+
+
+def _sequence_experiment(kind, scale=1.0):
+    """A per-time-step classifier [B, T, V] trained with ``kind``'s loss: "mean_xent" (per-token mean
+    cross-entropy: ln V is its chance level), "summed_xent" (a sequence log-likelihood summed over time) or
+    "ctc" (optax.ctc_loss over shorter label sequences)."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, _T, 8)).astype(np.float32)
+    labels = rng.integers(1, _V, size=(16, _T if kind != "ctc" else 4)).astype(np.int32)
+    params = {"w": jnp.asarray(rng.normal(size=(8, _V)) * 0.3 * scale, jnp.float32), "b": jnp.zeros(_V)}
+
+    def apply(p, x):
+        return x @ p["w"] + p["b"]
+
+    def loss(p, b):
+        logits = apply(p, b["x"])
+        if kind == "ctc":
+            pads = jnp.zeros(logits.shape[:2])
+            return optax.ctc_loss(logits, pads, b["y"], jnp.zeros(b["y"].shape)).mean()
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, b["y"])
+        return per_token.sum(axis=1).mean() if kind == "summed_xent" else per_token.mean()
+
+    tx = optax.sgd(1e-2)
+
+    def step(state, b):
+        p, o = state
+        value, g = jax.value_and_grad(loss)(p, b)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), {"loss": value}
+
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=step, train={"x": x, "y": labels},
+                              loss=loss, apply=apply, num_classes=_V)
+
+
+@pytest.mark.parametrize("kind", ["ctc", "summed_xent"])
+def test_init_loss_is_not_judged_against_ln_c_for_a_loss_that_is_not_a_mean_cross_entropy(kind):
+    d = jaxsane.doctor(_sequence_experiment(kind), stages=["init"], progress=False)
+    assert "init.loss" not in [f.code for f in d], [str(f) for f in d]
+    skipped = [f for f in d if f.code == "doctor.skipped" and "ln C" in f.message]
+    assert d.artifacts["init_loss"]["num_classes"] is None
+    assert skipped or "constant_loss" in d.artifacts["init_loss"], [str(f) for f in d]
+
+
+def test_init_loss_still_judges_a_per_token_cross_entropy_against_ln_c():
+    healthy = jaxsane.doctor(_sequence_experiment("mean_xent"), stages=["init"], progress=False)
+    assert "init.loss" not in [f.code for f in healthy] and healthy.artifacts["init_loss"]["num_classes"] == _V
+    overconfident = jaxsane.doctor(_sequence_experiment("mean_xent", scale=40.0), stages=["init"], progress=False)
+    assert "init.loss" in [f.code for f in overconfident], [str(f) for f in overconfident]

@@ -228,3 +228,64 @@ def test_count_compilations_and_assert_compiles_once():
 def test_calls_must_be_at_least_two():
     with pytest.raises(jaxsane.JaxsaneError, match="calls must be >= 2"):
         check_step(_optax_experiment(jax.jit(lambda s, b: (s, {}))), calls=1)
+
+
+class _BNMLP(nn.Module):
+    frozen: bool = False  # eval-mode BatchNorm in the step too (fine-tuning with frozen statistics)
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        h = nn.BatchNorm(use_running_average=self.frozen or not train, momentum=0.9)(nn.Dense(8)(x))
+        return nn.Dense(3)(nn.relu(h))
+
+
+class _BNState(train_state.TrainState):
+    batch_stats: dict
+
+
+def _bn_experiment(returns_stats: bool, frozen: bool = False):
+    model = _BNMLP(frozen)
+
+    def init(key):
+        variables = model.init(key, BATCH["x"])
+        return _BNState.create(apply_fn=model.apply, params=variables["params"], tx=TX,
+                               batch_stats=variables["batch_stats"])
+
+    @jax.jit
+    def step(state, batch):
+        def loss(params):
+            logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats}, batch["x"],
+                                          train=True, mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), updates
+
+        (value, updates), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+        state = state.apply_gradients(grads=grads)
+        if returns_stats:
+            state = state.replace(batch_stats=updates["batch_stats"])
+        return state, {"loss": value}  # returns_stats=False: the BUG, the old batch_stats
+
+    return jaxsane.Experiment(init=init, step=step, train=BATCH, num_classes=3)
+
+
+@pytest.mark.parametrize("returns_stats,frozen", [(True, False), (False, True), (False, False)],
+                         ids=["returns_stats", "eval_mode_frozen_stats", "drops_stats"])
+def test_batchnorm_statistics_computed_and_dropped_are_stats_frozen(returns_stats, frozen):
+    findings = check_step(_bn_experiment(returns_stats, frozen), check_rng=False)
+    if returns_stats or frozen:
+        assert not findings, [str(f) for f in findings]
+        return
+    assert _codes(findings) == ["step.stats_frozen"]
+    assert findings[0].severity == "error" and "batch_stats" in findings[0].path
+
+
+def test_a_state_leaf_only_passed_through_is_not_stats_frozen():
+    @jax.jit
+    def step(state, batch):
+        params, opt_state, extra = state
+        value, grads = jax.value_and_grad(_loss)(params, batch)
+        updates, opt_state = TX.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, extra), {"loss": value}
+
+    exp = jaxsane.Experiment(init=lambda key: (_params(key), TX.init(_params(key)), {"ema": jnp.ones(3)}),
+                             step=step, train=BATCH, loss=_loss, num_classes=3)
+    assert check_step(exp, check_rng=False) == []

@@ -198,3 +198,63 @@ def test_experiment_rejects_other_non_array_leaves_clearly():
                              train={"x": np.ones((4, 2))})
     with pytest.raises(jaxsane.ExperimentError, match=r"^\[jaxsane\] the train state has a non-array leaf"):
         jaxsane.PureExperiment(exp)
+
+
+class _Counted(eqx.Module):
+    mlp: eqx.nn.MLP
+    order: jax.Array  # int32 [3]: an integer array field, never differentiated
+    calls: int = 0  # a Python int field: static to eqx.filter_jit
+
+    def __call__(self, x):
+        return self.mlp(x)[self.order]
+
+
+def _counted_init(key):
+    model = _Counted(eqx.nn.MLP(4, 3, 16, 1, key=key), jnp.arange(3, dtype=jnp.int32))
+    return model, tx.init(eqx.filter(model, eqx.is_inexact_array))
+
+
+def _counted_step(bump_calls):
+    @eqx.filter_jit
+    def counted_step(model, opt_state, batch):
+        value, grads = eqx.filter_value_and_grad(loss)(model, batch)
+        updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        model = eqx.apply_updates(model, updates)
+        if bump_calls:  # the fault: a Python int that changes every step recompiles the step every step
+            model = eqx.tree_at(lambda m: m.calls, model, model.calls + 1)
+        return model, opt_state, value
+
+    return counted_step
+
+
+def _counted_experiment(bump_calls):
+    return jaxsane.Experiment(init=_counted_init, step=_counted_step(bump_calls), train=batches(),
+                              eval=batches(1, seed=9)[0], loss=loss, apply=apply, num_classes=3, name="counted")
+
+
+def test_adapter_lets_a_python_int_field_flow_from_step_to_step():
+    adapted = jaxsane.PureExperiment(_counted_experiment(True))
+    state = adapted.init(jax.random.key(0))
+    for _ in range(3):
+        state, _ = adapted.step(state, batches(1)[0])
+    model = adapted.user_state(state)[0]
+    assert isinstance(model, _Counted) and model.calls == 3 and model.mlp.activation is jax.nn.relu
+
+
+@pytest.mark.parametrize("bump_calls", [False, True], ids=["correct", "python_int_counter"])
+def test_step_recompiles_is_found_on_an_equinox_python_int_field(bump_calls):
+    d = jaxsane.doctor(_counted_experiment(bump_calls), stages=["step"], progress=False)
+    found = [f for f in d if f.code == "step.recompiles"]
+    if not bump_calls:
+        assert not found and d.ok, [str(f) for f in d]
+        return
+    assert found and "state[0].calls: 0 -> 1" in found[0].message and found[0].path == "state[0].calls"
+
+
+@pytest.mark.slow
+def test_doctor_runs_an_equinox_model_with_an_int32_array_field():
+    d = jaxsane.doctor(_counted_experiment(False), overfit_steps=60, run_steps=10, progress=False)
+    assert [s["status"] for s in d.stages] == ["ran"] * 7, d.stages
+    assert not [f for f in d if f.severity == "error" or f.code == "doctor.skipped" and "jaxsane bug" in f.message], [
+        str(f) for f in d
+    ]

@@ -21,9 +21,9 @@ def _batch(n=16):
     return {"x": x[:n], "y": y[:n]}
 
 
-def _tiny(kind="healthy", inject=False, lr=1e-2):
+def _tiny(kind="healthy", inject=False, lr=1e-2, opt=optax.adam):
     """A 64-32-10 MLP in pure optax; ``kind`` plants one bug in the step or the model."""
-    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr) if inject else optax.adam(lr)
+    tx = optax.inject_hyperparams(opt)(learning_rate=lr) if inject else opt(lr)
 
     def init(key):
         k1, k2 = jax.random.split(key)
@@ -294,3 +294,88 @@ def test_budget_seeds_reads_the_step_flops_of_the_jaxpr():
     seeds, finding = budget_seeds(jaxpr, steps=300, backend="cpu")
     assert seeds == 1 and finding.code == "overfit.budget" and finding.extra["budget_flops"] == LARGE_CONFIGURATION_FLOPS
     assert budget_seeds(jaxpr, steps=300, backend="gpu") == (2, None)
+
+
+def test_a_small_rate_that_cannot_be_swept_is_swept_by_scaling_the_updates():
+    result = overfit(_tiny("healthy", lr=1e-4, opt=optax.sgd), seeds=2, steps=300)
+    assert not [f for f in result.findings if f.severity == "error"], result.table()
+    assert "overfit.update_scaled" in result.codes and result.ok
+    best = result.configs[result.best]
+    assert best.update_scale in (10.0, 100.0, 1000.0) and result.verdicts[result.best] == "fits"
+    assert "updates scaled" in result.table()
+
+
+def test_scaled_updates_still_report_a_model_that_ignores_its_input():
+    result = overfit(_tiny("ignores_input", lr=1e-4, opt=optax.sgd), seeds=2, steps=300)
+    assert "model.ignores_input" in result.codes and "overfit.failed" in result.codes, result.table()
+
+
+def test_updates_that_no_scale_moves_are_not_judged_an_error(monkeypatch):
+    from jaxsane._overfit import update_scale
+
+    # a tiny rate that even 10x..1000x cannot move (scaled updates that do not act as a larger rate)
+    monkeypatch.setattr(update_scale, "UPDATE_SCALES", (1.0, 1.0, 1.0))
+    monkeypatch.setattr(update_scale, "BASELINE_SCALE", 1.0)
+    from jaxsane._overfit import overfit as overfit_module
+
+    monkeypatch.setattr(overfit_module, "UPDATE_SCALES", (1.0, 1.0, 1.0))
+    result = overfit(_tiny("healthy", lr=1e-6, opt=optax.sgd), seeds=1, steps=50)
+    assert not [f for f in result.findings if f.severity == "error"], result.table()
+    assert any(f.code == "doctor.skipped" and "overfit not judged" in f.message for f in result.findings)
+
+
+def test_nnx_updates_are_scaled_from_the_values_before_the_step():
+    from flax import nnx
+
+    from jaxsane.examples import digits_nnx
+
+    def init(key):  # NNX states hold Variables the step updates in place: the delta must be read before it
+        model = digits_nnx.MLP(nnx.Rngs(params=key), hidden=32)
+        return model, nnx.Optimizer(model, optax.sgd(1e-4), wrt=nnx.Param)
+
+    exp = jaxsane.Experiment(init=init, step=digits_nnx.train_step, train=_batch(), loss=digits_nnx.loss,
+                             apply=lambda m, x: m(x), name="nnx_sgd")
+    result = overfit(exp, seeds=1, steps=200)
+    assert result.ok and "overfit.update_scaled" in result.codes, result.table()
+
+
+@pytest.mark.slow
+def test_batchnorm_fit_is_judged_by_the_loss_and_says_the_accuracy_is_apply_s():
+    import flax.linen as nn
+    from flax.training import train_state
+
+    class BNMLP(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            h = nn.BatchNorm(use_running_average=not train, momentum=0.9)(nn.Dense(32)(x))
+            return nn.Dense(10)(nn.relu(h))
+
+    class State(train_state.TrainState):
+        batch_stats: dict
+
+    model, tx = BNMLP(), optax.adam(3e-3)
+
+    def init(key):
+        v = model.init(key, jnp.zeros((2, 64)))
+        return State.create(apply_fn=model.apply, params=v["params"], tx=tx, batch_stats=v["batch_stats"])
+
+    @jax.jit
+    def step(state, batch):  # train mode: batch statistics
+        def loss(p):
+            logits, upd = model.apply({"params": p, "batch_stats": state.batch_stats}, batch["x"], train=True,
+                                      mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), upd
+
+        (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+        return state.apply_gradients(grads=grads).replace(batch_stats=upd["batch_stats"]), {"loss": value}
+
+    stats = init(jax.random.key(0)).batch_stats  # eval mode on the initial running statistics
+    exp = jaxsane.Experiment(init=init, step=step, train=_batch(), num_classes=10,
+                             apply=lambda p, x: model.apply({"params": p, "batch_stats": stats}, x))
+    result = overfit(exp, seeds=1, steps=150, baseline=False)
+    best = next(f for f in result.findings if f.code == "overfit.best")
+    assert result.ok and result.target_accuracy is None, result.table()
+    assert "(judged by the loss)" in best.message and "apply's accuracy" in best.message
+    # a model whose loss is apply's cross-entropy: the accuracy judges the same fit, as before
+    plain = overfit(_tiny("healthy"), seeds=1, steps=150, baseline=False)
+    assert plain.target_accuracy is not None and "judged by the loss" not in str(plain.findings)
