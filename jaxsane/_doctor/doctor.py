@@ -147,7 +147,7 @@ class DoctorDiagnosis(Diagnosis):
 # ----------------------------------------------------------------------------- compile accounting
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-INTERRUPTED = "interrupted (Ctrl-C)"  # the reason recorded for the stage a KeyboardInterrupt stopped
+INTERRUPTED = "interrupted by Ctrl-C"  # the reason recorded for the stage a KeyboardInterrupt stopped
 _BACKGROUND = "jaxsane-precompile"
 
 

@@ -159,7 +159,7 @@ class TrainLoop:
         except BaseException as e:
             complete = ckpt.complete_steps() if ckpt is not None else None
             if ckpt is not None:
-                ckpt.manager.close()
+                ckpt.shutdown()
             if isinstance(e, OSError):
                 raise _ckpt.disk_error(
                     e, "metrics file or checkpoint directory at start", o.checkpoint_dir, complete
