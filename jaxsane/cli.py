@@ -391,7 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: 2 on usage errors, 0 on --help
         return int(e.code or 0)
-    watch = _InterruptWatch() if argv is None else contextlib.nullcontext()
+    # doctor only: replay --pdb hands Ctrl-C to the debugger
+    watch = _InterruptWatch() if argv is None and args.command == "doctor" else contextlib.nullcontext()
     with watch:
         try:
             return args.func(args)
@@ -402,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(watch, _InterruptWatch):
                 watch.handled.set()
             _print_interrupted(getattr(e, "diagnosis", None))
-            if argv is None:  # the program: leave now, never joining a background compile at exit
+            if isinstance(watch, _InterruptWatch):  # the program: leave now, never joining a compile at exit
                 sys.stdout.flush()
                 os._exit(EXIT_INTERRUPTED)
             return EXIT_INTERRUPTED

@@ -261,7 +261,8 @@ class TrainLoop:
         stop = False
         if self.eval_every and self.position % self.eval_every == 0:
             stop = self.stopped_early = self.evaluate(self.position)
-        if self.stops.stop_here(self.position):  # every process asks at every step, and all agree
+        # every process asks at every step, and all agree; a stop after the last step is just the end
+        if self.stops.stop_here(self.position) and self.position < self.steps:
             self.preempted, stop = self.stops.reason(), True
             print(
                 f"[jaxsane] fit: {self.preempted}: stopping after step {self.position} on every process; saving "

@@ -98,3 +98,41 @@ def test_background_pool_threads_are_daemons_and_shutdown_cancels_queued_work():
             failing.submit(lambda: 1 / 0).result(timeout=30)
     finally:
         failing.shutdown(wait=True)
+
+
+_INTERRUPTING = '''
+import jax.numpy as jnp
+import numpy as np
+import jaxsane
+
+def init(key):
+    return {"w": jnp.zeros((3, 2))}
+
+def step(state, batch):
+    raise KeyboardInterrupt  # as a Ctrl-C lands while doctor traces the step
+
+def experiment():
+    batch = {"x": np.ones((4, 3), np.float32), "y": np.zeros(4, np.int32)}
+    return jaxsane.Experiment(init=init, step=step, train=[batch], name="stopped")
+'''
+
+
+def test_an_interrupted_doctor_keeps_what_it_found_and_the_cli_returns_130(tmp_path, capsys):
+    import jaxsane
+    from jaxsane.cli import EXIT_INTERRUPTED, main
+
+    path = tmp_path / "interrupting.py"
+    path.write_text(_INTERRUPTING)
+    namespace: dict = {}
+    exec(compile(_INTERRUPTING, str(path), "exec"), namespace)
+    with pytest.raises(KeyboardInterrupt) as info:
+        jaxsane.doctor(namespace["experiment"](), stages=["data", "step"], progress=False, compile_cache=False)
+    diagnosis = info.value.diagnosis
+    assert [(s["name"], s["status"], s["reason"]) for s in diagnosis.stages] == [
+        ("data", "ran", ""), ("step", "failed", "interrupted by Ctrl-C")]
+    assert "during stage 'step' of 'stopped'" in "\n".join(info.value.__notes__)
+    code = main(["doctor", f"{path}:experiment", "--stages", "data", "step", "--no-cache", "-q"])
+    assert code == EXIT_INTERRUPTED == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C) during stage 'step' of 'stopped'" in err
+    assert "stage step did not finish: interrupted by Ctrl-C" in err
