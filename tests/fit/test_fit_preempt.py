@@ -53,7 +53,7 @@ CHILD = textwrap.dedent('''
             return True
         preempt.StopRequests.stop_here = stop_here
     try:
-        result = jaxsane.fit(T.experiment(n={steps}, delay=0.05, announce=True), checkpoint_dir=ckpt,
+        result = jaxsane.fit(T.experiment(n={steps}, delay=0.1, announce=True), checkpoint_dir=ckpt,
                              report=os.path.join(os.path.dirname(ckpt), "report.html"), **{fit!r})
         print("finished", flush=True)
     except jaxsane.Preempted as e:
