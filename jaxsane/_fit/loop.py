@@ -404,6 +404,8 @@ class TrainLoop:
             skipped=sorted(self.skip),
             error=self.failure,
         )
+        if self.preempted is not None:  # the report's metadata block says why the run ended there
+            self.diagnosis.artifacts["meta"]["stopped_on"] = f"{self.preempted} after step {self.position}"
 
     def finish(self) -> FitResult:
         """Raise the run's failure (naming the report), or warn when the data ran out early, pick the state to
