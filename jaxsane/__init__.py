@@ -41,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "JaxsaneError",
         "JaxsaneWarning",
         "NonFiniteError",
+        "Preempted",
         "ReplicaDivergenceError",
     ),
     "_core.finding": ("Finding",),
@@ -128,6 +129,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs; at run time the
         JaxsaneError as JaxsaneError,
         JaxsaneWarning as JaxsaneWarning,
         NonFiniteError as NonFiniteError,
+        Preempted as Preempted,
         ReplicaDivergenceError as ReplicaDivergenceError,
     )
     from ._core.finding import Finding as Finding
@@ -182,6 +184,7 @@ __all__ = [
     "JaxsaneError",
     "JaxsaneWarning",
     "NonFiniteError",
+    "Preempted",
     "ReplicaDivergenceError",
     "Finding",
     "History",

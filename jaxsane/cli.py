@@ -7,7 +7,9 @@
 Exit codes (a CI gate): 0 every requested stage ran and found no error; 1 error findings, or a
 requested stage that could not run (skipped, or crashed in the user's code); 2 usage errors (bad
 arguments or options, a target that does not import, an output directory that does not exist),
-reported in one ``[jaxsane]`` line, the argument checks before jax is imported. ATTR names an
+reported in one ``[jaxsane]`` line, the argument checks before jax is imported; 130 Ctrl-C (SIGINT):
+within about a second the CLI prints what doctor found so far and the stage it interrupted, and exits
+without waiting for background compiles. ATTR names an
 :class:`Experiment` or a zero-argument callable returning one. With no target, the bundled
 examples run. ``-o NAME=VALUE`` values are read per the option's declared type (numbers,
 ``true``/``false``, comma lists such as ``overfit_learning_rates=1e-3,1e-2``).
@@ -16,16 +18,22 @@ examples run. ``-o NAME=VALUE`` values are read per the option's declared type (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import json
 import os
+import signal
+import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+INTERRUPT_GRACE_S = 1.0  # how long the main thread gets to stop by itself before the watcher ends the process
 
 
 class UsageError(Exception):
@@ -320,17 +328,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_interrupted(diagnosis: Any) -> None:
+    """What an interrupted doctor had found, and the stage it was in, on stderr."""
+    if diagnosis is None:
+        print("[jaxsane] interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return
+    from ._doctor.doctor import interrupted_where
+
+    print(f"\n[jaxsane] interrupted (Ctrl-C) {interrupted_where(diagnosis)}; found so far:", file=sys.stderr)
+    print(str(diagnosis), file=sys.stderr, flush=True)
+
+
+class _InterruptWatch:
+    """The program's Ctrl-C: the main thread gets :data:`INTERRUPT_GRACE_S` to turn it into a report and exit
+    130; when it is stuck where Python cannot raise (inside an XLA compile, joining a thread), a watcher thread
+    that hears the signal through ``signal.set_wakeup_fd`` prints the report and ends the process with
+    ``os._exit(130)``; a second Ctrl-C ends it at once. Used only when the CLI is the program (not when
+    ``main`` is called in-process)."""
+
+    def __init__(self) -> None:
+        self.handled = threading.Event()
+        self._read, self._write = socket.socketpair()
+        self._previous_fd: int | None = None
+
+    def __enter__(self) -> _InterruptWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._write.setblocking(False)
+        try:
+            self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            return self
+        threading.Thread(target=self._watch, name="jaxsane-ctrl-c", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous_fd is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+
+    def _watch(self) -> None:
+        interrupts = 0
+        while True:
+            try:
+                data = self._read.recv(64)
+            except OSError:
+                return
+            interrupts += data.count(bytes([signal.SIGINT]))
+            if interrupts >= 2:
+                os._exit(EXIT_INTERRUPTED)
+            if interrupts == 1 and not self.handled.wait(INTERRUPT_GRACE_S):
+                from ._doctor.doctor import running
+
+                _print_interrupted(running())
+                os._exit(EXIT_INTERRUPTED)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI; returns the exit code. Called as the program (``argv`` None), a Ctrl-C ends it within about a
+    second with code 130 (see :class:`_InterruptWatch`)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: 2 on usage errors, 0 on --help
         return int(e.code or 0)
-    try:
-        return args.func(args)
-    except UsageError as e:
-        print("[jaxsane] usage error: " + " ".join(str(e).split()), file=sys.stderr)
-        return EXIT_USAGE
+    # doctor only: replay --pdb hands Ctrl-C to the debugger
+    watch = _InterruptWatch() if argv is None and args.command == "doctor" else contextlib.nullcontext()
+    with watch:
+        try:
+            return args.func(args)
+        except UsageError as e:
+            print("[jaxsane] usage error: " + " ".join(str(e).split()), file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as e:
+            if isinstance(watch, _InterruptWatch):
+                watch.handled.set()
+            _print_interrupted(getattr(e, "diagnosis", None))
+            if isinstance(watch, _InterruptWatch):  # the program: leave now, never joining a compile at exit
+                sys.stdout.flush()
+                os._exit(EXIT_INTERRUPTED)
+            return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

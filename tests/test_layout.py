@@ -29,7 +29,7 @@ LAYERS = (
     "_doctor",
 )
 # The public faces at the root: they may import from any folder.
-ROOT_MODULES = {"__init__", "cli", "testing", "pytest_plugin"}
+ROOT_MODULES = {"__init__", "__main__", "cli", "testing", "pytest_plugin"}  # __main__: python -m jaxsane
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 100
 

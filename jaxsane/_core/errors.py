@@ -89,6 +89,37 @@ class CheckpointError(JaxsaneError, RuntimeError):
         self.skipped = list(skipped or [])
 
 
+EXIT_PREEMPTED = 82  # fit stopped on SIGTERM/SIGINT after saving a verified checkpoint: run it again to resume
+
+
+class Preempted(JaxsaneError):
+    """:func:`jaxsane.fit` stopped on a preemption notice (SIGTERM, the ``jax.distributed`` coordination
+    service's notice) or Ctrl-C (SIGINT): every process finished its current step, all stopped at the same
+    step, one checkpoint was saved there and verified, and the report and the metrics were written. Calling
+    ``fit`` again with the same arguments resumes bitwise from that checkpoint.
+
+    A script should end with ``sys.exit(e.exit_code)`` (:data:`EXIT_PREEMPTED`, 82): a scheduler can
+    then tell "stopped cleanly, resume me" from a crash (1) or a kill by signal N (128+N).
+
+    Attributes:
+      step: the step (data position) all processes stopped at.
+      checkpoint: the path of the verified checkpoint of that step, or None without ``checkpoint_dir``.
+      signal: the name of the signal that asked for the stop (``"SIGTERM"``, ``"SIGINT"``), or
+        ``"preemption notice"`` when another process of the job received it.
+      result: the :class:`~jaxsane.FitResult` of the run so far (state, history, diagnosis).
+      exit_code: :data:`EXIT_PREEMPTED` (82).
+    """
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self, message: str, *, step: int, checkpoint: str | None, signal: str, result: Any = None):
+        super().__init__(message)
+        self.step = step
+        self.checkpoint = checkpoint
+        self.signal = signal
+        self.result = result
+
+
 class FitArgumentError(ArgumentError, ExperimentError):
     """An argument of :func:`jaxsane.fit` has the wrong type or value (checked before any work)."""
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import queue
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -145,7 +147,61 @@ class DoctorDiagnosis(Diagnosis):
 # ----------------------------------------------------------------------------- compile accounting
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+INTERRUPTED = "interrupted by Ctrl-C"  # the reason recorded for the stage a KeyboardInterrupt stopped
 _BACKGROUND = "jaxsane-precompile"
+
+
+class BackgroundPool(concurrent.futures.Executor):
+    """doctor's background threads: a ``ThreadPoolExecutor`` whose threads are daemons. Python joins a
+    ``ThreadPoolExecutor``'s threads at exit, so a Ctrl-C during doctor would wait for a compile nobody
+    wants any more; these threads are never joined, and :meth:`shutdown` cancels what has not started.
+    Host-side; not jit-safe."""
+
+    def __init__(self, workers: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        if self._closed:
+            raise RuntimeError("[jaxsane] doctor's background pool is shut down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # the future carries it to the stage that waits for it
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking work; ``cancel_futures`` cancels the jobs not started; ``wait`` joins the threads."""
+        self._closed = True
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class _TimedPool:
@@ -258,7 +314,7 @@ def doctor(
         # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
         # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
         # programs; what fails there is left to its stage to report
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=_BACKGROUND)
+        pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
         cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
         plan = RunPlan(
             experiment,
@@ -277,10 +333,38 @@ def doctor(
         )
         if adapted is not None and not blocked:
             plan.prepare_ahead(pool)
-        _run_stages(plan)
+        _RUNNING.append(diagnosis)
+        cleanup.callback(_RUNNING.remove, diagnosis)
+        try:
+            _run_stages(plan)
+        except KeyboardInterrupt as e:  # keep what was found: the CLI prints it, a notebook finds it on the error
+            e.diagnosis = diagnosis  # type: ignore[attr-defined]  # an attribute of this instance only
+            e.add_note(
+                f"[jaxsane] doctor was interrupted {interrupted_where(diagnosis)}; e.diagnosis holds what it found"
+            )
+            raise
     count, seconds = log.of("background")
     diagnosis.artifacts["compiles"] = {"setup": log.of("setup")[0], "background": count, "background_seconds": seconds}
     return diagnosis
+
+
+_RUNNING: list[DoctorDiagnosis] = []  # the doctor calls in progress in this process, innermost last
+
+
+def running() -> DoctorDiagnosis | None:
+    """The diagnosis of the doctor call in progress in this process (what it found so far, and in
+    ``artifacts["current_stage"]`` the stage it is running), or None. The CLI prints it on Ctrl-C. Not jit-safe."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
+def interrupted_where(diagnosis: DoctorDiagnosis) -> str:
+    """``"during stage 'grads' of 'name'"``: where an interrupted doctor call was."""
+    stage = diagnosis.artifacts.get("current_stage")
+    if stage is None:
+        interrupted = [s["name"] for s in diagnosis.stages if s["reason"] == INTERRUPTED]
+        stage = interrupted[-1] if interrupted else None
+    where = f"during stage {stage!r}" if stage else "before its first stage"
+    return f"{where} of {diagnosis.name!r}"
 
 
 def _checked_arguments(
@@ -393,10 +477,13 @@ def _run_stages(plan: RunPlan) -> None:
         start = time.perf_counter()
         show.start(stage.name, stage.description)
         log.stage = stage.name
-        status, reason = FAILED, "interrupted"
+        diagnosis.artifacts["current_stage"] = stage.name
+        status, reason = FAILED, INTERRUPTED
         try:
             status, reason = _run_stage(plan, stage)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
+            if status != FAILED or reason != INTERRUPTED:
+                diagnosis.artifacts.pop("current_stage", None)
             timings[stage.name] = time.perf_counter() - start
             compiles, compile_seconds = log.of(stage.name)
             record = {

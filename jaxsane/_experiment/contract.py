@@ -29,6 +29,7 @@ import numpy as np
 
 from .._core.errors import ArgumentError, ExperimentError
 from .._core.tree import PyTree, is_array, is_inexact, same_structure
+from .._core.user_code import USER_CODE
 from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
@@ -218,7 +219,8 @@ class PureExperiment:
         self.experiment = exp = experiment
         key = jax.random.key(0) if key is None else key
         try:
-            example = exp.init(key)
+            with USER_CODE:
+                example = exp.init(key)
         except TypeError as e:
             raise ExperimentError(
                 f"Experiment.init(key) failed: {e}. init must take one PRNG key "
@@ -285,11 +287,13 @@ class PureExperiment:
         a new tree (new NNX Variables) over the same immutable arrays, so no caller sees another's in-place
         changes; the user's init runs again once a donating step has deleted those arrays."""
         if not self._reuse_init:
-            return self.to_pure(self.experiment.init(key))
+            with USER_CODE:
+                return self.to_pure(self.experiment.init(key))
         last = self._last_init
         if last is not None and last[0] == _key_fingerprint(key) and not _any_deleted(last[1]):
             return _fresh_tree(last[1])
-        return self._remember_init(key, self.experiment.init(key))
+        with USER_CODE:
+            return self._remember_init(key, self.experiment.init(key))
 
     def _remember_init(self, key: jax.Array, user_state: Any) -> PyTree:
         """``user_state`` as a pure state, kept (detached from the user's objects) when ``reuse_init``."""
@@ -320,6 +324,10 @@ class PureExperiment:
 
     # -- the step
     def _call_user_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, Any]:
+        with USER_CODE:  # never two traces of the user's step at once (_core/user_code.py)
+            return self._call_user_step_unlocked(state, batch)
+
+    def _call_user_step_unlocked(self, state: PyTree, batch: PyTree) -> tuple[PyTree, Any]:
         exp = self.experiment
         if self.nnx:
             args = (None,) * (len(self._layout.positions) if self._unpack else 1) + (batch,)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import re
+import threading
+import time
 import zlib
 from typing import Any
 
@@ -53,6 +56,34 @@ def _nonfinite_leaf(leaves: list, paths: list[str]) -> str | None:
     return None
 
 
+class _DiskErrorLogFilter(logging.Filter):
+    """Drops orbax's own ERROR records (with their tracebacks, one per background thread) about a write that
+    failed for lack of space or permission: fit raises one CheckpointError that says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or "orbax" not in (record.pathname or ""):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        found = _find_oserror(error) if error is not None else None
+        if found is None:
+            found = _find_oserror(RuntimeError(record.getMessage()))  # "[Errno 28] ..." in the message
+            if found is None and "[Errno " in record.getMessage():
+                return False
+        return found is None or found.errno not in _DISK_HINTS
+
+
+def join_background_saves(timeout: float = 120.0) -> None:
+    """Wait for orbax's save threads that are still running. A composite save whose one item failed leaves the
+    other items' commits running; raising past them, the interpreter would exit under them (``ImportError:
+    sys.meta_path is None``, ``cannot schedule new futures after interpreter shutdown``). Not jit-safe."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or not thread.is_alive():
+            continue
+        if type(thread).__module__.startswith("orbax."):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class Checkpoints:
     """orbax ``CheckpointManager`` over the flattened pure state plus a JSON ``meta`` item (loop state,
     per-leaf checksums, metric history). Not jit-safe."""
@@ -66,6 +97,8 @@ class Checkpoints:
             max_to_keep=keep, save_interval_steps=1, enable_async_checkpointing=True, cleanup_tmp_directories=True
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._log_filter = _DiskErrorLogFilter()
+        logging.getLogger("absl").addFilter(self._log_filter)
         leaves, self.treedef = jax.tree_util.tree_flatten(like)
         self.paths = [p for p, _ in leaves_with_paths(like, "state")]
         self.key_impls = [jax.random.key_impl(x) if is_key(x) else None for x in leaves]
@@ -165,6 +198,7 @@ class Checkpoints:
             self.manager.wait_until_finished()
         except Exception:
             pass
+        join_background_saves()  # no save thread outlives the error (it would die noisily at exit)
         return disk_error(error, what, self.directory, self.complete_steps())
 
     def complete_steps(self) -> list[int]:
@@ -186,7 +220,15 @@ class Checkpoints:
         except Exception as e:
             raise self.write_error(e, "the last checkpoint") from e
         finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Close the manager without checking the last save; no save thread is left running after it."""
+        try:
             self.manager.close()
+        finally:
+            join_background_saves()
+            logging.getLogger("absl").removeFilter(self._log_filter)
 
 
 _TS_OS_ERROR = re.compile(r"os_error_code='?(\d+)")

@@ -15,6 +15,11 @@ position.
 The loop itself is :class:`TrainLoop` in ``_fit/loop.py``; its arguments are checked by ``_fit/args.py``.
 Host-side driver; not jit-safe.
 
+Preemption: while fit runs, SIGTERM and Ctrl-C (and, under ``jax.distributed``, the coordination service's
+preemption notice) stop every process after the same step, with one verified checkpoint there, the report
+and the metrics written; fit then raises :class:`~jaxsane.Preempted` (``exit_code`` 82) and the next call
+resumes bitwise. The handlers live in ``_fit/preempt.py``; a second Ctrl-C stops at once.
+
 Rollback: every ``rollback_every`` steps (and at each checkpoint and evaluation) the guard's flags are
 read and a host copy of the state is kept. A non-finite step restores that copy, replays the batches
 consumed since then (kept in memory) and skips only the failing batch, so the run equals one on the same
@@ -108,6 +113,10 @@ def fit(
       A :class:`FitResult`.
 
     Raises:
+      Preempted: SIGTERM, Ctrl-C or a preemption notice stopped the run after a step: its ``step``,
+        ``checkpoint`` (verified; None without ``checkpoint_dir``), ``signal`` and ``result`` (the FitResult
+        so far). A script should ``sys.exit(e.exit_code)`` (82); calling fit again resumes. A second Ctrl-C
+        raises KeyboardInterrupt at once (the newest intact checkpoint stays the one to resume from).
       NonFiniteError: with ``on_nonfinite="raise"``, after ``max_rollbacks`` rollbacks, or when
         ``"skip"`` skipped too many steps in a row (the message names the report when one was asked).
       CheckpointError: no intact checkpoint to resume from, or a checkpoint/metrics write failed (disk

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import sys
 import time
 import warnings
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import jax
 
 from .._core.diagnosis import Diagnosis
-from .._core.errors import CheckpointError, FitArgumentError, JaxsaneWarning, NonFiniteError
+from .._core.errors import CheckpointError, FitArgumentError, JaxsaneWarning, NonFiniteError, Preempted
 from .._core.frames import user_stacklevel
 from .._core.history import History
 from .._dist.hang import DEFAULT_FIT_TIMEOUT
@@ -30,6 +31,7 @@ from .args import FitOptions
 from .data import Evaluator, check_first_labels, train_stream
 from .metrics_log import MetricsLog, read_history, rewrite
 from .prechecks import record_meta, run_checks
+from .preempt import StopRequests
 from .result import FitResult
 from .state import Snapshot, best_state, dtype_changes, keep_copy
 
@@ -122,6 +124,8 @@ class TrainLoop:
         self.batches = train_stream(o.experiment.train, self.start, o.repeat)
         self.position = self.start  # batches consumed so far: the data position and the step count
         self.failure: BaseException | None = None
+        self.stops = StopRequests()  # SIGTERM/SIGINT/JAX's preemption notice, while run() runs
+        self.preempted: str | None = None  # what stopped the run at ``position``, once all processes agreed
 
     # ------------------------------------------------------------------------- setup
 
@@ -155,7 +159,7 @@ class TrainLoop:
         except BaseException as e:
             complete = ckpt.complete_steps() if ckpt is not None else None
             if ckpt is not None:
-                ckpt.manager.close()
+                ckpt.shutdown()
             if isinstance(e, OSError):
                 raise _ckpt.disk_error(
                     e, "metrics file or checkpoint directory at start", o.checkpoint_dir, complete
@@ -257,6 +261,15 @@ class TrainLoop:
         stop = False
         if self.eval_every and self.position % self.eval_every == 0:
             stop = self.stopped_early = self.evaluate(self.position)
+        # every process asks at every step, and all agree; a stop after the last step is just the end
+        if self.stops.stop_here(self.position) and self.position < self.steps:
+            self.preempted, stop = self.stops.reason(), True
+            print(
+                f"[jaxsane] fit: {self.preempted}: stopping after step {self.position} on every process; saving "
+                "a checkpoint there (Ctrl-C again stops at once, keeping the newest intact checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.maybe_checkpoint(stop)
         self.bar.update(self.position, self._bar_info)
         return stop
@@ -317,22 +330,43 @@ class TrainLoop:
     def run(self) -> FitResult:
         """Train (a failure, Ctrl-C included, is kept until the metrics and checkpoints are closed), wrap up,
         and return the result (or raise the failure, naming the report)."""
+        with self.stops:  # signal handlers for the duration of the run only
+            try:
+                if self.eval_every and self.start == 0:
+                    self.evaluate(0)
+                while True:
+                    try:
+                        self.train_steps()
+                        break
+                    except NonFiniteError as e:
+                        self.position = self.rollback(e)
+                        self.exhausted_at, self.stopped_early = None, False
+                if self.preempted is not None:
+                    self.verify_stop_checkpoint()
+            except BaseException as e:  # KeyboardInterrupt too: the report and the metrics are still written
+                self.failure = e
+            finally:
+                self.bar.close(self._bar_info)
+            self.close()
+            return self.finish()
+
+    def verify_stop_checkpoint(self) -> None:
+        """After a stop request: wait for the checkpoint of the stop step and read it back (checksums, finite
+        values), so that the next fit resumes from it; a damaged one is a CheckpointError."""
+        if self.ckpt is None:
+            return
         try:
-            if self.eval_every and self.start == 0:
-                self.evaluate(0)
-            while True:
-                try:
-                    self.train_steps()
-                    break
-                except NonFiniteError as e:
-                    self.position = self.rollback(e)
-                    self.exhausted_at, self.stopped_early = None, False
-        except BaseException as e:  # KeyboardInterrupt too: the report and the metrics are still written
-            self.failure = e
-        finally:
-            self.bar.close(self._bar_info)
-        self.close()
-        return self.finish()
+            self.ckpt.manager.wait_until_finished()
+            self.ckpt.manager.check_for_errors()
+        except Exception as e:
+            raise self.ckpt.write_error(e, f"checkpoint of step {self.position} (saved on {self.preempted})") from e
+        out = self.ckpt.verify(self.position)
+        if isinstance(out, str):
+            raise CheckpointError(
+                f"fit stopped on {self.preempted} at step {self.position}, but its checkpoint {out}. "
+                "fix: resume from the checkpoint before it (fit does so itself: call it again).",
+                skipped=[(self.position, out)],
+            )
 
     def close(self) -> None:
         """Pull the telemetry, sync the metrics files, close the checkpoints (the first error is kept), and
@@ -370,6 +404,8 @@ class TrainLoop:
             skipped=sorted(self.skip),
             error=self.failure,
         )
+        if self.preempted is not None:  # the report's metadata block says why the run ended there
+            self.diagnosis.artifacts["meta"]["stopped_on"] = f"{self.preempted} after step {self.position}"
 
     def finish(self) -> FitResult:
         """Raise the run's failure (naming the report), or warn when the data ran out early, pick the state to
@@ -422,6 +458,8 @@ class TrainLoop:
             from .._render.html import write_html
 
             write_html(o.report, [self.diagnosis])
+        if self.preempted is not None:
+            raise _preempted(self.preempted, result, o.report)
         return result
 
     def _bar_info(self) -> str:
@@ -444,6 +482,27 @@ def _warn_dtype(step: int, changed: list[str]) -> None:
             JaxsaneWarning,
             stacklevel=user_stacklevel(),
         )
+
+
+def _preempted(reason: str, result: FitResult, report: str | None) -> Preempted:
+    """The Preempted error of a run stopped on ``reason`` at ``result.step``."""
+    step = result.step
+    path = os.path.join(os.path.abspath(result.checkpoint_dir), str(step)) if result.checkpoint_dir else None
+    saved = (
+        f"the verified checkpoint of step {step} is {path}; call fit again with the same arguments to resume "
+        "from it (same data order, same losses)"
+        if path
+        else "no checkpoint_dir was given, so nothing was saved; FitResult is on this error's .result"
+    )
+    where = f"; report: {os.path.abspath(report)}" if report else ""
+    return Preempted(
+        f"fit stopped on {reason} after step {step} (every process at the same step): {saved}{where}. "
+        f"In a script, exit with sys.exit(error.exit_code) ({Preempted.exit_code}: stopped cleanly, resume me).",
+        step=step,
+        checkpoint=path,
+        signal=reason,
+        result=result,
+    )
 
 
 def _failed(error: BaseException, diagnosis: Diagnosis, report: str | None) -> BaseException:

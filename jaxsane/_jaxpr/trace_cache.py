@@ -19,12 +19,13 @@ Jit-safe: call it anywhere the function could be called.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 from jax._src import core as jcore  # trace_state_clean: whether a trace is active (as _compile_level)
+
+from .._core.user_code import USER_CODE
 
 try:  # the configuration that shapes a trace (x64, promotion rules, matmul precision...), as jit keys its cache
     from jax._src.config import trace_context as _trace_context
@@ -55,21 +56,24 @@ class TracedOnce:
         functools.update_wrapper(self, fn)  # jit names its program after fn; signatures read through
         self.fn = fn
         self._jaxprs: dict[tuple, Any] = {}
-        self._lock = threading.RLock()  # doctor's background threads trace the same functions
+        self._lock = USER_CODE  # doctor's background threads trace the same functions: one trace of user code at once
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jcore.trace_state_clean():  # an eager call runs the function itself: op by op, exactly as the user's
-            return self.fn(*args, **kwargs)
+            with self._lock:
+                return self.fn(*args, **kwargs)
         flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         avals = _signature(flat)
         if avals is None:
-            return self.fn(*args, **kwargs)
+            with self._lock:
+                return self.fn(*args, **kwargs)
         key = (tree, avals, _trace_context())
         entry = self._jaxprs.get(key)
         if entry is None:
             entry = self._trace(key, args, kwargs)
         if entry is _UNTRACEABLE:
-            return self.fn(*args, **kwargs)
+            with self._lock:
+                return self.fn(*args, **kwargs)
         closed, out_tree = entry
         outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
         return jax.tree_util.tree_unflatten(out_tree, outs)

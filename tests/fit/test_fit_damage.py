@@ -239,6 +239,44 @@ def test_a_full_disk_stops_fit_after_the_last_good_checkpoint(tmp_path, monkeypa
     assert resumed.resumed_from == 2 and resumed.skipped_checkpoints == [] and resumed.history.steps == list(range(5))
 
 
+_FULL_DISK_CHILD = """
+import errno, sys
+sys.path.insert(0, {here!r})
+import test_fit as T, jaxsane
+from orbax.checkpoint._src.handlers import json_checkpoint_handler as J
+real = J.JsonCheckpointHandler._save_fn
+async def full(self, x, directory):  # the disk fills up while orbax writes step 4 in its background threads
+    if int(str(directory.parent.name).split(".")[0]) >= 4:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return await real(self, x, directory)
+J.JsonCheckpointHandler._save_fn = full
+try:
+    jaxsane.fit(T.experiment(n=12), steps=8, checkpoint_dir={ckpt!r}, checkpoint_every=2, eval_every=0, **T.FIT)
+except jaxsane.CheckpointError as e:
+    print(e, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_background_save_gives_one_clear_error_and_no_exit_noise(tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK_CHILD.format(here=os.path.dirname(os.path.abspath(T.__file__)),
+                                              ckpt=str(tmp_path / "ckpt")))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root})
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    err = proc.stderr
+    assert err.count("[jaxsane]") == 1 and "the disk is full" in err and "last complete checkpoint is step 2" in err
+    # orbax's own per-thread error logs, and a save thread dying at interpreter exit, are gone
+    for noise in ("Traceback", "ImportError", "sys.meta_path", "cannot schedule new futures", "ERROR:absl"):
+        assert noise not in err, err[-3000:]
+
+
 @pytest.mark.slow
 def test_a_read_only_metrics_file_is_a_clear_error(tmp_path, monkeypatch):
     def append(path, lines):

@@ -1,0 +1,138 @@
+"""Ctrl-C during ``python -m jaxsane doctor``: exit 130 within seconds (no wait for background compiles),
+printing what doctor found so far and the stage it interrupted. The test waits for the stage's start line
+(never a fixed sleep) and kills only the process it started."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jaxsane._doctor.doctor import BackgroundPool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Reader:
+    """Collects a pipe's bytes in a thread; :meth:`wait_for` waits for a regex in what arrived so far."""
+
+    def __init__(self, pipe):
+        self.text, self.cond = "", threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self.thread.start()
+
+    def _read(self, pipe):
+        while True:
+            chunk = os.read(pipe.fileno(), 4096)
+            if not chunk:
+                break
+            with self.cond:
+                self.text += chunk.decode(errors="replace")
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_for(self, pattern, timeout):
+        with self.cond:
+            ok = self.cond.wait_for(lambda: re.search(pattern, self.text) or not self.thread.is_alive(), timeout)
+            return re.search(pattern, self.text) if ok else None
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_ctrl_c_during_a_stage_exits_130_at_once_naming_the_stage():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    target = "jaxsane.examples.digits_optax:experiment"
+    proc = subprocess.Popen([sys.executable, "-m", "jaxsane", "doctor", target, "--no-cache"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = _Reader(proc.stdout), _Reader(proc.stderr)
+    try:
+        # the grads stage waits for its background work; the step stage compiles: both leave time to interrupt
+        started = err.wait_for(r"digits_optax: (grads|step|batch|overfit) \.\.\.", timeout=240)
+        assert started, err.text[-2000:]
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)  # only the process this test started
+            proc.wait(timeout=30)
+    out.thread.join(10)
+    err.thread.join(10)
+    assert code == 130, (code, err.text[-2000:])
+    assert took < 5.0, f"Ctrl-C took {took:.1f} s to end doctor"
+    named = re.search(r"interrupted \(Ctrl-C\) during stage '(\w+)' of 'digits_optax'", err.text)
+    assert named, err.text[-2000:]
+    assert f"digits_optax: {named.group(1)} ..." in err.text  # the stage it names had started
+    assert "Traceback" not in err.text and "ImportError" not in err.text
+
+
+def test_background_pool_threads_are_daemons_and_shutdown_cancels_queued_work():
+    gate, started = threading.Event(), threading.Event()
+    pool = BackgroundPool(1, "jaxsane-precompile")
+
+    def job():
+        started.set()
+        return gate.wait(30)
+
+    try:
+        running = pool.submit(job)
+        assert started.wait(30)
+        queued = pool.submit(lambda: "never")
+        assert all(t.daemon and t.name.startswith("jaxsane-precompile") for t in pool._threads)
+        pool.shutdown(wait=False, cancel_futures=True)
+        assert queued.cancelled()
+        with pytest.raises(RuntimeError):
+            pool.submit(lambda: None)
+    finally:
+        gate.set()
+    assert running.result(timeout=30) is True
+    failing = BackgroundPool(1, "jaxsane-precompile")
+    try:
+        with pytest.raises(ZeroDivisionError):
+            failing.submit(lambda: 1 / 0).result(timeout=30)
+    finally:
+        failing.shutdown(wait=True)
+
+
+_INTERRUPTING = '''
+import jax.numpy as jnp
+import numpy as np
+import jaxsane
+
+def init(key):
+    return {"w": jnp.zeros((3, 2))}
+
+def step(state, batch):
+    raise KeyboardInterrupt  # as a Ctrl-C lands while doctor traces the step
+
+def experiment():
+    batch = {"x": np.ones((4, 3), np.float32), "y": np.zeros(4, np.int32)}
+    return jaxsane.Experiment(init=init, step=step, train=[batch], name="stopped")
+'''
+
+
+def test_an_interrupted_doctor_keeps_what_it_found_and_the_cli_returns_130(tmp_path, capsys):
+    import jaxsane
+    from jaxsane.cli import EXIT_INTERRUPTED, main
+
+    path = tmp_path / "interrupting.py"
+    path.write_text(_INTERRUPTING)
+    namespace: dict = {}
+    exec(compile(_INTERRUPTING, str(path), "exec"), namespace)
+    with pytest.raises(KeyboardInterrupt) as info:
+        jaxsane.doctor(namespace["experiment"](), stages=["data", "step"], progress=False, compile_cache=False)
+    diagnosis = info.value.diagnosis
+    assert [(s["name"], s["status"], s["reason"]) for s in diagnosis.stages] == [
+        ("data", "ran", ""), ("step", "failed", "interrupted by Ctrl-C")]
+    assert "during stage 'step' of 'stopped'" in "\n".join(info.value.__notes__)
+    code = main(["doctor", f"{path}:experiment", "--stages", "data", "step", "--no-cache", "-q"])
+    assert code == EXIT_INTERRUPTED == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C) during stage 'step' of 'stopped'" in err
+    assert "stage step did not finish: interrupted by Ctrl-C" in err

@@ -1,0 +1,138 @@
+"""doctor never traces the user's code from two threads at once (issue 29): its background threads and its
+stages take one lock around every call into the user's functions (``_core/user_code.py``)."""
+
+import threading
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane._experiment.contract import PureExperiment
+
+tx = optax.adam(1e-3)
+
+
+class OverlapProbe:
+    """Counts the threads inside the user's code; each of the first ``waits`` entries waits (up to 1 s) for a
+    second thread to come in, so an unserialised second trace is caught for sure, not by luck."""
+
+    def __init__(self, waits=4):
+        self.inside = {}  # thread id -> depth (the step calls the loss: one thread, two levels)
+        self.most = 0
+        self.waits = waits
+        self.lock = threading.Lock()
+        self.second = threading.Event()
+
+    def enter(self):
+        me = threading.get_ident()
+        with self.lock:
+            self.inside[me] = self.inside.get(me, 0) + 1
+            self.most = max(self.most, len(self.inside))
+            if len(self.inside) > 1:
+                self.second.set()
+            wait = self.waits > 0
+            self.waits -= 1
+        if wait:
+            self.second.wait(1.0)
+
+    def leave(self):
+        me = threading.get_ident()
+        with self.lock:
+            self.inside[me] -= 1
+            if not self.inside[me]:
+                del self.inside[me]
+
+
+def _probed_experiment(probe):
+    def loss(params, batch):
+        probe.enter()
+        try:
+            return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+        finally:
+            probe.leave()
+
+    def init(key):
+        params = {"w": jax.random.normal(key, (4, 2)) * 0.1}
+        return params, tx.init(params)
+
+    def step(state, batch):
+        probe.enter()
+        try:
+            params, opt = state
+            value, grads = jax.value_and_grad(loss)(params, batch)
+            updates, opt = tx.update(grads, opt, params)
+            return (optax.apply_updates(params, updates), opt), {"loss": value}
+        finally:
+            probe.leave()
+
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.normal(size=(8, 4)).astype(np.float32), "y": rng.normal(size=(8, 2)).astype(np.float32)}
+    return jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss)
+
+
+def test_two_threads_never_run_the_users_step_and_loss_at_once():
+    probe = OverlapProbe()
+    adapted = PureExperiment(_probed_experiment(probe))
+    state = adapted.init(jax.random.key(0))
+    batch = adapted.experiment.train[0]
+    errors = []
+
+    def run(fn):
+        try:
+            fn()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    jobs = [
+        lambda: jax.jit(adapted.loss_fn).lower(adapted.params(state), batch),
+        lambda: jax.eval_shape(adapted.step, state, batch),
+        lambda: jax.jit(jax.grad(adapted.loss_fn)).lower(adapted.params(state), batch),
+    ]
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert probe.most == 1, "the user's code was traced from two threads at once"
+
+
+@pytest.mark.slow
+def test_doctor_on_an_equinox_loss_with_an_inner_filter_jit_reports_no_crash():
+    """The program of issue 29: its loss calls an ``eqx.filter_jit`` function, which the background compile
+    thread and the step stage traced at once (``StoreException: Store occupied`` reported as the user's crash)."""
+
+    @eqx.filter_jit
+    def logits_of(model, x):
+        return jax.vmap(model)(x)
+
+    def loss(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(logits_of(model, batch["x"]), batch["y"]).mean()
+
+    def init(key):
+        model = eqx.nn.MLP(16, 4, width_size=32, depth=2, activation=jax.nn.relu, key=key)
+        return model, tx.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit
+    def step(state, batch):
+        model, opt = state
+        value, grads = eqx.filter_value_and_grad(loss)(model, batch)
+        updates, opt = tx.update(grads, opt, eqx.filter(model, eqx.is_array))
+        return (eqx.apply_updates(model, updates), opt), {"loss": value}
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 4))
+    data = []
+    for _ in range(22):
+        x = rng.normal(size=(32, 16)).astype(np.float32)
+        data.append({"x": x, "y": (x @ w).argmax(-1).astype(np.int32)})
+    exp = jaxsane.Experiment(init=init, step=step, train=data[:20], eval=data[20:], loss=loss,
+                             apply=lambda m, x: logits_of(m, x), num_classes=4, name="eqx_inner_filter_jit")
+    diagnosis = jaxsane.doctor(exp, progress=False, compile_cache=False, run_steps=10, overfit_steps=30)
+    crashes = [f for f in diagnosis if f.code == "doctor.user_code_crashed"]
+    assert not crashes, crashes
+    assert all(s["status"] == "ran" for s in diagnosis.stages), diagnosis.stages
