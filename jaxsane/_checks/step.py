@@ -26,7 +26,7 @@ from .._core.errors import ArgumentError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
 from .._core.tree import PyTree, is_key, leaves_with_paths
-from .._core.validate import require_bool, require_int
+from .._core.validate import require_batch, require_bool, require_int
 from .._experiment.batches import first_batch
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
 from .._experiment.purify import positional_names
@@ -214,6 +214,8 @@ def check_step(
         raise ArgumentError(
             f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}. Fix: pass calls=2 or more."
         )
+    if batch is not None:
+        require_batch("check_step", "batch", batch)
     key = jax.random.key(0) if key is None else key
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment, key=key)
     batch = first_batch(adapted.experiment.train, "train") if batch is None else batch

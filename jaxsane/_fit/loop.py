@@ -29,7 +29,7 @@ from . import checkpoint as _ckpt
 from .args import FitOptions
 from .data import Evaluator, check_first_labels, train_stream
 from .metrics_log import MetricsLog, read_history, rewrite
-from .prechecks import record_meta, run_checks
+from .prechecks import check_eval_data, record_meta, run_checks
 from .result import FitResult
 from .state import Snapshot, best_state, dtype_changes, keep_copy
 
@@ -318,6 +318,8 @@ class TrainLoop:
         """Train (a failure, Ctrl-C included, is kept until the metrics and checkpoints are closed), wrap up,
         and return the result (or raise the failure, naming the report)."""
         try:
+            if self.evaluator is not None:  # the eval batches against the first train batch, stepped first
+                self.replay.extend(check_eval_data(self.adapted, self.batches, self.evaluator.batches))
             if self.eval_every and self.start == 0:
                 self.evaluate(0)
             while True:
