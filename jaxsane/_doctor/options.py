@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import numbers
 import types
 import typing
@@ -267,6 +268,8 @@ def _coerce(value: Any, tp: Any) -> Any:
 def _range_problem(spec: OptionSpec, value: Any) -> str | None:
     items = list(value.values()) if isinstance(value, dict) else (list(value) if isinstance(value, tuple) else [value])
     for item in items:
+        if isinstance(item, float) and math.isnan(item):
+            return "must be a number, got nan"
         if spec.choices is not None and item not in spec.choices:
             return f"must be one of {list(spec.choices)}, got {item!r}"
         if (
@@ -350,7 +353,7 @@ def _parse(text: str, tp: Any) -> Any:
             return _parse_tuple(text, args[0])
         if origin is dict:
             return _parse_dict(text, args[1])
-    except (ValueError, json.JSONDecodeError):
+    except (ValueError, json.JSONDecodeError, RecursionError):  # RecursionError: JSON nested too deeply
         raise _Mismatch from None
     raise _Mismatch  # pragma: no cover
 
