@@ -282,7 +282,7 @@ def _replay(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse with jaxsane's one-line ``[jaxsane] usage error: ...`` (after the usage) and exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]  # argparse declares NoReturn; so does this
+    def error(self, message: str):  # argparse declares NoReturn; so does this (it raises SystemExit)
         self.print_usage(sys.stderr)
         print("[jaxsane] usage error: " + " ".join(message.split()), file=sys.stderr)
         raise SystemExit(EXIT_USAGE)

@@ -326,6 +326,22 @@ def _rows(x: Any) -> int | None:
     return sizes[0] if sizes else None
 
 
+def is_prng_key(value: Any) -> bool:
+    """True for a concrete or traced PRNG key: a typed key array (``jax.random.key``) or a raw ``uint32`` key of
+    shape ``(..., 2)`` (``jax.random.PRNGKey``). Jit-safe (reads dtype and shape only)."""
+    import jax
+
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or shape is None or isinstance(value, (bool, int, float, complex)):
+        return False
+    try:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            return True
+    except TypeError:
+        return False
+    return str(dtype) == "uint32" and tuple(shape)[-1:] == (2,)
+
+
 def require_batch(fn: str, name: str, value: Any) -> Any:
     """``value`` when it is a batch: a pytree (dict, tuple, list, dataclass) whose leaves are numeric or bool
     arrays or Python numbers, with at least one leaf. Not jit-safe (it reads leaf types on the host)."""

@@ -427,6 +427,12 @@ def resolve(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def select_stages(stages: Iterable[str] | str | None, skip: Iterable[str] | str = ()) -> list[str]:
     """The stage names to run, in checklist order; unknown names raise :class:`DoctorOptionError`."""
+    for name, value in (("stages", stages), ("skip", skip)):
+        if value is not None and not isinstance(value, str) and not isinstance(value, Iterable):
+            raise DoctorOptionError(
+                f"doctor({name}=...) must be a stage name or a list of them, got {type(value).__name__} {value!r}; "
+                f"the stages are {list(STAGE_NAMES)}."
+            )
     chosen = [stages] if isinstance(stages, str) else (list(STAGE_NAMES) if stages is None else list(stages))
     skipped = [skip] if isinstance(skip, str) else list(skip or ())
     unknown = [s for s in [*chosen, *skipped] if s not in STAGE_NAMES]

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from .._core.errors import DumpError, DumpShapeError
+from .._core.validate import fail, require_int
 from .._experiment.purify import combine, needs_partition, partition
 from .format import (
     FORMAT as FORMAT,
@@ -408,6 +409,12 @@ def load_dump(
       DumpError: the directory is not a dump, a file is damaged, truncated, not a regular file,
         over a limit, or ``like`` has another structure (the message names the first differing path).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise fail("load_dump", "path", "a dump directory (str or os.PathLike)", path)
+    path = os.fspath(path)
+    max_bytes = require_int("load_dump", "max_bytes", max_bytes, min=0)
+    max_depth = require_int("load_dump", "max_depth", max_depth, min=1)
+    max_nodes = require_int("load_dump", "max_nodes", max_nodes, min=1)
     tree_file = os.path.join(path, "tree.json")
     meta, tree, reader = _read_description(path, tree_file, max_depth, max_nodes)
     leaves = _read_leaves(path, reader.leaf_meta, max_bytes)

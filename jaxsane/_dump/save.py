@@ -131,7 +131,7 @@ def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
 
 def array_crc32(a: np.ndarray) -> int:
     """The CRC-32 of an array's bytes in C order (as a dump stores them). Not jit-safe."""
-    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
 
 
 def _write_atomic(path: str, write) -> None:

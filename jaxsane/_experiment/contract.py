@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import numbers
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -133,11 +133,19 @@ class Experiment:
                 raise ExperimentError(
                     "Experiment.train is required: one batch, an iterable of batches, or a callable returning a batch."
                 )
-            if isinstance(value, (str, bytes, bool, int, float, complex)):
+            scalar = isinstance(value, (str, bytes, numbers.Number, np.generic)) or getattr(value, "shape", None) == ()
+            if value is not None and (scalar or not _data_like(value)):
                 raise ExperimentError(
                     f"Experiment.{field} must be data (a batch, an iterable of batches or a callable returning "
-                    f"one), got {show(value)}. Likely cause: a path or a size was passed instead of the data. "
-                    f"Fix: load the data first and pass {field}=the batches."
+                    f"one), got {show(value)}. Likely cause: "
+                    + (
+                        "a path or a size was passed instead of the data"
+                        if isinstance(value, (str, bytes, numbers.Number))
+                        else "a scalar, which has no batch axis"
+                        if scalar
+                        else "an object that is neither a batch, an iterable of batches nor a callable"
+                    )
+                    + f". Fix: load the data first and pass {field}=the batches."
                 )
         nc = self.num_classes
         if nc is not None and (not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 2):
@@ -163,6 +171,17 @@ class Experiment:
                 f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
                 f"name=str(...) (it is shown in reports)."
             )
+
+
+def _data_like(value: Any) -> bool:
+    """Whether ``value`` can be data: a batch (an array, a mapping, a pytree), an iterable or a callable."""
+    if callable(value) or isinstance(value, (Mapping, Iterable)) or hasattr(value, "shape"):
+        return True
+    try:  # a registered pytree node (a dataclass batch) that holds arrays
+        leaves = jax.tree_util.tree_leaves(value)
+    except Exception:  # a node whose flatten fails is no batch either
+        return False
+    return bool(leaves) and leaves != [value]
 
 
 # ----------------------------------------------------------------------------- the adapter

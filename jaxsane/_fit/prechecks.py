@@ -11,102 +11,42 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._core.diagnosis import Diagnosis
 from .._core.errors import DataError
 from .._core.finding import Finding
+from .._experiment.batch_match import batch_mismatch, cause_text, layout
 from .._experiment.contract import PureExperiment
-
-
-def _layout(batch: Any) -> list[tuple[str, tuple, str]]:
-    """``(path, shape beyond the batch axis, dtype)`` of each leaf of a batch."""
-    out = []
-    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
-        shape = tuple(np.shape(leaf))
-        dtype = getattr(leaf, "dtype", None)
-        out.append(
-            (jax.tree_util.keystr(path) or "<root>", shape[1:], str(np.dtype(dtype) if dtype else type(leaf).__name__))
-        )
-    return out
-
-
-def _show(layout: list[tuple[str, tuple, str]]) -> str:
-    return ", ".join(f"{p} {list(shape)} {dtype}" for p, shape, dtype in layout)
-
-
-def _kind(dtype: str) -> str:
-    try:
-        return np.dtype(dtype).kind
-    except TypeError:
-        return dtype
-
-
-def eval_mismatch(train: Any, eval_batch: Any) -> str | None:
-    """What makes ``eval_batch`` another kind of batch than ``train``: another structure (keys, order), or a
-    leaf of another rank or dtype kind beyond the batch axis (a model fitted to one silently broadcasts or
-    cannot run on the other); None when they agree (a leaf of another length, e.g. a longer sequence, is the
-    loss's to accept: see :func:`check_eval_data`)."""
-    a, b = _layout(train), _layout(eval_batch)
-    if [p for p, _, _ in a] != [p for p, _, _ in b] or jax.tree_util.tree_structure(
-        train
-    ) != jax.tree_util.tree_structure(eval_batch):
-        return f"its leaves are [{_show(b)}] but the train batch's are [{_show(a)}]"
-    for (p, sa, da), (_, sb, db) in zip(a, b):
-        if len(sa) != len(sb) or _kind(da) != _kind(db):
-            return (
-                f"its leaf {p} has per-example shape {list(sb)} and dtype {db} but the train batch's {p} has "
-                f"{list(sa)} and {da}"
-            )
-    return None
-
-
-def _shape_difference(train: Any, eval_batch: Any) -> str | None:
-    """The first leaf whose per-example shape or dtype differs between the two batches, or None."""
-    for (p, sa, da), (_, sb, db) in zip(_layout(train), _layout(eval_batch)):
-        if (sa, da) != (sb, db):
-            return f"its leaf {p} has per-example shape {list(sb)} {db} but the train batch's {p} has {list(sa)} {da}"
-    return None
 
 
 def check_eval_data(adapted: PureExperiment, batches: Iterator[tuple[int, Any]], eval_batches: list) -> list:
     """Before the first step: each eval batch against the first train batch, peeked from ``batches`` (returned
     as ``[(index, batch)]`` for the loop to step first, or ``[]`` when the data is empty).
 
-    Raises :class:`DataError` naming both batches' leaves when an eval batch has another structure, a leaf
-    of another rank or dtype kind, or another per-example shape on which ``Experiment.loss`` cannot run (it is
-    traced, not run, on each eval batch); a shape the loss accepts (a longer sequence) passes. Not jit-safe."""
+    Raises :class:`DataError` naming both batches' leaves when an eval batch has a leaf of another rank or dtype
+    kind, or another structure or per-example shape on which ``Experiment.loss`` cannot run (it is traced, not
+    run); a shape the loss accepts (a longer sequence) passes (see :func:`batch_mismatch`). Not jit-safe."""
     first = next(batches, None)
     if first is None:
         return []
     index, train = first
     seen: set = set()
-    loss, params = adapted.loss_fn, None
+    loss, params = adapted.loss_fn, adapted.params(adapted.example_state)
+    trace = (lambda b: jax.eval_shape(loss, params, b)) if loss is not None else None
     for j, eval_batch in enumerate(eval_batches):
-        key = repr(_layout(eval_batch))
+        key = repr(layout(eval_batch))
         if key in seen:
             continue
         seen.add(key)
-        problem, cause = eval_mismatch(train, eval_batch), None
-        if problem is None and loss is not None and _shape_difference(train, eval_batch):
-            params = adapted.params(adapted.example_state) if params is None else params
-            try:
-                jax.eval_shape(loss, params, eval_batch)
-            except Exception as e:  # the user's loss on the eval shape: the shapes say why
-                problem, cause = _shape_difference(train, eval_batch), e
+        problem, cause = batch_mismatch(train, eval_batch, "train", trace)
         if problem:
-            error = DataError(
+            raise DataError(
                 f"[jaxsane] fit: eval batch {j} does not match train batch {index}: {problem}. A model fitted "
                 "to the train batches cannot be evaluated on it"
-                + (
-                    f" (Experiment.loss fails on it: {type(cause).__name__}: {str(cause).splitlines()[0][:200]})"
-                    if cause
-                    else ""
-                )
+                + (f"; Experiment.loss fails on it{cause_text(cause)}" if cause else "")
                 + ". Fix: load both splits with the same preprocessing (same keys, feature columns, resize, "
                 "padding length and dtype cast)."
-            )
-            raise error from cause
+            ) from cause
     return [first]
 
 
