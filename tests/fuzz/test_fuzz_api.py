@@ -182,7 +182,7 @@ jaxsane.save_dump(_DUMP, (np.ones(2, np.float32),))
 
 
 @given(case=st.sampled_from(CASES), value=ANY)
-@fuzz_settings(600)
+@fuzz_settings(1500)
 def test_a_wrong_argument_is_a_jaxsane_error_naming_it(case, value):
     fn, name, call, valid = case
     assume(not _ambiguous(value))
@@ -223,7 +223,7 @@ FIELDS = {
 
 
 @given(field=st.sampled_from(sorted(FIELDS)), value=ANY)
-@fuzz_settings(300)
+@fuzz_settings(800)
 def test_a_wrong_experiment_field_is_an_experiment_error_naming_it(field, value):
     assume(not _ambiguous(value) or field in ("train", "eval"))
     assume(not FIELDS[field](value) or (field in ("train", "eval") and _ambiguous(value)))
@@ -234,7 +234,7 @@ def test_a_wrong_experiment_field_is_an_experiment_error_naming_it(field, value)
 
 
 @given(data=st.data())
-@fuzz_settings(60)
+@fuzz_settings(150)
 def test_a_batch_of_the_wrong_shape_or_type_is_named_before_the_step_runs(data):
     """check_step(batch=...) and fit's eval data: batches of other structures, ranks, dtypes, feature sizes."""
     leaf = st.one_of(

@@ -224,7 +224,7 @@ def _load_in_sandbox(tree: bytes, arrays: bytes):
 
 
 @given(data=st.data())
-@fuzz_settings(250)
+@fuzz_settings(800)
 def test_a_mutated_dump_loads_bitwise_or_raises_dump_error(data):
     templates = _templates()
     name = data.draw(st.sampled_from(sorted(templates)), label="dump")
@@ -260,6 +260,6 @@ def test_a_mutated_dump_loads_bitwise_or_raises_dump_error(data):
     if not touched_tree and name != "legacy":  # the description is intact: the same values, bit for bit
         assert got == clean, f"a damaged arrays.npz of the {name} dump loaded other values"
     else:  # tree.json changed (or has no CRCs): whatever loads is made of the stored arrays and JSON scalars
-        stored = set(clean)
+        stored = {bits[:3] for bits in clean}  # (dtype, shape, bytes): a 0-d array may come back as a numpy scalar
         for leaf in got:
-            assert leaf in stored or leaf[0] in ("str", "int", "float", "complex", "bool"), leaf
+            assert leaf[:3] in stored or leaf[0] in ("str", "int", "float", "complex", "bool"), leaf
