@@ -430,8 +430,8 @@ def select_stages(stages: Iterable[str] | str | None, skip: Iterable[str] | str 
     for name, value in (("stages", stages), ("skip", skip)):
         if value is not None and not isinstance(value, str) and not isinstance(value, Iterable):
             raise DoctorOptionError(
-                f"doctor({name}=...) must be a stage name or a list of them, got {type(value).__name__} {value!r}; "
-                f"the stages are {list(STAGE_NAMES)}."
+                f"doctor({name}=...) must be a stage name or a list of them, got {type(value).__name__} {value!r}. "
+                f"Fix: pass {name}=['data', 'init'] (the stages are {list(STAGE_NAMES)})."
             )
     chosen = [stages] if isinstance(stages, str) else (list(STAGE_NAMES) if stages is None else list(stages))
     skipped = [skip] if isinstance(skip, str) else list(skip or ())

@@ -140,7 +140,7 @@ class Experiment:
                     f"one), got {show(value)}. Likely cause: "
                     + (
                         "a path or a size was passed instead of the data"
-                        if isinstance(value, (str, bytes, numbers.Number))
+                        if isinstance(value, (str, bytes, numbers.Number)) and not isinstance(value, np.generic)
                         else "a scalar, which has no batch axis"
                         if scalar
                         else "an object that is neither a batch, an iterable of batches nor a callable"

@@ -228,3 +228,25 @@ def test_count_compilations_and_assert_compiles_once():
 def test_calls_must_be_at_least_two():
     with pytest.raises(jaxsane.JaxsaneError, match="calls must be >= 2"):
         check_step(_optax_experiment(jax.jit(lambda s, b: (s, {}))), calls=1)
+
+
+# ----------------------------------------------------------------------------- check_step's batch argument
+
+@pytest.mark.parametrize("bad, error, needle", [
+    ("b", jaxsane.ArgumentError, "check_step(batch=...): expected a batch: a pytree (dict, tuple) of numeric arrays"),
+    ({"x": [object()]}, jaxsane.ArgumentError, "check_step(batch['x'][0]=...): expected a numeric array"),
+    ({}, jaxsane.ArgumentError, "it has no array leaves"),
+    ({"x": np.ones((8, 5), np.float32), "y": np.zeros(8, np.int32)}, jaxsane.DataError,
+     "its leaf ['x'] has per-example shape [5] float32 but the first train batch's ['x'] has [4] float32"),
+])
+def test_a_batch_check_step_cannot_use_is_named_before_the_step_runs(bad, error, needle):
+    from _programs import optax_experiment
+    with pytest.raises(error) as info:
+        jaxsane.check_step(optax_experiment(), batch=bad)
+    assert str(info.value).startswith("[jaxsane] ") and needle in str(info.value), str(info.value)
+
+
+def test_check_step_refuses_a_key_that_is_no_prng_key():
+    from _programs import optax_experiment
+    with pytest.raises(jaxsane.ArgumentError, match=r"check_step\(key=...\): expected a PRNG key"):
+        jaxsane.check_step(optax_experiment(), key=3)
