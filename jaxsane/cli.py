@@ -170,6 +170,24 @@ def _check_output(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: the directory {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: the directory {parent} is not writable")
+    name = os.path.basename(path)
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such limit here
+        name_max = 255
+    if len(os.fsencode(name)) > name_max:
+        raise UsageError(
+            f"{flag}: the file name {name[:40]}... is {len(os.fsencode(name))} bytes, over this file system's "
+            f"limit of {name_max}; give a shorter name"
+        )
+
+
+def _write_output(path: str, flag: str, write) -> None:
+    """``write(path)``, an OS error (disk full, permission, a path that vanished) becoming a usage error."""
+    try:
+        write(path)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it ({e.strerror or e})") from e
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -223,12 +241,16 @@ def _doctor(args: argparse.Namespace) -> int:
             print()
     if args.json:
         payload = [d.to_dict() for d in results]
-        with open(args.json, "w") as fh:
-            json.dump(payload if len(payload) > 1 else payload[0], fh, indent=2)
+
+        def write_json(path: str) -> None:
+            with open(path, "w") as fh:
+                json.dump(payload if len(payload) > 1 else payload[0], fh, indent=2)
+
+        _write_output(args.json, "--json", write_json)
     if args.html:
         from ._render.html import write_html
 
-        write_html(args.html, results)
+        _write_output(args.html, "--html", lambda path: write_html(path, results))
     return EXIT_OK if all(getattr(d, "passed", d.ok) for d in results) else EXIT_ERRORS
 
 
@@ -265,8 +287,17 @@ def _replay(args: argparse.Namespace) -> int:
     return EXIT_ERRORS
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with jaxsane's one-line ``[jaxsane] usage error: ...`` (after the usage) and exit code 2."""
+
+    def error(self, message: str):  # argparse declares NoReturn; so does this (it raises SystemExit)
+        self.print_usage(sys.stderr)
+        print("[jaxsane] usage error: " + " ".join(message.split()), file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxsane", description="JAX/Flax training sanity checks.")
+    parser = _Parser(prog="jaxsane", description="JAX/Flax training sanity checks.")
     sub = parser.add_subparsers(dest="command", required=True)
     from ._doctor.options import OPTIONS, STAGE_NAMES, type_name
 

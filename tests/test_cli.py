@@ -279,3 +279,31 @@ def test_the_init_scale_sweep_runs_only_for_the_html_report_that_draws_it(tmp_pa
     page = tmp_path / "r.html"
     assert cli.main([*common, "--html", str(page)]) == 0
     assert calls and 'class="plot init-scales"' in page.read_text()
+
+
+# ---- found by the fuzz tier (tests/fuzz/test_fuzz_cli.py): each is one [jaxsane] line and exit 2, no traceback
+
+def test_argparse_errors_are_jaxsane_usage_errors(capsys):
+    from jaxsane.cli import main
+    assert main(["doctor", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "[jaxsane] usage error: unrecognized arguments: --bogus", err
+
+
+@pytest.mark.parametrize("pair, needle", [
+    ("run_thresholds={\"a\":" + "[" * 30000 + "1" + "]" * 30000 + "}", "run_thresholds must be dict"),
+    ("init_loss_rtol=nan", "init_loss_rtol must be a number, got nan"),
+    ("overfit_learning_rates=1e-3,nan", "must be a number, got nan"),
+])
+def test_option_values_no_parser_can_read_are_usage_errors(pair, needle):
+    from jaxsane.cli import UsageError, _parse_options
+    with pytest.raises(UsageError, match=needle):
+        _parse_options([pair])
+
+
+def test_an_output_name_over_the_file_system_limit_is_refused_before_the_run(tmp_path, capsys):
+    from jaxsane.cli import main
+    long = str(tmp_path / ("x" * 300 + ".json"))
+    assert main(["doctor", "no_such_module_xyz:exp", "--json", long]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("[jaxsane] usage error: --json: the file name xxxx") and "over this file system's limit" in err

@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import ArgumentError
+from .._core.errors import ArgumentError, DataError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
 from .._core.tree import PyTree, is_key, leaves_with_paths
-from .._core.validate import require_bool, require_int
+from .._core.validate import is_prng_key, require_batch, require_bool, require_int
+from .._experiment.batch_match import batch_mismatch, cause_text
 from .._experiment.batches import first_batch
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
 from .._experiment.purify import Kept, positional_names
@@ -174,6 +175,28 @@ def _raw_key_path(path: str, leaf: Any) -> bool:
     )
 
 
+def _matching(adapted: PureExperiment, state: PyTree, batch: PyTree) -> PyTree:
+    """``batch`` (given to check_step), checked against the first train batch before the step runs: a
+    :class:`DataError` naming both when a leaf differs in rank or dtype kind, or when the step cannot be traced on
+    it (another structure or feature size). Train data that cannot be read is not compared. Not jit-safe."""
+    data = adapted.experiment.train
+    if isinstance(data, Iterator):  # a one-shot iterator: reading its first batch would take it from the user
+        return batch
+    try:
+        train = first_batch(data, "train")
+    except (DataError, StopIteration):
+        return batch
+    problem, cause = batch_mismatch(train, batch, "first train", lambda b: jax.eval_shape(adapted.step, state, b))
+    if problem:
+        raise DataError(
+            f"[jaxsane] check_step(batch=...) does not match the Experiment's train data: {problem}"
+            + (f"; the step fails on it{cause_text(cause)}" if cause else "")
+            + ". Fix: pass a batch from the same pipeline as Experiment.train (same keys, feature sizes, dtypes), "
+            "or leave batch= out to use the first train batch."
+        ) from cause
+    return batch
+
+
 def check_step(
     experiment: Experiment | PureExperiment,
     batch: Any = None,
@@ -215,10 +238,17 @@ def check_step(
         raise ArgumentError(
             f"check_step: calls must be >= 2 to compare consecutive steps, got {calls}. Fix: pass calls=2 or more."
         )
+    if batch is not None:
+        require_batch("check_step", "batch", batch)
+    if key is not None and not is_prng_key(key):
+        raise ArgumentError(
+            f"check_step(key=...): expected a PRNG key (jax.random.key(seed)) or None, got {type(key).__name__} "
+            f"{key!r}. Fix: pass key=jax.random.key(0), or leave it out."
+        )
     key = jax.random.key(0) if key is None else key
     adapted = experiment if isinstance(experiment, PureExperiment) else PureExperiment(experiment, key=key)
-    batch = first_batch(adapted.experiment.train, "train") if batch is None else batch
     state = adapted.init(key)
+    batch = first_batch(adapted.experiment.train, "train") if batch is None else _matching(adapted, state, batch)
     first_state = state
     param_ids = {id(x) for x in jax.tree_util.tree_leaves(adapted.params(state))}
     kinds = _leaf_kinds(state, param_ids)

@@ -326,6 +326,53 @@ def _rows(x: Any) -> int | None:
     return sizes[0] if sizes else None
 
 
+def is_prng_key(value: Any) -> bool:
+    """True for a concrete or traced PRNG key: a typed key array (``jax.random.key``) or a raw ``uint32`` key of
+    shape ``(..., 2)`` (``jax.random.PRNGKey``). Jit-safe (reads dtype and shape only)."""
+    import jax
+
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or shape is None or isinstance(value, (bool, int, float, complex)):
+        return False
+    try:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            return True
+    except TypeError:
+        return False
+    return str(dtype) == "uint32" and tuple(shape)[-1:] == (2,)
+
+
+def require_batch(fn: str, name: str, value: Any) -> Any:
+    """``value`` when it is a batch: a pytree (dict, tuple, list, dataclass) whose leaves are numeric or bool
+    arrays or Python numbers, with at least one leaf. Not jit-safe (it reads leaf types on the host)."""
+    import jax  # jaxsane imports jax anyway; kept local so this module stays light
+
+    expected = "a batch: a pytree (dict, tuple) of numeric arrays"
+    try:
+        leaves = jax.tree_util.tree_leaves_with_path(value)
+    except Exception as e:  # a pytree node whose flatten raises
+        raise fail(fn, name, expected, value, cause=f"it cannot be flattened as a pytree ({type(e).__name__})") from e
+    if not leaves:
+        raise fail(fn, name, expected, value, cause="it has no array leaves")
+    for path, leaf in leaves:
+        where = f"{name}{jax.tree_util.keystr(path)}"
+        what = expected if where == name else "a numeric array"
+        if isinstance(leaf, (str, bytes)):
+            raise fail(fn, where, what, leaf, cause="text that was not tokenized or encoded to numbers")
+        kind = getattr(getattr(leaf, "dtype", None), "kind", None)
+        number = isinstance(leaf, (bool, int, float, complex, numbers.Number))
+        if (kind is None and not number) or (kind is not None and kind not in "biufcV"):
+            raise fail(
+                fn,
+                where,
+                what,
+                leaf,
+                cause="an object or string leaf (ragged rows, a Python list left unconverted)",
+                fix="convert it with np.asarray(..., dtype) (pad ragged rows first)",
+            )
+    return value
+
+
 def require_writable_file(fn: str, name: str, path: Any) -> str:
     """``path`` (str or os.PathLike) whose parent directory exists and is writable, and which is not a
     directory. Not jit-safe."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import numbers
 import types
 import typing
@@ -273,6 +274,8 @@ def _coerce(value: Any, tp: Any) -> Any:
 def _range_problem(spec: OptionSpec, value: Any) -> str | None:
     items = list(value.values()) if isinstance(value, dict) else (list(value) if isinstance(value, tuple) else [value])
     for item in items:
+        if isinstance(item, float) and math.isnan(item):
+            return "must be a number, got nan"
         if spec.choices is not None and item not in spec.choices:
             return f"must be one of {list(spec.choices)}, got {item!r}"
         if (
@@ -356,7 +359,7 @@ def _parse(text: str, tp: Any) -> Any:
             return _parse_tuple(text, args[0])
         if origin is dict:
             return _parse_dict(text, args[1])
-    except (ValueError, json.JSONDecodeError):
+    except (ValueError, json.JSONDecodeError, RecursionError):  # RecursionError: JSON nested too deeply
         raise _Mismatch from None
     raise _Mismatch  # pragma: no cover
 
@@ -430,6 +433,12 @@ def resolve(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def select_stages(stages: Iterable[str] | str | None, skip: Iterable[str] | str = ()) -> list[str]:
     """The stage names to run, in checklist order; unknown names raise :class:`DoctorOptionError`."""
+    for name, value in (("stages", stages), ("skip", skip)):
+        if value is not None and not isinstance(value, str) and not isinstance(value, Iterable):
+            raise DoctorOptionError(
+                f"doctor({name}=...) must be a stage name or a list of them, got {type(value).__name__} {value!r}. "
+                f"Fix: pass {name}=['data', 'init'] (the stages are {list(STAGE_NAMES)})."
+            )
     chosen = [stages] if isinstance(stages, str) else (list(STAGE_NAMES) if stages is None else list(stages))
     skipped = [skip] if isinstance(skip, str) else list(skip or ())
     unknown = [s for s in [*chosen, *skipped] if s not in STAGE_NAMES]

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from .._core.errors import DumpError, DumpShapeError
+from .._core.validate import fail, require_int
 from .._experiment.purify import combine, needs_partition, partition
 from .format import (
     FORMAT as FORMAT,
@@ -37,7 +38,7 @@ from .format import (
 )
 from .nnx import nnx_templates, objects_error, read_records, standin
 from .npz import open_npz, open_regular, read_npy
-from .save import Encoder as _Encoder, save_dump as save_dump
+from .save import Encoder as _Encoder, array_crc32, save_dump as save_dump
 
 # ----------------------------------------------------------------------------- load
 
@@ -255,7 +256,7 @@ def _decode_leaf(a: np.ndarray | None, meta: dict, where: str) -> Any:
             ) from None
     if kind == "python":
         scalar_type: Any = meta.get("type")  # checked here: one of the Python scalar type names
-        typ = _PYTHON.get(scalar_type)
+        typ = _PYTHON.get(scalar_type) if isinstance(scalar_type, str) else None
         if (
             typ is None
             or a.ndim != 0
@@ -408,6 +409,12 @@ def load_dump(
       DumpError: the directory is not a dump, a file is damaged, truncated, not a regular file,
         over a limit, or ``like`` has another structure (the message names the first differing path).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise fail("load_dump", "path", "a dump directory (str or os.PathLike)", path)
+    path = os.fspath(path)
+    max_bytes = require_int("load_dump", "max_bytes", max_bytes, min=0)
+    max_depth = require_int("load_dump", "max_depth", max_depth, min=1)
+    max_nodes = require_int("load_dump", "max_nodes", max_nodes, min=1)
     tree_file = os.path.join(path, "tree.json")
     meta, tree, reader = _read_description(path, tree_file, max_depth, max_nodes)
     leaves = _read_leaves(path, reader.leaf_meta, max_bytes)
@@ -480,6 +487,11 @@ def _read_leaves(path: str, leaf_meta: list, max_bytes: int) -> list:
     with open_regular(array_file, "arrays.npz") as fh, open_npz(fh, array_file, stored, max_bytes) as zf:
         for i, m in enumerate(leaf_meta):
             a = read_npy(zf, array_file, f"leaf_{i}") if f"leaf_{i}" in stored else None
+            if a is not None and "crc32" in m and (type(m["crc32"]) is not int or m["crc32"] != array_crc32(a)):
+                raise DumpError(
+                    f"{path}: leaf {i} ({m.get('path') or '?'}): the array stored as leaf_{i}.npy is not the one "
+                    "tree.json describes (its CRC-32 differs); the dump was altered or its members were mixed up."
+                )
             leaves.append(_decode_leaf(a, m, f"{path}: leaf {i} ({m.get('path') or '?'})"))
     return leaves
 

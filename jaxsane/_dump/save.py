@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import zipfile
+import zlib
 from typing import Any
 
 import jax
@@ -128,6 +129,11 @@ def _encode_leaf(x: Any, path: str) -> tuple[np.ndarray | None, dict]:
     return a, meta
 
 
+def array_crc32(a: np.ndarray) -> int:
+    """The CRC-32 of an array's bytes in C order (as a dump stores them). Not jit-safe."""
+    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+
+
 def _write_atomic(path: str, write) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -172,6 +178,7 @@ def save_dump(path: str, args: tuple, kwargs: dict | None = None, *, meta: dict 
         if a is not None:
             arrays[f"leaf_{i}"] = a
             m["shape"] = list(a.shape)
+            m["crc32"] = array_crc32(a)  # ties each stored array to its leaf: a swapped or altered member is refused
         m["path"] = name
         leaf_meta.append(m)
     description = {**(meta or {}), "format": FORMAT, "tree": tree, "leaves": leaf_meta}

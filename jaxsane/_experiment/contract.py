@@ -20,8 +20,10 @@ Reading the data an Experiment names (batches, their inputs/labels/mask, example
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -47,6 +49,7 @@ from .purify import (
     restore_static,
     split_whole,
     uncounted,
+    unwrap,
 )
 
 
@@ -134,11 +137,19 @@ class Experiment:
                 raise ExperimentError(
                     "Experiment.train is required: one batch, an iterable of batches, or a callable returning a batch."
                 )
-            if isinstance(value, (str, bytes, bool, int, float, complex)):
+            scalar = isinstance(value, (str, bytes, numbers.Number, np.generic)) or getattr(value, "shape", None) == ()
+            if value is not None and (scalar or not _data_like(value)):
                 raise ExperimentError(
                     f"Experiment.{field} must be data (a batch, an iterable of batches or a callable returning "
-                    f"one), got {show(value)}. Likely cause: a path or a size was passed instead of the data. "
-                    f"Fix: load the data first and pass {field}=the batches."
+                    f"one), got {show(value)}. Likely cause: "
+                    + (
+                        "a path or a size was passed instead of the data"
+                        if isinstance(value, (str, bytes, numbers.Number)) and not isinstance(value, np.generic)
+                        else "a scalar, which has no batch axis"
+                        if scalar
+                        else "an object that is neither a batch, an iterable of batches nor a callable"
+                    )
+                    + f". Fix: load the data first and pass {field}=the batches."
                 )
         nc = self.num_classes
         if nc is not None and (not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 2):
@@ -164,6 +175,17 @@ class Experiment:
                 f"Experiment.name must be a str, got {show(self.name)}. Fix: pass "
                 f"name=str(...) (it is shown in reports)."
             )
+
+
+def _data_like(value: Any) -> bool:
+    """Whether ``value`` can be data: a batch (an array, a mapping, a pytree), an iterable or a callable."""
+    if callable(value) or isinstance(value, (Mapping, Iterable)) or hasattr(value, "shape"):
+        return True
+    try:  # a registered pytree node (a dataclass batch) that holds arrays
+        leaves = jax.tree_util.tree_leaves(value)
+    except Exception:  # a node whose flatten fails is no batch either
+        return False
+    return bool(leaves) and leaves != [value]
 
 
 # ----------------------------------------------------------------------------- the adapter
@@ -255,6 +277,7 @@ class PureExperiment:
                 and len(example) >= 2
                 and _positional_arity(exp.step, required=True) == len(example) + 1
             )
+        check_step_signature(exp.step, example, self._unpack if self.nnx else self._spread)
         self._example = example
         self._style: str | None = None
         # reuse_init (doctor: its stages ask for the same state often): the last init(key), as (key fingerprint,
@@ -334,7 +357,12 @@ class PureExperiment:
             out, new_state = call_split(exp.step, self._layout, state, args)
             return new_state, out
         user, step = self.user_state(state), uncounted(exp.step)
-        out = step(*user, batch) if self._spread else step(user, batch)
+        try:
+            out = step(*user, batch) if self._spread else step(user, batch)
+        except TypeError as e:  # a signature inspect could not read: the call's own binding failed
+            if e.__traceback__ is not None and e.__traceback__.tb_next is None and _BINDING.search(str(e)):
+                raise ExperimentError(_signature_message(exp.step, self._spread, user, str(e))) from e
+            raise
         if self._spread and isinstance(out, (tuple, list)) and not same_structure(out, user):
             n = len(user)  # (model, opt_state, loss) -> ((model, opt_state), loss)
             if len(out) == n + 1 and same_structure(type(user)(out[:n]), user):
@@ -489,6 +517,54 @@ class PureExperiment:
                 "returning a sub-tree of the state."
             )
         return jax.tree_util.tree_unflatten(state_def, replaced)
+
+
+# the words of CPython's own TypeError when a call's arguments do not bind to the signature
+_BINDING = re.compile(r"positional argument|required (keyword-only )?argument|unexpected keyword|takes no arguments")
+
+
+def _signature_message(step: Any, spread: bool, example: Any, problem: str) -> str:
+    """Why a step of this signature cannot be called, and the signature jaxsane calls it with."""
+    n = len(example) + 1 if spread else 2
+    call = f"step({', '.join(f'state[{i}]' for i in range(n - 1))}, batch)" if spread else "step(state, batch)"
+    name = getattr(unwrap(step), "__name__", type(step).__name__)
+    return (
+        f"Experiment.step ({name}) cannot be called as {call}: {problem}. jaxsane's tools (fit, doctor, "
+        f"guard, check_step, overfit) call the step once per batch as {call}, with the train state init(key) "
+        "returned and one batch, and read back (new_state, metrics) or new_state (for NNX objects updated in "
+        "place: the loss, metrics or None). Likely cause: a step that closes over its batch or state, or an "
+        "evaluation function passed as the step. Fix: give it the signature def step(state, batch), or "
+        "step(model, optimizer, batch) for a tuple state of (model, optimizer)."
+    )
+
+
+def check_step_signature(step: Any, example: Any, spread: bool) -> None:
+    """Raise :class:`ExperimentError` when ``step``'s readable signature cannot take the arguments the adapter
+    passes (``step(state, batch)``, or ``step(*state, batch)`` for a spread tuple state), before its first
+    call. A signature that cannot be read (a C callable, ``*args``) passes: the first call's binding is
+    checked instead. Not jit-relevant (host-side, on the function object)."""
+    try:
+        sig = inspect.signature(unwrap(step))
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    keyword_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    n = len(example) + 1 if spread else 2
+    problem = None
+    if len(positional) < n:
+        names = ", ".join(p.name for p in positional)
+        problem = f"it takes {len(positional)} positional argument{'s' * (len(positional) != 1)} ({names}), not {n}"
+    elif len(required) > n:
+        names = ", ".join(p.name for p in required)
+        problem = f"it requires {len(required)} positional arguments ({names}), more than the {n} it is given"
+    elif keyword_only:
+        problem = f"it requires the keyword-only argument{'s' * (len(keyword_only) > 1)} {', '.join(keyword_only)}"
+    if problem:
+        raise ExperimentError(_signature_message(step, spread, example, problem))
 
 
 MODE_FLAGS = ("deterministic", "use_running_average")  # nnx's own train/eval switches (Dropout, MHA, BatchNorm)

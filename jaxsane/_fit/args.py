@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from .._core.errors import ExperimentError, FitArgumentError
-from .._core.validate import FIT_POLICIES, require_policy
+from .._core.validate import FIT_POLICIES, is_prng_key, require_policy
 from .._dist.hang import check_hang_timeout
 from .._experiment.contract import Experiment
 from .._monitor.writers import require_writer
@@ -194,7 +194,7 @@ class FitOptions:
         steps = int(self.steps)
         writer = require_writer("jaxsane.fit", self.writer)
         hang_timeout = self.hang_timeout
-        if hang_timeout != "auto":
+        if not (isinstance(hang_timeout, str) and hang_timeout == "auto"):
             hang_timeout = check_hang_timeout(hang_timeout, "fit", FitArgumentError)
         if self.report is not None:
             check_file_arg("report", self.report, create_parent=False)
@@ -207,12 +207,34 @@ class FitOptions:
                 metrics_path = os.path.join(self.checkpoint_dir, "metrics.jsonl")
         if metrics_path is not None:
             check_file_arg("metrics_path", metrics_path, create_parent=True)
-        if not isinstance(self.checks, bool):
-            raise FitArgumentError(f"fit(checks=...) must be True or False, got {self.checks!r}.")
+        for name in ("resume", "progress", "restore_best", "repeat", "checks"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise FitArgumentError(
+                    f"fit({name}=...) must be True or False, got {type(value).__name__} {value!r}. Likely cause: "
+                    + (
+                        "a string such as 'false' is truthy"
+                        if isinstance(value, str)
+                        else "a value for another argument"
+                    )
+                    + f". fix: pass {name}=True or {name}=False."
+                )
+        if self.key is not None and not is_prng_key(self.key):
+            raise FitArgumentError(
+                f"fit(key=...) must be a PRNG key (jax.random.key(seed)) or None, got {type(self.key).__name__} "
+                f"{self.key!r}. fix: pass key=jax.random.key(0)."
+            )
+        if self.tensorboard_dir is not None:
+            check_dir_arg("tensorboard_dir", self.tensorboard_dir, create=False)
         telemetry_every = max(1, min(50, steps // 40)) if self.telemetry_every is None else self.telemetry_every
         return dataclasses.replace(
             self,
             steps=steps,
+            resume=bool(self.resume),
+            progress=bool(self.progress),
+            restore_best=bool(self.restore_best),
+            repeat=bool(self.repeat),
+            checks=bool(self.checks),
             writer=writer,
             hang_timeout=hang_timeout,
             metrics_path=metrics_path,

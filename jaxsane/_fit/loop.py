@@ -30,8 +30,8 @@ from . import checkpoint as _ckpt
 from .args import FitOptions
 from .data import Evaluator, check_first_labels, train_stream
 from .metrics_log import MetricsLog, read_history, rewrite
-from .prechecks import record_meta, run_checks
 from .preempt import StopRequests
+from .prechecks import check_eval_data, record_meta, run_checks
 from .result import FitResult
 from .state import Snapshot, best_state, dtype_changes, keep_copy
 
@@ -332,6 +332,8 @@ class TrainLoop:
         and return the result (or raise the failure, naming the report)."""
         with self.stops:  # signal handlers for the duration of the run only
             try:
+                if self.evaluator is not None:  # the eval batches against the first train batch, stepped first
+                    self.replay.extend(check_eval_data(self.adapted, self.batches, self.evaluator.batches))
                 if self.eval_every and self.start == 0:
                     self.evaluate(0)
                 while True:

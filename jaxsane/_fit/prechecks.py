@@ -1,15 +1,54 @@
-"""fit's report side: the checks it can run first (``fit(..., checks=True)``: the overfit sweep and the
-init-scale sweep, whose plots the report then shows) and the run metadata it records for the report and
-the JSON (steps, wall time, seconds per stage, checkpoint directory, best step). Host-side, not jit-safe."""
+"""fit's checks before the first step and its report side: the eval batches against the train batch
+(:func:`check_eval_data`: a model fitted to one must run on the other), the checks it can run first
+(``fit(..., checks=True)``: the overfit sweep and the init-scale sweep, whose plots the report then shows)
+and the run metadata it records for the report and the JSON (steps, wall time, seconds per stage,
+checkpoint directory, best step). Host-side, not jit-safe."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import jax
+
 from .._core.diagnosis import Diagnosis
+from .._core.errors import DataError
 from .._core.finding import Finding
+from .._experiment.batch_match import batch_mismatch, cause_text, layout
 from .._experiment.contract import PureExperiment
+
+
+def check_eval_data(adapted: PureExperiment, batches: Iterator[tuple[int, Any]], eval_batches: list) -> list:
+    """Before the first step: each eval batch against the first train batch, peeked from ``batches`` (returned
+    as ``[(index, batch)]`` for the loop to step first, or ``[]`` when the data is empty).
+
+    Raises :class:`DataError` naming both batches' leaves when an eval batch has a leaf of another rank or dtype
+    kind, or another structure or per-example shape on which ``Experiment.loss`` cannot run (it is traced, not
+    run); a shape the loss accepts (a longer sequence) passes (see :func:`batch_mismatch`). Not jit-safe."""
+    first = next(batches, None)
+    if first is None:
+        return []
+    index, train = first
+    seen: set = set()
+    loss, params = adapted.loss_fn, adapted.params(adapted.example_state)
+    trace = (lambda b: jax.eval_shape(loss, params, b)) if loss is not None else None
+    for j, eval_batch in enumerate(eval_batches):
+        key = repr(layout(eval_batch))
+        if key in seen:
+            continue
+        seen.add(key)
+        problem, cause = batch_mismatch(train, eval_batch, "train", trace)
+        if problem:
+            raise DataError(
+                f"[jaxsane] fit: eval batch {j} does not match train batch {index}: {problem}. A model fitted "
+                "to the train batches cannot be evaluated on it"
+                + (f"; Experiment.loss fails on it{cause_text(cause)}" if cause else "")
+                + ". Fix: load both splits with the same preprocessing (same keys, feature columns, resize, "
+                "padding length and dtype cast)."
+            ) from cause
+    return [first]
+
 
 # the doctor's overfit defaults (seconds on a small model): one batch of 16, 2 seeds, 300 steps
 CHECK_SEEDS, CHECK_STEPS, CHECK_BATCH = 2, 300, 16

@@ -16,8 +16,7 @@ import jaxsane
 from jaxsane import check_step, count_compilations
 from jaxsane.testing import CheckFailed, assert_compiles_once, assert_step_ok
 
-BATCH = {"x": np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32),
-         "y": (np.arange(8) % 3).astype(np.int32)}
+BATCH = {"x": np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32), "y": (np.arange(8) % 3).astype(np.int32)}
 TX = optax.adam(1e-2)
 
 
@@ -31,8 +30,9 @@ def _loss(params, batch):
 
 
 def _optax_experiment(step, tx=TX):
-    return jaxsane.Experiment(init=lambda key: (_params(key), tx.init(_params(key))), step=step, train=BATCH,
-                              loss=_loss, num_classes=3)
+    return jaxsane.Experiment(
+        init=lambda key: (_params(key), tx.init(_params(key))), step=step, train=BATCH, loss=_loss, num_classes=3
+    )
 
 
 def _codes(findings):
@@ -64,7 +64,8 @@ def test_learning_rate_zero_in_linen_train_state_is_no_update():
     @jax.jit
     def step(state, batch):
         loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-            model.apply({"params": p}, batch["x"]), batch["y"]).mean()
+            model.apply({"params": p}, batch["x"]), batch["y"]
+        ).mean()
         value, grads = jax.value_and_grad(loss)(state.params)
         return state.apply_gradients(grads=grads), {"loss": value}
 
@@ -150,6 +151,7 @@ class _NNXDrop(nnx.Module):
 @pytest.mark.slow
 def test_nnx_dropout_with_rngs_is_silent():
     """nnx.Rngs keeps its key and advances a counter: the draws differ, nothing is reported."""
+
     def init(key):
         model = _NNXDrop(nnx.Rngs(params=key, dropout=1))
         return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
@@ -195,6 +197,7 @@ def test_new_jit_every_call_recompiles():
             value, grads = jax.value_and_grad(_loss)(params, batch)
             updates, opt_state = TX.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), {"loss": value}
+
         return inner(state, batch)
 
     assert _codes(check_step(_optax_experiment(step))) == ["step.recompiles"]
@@ -248,14 +251,16 @@ def _bn_experiment(returns_stats: bool, frozen: bool = False):
 
     def init(key):
         variables = model.init(key, BATCH["x"])
-        return _BNState.create(apply_fn=model.apply, params=variables["params"], tx=TX,
-                               batch_stats=variables["batch_stats"])
+        return _BNState.create(
+            apply_fn=model.apply, params=variables["params"], tx=TX, batch_stats=variables["batch_stats"]
+        )
 
     @jax.jit
     def step(state, batch):
         def loss(params):
-            logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats}, batch["x"],
-                                          train=True, mutable=["batch_stats"])
+            logits, updates = model.apply(
+                {"params": params, "batch_stats": state.batch_stats}, batch["x"], train=True, mutable=["batch_stats"]
+            )
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), updates
 
         (value, updates), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
@@ -267,8 +272,11 @@ def _bn_experiment(returns_stats: bool, frozen: bool = False):
     return jaxsane.Experiment(init=init, step=step, train=BATCH, num_classes=3)
 
 
-@pytest.mark.parametrize("returns_stats,frozen", [(True, False), (False, True), (False, False)],
-                         ids=["returns_stats", "eval_mode_frozen_stats", "drops_stats"])
+@pytest.mark.parametrize(
+    "returns_stats,frozen",
+    [(True, False), (False, True), (False, False)],
+    ids=["returns_stats", "eval_mode_frozen_stats", "drops_stats"],
+)
 def test_batchnorm_statistics_computed_and_dropped_are_stats_frozen(returns_stats, frozen):
     findings = check_step(_bn_experiment(returns_stats, frozen), check_rng=False)
     if returns_stats or frozen:
@@ -286,6 +294,46 @@ def test_a_state_leaf_only_passed_through_is_not_stats_frozen():
         updates, opt_state = TX.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state, extra), {"loss": value}
 
-    exp = jaxsane.Experiment(init=lambda key: (_params(key), TX.init(_params(key)), {"ema": jnp.ones(3)}),
-                             step=step, train=BATCH, loss=_loss, num_classes=3)
+    exp = jaxsane.Experiment(
+        init=lambda key: (_params(key), TX.init(_params(key)), {"ema": jnp.ones(3)}),
+        step=step,
+        train=BATCH,
+        loss=_loss,
+        num_classes=3,
+    )
     assert check_step(exp, check_rng=False) == []
+
+
+# ----------------------------------------------------------------------------- check_step's batch argument
+
+
+@pytest.mark.parametrize(
+    "bad, error, needle",
+    [
+        (
+            "b",
+            jaxsane.ArgumentError,
+            "check_step(batch=...): expected a batch: a pytree (dict, tuple) of numeric arrays",
+        ),
+        ({"x": [object()]}, jaxsane.ArgumentError, "check_step(batch['x'][0]=...): expected a numeric array"),
+        ({}, jaxsane.ArgumentError, "it has no array leaves"),
+        (
+            {"x": np.ones((8, 5), np.float32), "y": np.zeros(8, np.int32)},
+            jaxsane.DataError,
+            "its leaf ['x'] has per-example shape [5] float32 but the first train batch's ['x'] has [4] float32",
+        ),
+    ],
+)
+def test_a_batch_check_step_cannot_use_is_named_before_the_step_runs(bad, error, needle):
+    from _programs import optax_experiment
+
+    with pytest.raises(error) as info:
+        jaxsane.check_step(optax_experiment(), batch=bad)
+    assert str(info.value).startswith("[jaxsane] ") and needle in str(info.value), str(info.value)
+
+
+def test_check_step_refuses_a_key_that_is_no_prng_key():
+    from _programs import optax_experiment
+
+    with pytest.raises(jaxsane.ArgumentError, match=r"check_step\(key=...\): expected a PRNG key"):
+        jaxsane.check_step(optax_experiment(), key=3)

@@ -6,6 +6,7 @@ import signal
 import struct
 import warnings
 import zipfile
+import zlib
 from typing import NamedTuple
 
 import jax
@@ -207,6 +208,26 @@ def test_every_malformed_dump_is_a_dump_error(tmp_path, case):
     assert str(info.value).startswith("[jaxsane] ") and isinstance(info.value, ValueError)
 
 
+def test_a_member_swapped_for_another_of_the_same_shape_is_refused(tmp_path):
+    """Each leaf records its array's CRC-32: members exchanged between leaves (valid on their own) are refused;
+    a dump written before leaves carried one still loads."""
+    d = str(tmp_path / "d")
+    jaxsane.save_dump(d, (np.zeros(3, np.int32), np.arange(3, dtype=np.int32)))
+    path = os.path.join(d, "arrays.npz")
+    with zipfile.ZipFile(path) as zf:
+        members = {i.filename: zf.read(i) for i in zf.infolist()}
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("leaf_0.npy", members["leaf_1.npy"])
+        zf.writestr("leaf_1.npy", members["leaf_0.npy"])
+    with pytest.raises(DumpError, match=r"leaf 0 \(args\[0\]\).*CRC-32 differs"):
+        jaxsane.load_dump(d)
+    meta = _tree(d)
+    for leaf in meta["leaves"]:
+        del leaf["crc32"]
+    _write_tree(d, meta)
+    assert jaxsane.load_dump(d).args[0].tolist() == [0, 1, 2]
+
+
 def test_every_single_byte_flip_is_an_error_or_the_same_tree(tmp_path):
     """Bit flips anywhere in arrays.npz: a DumpError, or (in padding bytes) the identical values."""
     d = str(tmp_path / "d")
@@ -272,6 +293,7 @@ def test_a_zip_bomb_is_refused_before_anything_is_inflated(tmp_path, monkeypatch
                         leaf_1=np.zeros(8, np.uint8))
     meta = _tree(d)
     meta["leaves"][0]["shape"] = [40_000_000]
+    meta["leaves"][0]["crc32"] = zlib.crc32(bytes(40_000_000))
     _write_tree(d, meta)
     assert os.path.getsize(os.path.join(d, "arrays.npz")) < 200_000
     monkeypatch.setattr(zipfile.ZipFile, "open", lambda *a, **k: opened.append(a) or 1 / 0)

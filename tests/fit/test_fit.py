@@ -89,6 +89,15 @@ print("finished", flush=True)
 """
 
 
+def _committed_steps(ckpt):
+    """The checkpoint steps orbax finished writing under ``ckpt`` (their metadata file is written last)."""
+    try:
+        names = os.listdir(ckpt)
+    except OSError:
+        return []
+    return sorted(int(d) for d in names if d.isdigit() and os.path.exists(os.path.join(ckpt, d, "_CHECKPOINT_METADATA")))
+
+
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
@@ -98,24 +107,27 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=env, start_new_session=True)
-    seen = -1
+    seen, committed = -1, []
     deadline = time.monotonic() + 240
     try:
+        # kill mid-run once the checkpoint of step 15 is committed (a condition, not a duration: under load the
+        # asynchronous write lags the batches by a varying time); batch 27 is the last moment to kill at all
         for line in proc.stdout:
             if line.startswith("batch "):
                 seen = int(line.split()[1])
             assert not line.startswith("finished"), "the run ended before it was killed"
-            if seen >= 17 or time.monotonic() > deadline:
+            committed = _committed_steps(ckpt)
+            if (seen >= 17 and committed and committed[-1] >= 15) or seen >= 27 or time.monotonic() > deadline:
                 break
     finally:
         os.kill(proc.pid, signal.SIGKILL)     # only the process this test started
         proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and seen >= 17, (proc.returncode, seen)
+    assert proc.returncode == -signal.SIGKILL and seen >= 17 and committed, (proc.returncode, seen, committed)
 
     resumed = jaxsane.fit(experiment(n=30), steps=30, checkpoint_dir=ckpt, checkpoint_every=5, eval_every=0, **FIT)
-    consumed = seen + 1                       # batches the killed run had drawn
     assert resumed.resumed_from is not None and resumed.resumed_from % 5 == 0
-    assert consumed - resumed.resumed_from <= 5, "more than one checkpoint interval was lost"
+    # nothing committed before the kill is lost (a later checkpoint may have committed while it was killed)
+    assert resumed.resumed_from >= committed[-1], (resumed.resumed_from, committed)
     whole = jaxsane.fit(experiment(n=30), steps=30, eval_every=0, **FIT)
     assert resumed.step == whole.step == 30
     assert resumed.history.steps == list(range(30))
