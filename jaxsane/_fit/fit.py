@@ -42,7 +42,7 @@ def fit(
     metrics_path: str | None = None, tensorboard_dir: str | None = None, writer: Any = None,
     progress: bool = True, report: str | None = None, dump_dir: str | None = None, thresholds: dict | None = None,
     restore_best: bool = False, repeat: bool = False, rollback_every: int | None = None, checks: bool = False,
-    hang_timeout: float | None | str = "auto",
+    hang_timeout: float | None | str = "auto", on_spike: str = "warn",
 ) -> FitResult:  # fmt: skip
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
@@ -103,6 +103,14 @@ def fit(
         (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
         under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
         and checkpoints run outside the guarded step, so only pauses taken by some processes count.
+      on_spike: a step whose loss jumps far above its recent robust level (``train.loss_spike``: median +
+        k·MAD, thresholds ``spike_*`` of :func:`jaxsane.check_training`, overridable in ``thresholds``), seen
+        when the loop verifies its steps (every ``rollback_every`` steps): ``"warn"`` records the finding with
+        its forensics (the examples of the batch carrying the gradient, the layers whose update ratio jumped,
+        Adam's second-moment lag; the batch is dumped under ``dump_dir``); ``"rollback"`` also restores the
+        last verified state, replays the good batches and skips only the spiking one (as for a non-finite
+        step, sharing ``max_rollbacks``). ``"skip"`` is the same as ``"rollback"``: the spike is seen on the
+        host after its update, so discarding it means going back.
 
     Returns:
       A :class:`FitResult`.
