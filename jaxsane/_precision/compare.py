@@ -73,6 +73,7 @@ class EqnError:
     fix: str = ""
     ref_max: float = 0.0
     ref_min: float = 0.0
+    tainted: bool = False  # an input is already inf/NaN as written: a consequence of an earlier overflow
 
 
 def _is_low(x: Any) -> bool:
@@ -170,6 +171,11 @@ class _Lockstep(Interpreter):
                 named=named,
                 ref_max=float(finite_ref.max()) if finite_ref.size else 0.0,
                 ref_min=float(finite_ref[finite_ref > 0].min()) if (finite_ref > 0).any() else 0.0,
+                tainted=any(
+                    not np.all(np.isfinite(np.asarray(x, np.float64)))
+                    for x in invals
+                    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+                ),
             )
         )
         self.rows[-1].cause, self.rows[-1].fix = _classify(eqn, self.rows[-1], self.producers)
@@ -298,7 +304,7 @@ def findings_of(rows: Sequence[EqnError], *, local_tol: float = 2.0, jump: float
         eps = _eps(r.dtype)
         lost_here = r.local > local_tol * eps
         jumped = r.propagated > local_tol * eps and r.propagated > jump * max(r.inputs, eps / 2)
-        if not (r.overflow or r.underflow or lost_here or jumped):
+        if not (r.overflow or r.underflow or lost_here or jumped) or (r.tainted and not r.overflow):
             continue
         if not (r.overflow or r.underflow or lost_here) and r.prim not in AMPLIFIERS:
             continue  # a jump at a well-conditioned op is the inputs' error, reported where it arose
