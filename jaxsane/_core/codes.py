@@ -180,7 +180,7 @@ CODES: dict[str, tuple[str, str, str]] = {
     ),
     "train.loss_spike": (
         WARNING,
-        "the loss jumped far above its recent robust level (median + k*MAD) for a step",
+        "the loss jumped far above its recent robust level (recent median + k robust sigmas) for a step",
         "a few corrupt or extreme examples in a batch, Adam's second moment lagging a sudden gradient "
         "(eps/beta2 too small), a learning rate too high for the current curvature",
     ),

@@ -103,8 +103,9 @@ def fit(
         (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
         under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
         and checkpoints run outside the guarded step, so only pauses taken by some processes count.
-      on_spike: a step whose loss jumps far above its recent robust level (``train.loss_spike``: median +
-        k·MAD, thresholds ``spike_*`` of :func:`jaxsane.check_training`, overridable in ``thresholds``), seen
+      on_spike: a step whose loss jumps far above its recent robust level (``train.loss_spike``: recent median
+        + k robust sigmas of the step-to-step noise; the ``spike_*`` thresholds of
+        :func:`jaxsane.check_training`, overridable in ``thresholds``), seen
         when the loop verifies its steps (every ``rollback_every`` steps): ``"warn"`` records the finding with
         its forensics (the examples of the batch carrying the gradient, the layers whose update ratio jumped,
         Adam's second-moment lag; the batch is dumped under ``dump_dir``); ``"rollback"`` also restores the

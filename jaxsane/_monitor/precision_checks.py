@@ -3,12 +3,15 @@ that round away, from the Monitor's ``update_lost`` telemetry) and ``train.loss_
 jumps far above its recent robust level).
 
 Spike rule (documented, overridable through :func:`jaxsane.check_training` / ``fit(thresholds=...)``): step
-``t`` spikes when, over the ``spike_window`` finite losses before it (at least ``spike_min_history``),
+``t`` spikes when, with at least ``spike_min_history`` finite losses before it,
 
-    loss_t > median + max(spike_k * 1.4826 * MAD, spike_rel * |median|)
+    loss_t > level + max(spike_k * sigma, spike_rel * |level|)
 
-1.4826·MAD is the normal-consistent robust standard deviation, so ``spike_k = 6`` is a six-sigma jump that
-ordinary minibatch noise does not reach; the relative floor keeps a near-constant loss (MAD ~ 0) from
+where ``level`` is the median of the last ``spike_min_history`` losses (the recent level, not pulled up by a
+falling start) and ``sigma = 1.4826 * median|l_i - l_{i-1}| / sqrt(2)`` over the previous ``spike_window``
+losses: the MAD-based robust standard deviation of the minibatch noise, taken on successive differences so
+that the loss's own downward trend does not inflate it. ``spike_k = 6`` is a six-sigma jump that ordinary
+minibatch noise does not reach; the relative floor keeps a near-constant loss (sigma ~ 0) from
 spiking on rounding noise. Host-side only (numpy), not jit-safe.
 """
 
@@ -27,8 +30,9 @@ def spike_steps(
     loss, *, window: int = 50, k: float = 6.0, rel: float = 0.5, min_history: int = 10
 ) -> list[tuple[int, float, float]]:
     """Indices into ``loss`` that spike, as ``(index, loss, level)`` where level is the robust threshold it
-    crossed. Every finite loss enters the baseline of later steps (median and MAD shrug off a few spikes, and a
-    lasting level shift stops counting once it fills half the window). Host-side, not jit-safe."""
+    crossed. Every finite loss enters the baseline of later steps (medians shrug off a few spikes, and a
+    lasting level shift stops counting once it fills half of the last ``min_history`` steps). Host-side, not
+    jit-safe."""
     values = np.asarray(loss, dtype=np.float64)
     base: list[float] = []
     out = []
@@ -37,11 +41,11 @@ def spike_steps(
             continue
         recent = np.asarray(base[-window:])
         if recent.size >= min_history:
-            med = float(np.median(recent))
-            mad = float(np.median(np.abs(recent - med)))
-            level = med + max(k * MAD_TO_SIGMA * mad, rel * abs(med))
-            if v > level:
-                out.append((i, float(v), level))
+            level = float(np.median(recent[-min_history:]))
+            sigma = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(recent)))) / np.sqrt(2.0)
+            threshold = level + max(k * sigma, rel * abs(level))
+            if v > threshold:
+                out.append((i, float(v), threshold))
         base.append(float(v))
     return out
 
@@ -62,7 +66,7 @@ def check_loss_spikes(
         Finding(
             "train.loss_spike",
             f"the train loss spiked at step {step}: {value:.4g}, above its recent robust level {level:.4g} "
-            f"(median + {k:g}x1.4826xMAD of the previous {window} steps){more}",
+            f"(recent median + {k:g} robust sigmas of the step-to-step noise){more}",
             "look at that step's batch (fit(on_spike='rollback') keeps it, names the examples that carry the "
             "gradient and skips it); for corrupt data drop the examples; for an Adam second-moment lag raise eps "
             "(1e-8 -> 1e-6) or lower beta2 (0.999 -> 0.95); clip the gradient norm (optax.clip_by_global_norm)",

@@ -86,8 +86,9 @@ def check_training(
       underflow_fraction: ``train.update_underflow`` when a bf16/fp16 leaf's median fraction of updates lost
         to rounding (non-zero in a float32 shadow step, bitwise no change in the real one) is at least this.
       spike_window, spike_k, spike_rel, spike_min_history: ``train.loss_spike`` when a step's loss exceeds
-        the median of the previous ``spike_window`` losses by more than ``spike_k`` x 1.4826 x MAD (and by
-        ``spike_rel`` of the median), with at least ``spike_min_history`` losses before it.
+        the median of the last ``spike_min_history`` losses by more than ``spike_k`` robust sigmas (1.4826 x
+        the MAD of successive differences / sqrt 2 over the previous ``spike_window`` losses) and by
+        ``spike_rel`` of that median (see ``_monitor/precision_checks.py``).
 
     Returns:
       A list of :class:`Finding` (empty for a healthy run). Not jit-safe (host numpy).
