@@ -102,7 +102,7 @@ class RunPrograms:
             self.shadow_ok = (
                 self.monitor.underflow
                 and has_low_precision(self.adapted.params(state))
-                and shadow_supported(self.adapted.step, state, batch)
+                and shadow_supported(self.adapted.step, state, batch, self.adapted.params)
             )
         return self.shadow_ok
 

@@ -363,7 +363,7 @@ class Monitor:
         if not (self.underflow and has_low_precision(p0)):
             return None
         if self._shadow_ok is None:
-            self._shadow_ok = shadow_supported(adapted.step, state, batch)
+            self._shadow_ok = shadow_supported(adapted.step, state, batch, adapted.params)
         if not self._shadow_ok:
             return None
         shadow_state, _ = adapted.step(upcast(state), batch)

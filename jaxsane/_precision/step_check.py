@@ -29,7 +29,7 @@ def check_step_underflow(
     params = adapted.params(state)
     if not has_low_precision(params):
         return []
-    if not shadow_supported(adapted.step, state, batch):
+    if not shadow_supported(adapted.step, state, batch, adapted.params):
         return [
             Finding(
                 "doctor.skipped",

@@ -83,14 +83,24 @@ def proxy_lost_fractions(old: Sequence[jax.Array], new: Sequence[jax.Array], gra
     return jnp.stack(out) if out else jnp.zeros((0,), jnp.float32)
 
 
-def shadow_supported(step: Callable, state: PyTree, batch: PyTree) -> bool:
-    """True when ``step`` traces on the upcast state and returns a state of the same structure (checked
-    abstractly, nothing runs). Host-side, not jit-safe."""
+def shadow_supported(step: Callable, state: PyTree, batch: PyTree, params_of: Callable | None = None) -> bool:
+    """True when ``step`` traces on the upcast state and returns a state of the same structure whose
+    parameters (``params_of``) stay float32 where they were bf16/fp16 (a step that casts its update back to
+    its own dtype would round the shadow the same way). Checked abstractly, nothing runs. Host-side, not
+    jit-safe."""
     try:
         new, _ = jax.eval_shape(step, upcast(state), batch)
     except Exception:  # the step insists on its dtypes: the gradient proxy is used instead
         return False
-    return jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(state)
+    if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(state):
+        return False
+    if params_of is None:
+        return True
+    try:
+        old, shadow = float_leaves(params_of(state)), float_leaves(params_of(new))
+    except Exception:
+        return False
+    return len(old) == len(shadow) and all(not is_low_precision(s) for a, s in zip(old, shadow) if is_low_precision(a))
 
 
 def float_leaves(tree: PyTree) -> list:
