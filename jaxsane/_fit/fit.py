@@ -103,15 +103,11 @@ def fit(
         (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
         under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
         and checkpoints run outside the guarded step, so only pauses taken by some processes count.
-      on_spike: a step whose loss jumps far above its recent robust level (``train.loss_spike``: recent median
-        + k robust sigmas of the step-to-step noise; the ``spike_*`` thresholds of
-        :func:`jaxsane.check_training`, overridable in ``thresholds``), seen
-        when the loop verifies its steps (every ``rollback_every`` steps): ``"warn"`` records the finding with
-        its forensics (the examples of the batch carrying the gradient, the layers whose update ratio jumped,
-        Adam's second-moment lag; the batch is dumped under ``dump_dir``); ``"rollback"`` also restores the
-        last verified state, replays the good batches and skips only the spiking one (as for a non-finite
-        step, sharing ``max_rollbacks``). ``"skip"`` is the same as ``"rollback"``: the spike is seen on the
-        host after its update, so discarding it means going back.
+      on_spike: a loss spike (``train.loss_spike``, the ``spike_*`` thresholds of check_training, overridable in
+        ``thresholds``), seen when the loop verifies its steps (every ``rollback_every``): ``"warn"`` records it with
+        its forensics (the examples carrying the gradient, update-ratio jumps, Adam's second-moment lag; the batch
+        dumped under ``dump_dir``); ``"rollback"`` (or ``"skip"``, the same: a spike is seen after its update)
+        also restores the last verified state and skips only that batch, sharing ``max_rollbacks``.
 
     Returns:
       A :class:`FitResult`.

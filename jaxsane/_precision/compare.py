@@ -53,7 +53,7 @@ MAX = {jnp.dtype(jnp.float16): 65504.0, jnp.dtype(jnp.bfloat16): 3.3895313892515
 
 
 @dataclasses.dataclass
-class EqnError:
+class EqnPrecision:
     """One compared equation: its primitive, where, pass, dtype, and local/propagated normwise errors."""
 
     prim: str
@@ -96,7 +96,7 @@ class _Lockstep(Interpreter):
     def __init__(self, ref_dtype: Any):
         super().__init__()
         self.ref_dtype = jnp.dtype(ref_dtype)
-        self.rows: list[EqnError] = []
+        self.rows: list[EqnPrecision] = []
         self.producers: dict[Any, Any] = {}
 
     def up(self, x: Any) -> Any:
@@ -155,7 +155,7 @@ class _Lockstep(Interpreter):
         phase = "update" if in_optax(eqn) else "backward" if "transpose(" in stack else "forward"
         finite_ref = np.abs(lo[np.isfinite(lo)])
         self.rows.append(
-            EqnError(
+            EqnPrecision(
                 prim=eqn.primitive.name,
                 where=f"{frame[0]}:{frame[1]}" if frame else None,
                 file=frame[0] if frame else None,
@@ -203,7 +203,7 @@ def _literal_one(eqn, producers: dict) -> bool:
     return False
 
 
-def _classify(eqn, row: EqnError, producers: dict) -> tuple[str, str]:
+def _classify(eqn, row: EqnPrecision, producers: dict) -> tuple[str, str]:
     """The classic cause of a precision loss at ``eqn`` and its fix (empty when none applies)."""
     prim, dt = row.prim, row.dtype
     if row.overflow:
@@ -279,7 +279,7 @@ def compare_precision(
     return findings_of(rows, local_tol=local_tol, jump=jump, top=top)
 
 
-def precision_table(fn: Callable, *args: Any, reference: Any = jnp.float32) -> list[EqnError]:
+def precision_table(fn: Callable, *args: Any, reference: Any = jnp.float32) -> list[EqnPrecision]:
     """Every compared equation of ``fn(*args)`` in program order (see :func:`compare_precision`). Not jit-safe."""
     flat, treedef = jax.tree_util.tree_flatten(args)
 
@@ -296,7 +296,9 @@ def _eps(dtype: str) -> float:
     return float(jnp.finfo(jnp.dtype(dtype)).eps)
 
 
-def findings_of(rows: Sequence[EqnError], *, local_tol: float = 2.0, jump: float = 10.0, top: int = 5) -> list[Finding]:
+def findings_of(
+    rows: Sequence[EqnPrecision], *, local_tol: float = 2.0, jump: float = 10.0, top: int = 5
+) -> list[Finding]:
     """The reportable rows as findings (first ``top`` in program order, one per file:line and cause)."""
     out: list[Finding] = []
     seen: set = set()
