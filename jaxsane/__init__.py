@@ -93,8 +93,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Origin",
     ),
     "_monitor.monitor": ("Monitor",),
+    "_monitor.spike_forensics": ("explain_spike",),
     "_monitor.train_checks": ("check_training",),
     "_overfit.overfit": ("overfit",),
+    "_precision.compare": ("compare_precision",),
     "_overfit.result": (
         "OverfitConfig",
         "OverfitResult",
@@ -146,9 +148,11 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs; at run time the
     from ._locate.locate import locate as locate
     from ._locate.result import LocateReport as LocateReport, Origin as Origin
     from ._monitor.monitor import Monitor as Monitor
+    from ._monitor.spike_forensics import explain_spike as explain_spike
     from ._monitor.train_checks import check_training as check_training
     from ._overfit.overfit import overfit as overfit
     from ._overfit.result import OverfitConfig as OverfitConfig, OverfitResult as OverfitResult
+    from ._precision.compare import compare_precision as compare_precision
     from ._render.html import write_html as write_html
 
 
@@ -217,7 +221,9 @@ __all__ = [
     "LocateReport",
     "Origin",
     "Monitor",
+    "explain_spike",
     "check_training",
+    "compare_precision",
     "overfit",
     "OverfitConfig",
     "OverfitResult",

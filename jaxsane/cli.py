@@ -265,6 +265,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no such dump directory: {args.dump}")
     target = load_target(args.step, raw=True)
     like = load_target(args.like, raw=True) if args.like else None
+    if args.precision:
+        return _replay_precision(args.dump, target)
     try:
         report = replay_dump(args.dump, target, load=load_dump, like=like)
     except (DumpError, DumpShapeError) as e:  # a damaged or hostile dump, or a class it cannot rebuild
@@ -294,6 +296,32 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print("[jaxsane] usage error: " + " ".join(message.split()), file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _replay_precision(path: str, target: Any) -> int:
+    """``jaxsane replay DUMP --step M:A --precision``: :func:`jaxsane.compare_precision` of the step on the dumped
+    inputs (exit 1 when an equation lost precision, 0 when none did)."""
+    from ._core.errors import DumpError, DumpShapeError
+    from ._dump.dump import load_dump
+    from ._experiment.contract import Experiment, PureExperiment
+    from ._experiment.purify import positional_arity
+    from ._precision.compare import compare_precision
+
+    if not isinstance(target, Experiment) and callable(target) and positional_arity(target) == 0:
+        target = target()
+    step = PureExperiment(target).step if isinstance(target, Experiment) else target
+    try:
+        dump = load_dump(path)
+    except (DumpError, DumpShapeError) as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    findings = compare_precision(lambda *a: step(*a, **dump.kwargs), *dump.args)
+    if not findings:
+        print("[jaxsane] replay --precision: no equation lost more than rounding against float32 on the dumped inputs")
+        return EXIT_OK
+    for f in findings:
+        print(f"{f.severity} {f.code}: {f.message}\n  fix: {f.hint}")
+    return EXIT_ERRORS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--pdb",
         action="store_true",
         help="after the report, open a post-mortem pdb session in your own line at the origin (jaxsane.post_mortem)",
+    )
+    p.add_argument(
+        "--precision",
+        action="store_true",
+        help="instead of locating a NaN, compare the step in its low precision (bf16/fp16) with float32, equation "
+        "by equation, and name where precision is lost (jaxsane.compare_precision)",
     )
     p.set_defaults(func=_replay)
     return parser

@@ -20,6 +20,7 @@ LAYERS = (
     "_dump",
     "_dist",
     "_locate",
+    "_precision",
     "_guard",
     "_data",
     "_checks",

@@ -47,7 +47,8 @@ import jaxsane  # noqa: E402
 from jaxsane._experiment.contract import PureExperiment  # noqa: E402
 from jaxsane._experiment.batches import iter_batches  # noqa: E402
 
-LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update", "nonfinite.literal")
+LOCATED_CODES = ("nonfinite.forward", "nonfinite.backward", "nonfinite.update", "nonfinite.literal",
+                 "precision.lost", "precision.overflow")
 BASELINE_STEPS = 10
 
 

@@ -183,6 +183,29 @@ CODES: dict[str, tuple[str, str, str]] = {
         "update/parameter norm ratio outside a sane band",
         "learning rate too high or too low",
     ),
+    "train.update_underflow": (
+        WARNING,
+        "a low-precision parameter does not move although its update is non-zero: the update rounds away",
+        "pure bf16/fp16 weights with a small learning rate (bf16 keeps 8 bits: an update below ~2^-8 of the "
+        "weight is lost); fix with float32 master weights, stochastic rounding or a larger learning rate",
+    ),
+    "train.loss_spike": (
+        WARNING,
+        "the loss jumped far above its recent robust level (recent median + k robust sigmas) for a step",
+        "a few corrupt or extreme examples in a batch, Adam's second moment lagging a sudden gradient "
+        "(eps/beta2 too small), a learning rate too high for the current curvature",
+    ),
+    "precision.lost": (
+        WARNING,
+        "an equation computed in low precision (bf16/fp16) differs from its float32 reference by far more "
+        "than the dtype's rounding",
+        "a long sum/mean accumulated in bf16, softmax/logsumexp/variance in bf16, 1 - p or log(1 + x) cancellation",
+    ),
+    "precision.overflow": (
+        ERROR,
+        "an fp16/bf16 value overflows to inf (or flushes to zero) where its float32 reference is finite",
+        "fp16 activations or gradients above 65504 without loss scaling, exp of a large logit in fp16",
+    ),
     "dist.replica_divergence": (
         ERROR,
         "values that should be replicated differ across devices or processes",

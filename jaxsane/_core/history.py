@@ -23,6 +23,8 @@ class History:
       tele_steps, param_norm, update_norm, grad_norm: sampled telemetry (``grad_norm`` empty without loss).
       dead_steps, dead_fraction, relu_shapes: sampled dead-ReLU fractions per ReLU site.
       relu_labels: a label per ReLU site (its module scope or ``file:line``), when the monitor found them.
+      lost_steps, update_lost: per sampled step, per float leaf, the fraction of the elements whose update
+        rounded away (bf16/fp16 leaves only; ``-1`` = not measured), see ``_precision/underflow.py``.
     """
 
     steps: list = dataclasses.field(default_factory=list)
@@ -43,6 +45,8 @@ class History:
     dead_fraction: list = dataclasses.field(default_factory=list)
     relu_shapes: list = dataclasses.field(default_factory=list)
     relu_labels: list = dataclasses.field(default_factory=list)
+    lost_steps: list = dataclasses.field(default_factory=list)
+    update_lost: list = dataclasses.field(default_factory=list)
 
     def arrays(self, name: str) -> np.ndarray:
         """A recorded telemetry field as a float array ``(samples, leaves)`` (``NaN`` for sanitized values)."""

@@ -29,7 +29,8 @@ Rules (``root -> consequence``), each applied only when the consequence does not
   ``grad.mismatch`` and ``grad.missing`` (judged at init) are consequences of a forward-side fact at init
   (step 0 or no step: a forward NaN, a NaN loss at init), or of any non-finite fact when the grad
   finding's own derivatives are non-finite.
-* **no learning -> no fit.** ``step.no_update`` and ``step.opt_state_frozen`` make ``overfit.failed``,
+* **no learning -> no fit.** ``step.no_update``, ``step.opt_state_frozen`` and ``train.update_underflow``
+  (bf16 updates that round away) make ``overfit.failed``,
   ``model.ignores_input``, ``train.plateau`` and a too-small ``train.update_ratio`` consequences.
 * **an input-blind model cannot fit.** ``model.ignores_input`` makes ``overfit.failed`` a consequence.
 * **a leaf without gradient never moves.** ``grad.missing`` makes ``train.vanishing_grads`` and a too-small
@@ -69,7 +70,7 @@ NONFINITE_RANK = {
     "nonfinite.update": 2,
     "dist.nonfinite_shard": 3,
 }
-FROZEN_ROOTS = ("step.no_update", "step.opt_state_frozen")
+FROZEN_ROOTS = ("step.no_update", "step.opt_state_frozen", "train.update_underflow")
 JUDGED = ("overfit.failed", "model.ignores_input")
 
 _DATA_HINTS = {

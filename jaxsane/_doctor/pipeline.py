@@ -51,6 +51,7 @@ from .._experiment.contract import Experiment, PureExperiment
 from .._locate.locate import latent_nan_findings
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
+from .._precision.step_check import check_step_underflow
 from .options import (
     OPTION_CLASSES,
     BatchOptions,
@@ -359,7 +360,11 @@ def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
-    return check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    findings = check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    underflow = check_step_underflow(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    if any(f.code == "train.update_underflow" for f in underflow):  # float32 moves: not a zero update
+        findings = [f for f in findings if f.code != "step.no_update"]
+    return [*findings, *underflow]
 
 
 def batch_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -44,6 +44,7 @@ from .._monitor.monitor import (
     leaf_norms,
     relu_outputs,
 )
+from .._precision.underflow import has_low_precision, shadow_lost_fractions, shadow_supported
 from .options import RunOptions
 
 
@@ -72,6 +73,8 @@ class RunPrograms:
         self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
         self.after = quick_jit(self._after, runs=steps)
         self.dead = quick_jit(self._dead, runs=steps)
+        self.lost = quick_jit(self._lost, runs=steps)
+        self.shadow_ok: bool | None = None  # bf16/fp16 parameters and a step that runs upcast (decided once)
         self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
 
     def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
@@ -87,6 +90,21 @@ class RunPrograms:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
         finite = jnp.all(grouped_finite_flags((new_state, metrics)))  # inputs count only when an output is bad
         return leaf_norms([a - b for a, b in zip(after, before)]), finite
+
+    def _lost(self, state: PyTree, new_state: PyTree, batch: PyTree) -> jax.Array:
+        adapted = self.adapted
+        return shadow_lost_fractions(adapted.step, adapted.params, state, batch, adapted.params(new_state))
+
+    def measures_lost(self, state: PyTree, batch: PyTree) -> bool:
+        """Whether the run measures updates lost to rounding (``_precision/underflow.py``): bf16/fp16
+        parameters and a step that runs on a float32-upcast state (checked abstractly once)."""
+        if self.shadow_ok is None:
+            self.shadow_ok = (
+                self.monitor.underflow
+                and has_low_precision(self.adapted.params(state))
+                and shadow_supported(self.adapted.step, state, batch, self.adapted.params)
+            )
+        return self.shadow_ok
 
     def _dead(self, params: PyTree, inputs: Any) -> jax.Array:
         apply_fn = self.adapted.apply_fn
@@ -219,6 +237,8 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
             if "loss" not in metrics and handle_loss is not None:
                 metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it
             tel = {"param_norm": tel["param_norm"], "update_norm": update_norm, **tel}
+            if programs.measures_lost(kept, batch):
+                tel["update_lost"] = programs.lost(kept, new_state, batch)
             if mode == MODE_FULL and monitor.dead:
                 tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(ctx.experiment, batch))
             metrics = {**metrics, "telemetry": tel}

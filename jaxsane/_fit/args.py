@@ -17,6 +17,18 @@ from .._experiment.contract import Experiment
 from .._monitor.writers import require_writer
 
 POLICIES = FIT_POLICIES  # the words of the one raise/skip/warn vocabulary that fit carries out
+SPIKE_POLICIES = ("warn", "rollback", "skip")  # fit(on_spike=...): a spike is seen on the host after its step
+
+
+def check_spike_policy(value: Any) -> str:
+    """``fit(on_spike=...)``: one of :data:`SPIKE_POLICIES`, else a FitArgumentError naming them."""
+    if isinstance(value, str) and value in SPIKE_POLICIES:
+        return value
+    raise FitArgumentError(
+        f"fit(on_spike=...) must be one of {', '.join(map(repr, SPIKE_POLICIES))}, got {value!r}. 'warn': record "
+        "train.loss_spike with its forensics; 'rollback'/'skip': also restore the last verified state and skip "
+        "only the spiking batch."
+    )
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -166,6 +178,7 @@ class FitOptions:
     rollback_every: int | None
     checks: bool
     hang_timeout: float | None | str
+    on_spike: str = "warn"
 
     def checked(self) -> FitOptions:
         """Every argument checked, in fit's order (an ExperimentError or FitArgumentError, before any work;
@@ -226,6 +239,7 @@ class FitOptions:
             )
         if self.tensorboard_dir is not None:
             check_dir_arg("tensorboard_dir", self.tensorboard_dir, create=False)
+        check_spike_policy(self.on_spike)
         telemetry_every = max(1, min(50, steps // 40)) if self.telemetry_every is None else self.telemetry_every
         return dataclasses.replace(
             self,

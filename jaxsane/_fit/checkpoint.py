@@ -359,6 +359,8 @@ def truncate_history(h: History, position: int) -> History:
     del h.grad_steps[k:], h.grad_norm[k:]
     k = cut(h.dead_steps, False)
     del h.dead_steps[k:], h.dead_fraction[k:]
+    k = cut(h.lost_steps, False)
+    del h.lost_steps[k:], h.update_lost[k:]
     k = cut(h.eval_steps, True)
     del h.eval_steps[k:], h.eval_loss[k:]
     for v in h.eval_metrics.values():

@@ -47,7 +47,7 @@ def fit(
     metrics_path: str | None = None, tensorboard_dir: str | None = None, writer: Any = None,
     progress: bool = True, report: str | None = None, dump_dir: str | None = None, thresholds: dict | None = None,
     restore_best: bool = False, repeat: bool = False, rollback_every: int | None = None, checks: bool = False,
-    hang_timeout: float | None | str = "auto",
+    hang_timeout: float | None | str = "auto", on_spike: str = "warn",
 ) -> FitResult:  # fmt: skip
     """Train ``experiment`` for ``steps`` steps under guard and the monitor, with checkpoints and early stopping.
 
@@ -108,6 +108,11 @@ def fit(
         (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
         under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
         and checkpoints run outside the guarded step, so only pauses taken by some processes count.
+      on_spike: a loss spike (``train.loss_spike``, the ``spike_*`` thresholds of check_training, overridable in
+        ``thresholds``), seen when the loop verifies its steps (every ``rollback_every``): ``"warn"`` records it with
+        its forensics (the examples carrying the gradient, update-ratio jumps, Adam's second-moment lag; the batch
+        dumped under ``dump_dir``); ``"rollback"`` (or ``"skip"``, the same: a spike is seen after its update)
+        also restores the last verified state and skips only that batch, sharing ``max_rollbacks``.
 
     Returns:
       A :class:`FitResult`.

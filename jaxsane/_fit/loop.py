@@ -30,9 +30,10 @@ from . import checkpoint as _ckpt
 from .args import FitOptions
 from .data import Evaluator, check_first_labels, train_stream
 from .metrics_log import MetricsLog, read_history, rewrite
-from .preempt import StopRequests
 from .prechecks import check_eval_data, record_meta, run_checks
+from .preempt import StopRequests
 from .result import FitResult
+from .spikes import SpikeRollback, SpikeWatch
 from .state import Snapshot, best_state, dtype_changes, keep_copy
 
 
@@ -104,8 +105,9 @@ class TrainLoop:
         self.diagnosis = Diagnosis(name=o.experiment.name)
         self.evaluator = Evaluator(self.adapted, o.experiment.eval, o.eval_batches) if self.eval_every else None
         self.rollback_on = o.on_nonfinite == "rollback"
+        self.spikes = SpikeWatch(o.on_spike, o.thresholds, o.dump_dir)
         # the last state known finite, on the host
-        self.snapshot = Snapshot(self.start, self.state) if self.rollback_on else None
+        self.snapshot = Snapshot(self.start, self.state) if self.rollback_on or self.spikes.rolls_back else None
         if o.checks and self.start == 0:
             run_checks(self.adapted, self.diagnosis, self.timings, o.progress)
         self.bar = StepProgress(o.progress, o.steps, self.start, o.experiment.name)
@@ -197,6 +199,9 @@ class TrainLoop:
         """Wait for every step's flags (may raise NonFiniteError); the state is then known finite."""
         self.guarded.flush()
         self.note_failures()
+        spiked = self.spikes.find(self)
+        if spiked is not None:
+            raise SpikeRollback(spiked)
         if self.snapshot is not None and self.snapshot.position != position:
             self.snapshot = Snapshot(position, self.state)
         self.consumed = []
@@ -248,7 +253,7 @@ class TrainLoop:
         o, position = self.options, self.position
         if stop or position == 1 or position % o.checkpoint_every == 0 or position == self.steps:
             self.checkpoint(position)
-        elif self.rollback_on and position % self.rollback_every == 0:
+        elif position % self.rollback_every == 0:  # also where no rollback is kept: the spike watch reads losses
             self.verified(position)
 
     def advance(self, item: tuple[int, Any]) -> bool:
@@ -299,6 +304,42 @@ class TrainLoop:
         finding = error.finding
         call = getattr(finding, "step", None)
         bad = self.positions[call] if isinstance(call, int) and call < len(self.positions) else None
+        back, what = self.restore_snapshot(bad)
+        where = f"{getattr(finding, 'code', 'nonfinite')} at {getattr(finding, 'path', None) or 'step'}"
+        line = (
+            f"[jaxsane] non-finite step ({where}): rolled back to the state after step {back} "
+            f"({meta.rollbacks}/{o.max_rollbacks} rollbacks); {what} is skipped, the good batches since "
+            f"step {back} are replayed."
+        )
+        warnings.warn(
+            line + (f"\n{error}" if meta.rollbacks == 1 else ""), JaxsaneWarning, stacklevel=user_stacklevel()
+        )
+        return back
+
+    def rollback_spike(self, spike: SpikeRollback) -> int:
+        """A loss spike under ``on_spike="rollback"``/``"skip"``: restore the last verified state, skip the spiking
+        batch and replay the others (the new data position); past ``max_rollbacks`` the spike is only recorded."""
+        o, meta = self.options, self.meta
+        if meta.rollbacks >= o.max_rollbacks or self.snapshot is None:
+            self.snapshot = Snapshot(self.position, self.state) if self.snapshot is not None else None
+            self.consumed = []
+            return self.position
+        meta.rollbacks += 1
+        back, what = self.restore_snapshot(spike.position)
+        warnings.warn(
+            f"[jaxsane] loss spike (train.loss_spike) at step {spike.position}: rolled back to the state after step "
+            f"{back} ({meta.rollbacks}/{o.max_rollbacks} rollbacks); {what} is skipped, the good batches since "
+            f"step {back} are replayed.",
+            JaxsaneWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return back
+
+    def restore_snapshot(self, bad: int | None) -> tuple[int, str]:
+        """Put the last verified state back, skip batch ``bad`` (every batch since the snapshot when it cannot
+        be told) and queue the others for replay; returns (the snapshot's position, what was skipped)."""
+        meta = self.meta
+        assert self.snapshot is not None, "a rollback keeps a snapshot from the start"
         back = self.snapshot.position
         self.state = self.snapshot.restore()
         self.monitor.pull()
@@ -313,17 +354,7 @@ class TrainLoop:
         meta.skipped_batches = sorted(self.skip)
         self.replay.extendleft(reversed(self.consumed))
         self.consumed = []
-        what = f"batch {bad_batches[0]}" if len(bad_batches) == 1 else f"batches {bad_batches}"
-        where = f"{getattr(finding, 'code', 'nonfinite')} at {getattr(finding, 'path', None) or 'step'}"
-        line = (
-            f"[jaxsane] non-finite step ({where}): rolled back to the state after step {back} "
-            f"({meta.rollbacks}/{o.max_rollbacks} rollbacks); {what} is skipped, the good batches since "
-            f"step {back} are replayed."
-        )
-        warnings.warn(
-            line + (f"\n{error}" if meta.rollbacks == 1 else ""), JaxsaneWarning, stacklevel=user_stacklevel()
-        )
-        return back
+        return back, f"batch {bad_batches[0]}" if len(bad_batches) == 1 else f"batches {bad_batches}"
 
     # ------------------------------------------------------------------------- the run
 
@@ -342,6 +373,9 @@ class TrainLoop:
                         break
                     except NonFiniteError as e:
                         self.position = self.rollback(e)
+                        self.exhausted_at, self.stopped_early = None, False
+                    except SpikeRollback as e:
+                        self.position = self.rollback_spike(e)
                         self.exhausted_at, self.stopped_early = None, False
                 if self.preempted is not None:
                     self.verify_stop_checkpoint()
@@ -436,7 +470,7 @@ class TrainLoop:
                 like=last_state,
                 init=lambda: self.adapted.init(self.key),
             )
-        self.diagnosis.add(check_training(self.monitor.history, **(o.thresholds or {})))
+        self.diagnosis.add(self.spikes.drop_repeats(check_training(self.monitor.history, **(o.thresholds or {}))))
         result = FitResult(
             state=state,
             history=self.monitor.history,

@@ -42,6 +42,14 @@ from .._core.validate import require_bool, require_int
 from .._experiment.batches import get_inputs
 from .._experiment.contract import PureExperiment, require_experiment
 from .._jaxpr.interpret import Interpreter, bodies
+from .._precision.underflow import (
+    float_leaves,
+    has_low_precision,
+    lost_fractions,
+    proxy_lost_fractions,
+    shadow_supported,
+    upcast,
+)
 from .train_checks import check_training as check_training
 from .writers import require_writer, write_scalars
 
@@ -244,6 +252,9 @@ class Monitor:
       grads: compute per-leaf gradient norms (needs ``loss``) at sampled steps.
       log_every: move queued telemetry to the host every this many recorded steps.
       lag: when pulling, leave this many newest steps queued so the host never waits for running steps.
+      underflow: on telemetry steps of a model with bf16/fp16 parameters, also measure per leaf the fraction
+        of updates lost to rounding (a float32 shadow step, see ``_precision/underflow.py``); a float32 model
+        pays nothing.
       writer: also send what reaches the host (train metrics and gradient norms at each pull, evaluations at
         :meth:`record_eval`) to this object with clu's ``write_scalars(step, scalars)`` / ``flush()``
         protocol; None keeps everything in :attr:`history` only.
@@ -274,6 +285,7 @@ class Monitor:
         log_every: int = 100,
         lag: int = 2,
         writer: Any = None,
+        underflow: bool = True,
     ):
         require_experiment("Monitor", adapted, "adapted")
         self.writer = require_writer("Monitor", writer)
@@ -285,6 +297,9 @@ class Monitor:
         require_int("Monitor", "dead_every", dead_every, min=0)
         require_int("Monitor", "lag", lag, min=0)
         require_bool("Monitor", "grads", grads)
+        require_bool("Monitor", "underflow", underflow)
+        self.underflow = underflow
+        self._shadow_ok: bool | None = None  # can the step run on a float32-upcast state? (decided once)
         self.lag = int(lag)
         self.adapted = adapted
         self.every, self.dead_every, self.log_every = int(every), int(dead_every), int(log_every)
@@ -316,10 +331,11 @@ class Monitor:
         p0 = adapted.params(state)
         # read the values now: NNX states hold Variables that the step may update in place
         leaves0 = [x for x in jax.tree_util.tree_leaves(p0) if is_inexact(x)]
-        grad_norm = handle_loss = None
+        grad_norm = handle_loss = grads = None
         if self.grads and (loss_fn := adapted.loss_fn) is not None:  # self.grads implies a loss handle
             handle_loss, grads = jax.value_and_grad(loss_fn, allow_int=True)(p0, batch)  # int leaves: float0
             grad_norm = leaf_norms(grads)
+        shadow = self._shadow_params(state, batch, p0)
         new_state, metrics = adapted.step(state, batch)
         if "loss" not in metrics and handle_loss is not None:
             # a step that reports no loss (it returns only the state): record Experiment.loss before
@@ -330,10 +346,28 @@ class Monitor:
         tel = {"param_norm": leaf_norms(leaves0), "update_norm": leaf_norms([a - b for a, b in zip(leaves1, leaves0)])}
         if grad_norm is not None:
             tel["grad_norm"] = grad_norm
+        if shadow is not None:
+            tel["update_lost"] = lost_fractions(leaves0, leaves1, shadow)
+        elif grads is not None and self.underflow and has_low_precision(p0):
+            tel["update_lost"] = proxy_lost_fractions(leaves0, leaves1, float_leaves(grads))
         if mode == MODE_FULL and self.dead and (apply_fn := adapted.apply_fn) is not None:  # dead: apply exists
             inputs = get_inputs(adapted.experiment, batch)
             tel["dead_fraction"] = finite_or_minus_one(dead_fractions(relu_outputs(apply_fn, p0, inputs)))
         return new_state, {**metrics, "telemetry": tel}
+
+    def _shadow_params(self, state: PyTree, batch: PyTree, p0: PyTree) -> list | None:
+        """The float parameter leaves after the float32 shadow step (``_precision/underflow.py``), or None
+        when the parameters hold no bf16/fp16 leaf or the step cannot run upcast. Jit-safe (traced once per
+        mode)."""
+        adapted = self.adapted
+        if not (self.underflow and has_low_precision(p0)):
+            return None
+        if self._shadow_ok is None:
+            self._shadow_ok = shadow_supported(adapted.step, state, batch, adapted.params)
+        if not self._shadow_ok:
+            return None
+        shadow_state, _ = adapted.step(upcast(state), batch)
+        return float_leaves(adapted.params(shadow_state))
 
     # ------------------------------------------------------------------ host side
     def mode_for(self, i: int) -> int:
@@ -393,7 +427,7 @@ class Monitor:
         groups: dict = {}
         for i, m in pending:  # one group per step mode (bare / norms / full): same structure, same shapes
             groups.setdefault(jax.tree_util.tree_structure(m), []).append((i, m))
-        train, tele, grad, dead = [], [], [], []
+        train, tele, grad, dead, lost = [], [], [], [], []
         for items in groups.values():
             steps = [i for i, _ in items]
             cols = _stacked([m for _, m in items])
@@ -418,22 +452,15 @@ class Monitor:
                     grad += [(i, tel["grad_norm"][k]) for k, i in enumerate(steps)]
                 if "dead_fraction" in tel:
                     dead += [(i, tel["dead_fraction"][k]) for k, i in enumerate(steps)]
+                if "update_lost" in tel:
+                    lost += [(i, tel["update_lost"][k]) for k, i in enumerate(steps)]
         h = self.history
         for i, loss, scalars in sorted(train, key=lambda r: r[0]):
             h.steps.append(i)
             h.loss.append(float(loss))
             for n, v in scalars.items():
                 h.train_metrics.setdefault(n, []).append(float(v))
-        for i, p, u in sorted(tele, key=lambda r: r[0]):
-            h.tele_steps.append(i)
-            h.param_norm.append(p.tolist())
-            h.update_norm.append(u.tolist())
-        for i, g in sorted(grad, key=lambda r: r[0]):
-            h.grad_steps.append(i)
-            h.grad_norm.append(g.tolist())
-        for i, d in sorted(dead, key=lambda r: r[0]):
-            h.dead_steps.append(i)
-            h.dead_fraction.append(d.tolist())
+        _append_telemetry(h, tele, grad, dead, lost)
         if self.writer is not None:
             write_scalars(
                 self.writer,
@@ -492,3 +519,20 @@ def _stacked_on_host(trees: list) -> PyTree:
 def _rebuild(params: PyTree, float_leaves: list) -> PyTree:
     it = iter(float_leaves)
     return jax.tree_util.tree_map(lambda x: next(it) if is_inexact(x) else x, params)
+
+
+def _append_telemetry(h: History, tele: list, grad: list, dead: list, lost: list) -> None:
+    """Append pulled telemetry rows (``(step, values...)``) to ``h`` in step order. Host-side."""
+    for i, p, u in sorted(tele, key=lambda r: r[0]):
+        h.tele_steps.append(i)
+        h.param_norm.append(p.tolist())
+        h.update_norm.append(u.tolist())
+    for i, g in sorted(grad, key=lambda r: r[0]):
+        h.grad_steps.append(i)
+        h.grad_norm.append(g.tolist())
+    for i, d in sorted(dead, key=lambda r: r[0]):
+        h.dead_steps.append(i)
+        h.dead_fraction.append(d.tolist())
+    for i, f in sorted(lost, key=lambda r: r[0]):
+        h.lost_steps.append(i)
+        h.update_lost.append(f.tolist())

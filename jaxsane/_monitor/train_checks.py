@@ -16,6 +16,7 @@ import numpy as np
 from .._core.finding import Finding
 from .._core.history import History
 from .._core.validate import fail, require_float, require_int
+from .precision_checks import check_loss_spikes, check_update_underflow
 
 # ----------------------------------------------------------------------------- detectors
 
@@ -47,6 +48,11 @@ def check_training(
     dead_fraction: float = 0.7,
     overfit_rise: float = 0.2,
     min_evals: int = 3,
+    underflow_fraction: float = 0.25,
+    spike_window: int = 50,
+    spike_k: float = 6.0,
+    spike_rel: float = 0.5,
+    spike_min_history: int = 10,
 ) -> list[Finding]:
     """Judge a recorded :class:`History` and return ``train.*`` findings (never raises on a finding).
 
@@ -77,6 +83,12 @@ def check_training(
       overfit_rise: ``train.overfitting`` when the latest eval loss is this fraction above its best
         while the train loss kept falling.
       min_evals: the overfitting rule needs this many evaluations.
+      underflow_fraction: ``train.update_underflow`` when a bf16/fp16 leaf's median fraction of updates lost
+        to rounding (non-zero in a float32 shadow step, bitwise no change in the real one) is at least this.
+      spike_window, spike_k, spike_rel, spike_min_history: ``train.loss_spike`` when a step's loss exceeds
+        the median of the last ``spike_min_history`` losses by more than ``spike_k`` robust sigmas (1.4826 x
+        the MAD of successive differences / sqrt 2 over the previous ``spike_window`` losses) and by
+        ``spike_rel`` of that median (see ``_monitor/precision_checks.py``).
 
     Returns:
       A list of :class:`Finding` (empty for a healthy run). Not jit-safe (host numpy).
@@ -97,8 +109,15 @@ def check_training(
         dead_fraction=dead_fraction,
         overfit_rise=overfit_rise,
         min_evals=min_evals,
+        underflow_fraction=underflow_fraction,
+        spike_window=spike_window,
+        spike_k=spike_k,
+        spike_rel=spike_rel,
+        spike_min_history=spike_min_history,
     )
     out = _check_loss(history, limits)
+    out += check_loss_spikes(history, window=spike_window, k=spike_k, rel=spike_rel, min_history=spike_min_history)
+    out += check_update_underflow(history, limits.underflow_fraction)
     out += _check_update_ratio(history, limits.update_ratio_low, limits.update_ratio_high)
     out += _check_gradients(
         history, limits.vanishing_ratio, limits.vanishing_first, limits.exploding_ratio, limits.grad_growth
@@ -153,12 +172,19 @@ class TrainThresholds:
     dead_fraction: float = 0.7  # train.dead_units: a ReLU site's median inactive fraction (AUTOTRAINER)
     overfit_rise: float = 0.2  # train.overfitting: latest eval loss this fraction above its best
     min_evals: int = 3  # the overfitting rule needs this many evaluations
+    underflow_fraction: float = 0.25  # train.update_underflow: median fraction of updates lost to rounding
+    spike_window: int = 50  # train.loss_spike: the robust level is over this many previous losses ...
+    spike_k: float = 6.0  # ... median + spike_k x 1.4826 x MAD ...
+    spike_rel: float = 0.5  # ... and at least this fraction of the median above it
+    spike_min_history: int = 10  # ... with at least this many losses before the step
 
     def __post_init__(self) -> None:
         require_int("check_training", "min_steps", self.min_steps, min=1)
         require_int("check_training", "min_evals", self.min_evals, min=1)
+        require_int("check_training", "spike_window", self.spike_window, min=1)
+        require_int("check_training", "spike_min_history", self.spike_min_history, min=1)
         for field in dataclasses.fields(self):
-            if field.name not in ("min_steps", "min_evals"):
+            if field.name not in ("min_steps", "min_evals", "spike_window", "spike_min_history"):
                 require_float("check_training", field.name, getattr(self, field.name), min=0.0)
 
 

@@ -174,8 +174,8 @@ def test_loss_rules_judge_windows_not_single_steps():
     falling = 2.3 * np.exp(-np.arange(60) / 20) + 0.05 * rng.random(60)
     assert _codes(_history(falling)) == []
     spiky = falling.copy()
-    spiky[[30, 45, 59]] = 50.0                 # single spikes, even at the very end: not a trend
-    assert _codes(_history(spiky)) == []
+    spiky[[30, 45, 59]] = 50.0                 # single spikes, even at the very end: not a trend, but spikes
+    assert _codes(_history(spiky)) == ["train.loss_spike"]
     assert _codes(_history(2.3 * np.exp(np.arange(60) / 15))) == ["train.diverging"]
     assert _codes(_history([2.3] * 20 + [float("nan")] * 10)) == ["train.diverging"]
     assert _codes(_history(2.3 + 0.001 * rng.random(40))) == ["train.plateau"]
