@@ -27,7 +27,7 @@ from sphinx.util.docutils import SphinxDirective
 
 LOG = logging.getLogger(__name__)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOKS = ("nan_hunt", "overfit_one_batch", "init_scales")
+NOTEBOOKS = ("nan_hunt", "overfit_one_batch", "init_scales", "spike_forensics")
 
 
 # ----------------------------------------------------------------------------- rows, from the code

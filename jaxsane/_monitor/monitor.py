@@ -7,7 +7,8 @@
 * ``0`` — the bare step (most steps: no extra work at all);
 * ``1`` — plus telemetry in ``metrics["telemetry"]``: per-leaf parameter norm, update norm
   ``‖θ_{t+1} − θ_t‖`` and, when the Experiment has ``loss``, per-leaf gradient norms
-  (one extra gradient, which XLA partly shares with the step's own);
+  (one extra gradient, which XLA partly shares with the step's own) and, for bf16/fp16 parameters, the
+  fraction of each leaf's updates lost to rounding (a float32 shadow step, ``_precision/underflow.py``);
 * ``2`` — plus the fraction of dead ReLU units per ReLU site, when the Experiment has ``apply``
   (the ReLU-family ``max(x, 0)`` outputs, see :func:`relu_outputs`, are captured by evaluating
   ``apply``'s jaxpr on the batch's inputs
