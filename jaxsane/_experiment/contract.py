@@ -20,7 +20,6 @@ Reading the data an Experiment names (batches, their inputs/labels/mask, example
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +35,7 @@ from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
 from .purify import (
+    call_parameters,
     call_split,
     combine,
     has_kept,
@@ -543,11 +543,9 @@ def check_step_signature(step: Any, example: Any, spread: bool) -> None:
     passes (``step(state, batch)``, or ``step(*state, batch)`` for a spread tuple state), before its first
     call. A signature that cannot be read (a C callable, ``*args``) passes: the first call's binding is
     checked instead. Not jit-relevant (host-side, on the function object)."""
-    try:
-        sig = inspect.signature(unwrap(step))
-    except (TypeError, ValueError):
+    params = call_parameters(step)
+    if params is None:
         return
-    params = list(sig.parameters.values())
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -325,24 +325,37 @@ def unwrap(fn: Callable) -> Callable:
     return fn
 
 
+def call_parameters(fn: Callable) -> list[inspect.Parameter] | None:
+    """The parameters a call of ``fn`` binds to: its own signature when it declares one (``jax.jit`` shows the
+    jitted function's; a decorator with explicit parameters may inject more into the function it wraps), else,
+    for a generic wrapper (``*args``, or no readable signature: ``nnx.jit``, ``eqx.filter_jit``, ``jax.pmap``),
+    the wrapped function's (:func:`unwrap`); None when neither can be read."""
+    try:
+        own = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+        if not any(p.kind == p.VAR_POSITIONAL for p in own):
+            return own
+    except (TypeError, ValueError):
+        pass
+    try:
+        return list(inspect.signature(unwrap(fn)).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
 def positional_names(fn: Callable) -> list[str]:
     """The names of ``fn``'s positional parameters (empty when its signature cannot be read)."""
-    try:
-        params = list(inspect.signature(unwrap(fn)).parameters.values())
-    except (TypeError, ValueError):
-        return []
+    params = call_parameters(fn) or []
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def positional_arity(fn: Callable, required: bool = False) -> int | None:
     """How many positional arguments ``fn`` takes (``required``: only those without a default); None for
     ``*args`` or an unreadable signature."""
-    try:
-        sig = inspect.signature(unwrap(fn))
-    except (TypeError, ValueError):
+    params = call_parameters(fn)
+    if params is None:
         return None
     n = 0
-    for p in sig.parameters.values():
+    for p in params:
         if p.kind == p.VAR_POSITIONAL:
             return None
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and not (required and p.default is not p.empty):

@@ -88,3 +88,31 @@ def test_an_unreadable_signature_is_checked_at_the_first_call_only_for_the_bindi
     with pytest.raises(TypeError, match="the user's own TypeError") as info:  # raised inside the user's code
         adapted.step(adapted.init(jax.random.key(0)), batch())
     assert not isinstance(info.value, ExperimentError)
+
+
+def _with_rng(fn):
+    """A decorator that injects an argument into the function it wraps (its own signature is the call's)."""
+    @functools.wraps(fn)
+    def wrapper(state, b):
+        return fn(state, b, jax.random.key(1))
+    return wrapper
+
+
+@_with_rng
+def _injected(state, b, rng):
+    return optax_step(state, b)
+
+
+def test_a_decorator_that_injects_an_argument_is_read_by_its_own_signature():
+    adapted = PureExperiment(_exp(_injected))
+    _, metrics = adapted.step(adapted.init(jax.random.key(0)), batch())
+    assert "loss" in metrics
+
+
+def test_nnx_and_equinox_jit_wrappers_are_read_through():
+    from flax import nnx
+    with pytest.raises(ExperimentError, match="takes 1 positional argument"):
+        PureExperiment(_exp(nnx.jit(lambda s: s)))
+    eqx = pytest.importorskip("equinox")
+    with pytest.raises(ExperimentError, match="takes 1 positional argument"):
+        PureExperiment(_exp(eqx.filter_jit(lambda s: s)))

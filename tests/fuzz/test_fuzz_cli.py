@@ -150,9 +150,8 @@ def replay_argv(draw):
     ))
     argv = ["replay", dump]
     if draw(st.integers(0, 5)):
-        # KNOWN, not fixed here: `replay --step FILE:factory` whose factory raises prints a traceback (replay_dump
-        # calls it bare); the replay --like/factory work owns that call. Remove this filter once it is a usage error.
-        targets = _targets(root).filter(lambda t: not t.endswith(":raises"))
+        # a factory that raises included: replay names the user's exception and exits 2
+        targets = _targets(root)
         argv += ["--step", draw(st.one_of(st.just(f"{os.path.join(root, 'fuzz_prog.py')}:step"), targets))]
     return argv
 
