@@ -108,20 +108,18 @@ def fit(
         (code 75). ``"auto"`` (default): ``DEFAULT_FIT_TIMEOUT`` = 600 s (PyTorch's default NCCL timeout)
         under ``jax.distributed`` with more than one process, off otherwise; None turns it off. Evaluation
         and checkpoints run outside the guarded step, so only pauses taken by some processes count.
-      on_spike: a loss spike (``train.loss_spike``, the ``spike_*`` thresholds of check_training, overridable in
-        ``thresholds``), seen when the loop verifies its steps (every ``rollback_every``): ``"warn"`` records it with
-        its forensics (the examples carrying the gradient, update-ratio jumps, Adam's second-moment lag; the batch
-        dumped under ``dump_dir``); ``"rollback"`` (or ``"skip"``, the same: a spike is seen after its update)
-        also restores the last verified state and skips only that batch, sharing ``max_rollbacks``.
+      on_spike: on a loss spike (``train.loss_spike``; ``spike_*`` thresholds of check_training, overridable in
+        ``thresholds``), seen when the loop verifies its steps: ``"warn"`` records it with its forensics (examples
+        carrying the gradient, update-ratio jumps, Adam's second-moment lag; the batch dumped under ``dump_dir``);
+        ``"rollback"`` (or ``"skip"``, the same) also restores the last verified state and skips only that batch.
 
     Returns:
       A :class:`FitResult`.
 
     Raises:
-      Preempted: SIGTERM, Ctrl-C or a preemption notice stopped the run after a step: its ``step``,
-        ``checkpoint`` (verified; None without ``checkpoint_dir``), ``signal`` and ``result`` (the FitResult
-        so far). A script should ``sys.exit(e.exit_code)`` (82); calling fit again resumes. A second Ctrl-C
-        raises KeyboardInterrupt at once (the newest intact checkpoint stays the one to resume from).
+      Preempted: SIGTERM, Ctrl-C or a preemption notice stopped the run after a step: its ``step``, verified
+        ``checkpoint``, ``signal`` and ``result``; a script should ``sys.exit(e.exit_code)`` (82), and calling fit
+        again resumes. A second Ctrl-C raises KeyboardInterrupt at once (the newest intact checkpoint stays).
       NonFiniteError: with ``on_nonfinite="raise"``, after ``max_rollbacks`` rollbacks, or when
         ``"skip"`` skipped too many steps in a row (the message names the report when one was asked).
       CheckpointError: no intact checkpoint to resume from, or a checkpoint/metrics write failed (disk
