@@ -5,14 +5,15 @@ jumps far above its recent robust level).
 Spike rule (documented, overridable through :func:`jaxsane.check_training` / ``fit(thresholds=...)``): step
 ``t`` spikes when, with at least ``spike_min_history`` finite losses before it,
 
-    loss_t > level + max(spike_k * sigma, spike_rel * |level|)
+    loss_t > level + margin  and  loss_t - loss_prev > margin / 2,   margin = max(spike_k * sigma, spike_rel * |level|)
 
 where ``level`` is the median of the last ``spike_min_history`` losses (the recent level, not pulled up by a
 falling start) and ``sigma = 1.4826 * median|l_i - l_{i-1}| / sqrt(2)`` over the previous ``spike_window``
 losses: the MAD-based robust standard deviation of the minibatch noise, taken on successive differences so
 that the loss's own downward trend does not inflate it. ``spike_k = 6`` is a six-sigma jump that ordinary
 minibatch noise does not reach; the relative floor keeps a near-constant loss (sigma ~ 0) from
-spiking on rounding noise. Host-side only (numpy), not jit-safe.
+spiking on rounding noise. The jump from the previous finite loss must itself be large: a loss that climbs smoothly
+(a few percent a step, as a diverging run does) is ``train.diverging``, not a spike. Host-side only (numpy), not jit-safe.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def spike_steps(
         if recent.size >= min_history:
             level = float(np.median(recent[-min_history:]))
             sigma = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(recent)))) / np.sqrt(2.0)
-            threshold = level + max(k * sigma, rel * abs(level))
-            if v > threshold:
+            margin = max(k * sigma, rel * abs(level))
+            threshold = level + margin
+            if v > threshold and v - base[-1] > margin / 2:
                 out.append((i, float(v), threshold))
         base.append(float(v))
     return out
