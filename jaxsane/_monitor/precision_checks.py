@@ -13,7 +13,8 @@ losses: the MAD-based robust standard deviation of the minibatch noise, taken on
 that the loss's own downward trend does not inflate it. ``spike_k = 6`` is a six-sigma jump that ordinary
 minibatch noise does not reach; the relative floor keeps a near-constant loss (sigma ~ 0) from
 spiking on rounding noise. The jump from the previous finite loss must itself be large: a loss that climbs smoothly
-(a few percent a step, as a diverging run does) is ``train.diverging``, not a spike. Host-side only (numpy), not jit-safe.
+(a few percent a step, as a diverging run does) is ``train.diverging``, not a spike.
+Host-side only (numpy), not jit-safe.
 """
 
 from __future__ import annotations
