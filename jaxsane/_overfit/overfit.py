@@ -28,7 +28,9 @@ from .._core.tree import PyTree, host_leaf, leaf_selector as _selector, scale_se
 from .._core.validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
 from .._experiment.batches import count_examples, first_batch, slice_examples
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
+from .._jaxpr.compile_level import program_cost
 from .._render.progress import Progress
+from .budget import budget_configurations, scaled_rates
 from .result import OverfitConfig, OverfitResult
 from .setup import (
     HostPrepare,
@@ -48,8 +50,10 @@ from .sweep import (
     compile_sweep,
     default_groups,
     group_layout,
+    memory_groups,
     run_sweep,
     stack_states,
+    state_bytes,
 )
 from .verdict import Ceiling, batch_ceiling, judge, normalised_outputs, targets_follow_inputs
 
@@ -187,10 +191,17 @@ def plan_overfit(
     scale_leaves: str | Callable[[str], bool] | None = None,
     groups: int | None = None,
     progress: bool = True,
+    budget_flops: float | None = None,
+    memory_bytes: float | None = None,
 ) -> OverfitPlan:
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
+
+    doctor's planning (``_doctor/budget.py``) adds two limits: ``budget_flops``, the flops the whole sweep may
+    take when ``seeds`` and ``learning_rates`` are left to it (fewer configurations, with an ``overfit.budget``
+    finding: ``_overfit/budget.py``), and ``memory_bytes``, what the stacked training states of the
+    configurations running at once may hold (more, smaller groups run one after another: ``sweep.py``).
     Not jit-safe."""
     _check_arguments(
         experiment,
@@ -228,7 +239,7 @@ def plan_overfit(
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
         raise ArgumentError("[jaxsane] overfit(init_scales=...) is empty. Fix: pass None or a few multipliers.")
-    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps)
+    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps, budget_flops, baseline)
     const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
     one_step = _loss_step(adapted, grid.step_reports_loss)
     accuracy = accuracy_fn(adapted, adapted.params(grid.example), batch)
@@ -250,7 +261,8 @@ def plan_overfit(
     if n_groups < 1:
         raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
     n_real, configs = grid.n_real, grid.configs
-    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
+    n_groups, parallel = memory_groups(n_groups, len(configs), state_bytes(grid.example), memory_bytes)
+    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups, parallel)
     sweep = _Sweep(
         adapted,
         grid,
@@ -331,20 +343,35 @@ class _Grid:
         learning_rates: Sequence[float] | None,
         scales: list[float],
         steps: int,
+        budget_flops: float | None = None,
+        baseline: bool = True,
     ) -> _Grid:
         example = adapted.example_state
         findings: list[Finding] = []
         step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
-        if seeds is None:  # as many as the model's size affords
+        lr_paths = set(learning_rate_paths(example))
+        default_lr = current_learning_rate(example) if lr_paths else None
+        multipliers: tuple[float, ...] = (0.1, 1.0, 10.0)
+        if seeds is None and budget_flops is not None and learning_rates is None:  # doctor's planned budget
+            per_config = program_cost(step_jaxpr).flops * steps * len(scales)
+            chosen = budget_configurations(
+                per_config,
+                budget_flops,
+                sweeps_lr=default_lr is not None,
+                baseline=baseline,
+                examples=count_examples(adapted.experiment, batch),
+                steps=steps,
+            )
+            seeds, multipliers = chosen.seeds, chosen.multipliers
+            findings += [chosen.finding] if chosen.finding is not None else []
+        elif seeds is None:  # as many as the model's size affords
             seeds, budget = budget_seeds(step_jaxpr, steps)
             findings += [budget] if budget is not None else []
         seed_list = _as_seeds(seeds)
-        lr_paths = set(learning_rate_paths(example))
-        default_lr = current_learning_rate(example) if lr_paths else None
         lrs: list[float | None]
         if default_lr is not None:  # found exactly when lr_paths is not empty
             lrs = (
-                [default_lr * m for m in (0.1, 1.0, 10.0)]
+                list(scaled_rates(default_lr, multipliers))
                 if learning_rates is None
                 else [float(x) for x in learning_rates]
             )
