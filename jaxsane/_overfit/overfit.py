@@ -257,12 +257,7 @@ def plan_overfit(
         target=target,
         target_accuracy=target_accuracy,
     )
-    n_groups = default_groups(grid.n_real) if groups is None else int(groups)
-    if n_groups < 1:
-        raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
-    n_real, configs = grid.n_real, grid.configs
-    n_groups, parallel = memory_groups(n_groups, len(configs), state_bytes(grid.example), memory_bytes)
-    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups, parallel)
+    layout = _layout(grid, groups, memory_bytes)
     sweep = _Sweep(
         adapted,
         grid,
@@ -276,6 +271,17 @@ def plan_overfit(
         progress=progress,
     )
     return OverfitPlan(sweep.compile, sweep.run)
+
+
+def _layout(grid: _Grid, groups: int | None, memory_bytes: float | None) -> Any:
+    """The sweep's groups: one per core (or ``groups``), more and run in turns when their states exceed
+    ``memory_bytes``."""
+    n_groups = default_groups(grid.n_real) if groups is None else int(groups)
+    if n_groups < 1:
+        raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
+    n_real, configs = grid.n_real, grid.configs
+    n_groups, parallel = memory_groups(n_groups, len(configs), state_bytes(grid.example), memory_bytes)
+    return group_layout(n_real, n_real if len(configs) > n_real else None, n_groups, parallel)
 
 
 def _check_arguments(
