@@ -81,12 +81,17 @@ class GroupLayout:
 def group_layout(n_real: int, baseline: int | None, groups: int, parallel: int = 0) -> GroupLayout:
     """Spread ``n_real`` real configurations round-robin over ``groups`` (at most ``n_real``) and put
     the baseline (config index ``baseline``) in the smallest group. Every group holds a real
-    configuration, so every group's early exit means something. ``parallel``: how many groups run at
-    once (0: all of them)."""
+    configuration, so every group's early exit means something; except with one configuration per group
+    (``groups`` above ``n_real``: the sequential sweep), where the baseline has a group of its own, which
+    runs as long as the real ones did. ``parallel``: how many groups run at once (0: all of them)."""
+    alone = baseline is not None and int(groups) > n_real
     groups = max(1, min(int(groups), n_real))
     members = [list(range(g, n_real, groups)) for g in range(groups)]
-    if baseline is not None:
+    if alone:
+        members.append([baseline])
+    elif baseline is not None:
         min(reversed(members), key=len).append(baseline)
+    groups = len(members)
     size = max(map(len, members))
     slots = np.asarray([m + [m[0]] * (size - len(m)) for m in members], dtype=int)
     padding = np.asarray([[False] * len(m) + [True] * (size - len(m)) for m in members], dtype=bool)
