@@ -99,3 +99,31 @@ def test_doctor_says_its_plan_in_the_summary_and_the_json():
     assert plan["changes"]["run"]["run_steps"] == 10  # never below 10
     assert d.stage_lines()[0] == plan["lines"][0]
     assert [s["status"] for s in d.stages] == ["ran", "ran"] and d.passed
+
+
+def test_cli_budget_must_be_positive_and_is_passed_to_doctor(monkeypatch, capsys, tmp_path):
+    from jaxsane import cli
+    from jaxsane._doctor import doctor as _doctor_module
+
+    assert cli.main(["doctor", "jaxsane.examples.digits_optax:experiment", "--budget", "0"]) == cli.EXIT_USAGE
+    assert "--budget must be a positive number" in capsys.readouterr().err
+    seen = {}
+
+    def fake_doctor(exp, **kw):
+        seen.update(kw)
+        return _doctor_module.DoctorDiagnosis(name="x")
+
+    monkeypatch.setattr(_doctor_module, "doctor", fake_doctor)
+    cli.main(["doctor", "jaxsane.examples.digits_optax:experiment", "--budget", "45", "-q", "--no-cache"])
+    assert seen["time_budget"] == 45.0
+
+
+def test_a_file_target_defining_a_dataclass_loads(tmp_path):
+    from jaxsane import cli
+
+    path = tmp_path / "prog.py"
+    path.write_text(
+        "import dataclasses\n@dataclasses.dataclass\nclass State:\n    step: int = 0\n"
+        "def experiment():\n    return State()\n"
+    )
+    assert cli.load_target(f"{path}:experiment", raw=True)().step == 0
