@@ -81,13 +81,14 @@ class GroupLayout:
 def group_layout(n_real: int, baseline: int | None, groups: int, parallel: int = 0) -> GroupLayout:
     """Spread ``n_real`` real configurations round-robin over ``groups`` (at most ``n_real``) and put
     the baseline (config index ``baseline``) in the smallest group. Every group holds a real
-    configuration, so every group's early exit means something; except with one configuration per group
-    (``groups`` above ``n_real``: the sequential sweep), where the baseline has a group of its own, which
-    runs as long as the real ones did. ``parallel``: how many groups run at once (0: all of them)."""
-    alone = baseline is not None and int(groups) > n_real
+    configuration, so every group's early exit means something; except when memory cuts the sweep into more
+    groups than real configurations (``parallel`` set, ``groups`` above ``n_real``): the baseline then has a
+    group of its own, which runs as long as the real ones did. ``parallel``: how many groups run at once (0: all of them)."""
+    alone = baseline is not None and bool(parallel) and int(groups) > n_real
     groups = max(1, min(int(groups), n_real))
     members = [list(range(g, n_real, groups)) for g in range(groups)]
     if alone:
+        assert baseline is not None
         members.append([baseline])
     elif baseline is not None:
         min(reversed(members), key=len).append(baseline)
