@@ -63,8 +63,10 @@ def budget_configurations(
         "overfit.budget",
         f"the sweep ran {n} configuration(s) ({seeds} seed(s) x learning rate(s) "
         f"{', '.join(f'{m:g}x' for m in multipliers)} the optimizer's), not {full_seeds * len(full_lrs)}: one "
-        f"configuration ({steps} steps on {examples} examples) is about {config_flops / 1e12:.2g} TFLOP and "
-        f"the sweep's budget is {budget_flops / 1e12:.2g} TFLOP, so it dropped {' and '.join(dropped)}",
+        f"configuration ({steps} steps on {examples} examples) is about {config_flops / 1e12:.2g} TFLOP, so the "
+        f"whole grid{' with its constant-input baseline' if baseline else ''} would take "
+        f"{(full_seeds * len(full_lrs) + baseline) * config_flops / 1e12:.2g} TFLOP of the sweep's "
+        f"{budget_flops / 1e12:.2g}; it dropped {' and '.join(dropped)}",
         "to sweep the whole grid anyway, pass overfit_seeds=2 and overfit_learning_rates=... "
         "(jaxsane doctor -o overfit_seeds=2), or a larger --budget",
         extra={

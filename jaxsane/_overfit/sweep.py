@@ -83,7 +83,8 @@ def group_layout(n_real: int, baseline: int | None, groups: int, parallel: int =
     the baseline (config index ``baseline``) in the smallest group. Every group holds a real
     configuration, so every group's early exit means something; except when memory cuts the sweep into more
     groups than real configurations (``parallel`` set, ``groups`` above ``n_real``): the baseline then has a
-    group of its own, which runs as long as the real ones did. ``parallel``: how many groups run at once (0: all of them)."""
+    group of its own, which runs as long as the real ones did. ``parallel``: how many groups run at once
+    (0: all of them)."""
     alone = baseline is not None and bool(parallel) and int(groups) > n_real
     groups = max(1, min(int(groups), n_real))
     members = [list(range(g, n_real, groups)) for g in range(groups)]
