@@ -43,7 +43,7 @@ LARGE_STEP_FLOPS = {"cpu": 1e9, "other": 1e12}
 """A step of at least this many flops (about 20 ms of a CPU core; a model of about a million parameters on a
 thousand tokens) makes the per-stage rules apply; off the CPU 1000x more."""
 GRADS_STEPS = 8.0  # the gradient check's share, in user steps
-OVERFIT_STEPS = 150.0  # the sweep's share, in user steps (its early exit usually spends much less)
+OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
