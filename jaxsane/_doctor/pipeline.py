@@ -420,7 +420,13 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
             )
         ]
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = _sweep_arguments(ctx)
+    sweep: dict[str, Any] = dict(
+        seeds=opts.overfit_seeds,
+        steps=opts.overfit_steps,
+        learning_rates=opts.overfit_learning_rates,
+        init_scales=opts.overfit_init_scales,
+        **_plan_limits(ctx),
+    )
     precompiled: concurrent.futures.Future | None = None
     ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
     if ahead is not None:
@@ -445,18 +451,10 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     return list(result.findings)
 
 
-def _sweep_arguments(ctx: StageContext) -> dict[str, Any]:
-    """The overfit sweep's arguments: the stage's options and the limits of doctor's plan (``_doctor/budget.py``)."""
-    opts: OverfitOptions = ctx.options
+def _plan_limits(ctx: StageContext) -> dict[str, Any]:
+    """The overfit sweep's limits from doctor's plan (``_doctor/budget.py``): its flops and its states' memory."""
     plan = ctx.artifacts.get("plan") or {}
-    return dict(
-        seeds=opts.overfit_seeds,
-        steps=opts.overfit_steps,
-        learning_rates=opts.overfit_learning_rates,
-        init_scales=opts.overfit_init_scales,
-        budget_flops=plan.get("overfit_budget_flops"),
-        memory_bytes=plan.get("sweep_memory_bytes"),
-    )
+    return dict(budget_flops=plan.get("overfit_budget_flops"), memory_bytes=plan.get("sweep_memory_bytes"))
 
 
 def _traceable(adapted: PureExperiment, which: str) -> Callable:
@@ -484,7 +482,13 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
     if sliceable(ctx.experiment, ctx.batch) is not None:
         return {}
     batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
-    sweep = _sweep_arguments(ctx)
+    sweep: dict[str, Any] = dict(
+        seeds=opts.overfit_seeds,
+        steps=opts.overfit_steps,
+        learning_rates=opts.overfit_learning_rates,
+        init_scales=opts.overfit_init_scales,
+        **_plan_limits(ctx),
+    )
 
     def plan_and_compile():
         plan = plan_overfit(ctx.adapted, batch, **sweep, progress=False)
