@@ -106,6 +106,8 @@ def load_target(target: str, raw: bool = False) -> Any:
             assert spec is not None and spec.loader is not None  # a .py path has a spec and a source loader
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
+            # registered as Python's own import does: dataclasses (a flax TrainState subclass) look it up
+            sys.modules.setdefault(spec.name, module)
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
@@ -204,6 +206,8 @@ def _doctor(args: argparse.Namespace) -> int:
         raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
     _check_output(args.json, "--json")
     _check_output(args.html, "--html")
+    if args.budget is not None and not args.budget > 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     for target in args.targets:
         check_target(target)
 
@@ -231,6 +235,7 @@ def _doctor(args: argparse.Namespace) -> int:
                 skip=args.skip or (),
                 progress=not args.quiet,
                 compile_cache=not args.no_cache,
+                time_budget=args.budget,
                 **options,
             )
         except JaxsaneError as e:
@@ -357,6 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a stage option, read per its type: -o run_steps=50, -o overfit_learning_rates=1e-3,1e-2",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing; use the exit code / --json")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="fit the stages into about this many seconds per experiment: doctor estimates each stage from the "
+        "step's cost and reduces the sweep, the sampled gradient leaves and the run, saying what it reduced",
+    )
     p.add_argument(
         "--no-cache",
         action="store_true",

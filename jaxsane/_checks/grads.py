@@ -271,10 +271,28 @@ class _Leaves:
             checked = [checked[i] for i in keep]
         return cls(plan, args, flat, defs, paths, checked, sampled)
 
-    def call(self, vals: Sequence[Any]) -> Any:
-        """``f``'s output (without aux) with the checked leaves replaced by ``vals``."""
-        full = list(self.args)
-        new = [list(leaves) for leaves in self.flat]
+    def operands(self) -> list:
+        """The arrays of every argument, in flattening order: the compiled programs take them as arguments.
+        Closed over, they would be constants of the program, and with the leaves sampled on a large model
+        XLA spends its compile constant-folding the products of the unchecked weights with the batch."""
+        return [x for x in jax.tree_util.tree_leaves(self.args) if isinstance(x, (jax.Array, np.ndarray))]
+
+    def call(self, vals: Sequence[Any], operands: Sequence[Any] | None = None) -> Any:
+        """``f``'s output (without aux) with the checked leaves replaced by ``vals`` (and every argument's arrays
+        by ``operands``, from :meth:`operands`, when given)."""
+        args, flat = self.args, self.flat
+        if operands is not None:
+            given, treedef = iter(operands), jax.tree_util.tree_structure(self.args)
+            args = jax.tree_util.tree_unflatten(
+                treedef,
+                [
+                    next(given) if isinstance(x, (jax.Array, np.ndarray)) else x
+                    for x in jax.tree_util.tree_leaves(self.args)
+                ],
+            )
+            flat = [jax.tree_util.tree_leaves(args[i]) for i in self.plan.argnums]
+        full = list(args)
+        new = [list(leaves) for leaves in flat]
         for (a, k), v in zip(self.checked, vals):
             new[a][k] = v
         for i, treedef, leaves in zip(self.plan.argnums, self.defs, new):
@@ -307,30 +325,36 @@ def _programs(leaves: _Leaves, cots: list, n: int, tdtype: np.dtype) -> tuple[An
     projected output with leaf ``j`` moved by ``t[j]`` along ``directions[j]``; ``derivatives`` gives the
     reverse-mode gradients and the forward-mode JVPs (see ``autodiff``)."""
 
-    def scalar(vals):
-        outs = jax.tree_util.tree_leaves(leaves.call(vals))
+    operands = leaves.operands()
+
+    def scalar(vals, ops):
+        outs = jax.tree_util.tree_leaves(leaves.call(vals, ops))
         return sum(jnp.sum(c * o) for c, o in zip(cots, outs) if c is not None)
 
-    def perturbed(vals, directions, t):
-        return scalar([v + t[j].astype(v.dtype) * d for j, (v, d) in enumerate(zip(vals, directions))])
+    def perturbed(vals, directions, t, ops):
+        return scalar([v + t[j].astype(v.dtype) * d for j, (v, d) in enumerate(zip(vals, directions))], ops)
 
-    def autodiff(vals, directions, fwd):
+    def autodiff(vals, directions, fwd, ops):
         """Reverse-mode gradient of every leaf and, in forward mode, the JVP along all the leaves'
         directions at once (``fwd="sum"``: one JVP) or along each leaf's own (``"each"``: n JVPs)."""
-        grads = jax.grad(scalar)(vals)
+        grads = jax.grad(scalar)(vals, ops)
         if fwd is None:
             return grads, None
         zero = jnp.zeros((n,), tdtype)
 
         def jvp(dt):
-            return jax.jvp(lambda u: perturbed(vals, directions, u), (zero,), (dt,))[1]
+            return jax.jvp(lambda u: perturbed(vals, directions, u, ops), (zero,), (dt,))[1]
 
         if fwd == "sum":
             return grads, jvp(jnp.ones((n,), tdtype))
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
 
     value_at = quick_jit(perturbed, runs=2 * n * 4 + 1)  # at most: 2 points x 4 steps per leaf, + base
-    return value_at, quick_jit(autodiff, runs=1, static_argnums=2)
+    derivatives = quick_jit(autodiff, runs=1, static_argnums=2)
+    return (
+        lambda vals, directions, t: value_at(vals, directions, t, operands),
+        lambda vals, directions, fwd: derivatives(vals, directions, fwd, operands),
+    )
 
 
 def _autodiff(

@@ -34,6 +34,7 @@ from .._experiment.batches import first_batch, replayable
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_cache import enable_compilation_cache
 from .._render.progress import Progress
+from .budget import plan_stages
 from .options import resolve, select_stages
 from .pipeline import PREPARE, STAGES, Stage, StageContext, check_options
 from .triage import CRASHED, FAILED, NOT_APPLICABLE, RAN, SKIPPED, Triage, step_output_problem, user_crash
@@ -84,12 +85,13 @@ class DoctorDiagnosis(Diagnosis):
         d["compiles"] = self.artifacts.get("compiles", {})
         d["timings"] = {k: round(v, 4) for k, v in self.artifacts.get("timings", {}).items()}
         d["compile_cache"] = self.artifacts.get("compile_cache")
+        d["plan"] = self.artifacts.get("plan")
         return d
 
     def stage_lines(self) -> list[str]:
         """The stage summary: what ran and how long it took, what did not run and why."""
         ran = [s for s in self.stages if s["status"] == RAN]
-        lines = []
+        lines = list((self.artifacts.get("plan") or {}).get("lines", []))  # what doctor reduced, and why
         if ran:
             total = sum(s["seconds"] for s in self.stages)
             ahead = {s["name"] for s in ran if s.get("background_seconds", 0) >= 0.05}  # worth a mention
@@ -140,7 +142,7 @@ class DoctorDiagnosis(Diagnosis):
         console = console or Console()
         super().render(console)
         for line in self.stage_lines():
-            style = "dim" if line.startswith(("stages run", "compiles per stage")) else "yellow"
+            style = "dim" if line.startswith(("stages run", "compiles per stage", "plan:", "budget")) else "yellow"
             console.print(f"[{style}]{escape(line)}[/]")
 
 
@@ -262,6 +264,7 @@ def doctor(
     key: jax.Array | None = None,
     progress: bool = True,
     compile_cache: bool | str = True,
+    time_budget: float | None = None,
     **options: Any,
 ) -> Diagnosis:
     """Run the sanity checklist on ``experiment`` and return a :class:`DoctorDiagnosis`.
@@ -278,6 +281,11 @@ def doctor(
         ``$JAXSANE_CACHE_DIR`` or ``~/.cache/jaxsane/xla`` (``JAXSANE_CACHE=0`` turns it off), a
         string names the directory, False leaves JAX's cache settings as they are (CLI: ``--no-cache``).
         The cache is a process-wide JAX setting: once on, it stays on for the process.
+      time_budget: seconds the stages should take (CLI: ``--budget``). doctor estimates each stage's cost from
+        the user's step (its flops, at this machine's measured rate, and its size for the compiles) and reduces
+        the overfit sweep, the gradient check's sampled leaves and the run's steps until the estimate fits,
+        saying in the summary what it reduced (``_doctor/budget.py``). Default None: only the per-stage rules
+        for a large step (fewer examples, sampled leaves, fewer sweep configurations) apply.
       **options: per-stage settings with flat names (e.g. ``run_steps=20``), one frozen options dataclass per
         stage; ``jaxsane doctor --help`` lists each option's name, type, default and meaning.
 
@@ -296,7 +304,7 @@ def doctor(
       >>> from jaxsane.examples import load
       >>> diagnosis = doctor(load("digits_optax"), progress=False)  # doctest: +SKIP
     """
-    chosen, opts = _checked_arguments(experiment, stages, skip, progress, compile_cache, options)
+    chosen, opts = _checked_arguments(experiment, stages, skip, progress, compile_cache, time_budget, options)
     cache_dir = enable_compilation_cache(None if compile_cache is True else compile_cache)
     key = jax.random.key(0) if key is None else key
     # generators can be read once: cache what the stages read, so each stage starts from the first batch
@@ -311,26 +319,19 @@ def doctor(
     with contextlib.ExitStack() as cleanup:
         log = cleanup.enter_context(_CompileLog())  # compilations per stage, for the stage summary
         batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
+        if adapted is not None and not blocked:  # fit the stages to the program's size (and the budget)
+            planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)
+            opts = planned.apply(opts)
+            diagnosis.artifacts["plan"] = planned.summary()
         # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
         # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
         # programs; what fails there is left to its stage to report
         pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
         cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
         plan = RunPlan(
-            experiment,
-            adapted,
-            key,
-            batch,
-            eval_batch,
-            opts,
-            chosen,
-            requested=stages is not None,
-            diagnosis=diagnosis,
-            triage=triage,
-            blocked=blocked,
-            progress=progress,
-            log=log,
-        )
+            experiment, adapted, key, batch, eval_batch, opts, chosen, requested=stages is not None,
+            diagnosis=diagnosis, triage=triage, blocked=blocked, progress=progress, log=log,
+        )  # fmt: skip
         if adapted is not None and not blocked:
             plan.prepare_ahead(pool)
         _RUNNING.append(diagnosis)
@@ -373,9 +374,16 @@ def _checked_arguments(
     skip: Iterable[str],
     progress: Any,
     compile_cache: Any,
+    time_budget: Any,
     options: dict[str, Any],
 ) -> tuple[list[str], dict[str, Any]]:
     """``(chosen stage names, resolved options)``; raises on a bad argument, before any work."""
+    if time_budget is not None and (
+        isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) or not time_budget > 0
+    ):
+        raise DoctorOptionError(
+            f"doctor: time_budget must be a positive number of seconds or None, got {time_budget!r}."
+        )
     if not isinstance(experiment, Experiment):
         raise ArgumentError(
             f"doctor needs a jaxsane.Experiment, got {type(experiment).__name__}. Build one with "

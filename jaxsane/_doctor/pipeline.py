@@ -476,6 +476,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,
         init_scales=opts.overfit_init_scales,
+        **_plan_limits(ctx),
     )
     precompiled: concurrent.futures.Future | None = None
     ahead = _prepared_result(ctx.prepared.get("future"))  # planned and compiled while the earlier stages ran
@@ -499,6 +500,12 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
+
+
+def _plan_limits(ctx: StageContext) -> dict[str, Any]:
+    """The overfit sweep's limits from doctor's plan (``_doctor/budget.py``): its flops and its states' memory."""
+    plan = ctx.artifacts.get("plan") or {}
+    return dict(budget_flops=plan.get("overfit_budget_flops"), memory_bytes=plan.get("sweep_memory_bytes"))
 
 
 def _traceable(adapted: PureExperiment, which: str) -> Callable:
@@ -531,6 +538,7 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,
         init_scales=opts.overfit_init_scales,
+        **_plan_limits(ctx),
     )
 
     def plan_and_compile():

@@ -12,7 +12,6 @@ check ("A Recipe for Training Neural Networks"), run for a whole grid at once. T
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,24 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import ArgumentError, DataError, ExperimentError
-from .._core.finding import Finding
+from .._core.errors import ArgumentError, ExperimentError
 from .._core.tree import PyTree, host_leaf, leaf_selector as _selector, scale_selected as _scale_params
 from .._core.validate import require_bool, require_count_or_list, require_float, require_int, require_sequence
 from .._experiment.batches import count_examples, first_batch, slice_examples
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
 from .._render.progress import Progress
-from .result import OverfitConfig, OverfitResult
+from .grid import Grid, add_baseline
+from .result import OverfitResult
 from .setup import (
     HostPrepare,
     accuracy_fn,
     accuracy_mismatch,
-    budget_seeds,
-    constant_input_batch,
-    current_learning_rate,
     host_prepare_plan,
     inputs_or_none,
-    learning_rate_paths,
     set_learning_rate,
 )
 from .sweep import (
@@ -49,24 +44,15 @@ from .sweep import (
     compile_sweep,
     default_groups,
     group_layout,
+    memory_groups,
     run_sweep,
     stack_states,
+    state_bytes,
 )
 from .update_scale import UPDATE_SCALES, UpdateScaled, with_scaled_updates
-from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs, targets_follow_inputs
+from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs
 
 # ----------------------------------------------------------------------------- the sweep
-
-
-def _as_seeds(seeds: int | Sequence[int]) -> list[int]:
-    if isinstance(seeds, (int, np.integer)):
-        if seeds < 1:
-            raise ArgumentError(f"[jaxsane] overfit(seeds=...) must be >= 1, got {seeds}. Fix: pass seeds=1 or more.")
-        return list(range(int(seeds)))
-    out = [int(s) for s in seeds]
-    if not out:
-        raise ArgumentError("[jaxsane] overfit(seeds=...) is empty. Fix: pass a count or a list of ints.")
-    return out
 
 
 def overfit(
@@ -193,13 +179,17 @@ def plan_overfit(
     groups: int | None = None,
     progress: bool = True,
     update_scales: Sequence[float] | None = None,
+    budget_flops: float | None = None,
+    memory_bytes: float | None = None,
 ) -> OverfitPlan:
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
-    ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates
-    (``update_scale.py``; what ``run`` does itself when the optimizer's rate cannot be set and the step's
-    own rate fits nothing). Not jit-safe."""
+    ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates (what
+    ``run`` does itself when the rate cannot be set and the step's own rate fits nothing: ``update_scale.py``).
+    doctor's planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates``
+    are left to it (fewer configurations, an ``overfit.budget`` finding), and ``memory_bytes``, what the stacked
+    states running at once may hold (more, smaller groups run in turns: ``sweep.py``). Not jit-safe."""
     # the same sweep with scaled updates, for when the rate cannot be set (the arguments as given, first)
     options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
@@ -230,8 +220,8 @@ def plan_overfit(
     scales = [1.0] if init_scales is None else [float(s) for s in init_scales]
     if not scales:
         raise ArgumentError("[jaxsane] overfit(init_scales=...) is empty. Fix: pass None or a few multipliers.")
-    grid = _Grid.build(adapted, batch, seeds, learning_rates, scales, steps, update_scales)
-    const_batch, baseline_reason = _add_baseline(grid, exp, batch) if baseline else (None, None)
+    grid = Grid.build(adapted, batch, seeds, learning_rates, scales, steps, update_scales, budget_flops, baseline)
+    const_batch, baseline_reason = add_baseline(grid, exp, batch) if baseline else (None, None)
     one_step = _loss_step(adapted, grid.step_reports_loss)
     accuracy = accuracy_fn(adapted, adapted.params(grid.example), batch)
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
@@ -250,11 +240,7 @@ def plan_overfit(
         target=target,
         target_accuracy=target_accuracy,
     )
-    n_groups = default_groups(grid.n_real) if groups is None else int(groups)
-    if n_groups < 1:
-        raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
-    n_real, configs = grid.n_real, grid.configs
-    layout = group_layout(n_real, n_real if len(configs) > n_real else None, n_groups)
+    layout = _layout(grid, groups, memory_bytes)
     sweep = _Sweep(
         adapted,
         grid,
@@ -273,6 +259,17 @@ def plan_overfit(
     options["update_scales"] = UPDATE_SCALES
     rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
     return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
+
+
+def _layout(grid: Grid, groups: int | None, memory_bytes: float | None) -> Any:
+    """The sweep's groups: one per core (or ``groups``), more and run in turns when their states exceed
+    ``memory_bytes``."""
+    n_groups = default_groups(grid.n_real) if groups is None else int(groups)
+    if n_groups < 1:
+        raise ArgumentError(f"[jaxsane] overfit(groups=...) must be >= 1 or None, got {groups}. Fix: pass None.")
+    n_real, configs = grid.n_real, grid.configs
+    n_groups, parallel = memory_groups(n_groups, len(configs), state_bytes(grid.example), memory_bytes)
+    return group_layout(n_real, n_real if len(configs) > n_real else None, n_groups, parallel)
 
 
 def _check_arguments(
@@ -316,95 +313,6 @@ def _check_arguments(
             f"[jaxsane] overfit(target=...) is a fraction of the initial loss in (0, 1), got {target}. "
             "Fix: pass e.g. target=0.05."
         )
-
-
-@dataclasses.dataclass
-class _Grid:
-    """The configurations of the sweep (seed x learning rate x init scale, then the baseline if any), what
-    the step reports, where the optimizer state holds its injectable learning rate, and the findings of
-    the setup (``overfit.budget``, ``overfit.no_lr_sweep``)."""
-
-    example: PyTree  # one pure state: the abstract shapes of every configuration's
-    step_reports_loss: bool
-    seed_list: list[int]
-    lr_paths: set
-    default_lr: float | None
-    configs: list[OverfitConfig]
-    findings: list[Finding]
-    scaled: bool = False  # the configurations sweep factors on the step's updates (update_scale.py)
-
-    @property
-    def n_real(self) -> int:
-        return sum(not c.baseline for c in self.configs)
-
-    @classmethod
-    def build(
-        cls,
-        adapted: PureExperiment,
-        batch: PyTree,
-        seeds: int | Sequence[int] | None,
-        learning_rates: Sequence[float] | None,
-        scales: list[float],
-        steps: int,
-        update_scales: Sequence[float] | None = None,
-    ) -> _Grid:
-        example = adapted.example_state
-        findings: list[Finding] = []
-        step_jaxpr, (_, metrics_shape) = jax.make_jaxpr(adapted.step, return_shape=True)(example, batch)
-        if seeds is None:  # as many as the model's size affords
-            seeds, budget = budget_seeds(step_jaxpr, steps)
-            findings += [budget] if budget is not None else []
-        seed_list = _as_seeds(seeds)
-        lr_paths = set(learning_rate_paths(example))
-        default_lr = current_learning_rate(example) if lr_paths else None
-        lrs: list[float | None]
-        if update_scales is not None:  # the rate is the step's own; the factor on its updates is swept
-            configs = [
-                OverfitConfig(s, None, sc, update_scale=float(k))
-                for s, k, sc in itertools.product(seed_list, update_scales, scales)
-            ]
-            reports = "loss" in metrics_shape
-            return cls(example, reports, seed_list, lr_paths, default_lr, configs, findings, scaled=True)
-        if default_lr is not None:  # found exactly when lr_paths is not empty
-            lrs = (
-                [default_lr * m for m in (0.1, 1.0, 10.0)]
-                if learning_rates is None
-                else [float(x) for x in learning_rates]
-            )
-        else:
-            lrs = [None]
-            findings.append(
-                Finding(
-                    "overfit.no_lr_sweep",
-                    "learning rates were not swept: the optimizer state holds no optax.inject_hyperparams "
-                    "'learning_rate'"
-                    + (f" (asked for {list(learning_rates)})" if learning_rates else "")
-                    + f"; swept {len(seed_list)} seed(s) x {len(scales)} init scale(s) at the step's own rate (and, "
-                    "when that fits nothing, with the step's updates scaled as larger rates)",
-                    "build the optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...) so the sweep can "
-                    "set the rate per configuration",
-                )
-            )
-        configs = [OverfitConfig(s, lr, sc) for s, lr, sc in itertools.product(seed_list, lrs, scales)]
-        reports = "loss" in metrics_shape
-        return cls(example, reports, seed_list, lr_paths, default_lr, configs, findings)
-
-
-def _add_baseline(grid: _Grid, exp: Experiment, batch: PyTree) -> tuple[PyTree | None, str | None]:
-    """``(constant-input batch, None)`` with the baseline configuration added to ``grid``, or ``(None, why
-    not)`` when the targets follow the inputs (``(None, None)`` when the inputs cannot be replaced)."""
-    try:
-        const_batch = constant_input_batch(exp, batch)
-    except DataError:
-        return None, None
-    baseline_reason = targets_follow_inputs(exp, batch, const_batch)
-    if baseline_reason is not None:
-        return None, baseline_reason
-    if grid.scaled:
-        grid.configs.append(OverfitConfig(grid.seed_list[0], None, 1.0, baseline=True, update_scale=grid.default_lr))
-    else:
-        grid.configs.append(OverfitConfig(grid.seed_list[0], grid.default_lr, 1.0, baseline=True))
-    return const_batch, None
 
 
 def _loss_step(adapted: PureExperiment, step_reports_loss: bool) -> Callable[[PyTree, PyTree], tuple[PyTree, Any]]:
@@ -468,7 +376,7 @@ class _Sweep:
     the :class:`OverfitPlan`'s."""
 
     adapted: PureExperiment
-    grid: _Grid
+    grid: Grid
     batch: PyTree
     const_batch: PyTree | None
     spec: SweepSpec

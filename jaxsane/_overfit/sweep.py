@@ -62,6 +62,7 @@ class GroupLayout:
 
     slots: np.ndarray  # int [groups, size]
     padding: np.ndarray  # bool [groups, size]
+    parallel: int = 0  # groups that run at once (0: all); fewer when their states would not fit in memory together
 
     @property
     def groups(self) -> int:
@@ -77,18 +78,50 @@ class GroupLayout:
         return int(g), int(j)
 
 
-def group_layout(n_real: int, baseline: int | None, groups: int) -> GroupLayout:
+def group_layout(n_real: int, baseline: int | None, groups: int, parallel: int = 0) -> GroupLayout:
     """Spread ``n_real`` real configurations round-robin over ``groups`` (at most ``n_real``) and put
     the baseline (config index ``baseline``) in the smallest group. Every group holds a real
-    configuration, so every group's early exit means something."""
+    configuration, so every group's early exit means something; except when memory cuts the sweep into more
+    groups than real configurations (``parallel`` set, ``groups`` above ``n_real``): the baseline then has a
+    group of its own, which runs as long as the real ones did. ``parallel``: how many groups run at once
+    (0: all of them)."""
+    alone = baseline is not None and bool(parallel) and int(groups) > n_real
     groups = max(1, min(int(groups), n_real))
     members = [list(range(g, n_real, groups)) for g in range(groups)]
-    if baseline is not None:
+    if alone:
+        assert baseline is not None
+        members.append([baseline])
+    elif baseline is not None:
         min(reversed(members), key=len).append(baseline)
+    groups = len(members)
     size = max(map(len, members))
     slots = np.asarray([m + [m[0]] * (size - len(m)) for m in members], dtype=int)
     padding = np.asarray([[False] * len(m) + [True] * (size - len(m)) for m in members], dtype=bool)
-    return GroupLayout(slots, padding)
+    return GroupLayout(slots, padding, min(int(parallel), groups) if parallel else 0)
+
+
+def state_bytes(example_state: PyTree) -> int:
+    """Bytes of one training state (its array leaves), what each configuration of the sweep holds."""
+    return int(
+        sum(
+            np.size(x) * np.dtype(x.dtype).itemsize
+            for x in jax.tree_util.tree_leaves(example_state)
+            if hasattr(x, "dtype") and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
+        )
+    )
+
+
+def memory_groups(groups: int, n_configs: int, one_state: int, memory_bytes: float | None) -> tuple[int, int]:
+    """``(groups, parallel)``: the sweep's configurations in chunks whose stacked states fit ``memory_bytes``
+    (None: no limit). A sweep whose ``n_configs`` states fit runs as ``groups`` groups side by side; otherwise
+    it is cut into more, smaller groups, of which only as many run at once as fit (at least one, of one
+    configuration). Host-side arithmetic only."""
+    if memory_bytes is None or one_state <= 0 or n_configs * one_state <= memory_bytes:
+        return groups, 0
+    per_group = max(1, int(memory_bytes // one_state))  # configurations whose states fit at once
+    groups = max(groups, -(-n_configs // per_group))
+    size = -(-n_configs // groups)
+    return groups, max(1, int(memory_bytes // (size * one_state)))
 
 
 def default_groups(n_real: int) -> int:
@@ -259,49 +292,57 @@ def run_sweep(
     def compile_program():
         return compile_sweep(spec, layout, example_state=example_state, batch_for=batch_for, traces=traces)
 
-    def launch(g: int, carry: Carry, limit: int, first: bool) -> Carry:
+    def initial(g: int) -> Carry:
+        return Carry(
+            np.int32(0),
+            build_states(layout.slots[g]),
+            np.full((size, total), np.nan, np.float32),
+            np.zeros(size, np.float32),
+            np.full(size, -1, np.int32),
+        )
+
+    def launch(g: int, carry: Carry | None, limit: int, first: bool) -> Carry:
         row = layout.slots[g]
+        carry = initial(g) if carry is None else carry  # built here when the groups do not all fit at once
         args = (
             lrs[row] if first else np.full(size, np.nan, np.float32),
             scales[row] if first else np.ones(size, np.float32),
         )
-        out = compiled(carry, batches[g], *args, group_real[g], np.int32(limit), np.bool_(early_exit and first))
-        return jax.block_until_ready(out)
+        out = jax.block_until_ready(
+            compiled(carry, batches[g], *args, group_real[g], np.int32(limit), np.bool_(early_exit and first))
+        )
+        if layout.parallel and int(out.chunks) >= spec.n_chunks:  # never resumed: free its states now
+            out = out._replace(states=None)
+        return out
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=layout.groups) as pool:
+    at_once = layout.parallel or layout.groups
+    with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
         say(
             f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
             "the initial states"
         )
         compiling = precompiled if precompiled is not None else pool.submit(compile_program)
-        carries = [
-            Carry(
-                np.int32(0),
-                build_states(row),
-                np.full((size, total), np.nan, np.float32),
-                np.zeros(size, np.float32),
-                np.full(size, -1, np.int32),
-            )
-            for row in layout.slots
-        ]
+        # the initial states are built while the program compiles, unless the groups run in memory-sized turns
+        carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
         say(
             f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
             + (" (stops once every configuration has fit)" if early_exit else "")
         )
-        carries = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
-        chunks = [int(c.chunks) for c in carries]
+        ran: list[Carry] = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
+        carries.clear()  # the initial states: donated, or built per group
+        chunks = [int(c.chunks) for c in ran]
         last = max(chunks)
         behind = [g for g in range(layout.groups) if chunks[g] < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
-        for g, carry in zip(behind, pool.map(lambda g: launch(g, carries[g], last, False), behind)):
-            carries[g] = carry
+        for g, carry in zip(behind, pool.map(lambda g: launch(g, ran[g], last, False), behind)):
+            ran[g] = carry
 
     steps_run = last * spec.chunk
     n_configs = int(layout.slots[~layout.padding].max()) + 1
     where = [layout.first_slot(c) for c in range(n_configs)]
-    host = [(np.asarray(c.losses), np.asarray(c.accuracy), np.asarray(c.reached_at)) for c in carries]
+    host = [(np.asarray(c.losses), np.asarray(c.accuracy), np.asarray(c.reached_at)) for c in ran]
     losses = np.stack([host[g][0][j, :steps_run] for g, j in where])
     accuracy = np.asarray([host[g][1][j] for g, j in where])
     reached_at = np.asarray([host[g][2][j] for g, j in where])

@@ -1,0 +1,143 @@
+"""doctor at the size people train: a ladder of realistic programs, each timed two ways in one run.
+
+For every rung (benchmarks/programs/scaling.py: an NNX causal LM at about 1M, 10M and 50M parameters,
+sequence 128, and a linen CNN with BatchNorm at two sizes) this runs, as fresh processes:
+
+* the user's own cold run: ``python benchmarks/programs/scaling.py RUNG`` (import, init, the first step,
+  30 steps);
+* ``jaxsane doctor`` on the same program (``python -m jaxsane.cli doctor benchmarks/programs/scaling.py:RUNG``)
+  with an empty JAXSANE cache directory;
+
+and reports each one's wall seconds and peak RSS (``ru_maxrss`` of the child from ``os.wait4``: the largest
+resident set of the process; jax runs in one process, so that is the process tree's peak), the ratios
+doctor/user, doctor's own per-stage seconds from its JSON summary, and the load average (on a shared machine
+absolute times inflate, the ratio much less: both sides run in the same window). Asserts nothing.
+
+  python benchmarks/doctor_scaling.py [--rungs lm_1m,cnn_small] [--markdown FILE] [--budget SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAM = os.path.join("benchmarks", "programs", "scaling.py")
+RUNGS = ("lm_1m", "lm_10m", "lm_50m", "cnn_small", "cnn_large")
+STAGES = ("data", "init", "grads", "step", "batch", "overfit", "run")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment, with this checkout first on the path and bytecode caches written as on a user's machine."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    """``(wall seconds, peak RSS in MB, exit code, stdout)`` of one fresh process."""
+    with tempfile.TemporaryFile("w+") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        err = proc.stderr.read()  # drained while it runs, so a chatty child cannot block
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read()
+    if proc.returncode not in (0, 1):  # doctor exits 1 when it finds an error; anything else is a failure
+        sys.stderr.write(err[-3000:])
+    return wall, usage.ru_maxrss / 1024, proc.returncode, text
+
+
+def user_run(rung: str) -> dict:
+    wall, rss, rc, out = measured([sys.executable, PROGRAM, rung], child_env())
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    inner = json.loads(lines[-1]) if lines else {}
+    return {"wall": wall, "rss": rss, "rc": rc, **inner}
+
+
+def doctor_run(rung: str, budget: float | None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "d.json")
+        cmd = [sys.executable, "-m", "jaxsane.cli", "doctor", f"{PROGRAM}:{rung}", "-q", "--json", report]
+        if budget is not None:
+            cmd += ["--budget", str(budget)]
+        wall, rss, rc, _ = measured(cmd, child_env(JAXSANE_CACHE_DIR=os.path.join(tmp, "cache")))
+        data = json.load(open(report)) if os.path.exists(report) else {}
+    findings = data.get("findings", [])
+    return {
+        "wall": wall,
+        "rss": rss,
+        "rc": rc,
+        "timings": data.get("timings", {}),
+        "errors": sorted({f["code"] for f in findings if f.get("severity") == "error"}),
+        "plan": [f["message"] for f in findings if f.get("code") in ("overfit.budget", "doctor.budget")],
+    }
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| rung | params | user s | doctor s | time ratio | user RSS MB | doctor RSS MB | RSS ratio | "
+        + " | ".join(STAGES)
+        + " | load (1/5/15 min) | errors |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        u, d = r["user"], r["doctor"]
+        stages = " | ".join(f"{d['timings'][s]:.1f}" if s in d["timings"] else "-" for s in STAGES)
+        lines.append(
+            f"| {r['rung']} | {u.get('params', 0) / 1e6:.2f}M | {u['wall']:.1f} | {d['wall']:.1f} | "
+            f"{d['wall'] / u['wall']:.2f}x | {u['rss']:.0f} | {d['rss']:.0f} | {d['rss'] / u['rss']:.2f}x | "
+            f"{stages} | {r['load']} | {', '.join(d['errors']) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rungs", default=",".join(RUNGS), help="comma list of " + ", ".join(RUNGS))
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table as markdown")
+    parser.add_argument("--budget", type=float, help="run doctor with --budget SECONDS")
+    parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    args = parser.parse_args()
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    unknown = [r for r in rungs if r not in RUNGS]
+    if unknown:
+        parser.error(f"unknown rung(s) {unknown}; the rungs are {list(RUNGS)}")
+    rows = []
+    for rung in rungs:
+        before = load()
+        user = user_run(rung)
+        doc = doctor_run(rung, args.budget)
+        row = {"rung": rung, "user": user, "doctor": doc, "load": f"{before} -> {load()}"}
+        rows.append(row)
+        print(
+            f"{rung}: user {user['wall']:.1f} s {user['rss']:.0f} MB; doctor {doc['wall']:.1f} s {doc['rss']:.0f} MB "
+            f"({doc['wall'] / user['wall']:.2f}x time, {doc['rss'] / user['rss']:.2f}x memory); "
+            f"stages {json.dumps({k: round(v, 1) for k, v in doc['timings'].items()})}; errors {doc['errors']}; "
+            f"plan {doc['plan']}; load {row['load']}",
+            flush=True,
+        )
+    text = table(rows)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""doctor's stage plan: what each stage costs on this program, measured in the user's own steps, and the
+options that keep it within a budget.
+
+The yardstick is the user's step: its flops, counted in its jaxpr (``program_cost``: matrix products and
+convolutions, what dominates a model's step), on the first batch of ``B`` examples. Each stage's work is a
+number of such steps: the gradient check evaluates the loss (about a third of a step) twice per checked leaf
+in float64 (about twice the float32 cost on a CPU) on ``grads_batch_size`` examples; the overfit sweep runs
+``configurations x steps`` steps on ``overfit_batch_size`` examples; the run stage runs ``run_steps``.
+
+Two kinds of plan, both said in the summary (``artifacts["plan"]``) and by info findings where a check ran on
+less than it would (``grad.sampled``, ``overfit.budget``):
+
+* **per-stage rules** (always): on a step of at least :data:`LARGE_STEP_FLOPS` (a model the size people train),
+  the gradient check takes at most :data:`GRADS_STEPS` of the user's steps (fewer examples, sampled leaves),
+  the overfit sweep at most :data:`OVERFIT_STEPS` configuration-steps' worth of flops (fewer examples, then
+  fewer configurations) and the sweep's stacked states at most :data:`SWEEP_STATES` of the user's states at
+  once (its configurations run in chunks). Smaller programs run the checks in full. Deterministic: the flops
+  are counted, not timed, so the same program gets the same plan, and the same verdicts, on any machine load.
+* **a time budget** (``doctor(time_budget=s)``, ``jaxsane doctor --budget s``): the flops rate of this machine
+  is measured on a small matrix product, each stage's seconds estimated (compiles included, from the step's
+  size), and the stages reduced in turn (sweep, gradient check, run) until the estimate fits.
+
+Options the user set are never changed. Not jit-safe (host only; it traces the step once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._experiment.batches import count_examples
+from .._experiment.contract import PureExperiment
+from .._jaxpr.compile_level import program_cost
+from .options import GradsOptions, OverfitOptions, RunOptions
+
+LARGE_STEP_FLOPS = {"cpu": 1e9, "other": 1e12}
+"""A step of at least this many flops (about 20 ms of a CPU core; a model of about a million parameters on a
+thousand tokens) makes the per-stage rules apply; off the CPU 1000x more."""
+GRADS_STEPS = 8.0  # the gradient check's share, in user steps
+OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
+SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
+SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
+MIN_LEAVES = 4  # the gradient check never samples fewer leaves
+FLOAT64_FACTOR = 2.0  # float64 over float32 arithmetic on a CPU
+FORWARD_SHARE = 1 / 3  # a loss evaluation's share of a training step (forward + backward + update)
+COMPILE_SECONDS_PER_EQUATION = 2e-3  # a rough XLA:CPU compile rate, for time budgets only
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """The user's step on the first batch: flops, jaxpr size (what its compile grows with), examples, and the
+    bytes of one training state."""
+
+    flops: float
+    equations: int
+    examples: int
+    state_bytes: int
+
+    def steps(self, flops: float) -> float:
+        """``flops`` in user steps."""
+        return flops / max(self.flops, 1.0)
+
+
+@dataclasses.dataclass
+class StagePlan:
+    """What doctor planned: per-stage options (only those it changed), the sweep's flop and memory limits, the
+    lines of the summary, and each stage's estimated seconds (time budgets only)."""
+
+    cost: StepCost | None
+    changes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    overfit_budget_flops: float | None = None
+    sweep_memory_bytes: float | None = None
+    lines: list[str] = dataclasses.field(default_factory=list)
+    estimates: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The plan as JSON: the summary lines, the changed options, the limits and the estimates."""
+        return {
+            "lines": list(self.lines),
+            "changes": {k: dict(v) for k, v in self.changes.items() if v},
+            "overfit_budget_flops": self.overfit_budget_flops,
+            "sweep_memory_bytes": self.sweep_memory_bytes,
+            "step_flops": None if self.cost is None else self.cost.flops,
+            "estimates": {k: round(v, 2) for k, v in self.estimates.items()},
+        }
+
+    def apply(self, opts: dict[str, Any]) -> dict[str, Any]:
+        """``opts`` (stage -> options dataclass) with the planned changes."""
+        return {
+            stage: dataclasses.replace(o, **self.changes[stage]) if self.changes.get(stage) else o
+            for stage, o in opts.items()
+        }
+
+
+def step_cost(adapted: PureExperiment, batch: Any) -> StepCost | None:
+    """The :class:`StepCost` of the user's step on ``batch`` (traced, not run); None when it cannot be traced
+    (the stages then report why). Not jit-safe."""
+    try:
+        state = adapted.example_state
+        jaxpr = jax.make_jaxpr(adapted.step)(state, batch)
+        cost = program_cost(jaxpr)
+        try:
+            examples = int(count_examples(adapted.experiment, batch))
+        except Exception:  # rows are not examples (a graph batch): no per-example scaling
+            examples = 0
+        nbytes = sum(
+            int(np.size(x)) * np.dtype(x.dtype).itemsize
+            for x in jax.tree_util.tree_leaves(state)
+            if hasattr(x, "dtype") and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
+        )
+        return StepCost(float(cost.flops), int(cost.equations), examples, nbytes)
+    except Exception:
+        return None
+
+
+def flops_per_second() -> float:
+    """This machine's rate on a float32 matrix product (compiled, then timed): the time budget's exchange rate."""
+    n = 384
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x @ x)
+    f(a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(5):
+        f(a).block_until_ready()
+    return 5 * 4 * n**3 / max(time.perf_counter() - start, 1e-6)
+
+
+def _fraction(cost: StepCost, examples: int) -> float:
+    """The share of the user's batch that ``examples`` are (1 when rows are not examples)."""
+    return 1.0 if cost.examples <= 0 else min(1.0, examples / cost.examples)
+
+
+def grads_steps(cost: StepCost, opts: GradsOptions, leaves: int) -> float:
+    """The gradient check in user steps: two evaluations per leaf plus the derivatives, in float64."""
+    per_eval = FORWARD_SHARE * FLOAT64_FACTOR * _fraction(cost, opts.grads_batch_size)
+    return per_eval * (2 * leaves + 1 + 3 / FORWARD_SHARE / 2)
+
+
+def overfit_steps(cost: StepCost, opts: OverfitOptions, configs: int) -> float:
+    """The overfit sweep in user steps, when no configuration exits early."""
+    return configs * opts.overfit_steps * _fraction(cost, opts.overfit_batch_size)
+
+
+def plan_stages(
+    adapted: PureExperiment | None,
+    batch: Any,
+    opts: dict[str, Any],
+    explicit: set[str],
+    *,
+    time_budget: float | None = None,
+    backend: str | None = None,
+    rate: float | None = None,
+) -> StagePlan:
+    """The :class:`StagePlan` of one doctor run (see the module docstring). ``explicit``: the option names the
+    user set, which stay as given. Not jit-safe."""
+    cost = step_cost(adapted, batch) if adapted is not None else None
+    plan = StagePlan(cost)
+    if cost is None:
+        return plan
+    backend = backend or jax.default_backend()
+    large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
+    if large:
+        _per_stage_rules(plan, cost, opts, explicit)
+    if time_budget is not None:
+        _fit_time_budget(plan, cost, opts, explicit, time_budget, rate or flops_per_second())
+    return plan
+
+
+def _change(plan: StagePlan, opts: dict[str, Any], explicit: set[str], stage: str, name: str, value: Any) -> bool:
+    """Plan ``name = value`` unless the user set it or it already is; True when planned."""
+    current = plan.changes.get(stage, {}).get(name, getattr(opts[stage], name))
+    if name in explicit or current == value:
+        return False
+    plan.changes.setdefault(stage, {})[name] = value
+    return True
+
+
+def _planned(plan: StagePlan, opts: dict[str, Any], stage: str) -> Any:
+    return dataclasses.replace(opts[stage], **plan.changes.get(stage, {}))
+
+
+def _leaves_within(cost: StepCost, grads: GradsOptions, steps: float) -> int:
+    per_leaf = grads_steps(cost, grads, 1) - grads_steps(cost, grads, 0)
+    return max(MIN_LEAVES, int((steps - grads_steps(cost, grads, 0)) / per_leaf))
+
+
+def _per_stage_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str]) -> None:
+    """The rules for a large step: the gradient check and the sweep in a fixed number of the user's steps."""
+    said = []
+    grads: GradsOptions = opts["grads"]
+    if cost.examples > SMALL_BATCH and grads.grads_batch_size > SMALL_BATCH:
+        _change(plan, opts, explicit, "grads", "grads_batch_size", SMALL_BATCH)
+    grads = _planned(plan, opts, "grads")
+    leaves = _leaves_within(cost, grads, GRADS_STEPS)
+    if (grads.grads_max_leaves == 0 or leaves < grads.grads_max_leaves) and _change(
+        plan, opts, explicit, "grads", "grads_max_leaves", leaves
+    ):
+        said.append(f"gradient check on {grads.grads_batch_size} examples and at most {leaves} sampled leaves")
+    overfit: OverfitOptions = opts["overfit"]
+    if cost.examples > SMALL_BATCH and overfit.overfit_batch_size > SMALL_BATCH:
+        if _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
+            said.append(f"overfit sweep on {SMALL_BATCH} examples")
+    plan.overfit_budget_flops = OVERFIT_STEPS * cost.flops
+    plan.sweep_memory_bytes = SWEEP_STATES * cost.state_bytes
+    plan.lines.append(
+        f"plan: the step is large ({cost.flops / 1e9:.3g} GFLOP on {cost.examples or 'its'} examples), so "
+        + ", ".join(
+            said
+            + [
+                f"the sweep within {OVERFIT_STEPS:g} steps' flops and {SWEEP_STATES:g} training states at once "
+                f"({cost.state_bytes / 2**20:.0f} MiB each)"
+            ]
+        )
+        + f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps"
+    )
+
+
+def _estimate(plan: StagePlan, cost: StepCost, opts: dict[str, Any], rate: float) -> dict[str, float]:
+    """Seconds per stage: the flops at ``rate`` plus a compile of about the step's size per program."""
+    step_s = cost.flops / rate
+    compile_s = cost.equations * COMPILE_SECONDS_PER_EQUATION
+    grads, overfit, run = (_planned(plan, opts, s) for s in ("grads", "overfit", "run"))
+    configs = _configs(plan, cost, overfit)
+    leaves = grads.grads_max_leaves or 128
+    return {
+        "init": 0.5 * compile_s + 2 * step_s,
+        "grads": 2 * compile_s + grads_steps(cost, grads, leaves) * step_s,
+        "step": compile_s + _planned(plan, opts, "step").step_calls * step_s,
+        "batch": 0.5 * compile_s + 2 * step_s,
+        "overfit": 1.5 * compile_s + overfit_steps(cost, overfit, configs) * step_s,
+        "run": compile_s + run.run_steps * step_s,
+    }
+
+
+def _configs(plan: StagePlan, cost: StepCost, overfit: OverfitOptions) -> int:
+    """Configurations the sweep will run (with its baseline) under the planned flop budget."""
+    if plan.overfit_budget_flops is None:
+        return 7
+    one = overfit_steps(cost, overfit, 1) * cost.flops
+    return max(2, min(7, int(plan.overfit_budget_flops // max(one, 1.0))))
+
+
+def _fit_time_budget(
+    plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str], budget: float, rate: float
+) -> None:
+    """Reduce the sweep, the gradient check and the run, in that order, until the estimate fits ``budget``."""
+    step_s = cost.flops / rate
+    estimates = _estimate(plan, cost, opts, rate)
+    before = sum(estimates.values())
+    reduced = []
+    if before > budget:  # the sweep: fewer examples, then as many configurations as its share affords
+        if cost.examples > SMALL_BATCH and _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
+            reduced.append(f"overfit sweep on {SMALL_BATCH} examples")
+        share = max(0.0, budget - sum(v for k, v in _estimate(plan, cost, opts, rate).items() if k != "overfit"))
+        plan.overfit_budget_flops = min(plan.overfit_budget_flops or math.inf, share / 2 * rate)
+        reduced.append(f"overfit sweep within {plan.overfit_budget_flops / 1e12:.2g} TFLOP")
+    estimates = _estimate(plan, cost, opts, rate)
+    if sum(estimates.values()) > budget:  # the gradient check: fewer sampled leaves
+        grads = _planned(plan, opts, "grads")
+        spare = budget - sum(v for k, v in estimates.items() if k != "grads") - 2 * cost.equations * 2e-3
+        leaves = _leaves_within(cost, grads, max(0.0, spare) / max(step_s, 1e-9))
+        if leaves < (grads.grads_max_leaves or 128) and _change(
+            plan, opts, explicit, "grads", "grads_max_leaves", leaves
+        ):
+            reduced.append(f"gradient check on at most {leaves} sampled leaves")
+    estimates = _estimate(plan, cost, opts, rate)
+    run: RunOptions = _planned(plan, opts, "run")
+    if sum(estimates.values()) > budget and run.run_steps > 10:  # the run: fewer steps, never below 10
+        over = sum(estimates.values()) - budget
+        steps = max(10, run.run_steps - math.ceil(over / max(step_s, 1e-9)))
+        if _change(plan, opts, explicit, "run", "run_steps", steps):
+            reduced.append(f"run of {steps} steps")
+    plan.estimates = _estimate(plan, cost, opts, rate)
+    after = sum(plan.estimates.values())
+    head = (
+        f"budget {budget:g} s: the stages were estimated at {before:.0f} s (a step {step_s * 1e3:.3g} ms at "
+        f"{rate / 1e9:.3g} GFLOP/s, compiles from the step's {cost.equations} equations)"
+    )
+    if not reduced:
+        plan.lines.append(head + "; nothing reduced")
+    else:
+        plan.lines.append(
+            head
+            + "; reduced: "
+            + ", ".join(reduced)
+            + f"; now estimated at {after:.0f} s"
+            + ("" if after <= budget else " (still above: the remaining work is the checks' minimum)")
+        )
