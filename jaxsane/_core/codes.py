@@ -245,7 +245,7 @@ CODES: dict[str, tuple[str, str, str]] = {
         "the step's own rate fit nothing; the sweep scaled its parameter updates as larger rates",
         "-",
     ),
-    "overfit.budget": (INFO, "the sweep ran fewer configurations (seeds, learning rates) than usual: the model is too large for them in its budget", "-"),
+    "overfit.budget": (INFO, "the sweep ran fewer configurations than usual: the model is too large for them", "-"),
     "doctor.skipped": (INFO, "a doctor stage was skipped because a handle it needs is missing", "-"),
     "nonfinite.xla_only": (INFO, "a non-finite value appears only in the compiled (XLA) program", "-"),
 }
