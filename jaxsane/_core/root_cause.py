@@ -32,8 +32,6 @@ Rules (``root -> consequence``), each applied only when the consequence does not
 * **no learning -> no fit.** ``step.no_update``, ``step.opt_state_frozen`` and ``train.update_underflow``
   (bf16 updates that round away) make ``overfit.failed``,
   ``model.ignores_input``, ``train.plateau`` and a too-small ``train.update_ratio`` consequences.
-* **a diverging run jumps.** ``train.diverging`` makes ``train.loss_spike`` a consequence (the jumps of a loss
-  that runs away are its divergence; a spike before the divergence starts stays a root: a bad batch can start it).
 * **an input-blind model cannot fit.** ``model.ignores_input`` makes ``overfit.failed`` a consequence.
 * **a leaf without gradient never moves.** ``grad.missing`` makes ``train.vanishing_grads`` and a too-small
   ``train.update_ratio`` on the same leaf consequences, and the other leaves of the same layer
@@ -197,7 +195,6 @@ RULES: list[_Rule] = [
     (2, lambda f: f.code == "model.ignores_input", lambda r, c, i, j: c.code == "overfit.failed"),
     (3, lambda f: f.code in FROZEN_ROOTS, _frozen_consequence),
     (4, lambda f: f.code == "grad.missing", _missing_consequence),
-    (5, lambda f: f.code == "train.diverging", lambda r, c, i, j: c.code == "train.loss_spike"),
 ]
 
 
