@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._core.finding import Finding
+from .._core.finding import Finding, RootCause
 from .._core.history import History
 from .._core.validate import fail, require_float, require_int
 from .precision_checks import check_loss_spikes, check_update_underflow
@@ -116,7 +116,12 @@ def check_training(
         spike_min_history=spike_min_history,
     )
     out = _check_loss(history, limits)
-    out += check_loss_spikes(history, window=spike_window, k=spike_k, rel=spike_rel, min_history=spike_min_history)
+    spikes = check_loss_spikes(history, window=spike_window, k=spike_k, rel=spike_rel, min_history=spike_min_history)
+    diverging = [f for f in out if f.code == "train.diverging"]
+    if diverging:  # the jumps of a loss that runs away are its divergence, not a separate cause
+        cause = RootCause(diverging[0].code, diverging[0].where)
+        spikes = [dataclasses.replace(f, caused_by=cause) for f in spikes]
+    out += spikes
     out += check_update_underflow(history, limits.underflow_fraction)
     out += _check_update_ratio(history, limits.update_ratio_low, limits.update_ratio_high)
     out += _check_gradients(

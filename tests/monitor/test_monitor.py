@@ -305,3 +305,16 @@ def test_a_short_history_is_stacked_on_the_host_without_a_compile(monkeypatch):
     for k in ("loss", "norms"):
         np.testing.assert_array_equal(long[k], short[k])
         assert long[k].dtype == short[k].dtype
+
+
+def test_the_jumps_of_a_diverging_loss_are_consequences_of_train_diverging():
+    # the loss runs away (x2.5 a step after step 20): train.diverging is the root, its spikes fold beneath it
+    loss = [2.3 + 0.01 * (i % 3) for i in range(20)] + [2.3 * 2.5**k for k in range(1, 21)]
+    found = {f.code: f for f in check_training(_history(loss))}
+    assert "train.diverging" in found and "train.loss_spike" in found
+    assert found["train.loss_spike"].caused_by.code == "train.diverging"
+    # a spike in a run that does not diverge stays a root
+    calm = [2.3 + 0.01 * (i % 3) for i in range(40)]
+    calm[30] = 40.0
+    (spike,) = [f for f in check_training(_history(calm)) if f.code == "train.loss_spike"]
+    assert spike.caused_by is None
