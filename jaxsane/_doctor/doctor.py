@@ -318,25 +318,25 @@ def doctor(
 
     with contextlib.ExitStack() as cleanup:
         log = cleanup.enter_context(_CompileLog())  # compilations per stage, for the stage summary
-        batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
-        if adapted is not None and not blocked:  # fit the stages to the program's size (and the budget)
-            planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)
-            opts = planned.apply(opts)
-            diagnosis.artifacts["plan"] = planned.summary()
-        # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
-        # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
-        # programs; what fails there is left to its stage to report
-        pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
-        cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
-        plan = RunPlan(
-            experiment, adapted, key, batch, eval_batch, opts, chosen, requested=stages is not None,
-            diagnosis=diagnosis, triage=triage, blocked=blocked, progress=progress, log=log,
-        )  # fmt: skip
-        if adapted is not None and not blocked:
-            plan.prepare_ahead(pool)
-        _RUNNING.append(diagnosis)
+        _RUNNING.append(diagnosis)  # what the CLI's Ctrl-C watcher prints
         cleanup.callback(_RUNNING.remove, diagnosis)
-        try:
+        try:  # a Ctrl-C while doctor plans or traces the user's step keeps what was found too
+            batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
+            if adapted is not None and not blocked:  # fit the stages to the program's size (and the budget)
+                planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)
+                opts = planned.apply(opts)
+                diagnosis.artifacts["plan"] = planned.summary()
+            # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
+            # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
+            # programs; what fails there is left to its stage to report
+            pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
+            cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
+            plan = RunPlan(
+                experiment, adapted, key, batch, eval_batch, opts, chosen, requested=stages is not None,
+                diagnosis=diagnosis, triage=triage, blocked=blocked, progress=progress, log=log,
+            )  # fmt: skip
+            if adapted is not None and not blocked:
+                plan.prepare_ahead(pool)
             _run_stages(plan)
         except KeyboardInterrupt as e:  # keep what was found: the CLI prints it, a notebook finds it on the error
             e.diagnosis = diagnosis  # type: ignore[attr-defined]  # an attribute of this instance only
@@ -364,8 +364,12 @@ def interrupted_where(diagnosis: DoctorDiagnosis) -> str:
     if stage is None:
         interrupted = [s["name"] for s in diagnosis.stages if s["reason"] == INTERRUPTED]
         stage = interrupted[-1] if interrupted else None
-    where = f"during stage {stage!r}" if stage else "before its first stage"
-    return f"{where} of {diagnosis.name!r}"
+    if stage:
+        return f"during stage {stage!r} of {diagnosis.name!r}"
+    done = [s["name"] for s in diagnosis.stages]  # between two stages: after the last one that ended
+    return (
+        f"after stage {done[-1]!r} of {diagnosis.name!r}" if done else f"before the first stage of {diagnosis.name!r}"
+    )
 
 
 def _checked_arguments(
