@@ -9,6 +9,7 @@ Host side; nothing here runs inside ``jit``.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -115,21 +116,10 @@ class Replayable:
         self._source = iter(iterator)
         self._cache: list = []
 
-    def __iter__(self):
-        i = 0
-        while True:
-            if i < len(self._cache):
-                yield self._cache[i]
-            else:
-                try:
-                    batch = next(self._source)
-                except StopIteration:
-                    return
-                self._cache.append(batch)
-                yield batch
-            i += 1
+    def __iter__(self) -> Iterator[Any]:
+        return self.reading(keep=math.inf)  # every batch read is cached
 
-    def reading(self, keep: int) -> Iterator[Any]:
+    def reading(self, keep: float) -> Iterator[Any]:
         """Batches from the start, as ``iter(self)``, but only the first ``keep`` are cached: a long read (doctor's
         data stage, thousands of batches) keeps what later readers replay without holding the rest; a later
         reader past the cache goes on with the source's next batches. Not jit-safe."""
