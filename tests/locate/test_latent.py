@@ -15,15 +15,9 @@ from jaxsane._core.codes import severity_of
 from jaxsane._locate import locate as locate_mod
 from jaxsane._locate.locate import latent_nan_findings, locate, locate_failure
 
-HERE = os.path.abspath(__file__)
-with open(HERE) as _fh:
-    _SOURCE = _fh.read().splitlines()
+from _tagged import tag_finder
 
-
-def line_of(tag: str) -> int:
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# <{tag}>")]
-    assert len(hits) == 1, tag
-    return hits[0]
+HERE, line_of = tag_finder(__file__)
 
 
 def trap_loss(w, h):

@@ -17,16 +17,9 @@ import jaxsane
 from jaxsane._locate import locate as _locate, replay as _replay
 from jaxsane._locate.locate import bisect_compiled, locate, replay_dump
 
-HERE = os.path.abspath(__file__)
-with open(HERE) as _fh:
-    _SOURCE = _fh.read().splitlines()
+from _tagged import tag_finder
 
-
-def line_of(tag: str) -> int:
-    """Line number of the source line ending with ``# <tag>``."""
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# <{tag}>")]
-    assert len(hits) == 1, tag
-    return hits[0]
+HERE, line_of = tag_finder(__file__)  # line_of(tag): the line ending with ``# <tag>``
 
 
 def origin(fn, *args, **kwargs):

@@ -16,15 +16,9 @@ import jaxsane
 from jaxsane._core.codes import CODES
 from jaxsane._locate.locate import locate
 
-HERE = os.path.abspath(__file__)
-with open(HERE) as _fh:
-    _SOURCE = _fh.read().splitlines()
+from _tagged import tag_finder
 
-
-def line_of(tag: str) -> int:
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# <{tag}>")]
-    assert len(hits) == 1, tag
-    return hits[0]
+HERE, line_of = tag_finder(__file__)
 
 
 def first(fn, *args):
