@@ -306,14 +306,17 @@ class _Parser(argparse.ArgumentParser):
 def _replay_precision(path: str, target: Any) -> int:
     """``jaxsane replay DUMP --step M:A --precision``: :func:`jaxsane.compare_precision` of the step on the dumped
     inputs (exit 1 when an equation lost precision, 0 when none did)."""
-    from ._core.errors import DumpError, DumpShapeError
+    from ._core.errors import DumpError, DumpShapeError, JaxsaneError
     from ._dump.dump import load_dump
     from ._experiment.contract import Experiment, PureExperiment
-    from ._experiment.purify import positional_arity
+    from ._locate.locate import call_users, callable_without_arguments
     from ._precision.compare import compare_precision
 
-    if not isinstance(target, Experiment) and callable(target) and positional_arity(target) == 0:
-        target = target()
+    if not isinstance(target, Experiment) and callable_without_arguments(target):
+        try:  # a factory, as for replay without --precision: when it raises, name the user's line
+            target = call_users(target, "your --step factory")
+        except JaxsaneError as e:
+            raise UsageError(str(e).removeprefix("[jaxsane] ")) from e
     step = PureExperiment(target).step if isinstance(target, Experiment) else target
     try:
         dump = load_dump(path)

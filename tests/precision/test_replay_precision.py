@@ -21,6 +21,9 @@ def bad_step(x):
 
 def good_step(x):
     return jnp.log1p(x)
+
+def broken_factory(seed=0):
+    raise RuntimeError("no such checkpoint")  # RAISES
 '''
 
 
@@ -34,6 +37,13 @@ def test_replay_precision_names_the_line(tmp_path, capsys):
     assert "precision.lost" in out and f"user_bf16_step.py:{line}" in out and "log1p" in out, out
     assert cli.main(["replay", dump, "--step", f"{file}:good_step", "--precision"]) == 0
     assert os.path.isdir(dump)
+    capsys.readouterr()
+    # a factory that raises: the user's exception and line in one [jaxsane] line, exit 2, no traceback
+    assert cli.main(["replay", dump, "--step", f"{file}:broken_factory", "--precision"]) == 2
+    err = capsys.readouterr().err
+    line = 1 + PROGRAM.splitlines().index('    raise RuntimeError("no such checkpoint")  # RAISES')
+    assert "[jaxsane]" in err and "RuntimeError: no such checkpoint" in err and f"user_bf16_step.py:{line}" in err
+    assert "Traceback" not in err, err
 
 
 def test_monitor_falls_back_to_the_gradient_proxy():
