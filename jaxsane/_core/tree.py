@@ -44,6 +44,11 @@ def is_inexact(x: Any) -> bool:
         return False
 
 
+def float_leaves(tree: Any) -> list:
+    """The float and complex leaves of ``tree``, in leaf order (what per-leaf telemetry indexes). Jit-safe."""
+    return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
+
+
 def can_be_nonfinite(x: Any) -> bool:
     """True for the leaves that can hold NaN/Inf: float and complex arrays (:func:`is_inexact`) and Python
     ``float``/``complex`` scalars (what a function may return as is; jax.jit returns them as weak-typed

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from .._core.errors import ArgumentError, ExperimentError
-from .._core.tree import PyTree, is_array, is_inexact, same_structure
+from .._core.tree import PyTree, is_array, same_structure
 from .._core.user_code import USER_CODE
 from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
@@ -553,7 +553,3 @@ def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
             f"{fn}({name}=...): expected a jaxsane.Experiment, got {show(value)}. Likely cause: {cause}. "
             f"Fix: pass jaxsane.Experiment(init=..., step=..., train=...)."
         )
-
-
-def float_leaves(tree: PyTree) -> list:
-    return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]

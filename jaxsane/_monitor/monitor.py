@@ -38,13 +38,12 @@ import numpy as np
 from .._core.finding import Finding
 from .._core.frames import frames_of, is_library_file, user_location
 from .._core.history import History
-from .._core.tree import PyTree, is_inexact, leaves_with_paths
+from .._core.tree import PyTree, float_leaves, is_inexact, leaves_with_paths
 from .._core.validate import require_bool, require_int
 from .._experiment.batches import get_inputs
 from .._experiment.contract import PureExperiment, require_experiment
 from .._jaxpr.interpret import Interpreter, bodies
 from .._precision.underflow import (
-    float_leaves,
     has_low_precision,
     lost_fractions,
     proxy_lost_fractions,

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._core.tree import PyTree, is_inexact
+from .._core.tree import PyTree, float_leaves, is_inexact
 
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -102,11 +102,6 @@ def shadow_supported(step: Callable, state: PyTree, batch: PyTree, params_of: Ca
     except Exception:
         return False
     return len(old) == len(shadow) and all(not is_low_precision(s) for a, s in zip(old, shadow) if is_low_precision(a))
-
-
-def float_leaves(tree: PyTree) -> list:
-    """The float leaves of ``tree`` in order (what the per-leaf telemetry indexes). Jit-safe."""
-    return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
 
 
 def shadow_lost_fractions(
