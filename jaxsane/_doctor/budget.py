@@ -46,6 +46,8 @@ GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
+TELEMETRY_EVERY = 5  # a large model's run samples gradient telemetry (one more forward and backward) every 5th step
+EVAL_EVERY = 10  # and evaluates every 10th step, on as many eval examples as a train batch has
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
 FLOAT64_FACTOR = 2.0  # float64 over float32 arithmetic on a CPU
 FORWARD_SHARE = 1 / 3  # a loss evaluation's share of a training step (forward + backward + update)
@@ -137,7 +139,8 @@ def _fraction(cost: StepCost, examples: int) -> float:
 
 
 def grads_steps(cost: StepCost, opts: GradsOptions, leaves: int) -> float:
-    """The gradient check in user steps: two evaluations per leaf plus the derivatives, in float64."""
+    """The gradient check in user steps: two evaluations per leaf plus the derivatives, in float64 (also the
+    bound of a float32 check, ``grads_float64=False``, which runs in float64 again only when a leaf fails)."""
     per_eval = FORWARD_SHARE * FLOAT64_FACTOR * _fraction(cost, opts.grads_batch_size)
     return per_eval * (2 * leaves + 1 + 3 / FORWARD_SHARE / 2)
 
@@ -166,7 +169,7 @@ def plan_stages(
     backend = backend or jax.default_backend()
     large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
     if large:
-        _per_stage_rules(plan, cost, opts, explicit)
+        _per_stage_rules(plan, cost, opts, explicit, evaluates=adapted.experiment.eval is not None)
     if time_budget is not None:
         _fit_time_budget(plan, cost, opts, explicit, time_budget, rate or flops_per_second())
     return plan
@@ -190,12 +193,21 @@ def _leaves_within(cost: StepCost, grads: GradsOptions, steps: float) -> int:
     return max(MIN_LEAVES, int((steps - grads_steps(cost, grads, 0)) / per_leaf))
 
 
-def _per_stage_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str]) -> None:
-    """The rules for a large step: the gradient check and the sweep in a fixed number of the user's steps."""
+def _per_stage_rules(
+    plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str], evaluates: bool = True
+) -> None:
+    """The rules for a large step: the gradient check and the sweep in a fixed number of the user's steps, the
+    run's telemetry sampled; ``evaluates``: the run computes eval losses (the Experiment has eval data)."""
     said = []
     grads: GradsOptions = opts["grads"]
     if cost.examples > SMALL_BATCH and grads.grads_batch_size > SMALL_BATCH:
         _change(plan, opts, explicit, "grads", "grads_batch_size", SMALL_BATCH)
+    if "fwd" in grads.grads_modes and _change(plan, opts, explicit, "grads", "grads_modes", ("rev",)):
+        said.append("gradients checked in reverse mode only (a custom_jvp rule is checked through its transpose)")
+    if _change(plan, opts, explicit, "grads", "grads_float64", False):
+        said.append("gradients checked in float32, a failing leaf again in float64")
+    if _change(plan, opts, explicit, "grads", "grads_replay_examples", 1):
+        said.append("the gradient's replay for latent NaNs on 1 example")
     grads = _planned(plan, opts, "grads")
     leaves = _leaves_within(cost, grads, GRADS_STEPS)
     if (grads.grads_max_leaves == 0 or leaves < grads.grads_max_leaves) and _change(
@@ -206,6 +218,13 @@ def _per_stage_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], expl
     if cost.examples > SMALL_BATCH and overfit.overfit_batch_size > SMALL_BATCH:
         if _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
             said.append(f"overfit sweep on {SMALL_BATCH} examples")
+    if _change(plan, opts, explicit, "run", "run_telemetry_every", TELEMETRY_EVERY):
+        said.append(f"the run's gradient telemetry every {TELEMETRY_EVERY} steps (its loss every step)")
+    if evaluates and cost.examples > 0 and _change(plan, opts, explicit, "run", "run_eval_examples", cost.examples):
+        said.append(f"eval losses on {cost.examples} eval examples (the train batch's size)")
+    if evaluates and 0 < opts["run"].run_eval_every < EVAL_EVERY:
+        if _change(plan, opts, explicit, "run", "run_eval_every", EVAL_EVERY):
+            said.append(f"eval losses every {EVAL_EVERY} steps")
     plan.overfit_budget_flops = OVERFIT_STEPS * cost.flops
     plan.sweep_memory_bytes = SWEEP_STATES * cost.state_bytes
     plan.lines.append(

@@ -36,7 +36,7 @@ from .._jaxpr.compile_cache import enable_compilation_cache
 from .._render.progress import Progress
 from .budget import plan_stages
 from .options import resolve, select_stages
-from .pipeline import PREPARE, STAGES, Stage, StageContext, check_options
+from .pipeline import PREPARE, RUN_ORDER, STAGES, Stage, StageContext, check_options
 from .triage import CRASHED, FAILED, NOT_APPLICABLE, RAN, SKIPPED, Triage, step_output_problem, user_crash
 
 
@@ -479,11 +479,12 @@ class RunPlan:
 
 
 def _run_stages(plan: RunPlan) -> None:
-    """Run the chosen stages in checklist order, recording each one's status and seconds. Not jit-safe."""
+    """Run the chosen stages (``RUN_ORDER``), recording each one's status and seconds, the records in checklist
+    order. Not jit-safe."""
     experiment, diagnosis, chosen, progress, log = plan.experiment, plan.diagnosis, plan.chosen, plan.progress, plan.log
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = Progress(progress, experiment.name)
-    for stage in STAGES:
+    for stage in RUN_ORDER:
         if stage.name not in chosen:
             continue
         start = time.perf_counter()
@@ -510,6 +511,8 @@ def _run_stages(plan: RunPlan) -> None:
             }
             records.append(record)
             show.end(record)
+    order = [s.name for s in STAGES]
+    records.sort(key=lambda r: order.index(r["name"]))
 
 
 def _run_stage(plan: RunPlan, stage: Stage) -> tuple[str, str]:

@@ -93,6 +93,16 @@ class GradsOptions:
     grads_modes: tuple[str, ...] = _opt(("fwd", "rev"), "autodiff modes checked", choices=("fwd", "rev"))
     grads_batch_size: int = _opt(32, "examples of the first batch used", minimum=1)
     grads_max_leaves: int = _opt(128, "float leaves checked, drawn at random beyond it (0: every leaf)", minimum=0)
+    grads_float64: bool = _opt(
+        True,
+        "check in float64; False: in float32, and a leaf that fails there is checked again in float64 before it is "
+        "reported (cheaper on a large model; an error below float32's resolution can go unseen)",
+    )
+    grads_replay_examples: int = _opt(
+        0,
+        "examples the equation-by-equation replay of the gradient (nonfinite.latent) runs on (0: the check's)",
+        minimum=0,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +156,13 @@ class RunOptions:
     description: ClassVar[str] = "a short guarded run"
     run_steps: int = _opt(30, "steps of the run", minimum=1)
     run_eval_every: int = _opt(5, "steps between eval losses (0: none)", minimum=0)
+    run_eval_examples: int = _opt(0, "examples of the first eval batch evaluated (0: all of them)", minimum=0)
+    run_telemetry_every: int = _opt(
+        1,
+        "steps between gradient telemetry samples (gradient and parameter norms: one more forward and backward "
+        "pass each); the step's own loss is recorded every step",
+        minimum=1,
+    )
     run_dead_every: int = _opt(5, "steps between dead-ReLU samples (0: none)", minimum=0)
     run_thresholds: dict[str, int | float] = _opt(
         doc="keyword overrides for jaxsane.check_training (e.g. plateau_rel:0.02)", factory=dict

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
 from .._core.tree import PyTree, grouped_finite_flags, is_inexact
-from .._experiment.batches import get_inputs, iter_batches
+from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
 from .._experiment.contract import PureExperiment
 from .._experiment.purify import uncounted
 from .._guard.guard import Guarded
@@ -37,6 +37,7 @@ from .._jaxpr.compile_level import Jitted, quick_jit
 from .._monitor.monitor import (
     MODE_BARE,
     MODE_FULL,
+    MODE_NORMS,
     Monitor,
     check_training,
     dead_fractions,
@@ -124,8 +125,8 @@ class RunPrograms:
         return self.dead(params, inputs)
 
 
-def _monitor(adapted: PureExperiment, dead_every: int, steps: int) -> Monitor:
-    return Monitor(adapted, every=1, dead_every=dead_every, log_every=max(1, steps))
+def _monitor(adapted: PureExperiment, every: int, dead_every: int, steps: int) -> Monitor:
+    return Monitor(adapted, every=every, dead_every=dead_every, log_every=max(1, steps))
 
 
 def _eval_loss(adapted: PureExperiment, eval_batch: Any, opts: RunOptions) -> Jitted | None:
@@ -134,12 +135,25 @@ def _eval_loss(adapted: PureExperiment, eval_batch: Any, opts: RunOptions) -> Ji
     return None
 
 
+def eval_examples(experiment: Any, eval_batch: Any, examples: int) -> Any:
+    """The eval batch the run evaluates: its first ``examples`` examples (all when 0, or when the batch cannot be
+    cut by examples). Cut to the train batch's size, the eval loss is the program the init stage already
+    compiled. Not jit-safe."""
+    if eval_batch is None or examples == 0 or sliceable(experiment, eval_batch) is not None:
+        return eval_batch
+    if count_examples(experiment, eval_batch) <= examples:
+        return eval_batch
+    return slice_examples(experiment, eval_batch, examples)
+
+
 def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     """Build the run stage's programs and compile them in ``pool`` while the earlier stages run (``ctx``: the
     stage's StageContext). Returns ``{"programs": RunPrograms, "future": ...}``; what fails in the background
     is compiled again by the stage, which reports it. Not jit-safe."""
-    adapted, batch, eval_batch, opts = ctx.adapted, ctx.batch, ctx.eval_batch, ctx.options
-    programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
+    adapted, batch, opts = ctx.adapted, ctx.batch, ctx.options
+    eval_batch = eval_examples(ctx.experiment, ctx.eval_batch, opts.run_eval_examples)
+    monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
+    programs = RunPrograms(adapted, monitor, opts.run_steps)
     eval_loss = _eval_loss(adapted, eval_batch, opts)
 
     def compile_all() -> None:
@@ -208,19 +222,22 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     adapted = ctx.adapted
     programs = ctx.prepared.get("programs")
     if programs is None:
-        programs = RunPrograms(adapted, _monitor(adapted, opts.run_dead_every, opts.run_steps), opts.run_steps)
+        monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
+        programs = RunPrograms(adapted, monitor, opts.run_steps)
     else:  # wait for the background compile, never compile the same program twice at once
         concurrent.futures.wait([ctx.prepared["future"]])
     monitor = programs.monitor
-    eval_loss = _eval_loss(adapted, ctx.eval_batch, opts)
+    eval_batch = eval_examples(ctx.experiment, ctx.eval_batch, opts.run_eval_examples)
+    eval_loss = _eval_loss(adapted, eval_batch, opts)
     state = adapted.init(ctx.key)
     findings: list[Finding] = []
     failed = False
     if eval_loss is not None:
-        monitor.record_eval(0, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+        monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
     copy_inputs = True  # until the first step shows that the step does not donate its inputs
+    reports_loss = True  # until the first step shows otherwise: then every step runs the loss (telemetry)
     for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
-        mode = monitor.mode_for(i)
+        mode = monitor.mode_for(i) if reports_loss else max(monitor.mode_for(i), MODE_NORMS)
         # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
         # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
         arrays = jax.tree_util.tree_leaves(state)
@@ -249,7 +266,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
             break
         state = new_state
         if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
-            monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), ctx.eval_batch)))
+            monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), eval_batch)))
     history = monitor.pull()
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story

@@ -8,6 +8,7 @@ import pytest
 import jaxsane
 from jaxsane._core.errors import DoctorOptionError
 from jaxsane._doctor import budget as _budget
+from jaxsane._doctor import pipeline as _pipeline
 from jaxsane._doctor.options import resolve
 from jaxsane._experiment.contract import PureExperiment
 
@@ -64,6 +65,24 @@ def test_a_large_step_samples_leaves_cuts_examples_and_bounds_the_sweep(monkeypa
     cost = plan.cost
     grads = plan.apply(resolve({}))["grads"]
     assert _budget.grads_steps(cost, grads, grads.grads_max_leaves) <= _budget.GRADS_STEPS + 1e-9
+
+
+def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_eval(monkeypatch):
+    monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
+    plan = _plan()
+    grads = plan.changes["grads"]
+    assert grads["grads_modes"] == ("rev",) and grads["grads_float64"] is False and grads["grads_replay_examples"] == 1
+    assert plan.changes["run"] == {"run_telemetry_every": _budget.TELEMETRY_EVERY}  # no eval data: eval untouched
+    assert "gradient telemetry every 5 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
+    assert "float32, a failing leaf again in float64" in plan.lines[0]
+    with_eval = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss,
+                                   params=lambda s: s)
+    adapted = PureExperiment(with_eval, key=jax.random.key(0))
+    planned = _budget.plan_stages(adapted, dict(TRAIN), resolve({}), set())
+    assert planned.changes["run"]["run_eval_examples"] == 16 and planned.changes["run"]["run_eval_every"] == 10
+    kept = _budget.plan_stages(adapted, dict(TRAIN), resolve({"grads_modes": ("fwd", "rev"), "run_telemetry_every": 1}),
+                               {"grads_modes", "run_telemetry_every"})
+    assert "grads_modes" not in kept.changes["grads"] and "run_telemetry_every" not in kept.changes["run"]
 
 
 def test_the_users_own_options_are_never_changed(monkeypatch):
@@ -127,3 +146,57 @@ def test_a_file_target_defining_a_dataclass_loads(tmp_path):
         "def experiment():\n    return State()\n"
     )
     assert cli.load_target(f"{path}:experiment", raw=True)().step == 0
+
+
+def _step_without_loss(p, b):
+    return _step(p, b)[0], {}
+
+
+@pytest.mark.parametrize("reports_loss", [True, False])
+def test_the_run_samples_telemetry_but_records_every_loss_and_cuts_the_eval_batch(reports_loss):
+    exp = jaxsane.Experiment(init=_experiment().init, step=_step if reports_loss else _step_without_loss, train=TRAIN,
+                             eval={"x": np.concatenate([TRAIN["x"], -TRAIN["x"]]),
+                                   "y": np.concatenate([TRAIN["y"], (TRAIN["y"] + 1) % 3])}, loss=_loss,
+                             params=lambda s: s, name="mlp")
+    d = jaxsane.doctor(exp, stages=["run"], run_steps=9, run_telemetry_every=3, run_eval_every=3,
+                       run_eval_examples=16, progress=False, compile_cache=False)
+    run = d.artifacts["run"]
+    assert run["steps"] == list(range(9)) and all(np.isfinite(run["loss"]))  # the loss of every step
+    # gradient telemetry every 3rd step when the step reports its loss; every step when the loss is the telemetry's
+    assert run["tele_steps"] == (list(range(0, 9, 3)) if reports_loss else list(range(9)))
+    assert run["eval_steps"] == [0, 3, 6, 9]
+    full = jaxsane.doctor(exp, stages=["run"], run_steps=1, run_eval_every=1, progress=False, compile_cache=False)
+    cut_loss = _loss(exp.init(jax.random.key(0)), TRAIN)  # the first 16 eval examples are TRAIN
+    assert run["eval_loss"][0] == pytest.approx(float(cut_loss), rel=1e-5)
+    assert full.artifacts["run"]["eval_loss"][0] != pytest.approx(float(cut_loss), rel=1e-3)  # all 32: another loss
+
+
+def _wrong_loss():
+    @jax.custom_vjp
+    def scaled(w):
+        return w
+
+    scaled.defvjp(lambda w: (w, None), lambda _, g: (0.5 * g,))  # the backward rule halves the gradient
+
+    def loss(p, b):
+        return _loss({"w1": scaled(p["w1"]), "w2": p["w2"]}, b)
+
+    return loss
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_float32_gradient_check_confirms_a_failing_leaf_in_float64(wrong, monkeypatch):
+    calls = []
+    real = _pipeline.check_grads
+
+    def spy(*args, dtype, **kw):
+        calls.append(np.dtype(dtype).name)
+        return real(*args, dtype=dtype, **kw)
+
+    monkeypatch.setattr(_pipeline, "check_grads", spy)
+    loss = _wrong_loss() if wrong else _loss
+    exp = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, loss=loss, params=lambda s: s)
+    d = jaxsane.doctor(exp, stages=["grads"], grads_float64=False, progress=False, compile_cache=False)
+    codes = [f.code for f in d.findings]
+    assert calls == (["float32", "float64"] if wrong else ["float32"])
+    assert ("grad.mismatch" in codes) == wrong
