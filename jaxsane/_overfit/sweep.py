@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from jax import lax
 
 from .._core.tree import PyTree, host_leaf
 from .._jaxpr.compile_level import compiler_options
+from .._jaxpr.interpret import all_eqns
 
 
 class Carry(NamedTuple):
@@ -159,35 +161,87 @@ def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
     the target. ``traces`` counts traces (one per compile). Jit-safe (it is what gets jitted).
     """
     vstep = jax.vmap(spec.step)
-    chunk = spec.chunk
 
     def run(carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
         traces.count += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
-        if spec.prepare is not None:
-            carry = carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
+        carry = _prepared(spec, carry, lrs, scales)
 
         def cond(c: Carry):
-            done = jnp.all((c.reached_at >= 0) | ~real)
-            return (c.chunks < limit) & ~(early_exit & done)
+            return (c.chunks < limit) & ~(early_exit & _all_fit(c, real))
 
         def body(c: Carry) -> Carry:
-            i = c.chunks
-            states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=chunk)
-            chunk_losses = chunk_losses.T  # [size, chunk]
-            losses = lax.dynamic_update_slice(c.losses, chunk_losses, (0, i * chunk))
-            # a ratio target needs a positive start: a loss at or below 0 never "fits" by ratio
-            hit = (chunk_losses <= (spec.target * losses[:, 0])[:, None]) & (losses[:, 0] > 0)[:, None]
-            first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
-            acc = c.accuracy
-            if spec.accuracy is not None:
-                acc = jax.vmap(spec.accuracy)(states, batches)
-                first = jnp.where((first < 0) & (acc >= spec.target_accuracy), (i + 1) * chunk - 1, first)
-            reached_at = jnp.where(c.reached_at >= 0, c.reached_at, first)
-            return Carry(i + 1, states, losses, acc, reached_at)
+            states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=spec.chunk)
+            return _recorded(spec, c, states, chunk_losses, batches)
 
         return lax.while_loop(cond, body, carry)
 
     return run
+
+
+def _prepared(spec: SweepSpec, carry: Carry, lrs: Any, scales: Any) -> Carry:
+    """The carry with each configuration's learning rate and init scale set (a first run). Jit-safe."""
+    if spec.prepare is None:
+        return carry
+    return carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
+
+
+def _all_fit(c: Carry, real: Any) -> jax.Array:
+    """Whether every real configuration has reached the target. Jit-safe."""
+    return jnp.all((c.reached_at >= 0) | ~real)
+
+
+def _recorded(spec: SweepSpec, c: Carry, states: PyTree, chunk_losses: Any, batches: PyTree) -> Carry:
+    """The carry after one chunk: its states, its losses (``[chunk, size]``) written in, and the step at which
+    each configuration first met the loss (or accuracy) target. Jit-safe."""
+    i, chunk = c.chunks, spec.chunk
+    chunk_losses = chunk_losses.T  # [size, chunk]
+    losses = lax.dynamic_update_slice(c.losses, chunk_losses, (0, i * chunk))
+    # a ratio target needs a positive start: a loss at or below 0 never "fits" by ratio
+    hit = (chunk_losses <= (spec.target * losses[:, 0])[:, None]) & (losses[:, 0] > 0)[:, None]
+    first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
+    acc = c.accuracy
+    if spec.accuracy is not None:
+        acc = jax.vmap(spec.accuracy)(states, batches)
+        first = jnp.where((first < 0) & (acc >= spec.target_accuracy), (i + 1) * chunk - 1, first)
+    reached_at = jnp.where(c.reached_at >= 0, c.reached_at, first)
+    return Carry(i + 1, states, losses, acc, reached_at)
+
+
+class HostLooped:
+    """The group program for a step with convolutions on XLA:CPU, which runs a convolution inside any loop body
+    (``while_loop``, ``scan``) several times slower than outside one (jax-ml/jax#12868: 127 ms against 15 ms a
+    step of a linen BatchNorm CNN): the host loops over the chunks and their steps, calling three compiled
+    programs, the vmapped step, the per-chunk record and the preparation. Called as the ``while_loop`` program
+    is (``(carry, batches, lrs, scales, real, limit, early_exit) -> carry``) with the same results, up to the
+    last bits of fused floats; one host round trip per step (about a millisecond, next to a convolution
+    step's tens). Not jit-safe (host side)."""
+
+    def __init__(self, spec: SweepSpec, abstract: tuple, traces: TraceCount):
+        carry, batches, lrs, scales, real = abstract[:5]
+        self.spec = spec
+        traces.count += 1
+        self.step = jax.jit(jax.vmap(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
+        losses = jax.ShapeDtypeStruct((spec.chunk, lrs.shape[0]), jnp.float32)
+        record = lambda c, chunk_losses, b: _recorded(spec, c, c.states, chunk_losses, b)  # noqa: E731
+        self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches).compile()
+        prepare = functools.partial(_prepared, spec)
+        self.prepare = jax.jit(prepare, donate_argnums=(0,)).lower(carry, lrs, scales).compile()
+        self.all_fit = jax.jit(_all_fit).lower(carry, real).compile()
+
+    def __call__(self, carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
+        carry = self.prepare(carry, lrs, scales)
+        while int(carry.chunks) < int(limit) and not (bool(early_exit) and bool(self.all_fit(carry, real))):
+            states, losses = carry.states, []
+            for _ in range(self.spec.chunk):
+                states, loss = self.step(states, batches)
+                losses.append(loss)
+            carry = self.record(carry._replace(states=states), jnp.stack(losses), batches)
+        return carry
+
+
+def has_convolutions(jaxpr: Any) -> bool:
+    """Whether a jaxpr (nested ones included) convolves. Not jit-safe."""
+    return any(eqn.primitive.name == "conv_general_dilated" for eqn in all_eqns(jaxpr))
 
 
 class SweepOutput(NamedTuple):
@@ -248,9 +302,18 @@ def compile_sweep(
         jax.ShapeDtypeStruct((), i32),
         jax.ShapeDtypeStruct((), bool),
     )
+    if jax.default_backend() == "cpu" and has_convolutions(jax.make_jaxpr(spec.step)(*_unstacked(abstract))):
+        return HostLooped(spec, abstract, traces), time.perf_counter() - t
     traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
     compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
     return compiled, time.perf_counter() - t
+
+
+def _unstacked(abstract: tuple) -> tuple:
+    """One configuration's (state, batch) abstract values from the group program's arguments."""
+    carry, batches = abstract[0], abstract[1]
+    one = lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)  # noqa: E731
+    return jax.tree_util.tree_map(one, carry.states), jax.tree_util.tree_map(one, batches)
 
 
 def run_sweep(
