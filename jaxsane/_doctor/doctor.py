@@ -330,7 +330,10 @@ def doctor(
             # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
             # programs; what fails there is left to its stage to report
             pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
-            cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)  # runs before the log closes
+            # runs before the log closes: what has not started is cancelled; on a normal end the threads are joined
+            # (a daemon thread still ending as the interpreter finalizes aborts the process inside XLA: "terminate
+            # called ... exception not rethrown"), on a Ctrl-C they are left to the process's end
+            cleanup.push(lambda kind, *_: pool.shutdown(wait=kind is None, cancel_futures=True))
             plan = RunPlan(
                 experiment, adapted, key, batch, eval_batch, opts, chosen, requested=stages is not None,
                 diagnosis=diagnosis, triage=triage, blocked=blocked, progress=progress, log=log,

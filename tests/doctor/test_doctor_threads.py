@@ -136,3 +136,26 @@ def test_doctor_on_an_equinox_loss_with_an_inner_filter_jit_reports_no_crash():
     crashes = [f for f in diagnosis if f.code == "doctor.user_code_crashed"]
     assert not crashes, crashes
     assert all(s["status"] == "ran" for s in diagnosis.stages), diagnosis.stages
+
+
+def test_doctor_joins_its_background_threads_before_it_returns():
+    # a daemon thread still ending while the interpreter finalizes aborts the process inside XLA ("terminate called
+    # after throwing an instance of '' / FATAL: exception not rethrown"): `jaxsane doctor -q` exited 134
+    from jaxsane.examples import load
+
+    jaxsane.doctor(load("digits_optax"), stages=["init", "grads", "run"], run_steps=3, progress=False,
+                   compile_cache=False)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("jaxsane-precompile")] == []
+
+
+@pytest.mark.slow
+def test_the_cli_doctor_exits_cleanly(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAXSANE_CACHE_DIR=str(tmp_path / "cache"))
+    for _ in range(2):  # a first run and one from the cache
+        proc = subprocess.run([sys.executable, "-m", "jaxsane", "doctor", "jaxsane.examples.digits_optax:experiment",
+                               "-q"], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
