@@ -169,7 +169,9 @@ def plan_stages(
     backend = backend or jax.default_backend()
     large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
     if large:
-        _per_stage_rules(plan, cost, opts, explicit, evaluates=adapted.experiment.eval is not None)
+        _per_stage_rules(
+            plan, cost, opts, explicit, evaluates=adapted is not None and adapted.experiment.eval is not None
+        )
     if time_budget is not None:
         _fit_time_budget(plan, cost, opts, explicit, time_budget, rate or flops_per_second())
     return plan
