@@ -169,9 +169,9 @@ def plan_stages(
     backend = backend or jax.default_backend()
     large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
     if large:
-        _per_stage_rules(
-            plan, cost, opts, explicit, evaluates=adapted is not None and adapted.experiment.eval is not None
-        )
+        evaluates = adapted is not None and adapted.experiment.eval is not None
+        has_loss = adapted is not None and adapted.loss_fn is not None
+        _per_stage_rules(plan, cost, opts, explicit, evaluates=evaluates, has_loss=has_loss)
     if time_budget is not None:
         _fit_time_budget(plan, cost, opts, explicit, time_budget, rate or flops_per_second())
     return plan
@@ -196,32 +196,18 @@ def _leaves_within(cost: StepCost, grads: GradsOptions, steps: float) -> int:
 
 
 def _per_stage_rules(
-    plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str], evaluates: bool = True
+    plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str], *, evaluates: bool, has_loss: bool
 ) -> None:
     """The rules for a large step: the gradient check and the sweep in a fixed number of the user's steps, the
-    run's telemetry sampled; ``evaluates``: the run computes eval losses (the Experiment has eval data)."""
-    said = []
-    grads: GradsOptions = opts["grads"]
-    if cost.examples > SMALL_BATCH and grads.grads_batch_size > SMALL_BATCH:
-        _change(plan, opts, explicit, "grads", "grads_batch_size", SMALL_BATCH)
-    if "fwd" in grads.grads_modes and _change(plan, opts, explicit, "grads", "grads_modes", ("rev",)):
-        said.append("gradients checked in reverse mode only (a custom_jvp rule is checked through its transpose)")
-    if _change(plan, opts, explicit, "grads", "grads_float64", False):
-        said.append("gradients checked in float32, a failing leaf again in float64")
-    if _change(plan, opts, explicit, "grads", "grads_replay_examples", 1):
-        said.append("the gradient's replay for latent NaNs on 1 example")
-    grads = _planned(plan, opts, "grads")
-    leaves = _leaves_within(cost, grads, GRADS_STEPS)
-    if (grads.grads_max_leaves == 0 or leaves < grads.grads_max_leaves) and _change(
-        plan, opts, explicit, "grads", "grads_max_leaves", leaves
-    ):
-        said.append(f"gradient check on {grads.grads_batch_size} examples and at most {leaves} sampled leaves")
+    run's telemetry sampled; ``evaluates``: the run computes eval losses (the Experiment has eval data);
+    ``has_loss``: there is a gradient check (Experiment.loss)."""
+    said = _grads_rules(plan, cost, opts, explicit) if has_loss else []
     overfit: OverfitOptions = opts["overfit"]
     if cost.examples > SMALL_BATCH and overfit.overfit_batch_size > SMALL_BATCH:
         if _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
             said.append(f"overfit sweep on {SMALL_BATCH} examples")
     if _change(plan, opts, explicit, "run", "run_telemetry_every", TELEMETRY_EVERY):
-        said.append(f"the run's gradient telemetry every {TELEMETRY_EVERY} steps (its loss every step)")
+        said.append(f"the run's telemetry every {TELEMETRY_EVERY} steps (its loss every step)")
     if evaluates and cost.examples > 0 and _change(plan, opts, explicit, "run", "run_eval_examples", cost.examples):
         said.append(f"eval losses on {cost.examples} eval examples (the train batch's size)")
     if evaluates and 0 < opts["run"].run_eval_every < EVAL_EVERY:
@@ -238,8 +224,29 @@ def _per_stage_rules(
                 f"({cost.state_bytes / 2**20:.0f} MiB each)"
             ]
         )
-        + f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps"
+        + (f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps" if has_loss else "")
     )
+
+
+def _grads_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str]) -> list[str]:
+    """The gradient check's rules on a large step; returns what they changed, said for the summary."""
+    said = []
+    grads: GradsOptions = opts["grads"]
+    if cost.examples > SMALL_BATCH and grads.grads_batch_size > SMALL_BATCH:
+        _change(plan, opts, explicit, "grads", "grads_batch_size", SMALL_BATCH)
+    if "fwd" in grads.grads_modes and _change(plan, opts, explicit, "grads", "grads_modes", ("rev",)):
+        said.append("gradients checked in reverse mode only (a custom_jvp rule is checked through its transpose)")
+    if _change(plan, opts, explicit, "grads", "grads_float64", False):
+        said.append("gradients checked in float32, a failing leaf again in float64")
+    if _change(plan, opts, explicit, "grads", "grads_replay_examples", 1):
+        said.append("the gradient's replay for latent NaNs on 1 example")
+    grads = _planned(plan, opts, "grads")
+    leaves = _leaves_within(cost, grads, GRADS_STEPS)
+    if (grads.grads_max_leaves == 0 or leaves < grads.grads_max_leaves) and _change(
+        plan, opts, explicit, "grads", "grads_max_leaves", leaves
+    ):
+        said.append(f"gradient check on {grads.grads_batch_size} examples and at most {leaves} sampled leaves")
+    return said
 
 
 def _estimate(plan: StagePlan, cost: StepCost, opts: dict[str, Any], rate: float) -> dict[str, float]:

@@ -73,7 +73,7 @@ def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_ev
     grads = plan.changes["grads"]
     assert grads["grads_modes"] == ("rev",) and grads["grads_float64"] is False and grads["grads_replay_examples"] == 1
     assert plan.changes["run"] == {"run_telemetry_every": _budget.TELEMETRY_EVERY}  # no eval data: eval untouched
-    assert "gradient telemetry every 5 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
+    assert "telemetry every 5 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
     assert "float32, a failing leaf again in float64" in plan.lines[0]
     with_eval = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss,
                                    params=lambda s: s)
@@ -200,3 +200,10 @@ def test_a_float32_gradient_check_confirms_a_failing_leaf_in_float64(wrong, monk
     codes = [f.code for f in d.findings]
     assert calls == (["float32", "float64"] if wrong else ["float32"])
     assert ("grad.mismatch" in codes) == wrong
+
+
+def test_a_large_step_without_a_loss_plans_no_gradient_check(monkeypatch):
+    monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
+    exp = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, params=lambda s: s)
+    plan = _budget.plan_stages(PureExperiment(exp, key=jax.random.key(0)), dict(TRAIN), resolve({}), set())
+    assert "grads" not in plan.changes and "gradient" not in plan.lines[0] and "run" in plan.changes
