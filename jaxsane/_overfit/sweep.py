@@ -2,7 +2,9 @@
 
 Every configuration is one slice of a ``jax.vmap``-ed train state. The steps run in a
 ``lax.scan`` of ``chunk`` steps inside a ``lax.while_loop`` that exits once every real
-configuration has reached the target, so the sweep needs no host round trip between steps.
+configuration has reached the target, so the sweep needs no host round trip between steps. A step that
+convolves runs on XLA:CPU in a host loop instead (:class:`HostLooped`): XLA:CPU runs convolutions inside
+loop bodies several times slower than outside them.
 
 The loop's carry is both the program's input and its output, which makes the program resumable:
 the configurations can be split into equal *groups* that run the same compiled executable
@@ -216,10 +218,9 @@ class HostLooped:
     last bits of fused floats; one host round trip per step (about a millisecond, next to a convolution
     step's tens). Not jit-safe (host side)."""
 
-    def __init__(self, spec: SweepSpec, abstract: tuple, traces: TraceCount):
+    def __init__(self, spec: SweepSpec, abstract: tuple):
         carry, batches, lrs, scales, real = abstract[:5]
         self.spec = spec
-        traces.count += 1
         self.step = jax.jit(jax.vmap(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
         losses = jax.ShapeDtypeStruct((spec.chunk, lrs.shape[0]), jnp.float32)
         record = lambda c, chunk_losses, b: _recorded(spec, c, c.states, chunk_losses, b)  # noqa: E731
@@ -302,18 +303,11 @@ def compile_sweep(
         jax.ShapeDtypeStruct((), i32),
         jax.ShapeDtypeStruct((), bool),
     )
-    if jax.default_backend() == "cpu" and has_convolutions(jax.make_jaxpr(spec.step)(*_unstacked(abstract))):
-        return HostLooped(spec, abstract, traces), time.perf_counter() - t
     traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
+    if jax.default_backend() == "cpu" and has_convolutions(traced.jaxpr):  # (the trace counted: one program)
+        return HostLooped(spec, abstract), time.perf_counter() - t
     compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
     return compiled, time.perf_counter() - t
-
-
-def _unstacked(abstract: tuple) -> tuple:
-    """One configuration's (state, batch) abstract values from the group program's arguments."""
-    carry, batches = abstract[0], abstract[1]
-    one = lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)  # noqa: E731
-    return jax.tree_util.tree_map(one, carry.states), jax.tree_util.tree_map(one, batches)
 
 
 def run_sweep(
