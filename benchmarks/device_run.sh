@@ -7,7 +7,8 @@
 # orbax, matplotlib, rich and scikit-learn (nothing can be installed there), and imports jaxsane
 # from this checkout through PYTHONPATH. Each benchmark has its own time limit, so one that hangs
 # cannot eat the others' time. QUICK=1 runs tiny settings (to check the script on a CPU box:
-# `PY=.venv/bin/python QUICK=1 bash benchmarks/device_run.sh`).
+# `PY=.venv/bin/python QUICK=1 bash benchmarks/device_run.sh`). LADDER=1 runs only the doctor-at-scale
+# ladder (benchmarks/doctor_scaling.py), a run of its own within the same limit.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
@@ -23,7 +24,9 @@ run() {  # run NAME SECONDS SCRIPT ARGS...
 }
 
 "$PY" -c "import jax, jaxsane; print(jax.__version__, jax.default_backend(), jax.devices())" 2>&1 | tee "$OUT/devices.txt"
-if [ "${QUICK:-0}" = 1 ]; then
+if [ "${LADDER:-0}" = 1 ]; then  # doctor at scale: a run of its own (LADDER=1 bash benchmarks/device_run.sh)
+    run doctor_scaling 540 benchmarks/doctor_scaling.py --rungs lm_1m,cnn_large,lm_10m,lm_50m --json "$OUT/ladder.json"
+elif [ "${QUICK:-0}" = 1 ]; then
     run overfit_sweep 120 benchmarks/overfit_sweep.py --reps 1 --steps 200
     run guard_overhead 120 benchmarks/guard_overhead.py --steps 10
     run monitor_overhead 120 benchmarks/monitor_overhead.py --only mlp --rounds 2 --steps 10
