@@ -347,21 +347,16 @@ def grads_stage(ctx: StageContext) -> Iterable[Finding]:
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
     loss, params = _traceable(adapted, "loss"), adapted.params(state)
-    check = functools.partial(
-        check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
-        max_leaves=opts.grads_max_leaves or None,
-    )  # fmt: skip
+    check = functools.partial(check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
+                              max_leaves=opts.grads_max_leaves or None)  # fmt: skip
     findings = check(dtype=jnp.float64 if opts.grads_float64 else jnp.float32)
-    if not opts.grads_float64 and any(f.code in GRAD_ERRORS for f in findings):
-        findings = check(dtype=jnp.float64)  # the same sampled leaves (same seed): float64 has the last word
+    if not opts.grads_float64 and any(f.code in ("grad.mismatch", "grad.missing") for f in findings):
+        findings = check(dtype=jnp.float64)  # a float32 failure, confirmed on the same sampled leaves (same seed)
     if not any(f.code.startswith("nonfinite.") for f in findings):  # finite compiled: is the replay's gradient?
         if opts.grads_replay_examples:
             batch = slice_examples(ctx.experiment, batch, opts.grads_replay_examples, whole=True)
         findings += latent_nan_findings(jax.grad(loss), params, batch)
     return findings
-
-
-GRAD_ERRORS = ("grad.mismatch", "grad.missing")  # what a float32 gradient check confirms in float64
 
 
 def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
@@ -578,8 +573,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
     Stage("run", run_stage, RunOptions, needs=("state", "step")),
 )
-# the order doctor runs them in: the checklist's, except that the step stage (which compiles the user's step on the
-# main thread) runs before the grads stage waits for the gradient check that runs in the background meanwhile
+# the order doctor runs them in: the step stage (compiling the user's step) before the grads stage waits for its check
 RUN_ORDER: tuple[Stage, ...] = tuple(sorted(STAGES, key=lambda s: 1.5 if s.name == "step" else STAGES.index(s)))
 # stages whose work doctor starts ahead, in the background, before the first stage runs
 # (``prepare(ctx, pool) -> ctx.prepared``), in this order
