@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from .._checks.batch import check_batch_independence, check_example_slices, loss_pairs_labels
-from .._checks.grads import check_grads
 from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
@@ -50,10 +47,10 @@ from .._experiment.batches import (
     sliceable,
 )
 from .._experiment.contract import Experiment, PureExperiment
-from .._locate.locate import latent_nan_findings
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
+from .grads_stage import grads_stage, prepare_grads
 from .options import (
     OPTION_CLASSES,
     BatchOptions,
@@ -325,43 +322,6 @@ def _init_loss_vs_constant(
             )
         ]
     return check_init_loss_vs_constant(base.loss, base.constant_loss, factor=factor)
-
-
-def grads_stage(ctx: StageContext) -> Iterable[Finding]:
-    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`).
-
-    doctor starts it in its background thread (:func:`prepare_grads`), so its compiles overlap the data and
-    init stages; the stage then waits for those findings, and a crash there is the stage's crash."""
-    if "future" in ctx.prepared:
-        return ctx.prepared["future"].result()
-    opts: GradsOptions = ctx.options
-    adapted = ctx.pure
-    if adapted.loss_fn is None:
-        return [
-            Finding(
-                "doctor.skipped",
-                "gradient check skipped: it needs Experiment.loss ((params, batch) -> scalar)",
-                "pass Experiment(loss=...) to check gradients",
-            )
-        ]
-    state = adapted.init(ctx.key)
-    batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
-    loss, params = _traceable(adapted, "loss"), adapted.params(state)
-    check = functools.partial(check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
-                              max_leaves=opts.grads_max_leaves or None)  # fmt: skip
-    findings = check(dtype=jnp.float64 if opts.grads_float64 else jnp.float32)
-    if not opts.grads_float64 and any(f.code in ("grad.mismatch", "grad.missing") for f in findings):
-        findings = check(dtype=jnp.float64)  # a float32 failure, confirmed on the same sampled leaves (same seed)
-    if not any(f.code.startswith("nonfinite.") for f in findings):  # finite compiled: is the replay's gradient?
-        if opts.grads_replay_examples:
-            batch = slice_examples(ctx.experiment, batch, opts.grads_replay_examples, whole=True)
-        findings += latent_nan_findings(jax.grad(loss), params, batch)
-    return findings
-
-
-def prepare_grads(ctx: StageContext, pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """Start the whole grads stage in ``pool``: ``{"future": its findings}``. Not jit-safe."""
-    return {"future": pool.submit(lambda: list(grads_stage(ctx)))}
 
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:

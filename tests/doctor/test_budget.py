@@ -8,7 +8,7 @@ import pytest
 import jaxsane
 from jaxsane._core.errors import DoctorOptionError
 from jaxsane._doctor import budget as _budget
-from jaxsane._doctor import pipeline as _pipeline
+from jaxsane._doctor import grads_stage as _grads_stage, pipeline as _pipeline
 from jaxsane._doctor.options import resolve
 from jaxsane._experiment.contract import PureExperiment
 
@@ -187,13 +187,13 @@ def _wrong_loss():
 @pytest.mark.parametrize("wrong", [False, True])
 def test_a_float32_gradient_check_confirms_a_failing_leaf_in_float64(wrong, monkeypatch):
     calls = []
-    real = _pipeline.check_grads
+    real = _grads_stage.check_grads
 
     def spy(*args, dtype, **kw):
         calls.append(np.dtype(dtype).name)
         return real(*args, dtype=dtype, **kw)
 
-    monkeypatch.setattr(_pipeline, "check_grads", spy)
+    monkeypatch.setattr(_grads_stage, "check_grads", spy)
     loss = _wrong_loss() if wrong else _loss
     exp = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, loss=loss, params=lambda s: s)
     d = jaxsane.doctor(exp, stages=["grads"], grads_float64=False, progress=False, compile_cache=False)

@@ -206,7 +206,7 @@ def test_the_option_names_of_earlier_releases_still_work():
 def test_pipeline_lists_functions_and_frozen_documented_options():
     assert [s.name for s in _pipeline.STAGES] == ["data", "init", "grads", "step", "batch", "overfit", "run"]
     for stage in _pipeline.STAGES:
-        assert inspect.isfunction(stage.run) and stage.run.__module__ in ("jaxsane._doctor.pipeline", "jaxsane._doctor.run_stage")
+        assert inspect.isfunction(stage.run) and stage.run.__module__ in ("jaxsane._doctor.pipeline", "jaxsane._doctor.run_stage", "jaxsane._doctor.grads_stage")
         assert dataclasses.is_dataclass(stage.options) and stage.options.__dataclass_params__.frozen
         for f in dataclasses.fields(stage.options):
             assert f.metadata["doc"], f.name

@@ -115,7 +115,7 @@ def test_doctor_grads_stage_warns_of_a_latent_nan_the_compiled_gradients_do_not_
     """The wiring: when check_grads' compiled gradients are finite (simulated here, with the compiler that fuses
     the NaN away), the grads stage replays the gradient and warns, with the user's line."""
     import jaxsane
-    from jaxsane._doctor import pipeline
+    from jaxsane._doctor import grads_stage as pipeline
     from jaxsane.examples import where_nan
 
     monkeypatch.setattr(pipeline, "check_grads", lambda *a, **k: [])
