@@ -57,9 +57,9 @@ class Block(nnx.Module):
 
 
 class LM(nnx.Module):
-    def __init__(self, layers, d, heads, vocab, rngs):
+    def __init__(self, layers, d, heads, vocab, rngs, seq=SEQ):
         self.embed = nnx.Embed(vocab, d, rngs=rngs)
-        self.pos = nnx.Param(jax.random.normal(rngs.params(), (SEQ, d)) * 0.02)
+        self.pos = nnx.Param(jax.random.normal(rngs.params(), (seq, d)) * 0.02)
         self.blocks = nnx.List([Block(d, heads, rngs) for _ in range(layers)])
         self.ln = nnx.LayerNorm(d, rngs=rngs)
         self.head = nnx.Linear(d, vocab, rngs=rngs)
@@ -72,14 +72,14 @@ class LM(nnx.Module):
         return self.head(self.ln(x))
 
 
-def lm_data(vocab, n=256, seed=0):
+def lm_data(vocab, n=256, seed=0, seq=SEQ):
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(1, vocab, size=(n, SEQ + 1)).astype(np.int32)
-    for t in range(1, SEQ + 1):  # learnable structure: the next token is often the previous one + 1
+    tokens = rng.integers(1, vocab, size=(n, seq + 1)).astype(np.int32)
+    for t in range(1, seq + 1):  # learnable structure: the next token is often the previous one + 1
         follow = rng.random(n) < 0.7
         tokens[follow, t] = (tokens[follow, t - 1] % (vocab - 1)) + 1
-    lengths = rng.integers(SEQ // 2, SEQ + 2, size=n)
-    mask = np.arange(SEQ + 1)[None] < lengths[:, None]
+    lengths = rng.integers(seq // 2, seq + 2, size=n)
+    mask = np.arange(seq + 1)[None] < lengths[:, None]
     return {"tokens": np.where(mask, tokens, 0), "mask": mask.astype(np.int32)}
 
 
@@ -98,18 +98,19 @@ def lm_step(model, opt, batch):
     return loss
 
 
-def lm_experiment(name):
-    layers, d, heads, vocab = LM_SIZES[name]
+def lm_experiment(name, sizes=None, *, seq=SEQ, batch=BATCH, peak_lr=1e-3, eval_examples=32):
+    """The LM rung ``name`` (``LM_SIZES``), or a model of ``sizes`` = (layers, width, heads, vocabulary)."""
+    layers, d, heads, vocab = sizes or LM_SIZES[name]
 
     def init(key):
-        model = LM(layers, d, heads, vocab, nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+        model = LM(layers, d, heads, vocab, nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)), seq=seq)
         model.train()
-        schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 20, 1000)
+        schedule = optax.warmup_cosine_decay_schedule(0.0, peak_lr, 20, 1000)
         return model, nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
 
-    data, ev = lm_data(vocab), lm_data(vocab, 32, seed=1)
+    data, ev = lm_data(vocab, seq=seq), lm_data(vocab, eval_examples, seed=1, seq=seq)
     return jaxsane.Experiment(
-        init=init, step=lm_step, train=lambda: batches(data), eval=ev, loss=lm_loss,
+        init=init, step=lm_step, train=lambda: batches(data, batch), eval=ev, loss=lm_loss,
         inputs=lambda b: b["tokens"], mask=lambda b: b["mask"], name=name,
     )
 
