@@ -14,8 +14,9 @@ less than it would (``grad.sampled``, ``overfit.budget``):
   the gradient check takes at most :data:`GRADS_STEPS` of the user's steps (fewer examples, sampled leaves),
   the overfit sweep at most :data:`OVERFIT_STEPS` configuration-steps' worth of flops (fewer examples, then
   fewer configurations) and the sweep's stacked states at most :data:`SWEEP_STATES` of the user's states at
-  once (its configurations run in chunks). Smaller programs run the checks in full. Deterministic: the flops
-  are counted, not timed, so the same program gets the same plan, and the same verdicts, on any machine load.
+  once (its configurations run in chunks), stopping within :data:`SWEEP_CHUNK` steps of a fit. Smaller programs
+  run the checks in full. Deterministic: the flops are counted, not timed, so the same program gets the same
+  plan, and the same verdicts, on any machine load.
 * **a time budget** (``doctor(time_budget=s)``, ``jaxsane doctor --budget s``): the flops rate of this machine
   is measured on a small matrix product, each stage's seconds estimated (compiles included, from the step's
   size), and the stages reduced in turn (sweep, gradient check, run) until the estimate fits.
@@ -46,6 +47,7 @@ GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
+SWEEP_CHUNK = 5  # a large model's sweep checks for its early exit every 5 steps (not 25: each step costs seconds)
 TELEMETRY_EVERY = 5  # a large model's run samples gradient telemetry (one more forward and backward) every 5th step
 EVAL_EVERY = 10  # and evaluates every 10th step, on as many eval examples as a train batch has
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
@@ -78,6 +80,7 @@ class StagePlan:
     changes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     overfit_budget_flops: float | None = None
     sweep_memory_bytes: float | None = None
+    sweep_chunk: int | None = None
     lines: list[str] = dataclasses.field(default_factory=list)
     estimates: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -88,6 +91,7 @@ class StagePlan:
             "changes": {k: dict(v) for k, v in self.changes.items() if v},
             "overfit_budget_flops": self.overfit_budget_flops,
             "sweep_memory_bytes": self.sweep_memory_bytes,
+            "sweep_chunk": self.sweep_chunk,
             "step_flops": None if self.cost is None else self.cost.flops,
             "estimates": {k: round(v, 2) for k, v in self.estimates.items()},
         }
@@ -215,13 +219,14 @@ def _per_stage_rules(
             said.append(f"eval losses every {EVAL_EVERY} steps")
     plan.overfit_budget_flops = OVERFIT_STEPS * cost.flops
     plan.sweep_memory_bytes = SWEEP_STATES * cost.state_bytes
+    plan.sweep_chunk = SWEEP_CHUNK
     plan.lines.append(
         f"plan: the step is large ({cost.flops / 1e9:.3g} GFLOP on {cost.examples or 'its'} examples), so "
         + ", ".join(
             said
             + [
                 f"the sweep within {OVERFIT_STEPS:g} steps' flops and {SWEEP_STATES:g} training states at once "
-                f"({cost.state_bytes / 2**20:.0f} MiB each)"
+                f"({cost.state_bytes / 2**20:.0f} MiB each), stopping within {SWEEP_CHUNK} steps of a fit"
             ]
         )
         + (f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps" if has_loss else "")

@@ -469,9 +469,11 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
 
 
 def _plan_limits(ctx: StageContext) -> dict[str, Any]:
-    """The overfit sweep's limits from doctor's plan (``_doctor/budget.py``): its flops and its states' memory."""
+    """The overfit sweep's limits from doctor's plan (``_doctor/budget.py``): its flops, its states' memory and
+    how often it checks for its early exit."""
     plan = ctx.artifacts.get("plan") or {}
-    return dict(budget_flops=plan.get("overfit_budget_flops"), memory_bytes=plan.get("sweep_memory_bytes"))
+    chunk = {"chunk": plan["sweep_chunk"]} if plan.get("sweep_chunk") else {}
+    return dict(budget_flops=plan.get("overfit_budget_flops"), memory_bytes=plan.get("sweep_memory_bytes"), **chunk)
 
 
 def _traceable(adapted: PureExperiment, which: str) -> Callable:

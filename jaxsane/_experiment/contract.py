@@ -368,7 +368,13 @@ class PureExperiment:
         return None, keep_static(out) if needs_partition(out) else out
 
     def step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
-        """Run the user's step once, purely. Jit-safe."""
+        """Run the user's step once, purely. Jit-safe: inside a trace (jit, vmap, grad, make_jaxpr) the step is
+        traced once per input signature and its jaxpr replayed after that (``_jaxpr/trace_cache.py``: the
+        checks trace the step at the same shapes again and again, and an NNX or Flax step costs far more to
+        trace than to replay); called eagerly it runs the user's step itself."""
+        return self.memo("traced:step", lambda: TracedOnce(self._pure_step))(state, batch)
+
+    def _pure_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
         new_state, out = self._call_user_step(state, batch)
         if self.nnx:
             if isinstance(out, tuple) and len(out) == 2 and is_nnx_state(out[0]):

@@ -50,7 +50,7 @@ def test_step_cost_counts_the_matrix_products_of_the_step():
 
 def test_a_small_step_runs_every_check_in_full():
     plan = _plan()
-    assert plan.changes == {} and plan.lines == [] and plan.overfit_budget_flops is None
+    assert plan.changes == {} and plan.lines == [] and plan.overfit_budget_flops is None and plan.sweep_chunk is None
 
 
 def test_a_large_step_samples_leaves_cuts_examples_and_bounds_the_sweep(monkeypatch):
@@ -61,10 +61,24 @@ def test_a_large_step_samples_leaves_cuts_examples_and_bounds_the_sweep(monkeypa
     assert plan.changes["overfit"]["overfit_batch_size"] == _budget.SMALL_BATCH
     assert plan.overfit_budget_flops == _budget.OVERFIT_STEPS * plan.cost.flops
     assert plan.sweep_memory_bytes == _budget.SWEEP_STATES * plan.cost.state_bytes
+    assert plan.sweep_chunk == _budget.SWEEP_CHUNK
     assert plan.lines and plan.lines[0].startswith("plan: the step is large")
     cost = plan.cost
     grads = plan.apply(resolve({}))["grads"]
     assert _budget.grads_steps(cost, grads, grads.grads_max_leaves) <= _budget.GRADS_STEPS + 1e-9
+
+
+def test_a_large_steps_sweep_stops_within_its_chunk_of_a_fit(monkeypatch):
+    small = jaxsane.doctor(_experiment(), stages=["overfit"], progress=False, compile_cache=False)
+    monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)  # this MLP's step counts as large
+    large = jaxsane.doctor(_experiment(), stages=["overfit"], progress=False, compile_cache=False)
+    steps = {}
+    for name, d in (("small", small), ("large", large)):
+        result = d.artifacts["overfit"]
+        fit_at = int(min(s for s in result.reached_at if s >= 0))  # every configuration fits this MLP
+        steps[name] = (fit_at, result.losses.shape[1])
+    assert steps["small"][1] % 25 == 0 and steps["large"][1] - steps["large"][0] <= _budget.SWEEP_CHUNK
+    assert steps["large"][1] < steps["small"][1], steps
 
 
 def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_eval(monkeypatch):

@@ -167,3 +167,70 @@ def test_guard_bad_arguments_are_jaxsane_errors():
         jaxsane.guard(None)
     for policy in ("raise", "skip", "warn"):
         assert jaxsane.guard(step, on_nonfinite=policy).on_nonfinite == policy
+
+
+class Tiny(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(3, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin(x)
+
+
+def _nnx_and_pytree_experiments(traces):
+    """The same step as an NNX (model, optimizer) step and as a pytree step; ``traces`` counts the user's calls."""
+    import optax
+
+    import jaxsane
+
+    def nnx_step(model, opt, batch):
+        traces.append("nnx")
+
+        def loss_fn(m):
+            return jnp.mean((m(batch["x"]) - batch["y"]) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads)
+        return {"loss": loss}
+
+    def nnx_init(key):
+        model = Tiny(nnx.Rngs(0))
+        return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def tree_step(state, batch):
+        traces.append("tree")
+        loss, g = jax.value_and_grad(lambda p: jnp.mean((batch["x"] @ p["w"] - batch["y"]) ** 2))(state["params"])
+        return {"params": jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, state["params"], g)}, {"loss": loss}
+
+    data = [{"x": jnp.ones((4, 3)), "y": jnp.zeros((4, 2))}]
+    return (
+        jaxsane.Experiment(init=nnx_init, step=nnx_step, train=data),
+        jaxsane.Experiment(init=lambda key: {"params": {"w": jnp.ones((3, 2))}}, step=tree_step, train=data),
+    )
+
+
+def test_the_pure_step_is_traced_once_per_signature_and_runs_itself_eagerly():
+    from jaxsane._experiment.contract import PureExperiment
+
+    traces = []
+    for exp in _nnx_and_pytree_experiments(traces):
+        adapted = PureExperiment(exp, key=jax.random.key(0))
+        state, batch = adapted.example_state, exp.train[0]
+        if not adapted.nnx:  # a pytree step's output style: found once, by a trace of its own
+            adapted.detect_style(state, batch)
+        traces.clear()
+        first = jax.make_jaxpr(adapted.step)(state, batch)
+        jax.eval_shape(adapted.step, state, batch)
+        again = jax.make_jaxpr(adapted.step)(state, batch)
+        assert len(traces) == 1, "the checks' traces at one signature trace the user's step once"
+        assert [e.primitive for e in again.jaxpr.eqns] == [e.primitive for e in first.jaxpr.eqns]
+        jax.vmap(adapted.step)(*jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), (state, batch)))
+        assert len(traces) == 1, "a vmapped call sees one configuration's shapes: the same signature"
+        jax.eval_shape(adapted.step, state, jax.tree_util.tree_map(lambda x: x[:2], batch))
+        assert len(traces) == 2, "two examples: another signature"
+        replayed = float(jax.jit(adapted.step)(state, batch)[1]["loss"])  # the replayed jaxpr, compiled
+        assert len(traces) == 2
+        new_state, metrics = adapted.step(state, batch)  # eagerly: the user's step itself, every time
+        adapted.step(new_state, batch)
+        assert len(traces) == 4
+        np.testing.assert_allclose(replayed, float(metrics["loss"]), rtol=1e-6)
