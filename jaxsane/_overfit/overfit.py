@@ -11,8 +11,10 @@ check ("A Recipe for Training Neural Networks"), run for a whole grid at once. T
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -227,8 +229,10 @@ def plan_overfit(
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
-    mismatch = accuracy_mismatch(adapted, grid.seed_list[0], batch, grid.step_reports_loss) if accuracy else None
-    target_accuracy = 2.0 if mismatch is not None else target_accuracy  # apply's accuracy then declares no fit
+    # whether apply's accuracy can judge the fit: found in a thread while the sweep compiles (one more compile)
+    mismatch = (
+        _in_thread(accuracy_mismatch, adapted, grid.seed_list[0], batch, grid.step_reports_loss) if accuracy else None
+    )
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
     spec = SweepSpec(
@@ -249,9 +253,10 @@ def plan_overfit(
         spec,
         layout,
         host_plan,
-        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None, mismatch),
+        _Judging(ceiling, baseline_reason, ignores_input_ratio, n_examples, accuracy is not None),
         early_exit=early_exit,
         progress=progress,
+        mismatch=mismatch,
     )
     if grid.lr_paths or update_scales is not None or learning_rates is not None:
         return OverfitPlan(sweep.compile, sweep.run)
@@ -353,6 +358,21 @@ def _in_program_prepare(adapted: PureExperiment, select: Callable[[str], bool], 
     return prepare
 
 
+def _in_thread(fn: Callable, *args: Any) -> concurrent.futures.Future:
+    """``fn(*args)`` started in a daemon thread (never joined at exit); its future. The thread's name starts with
+    its parent's, so its compiles count where the parent's do (doctor's background or the stage). Not jit-safe."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # the caller's result() raises it
+            future.set_exception(e)
+
+    threading.Thread(target=work, name=f"{threading.current_thread().name}/overfit-setup", daemon=True).start()
+    return future
+
+
 def _on_state(adapted: PureExperiment, accuracy: Callable) -> Callable:
     """``(state, batch) -> accuracy`` of the parameters in ``state``. Jit-safe."""
     return lambda s, b: accuracy(adapted.params(s), b)
@@ -385,6 +405,7 @@ class _Sweep:
     judging: _Judging
     early_exit: bool
     progress: bool
+    mismatch: concurrent.futures.Future | None = None  # of setup.accuracy_mismatch, found while the sweep compiles
     traces: TraceCount = dataclasses.field(default_factory=TraceCount)
     per_seed: list[list[Any]] = dataclasses.field(default_factory=list)
 
@@ -429,6 +450,7 @@ class _Sweep:
 
     def run(self, precompiled: Any = None) -> OverfitResult:
         configs, n_real = self.grid.configs, self.grid.n_real
+        mismatch = self.mismatch
         with warnings.catch_warnings(), Progress(self.progress, "overfit") as show:
             warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
             out = run_sweep(
@@ -444,11 +466,18 @@ class _Sweep:
                 traces=self.traces,
                 say=show.say,
                 precompiled=precompiled,
+                target_accuracy=None if mismatch is None else lambda: self._accuracy_target(mismatch.result()),
             )
             show.say(
                 f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in {out.steps_run} steps"
             )
         return self.judged(self.result_of(out))
+
+    def _accuracy_target(self, mismatch: str | None) -> float:
+        """The accuracy target the program uses: the one asked for, or none it can reach (2) when apply's accuracy
+        cannot judge the fit (``mismatch`` says why; recorded for the verdict)."""
+        self.judging = self.judging._replace(accuracy_mismatch=mismatch)
+        return self.spec.target_accuracy if mismatch is None else 2.0
 
     def result_of(self, out: SweepOutput) -> OverfitResult:
         """The sweep's curves as an :class:`OverfitResult`, not judged yet."""

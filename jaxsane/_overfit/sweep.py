@@ -145,7 +145,8 @@ class SweepSpec:
     """What one step of one configuration is and when it has fit. ``step`` is
     ``(state, batch) -> (state, loss)``; ``prepare`` is ``(state, lr, scale) -> state`` (lr NaN: keep the
     state's rate), or None when the states come prepared; ``accuracy`` is ``(state, batch) -> accuracy``
-    or None. All jit-safe."""
+    or None. All jit-safe. ``target_accuracy`` is the one asked for; the program takes the one it uses as an
+    argument (above 1 when apply's accuracy cannot judge the fit, which may be found while it compiles)."""
 
     step: Callable[[PyTree, PyTree], tuple[PyTree, jax.Array]]
     prepare: Callable[[PyTree, jax.Array, jax.Array], PyTree] | None
@@ -157,14 +158,15 @@ class SweepSpec:
 
 
 def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
-    """The program of one group: ``run(carry, batches, lrs, scales, real, limit, early_exit) -> carry``.
+    """The program of one group: ``run(carry, batches, lrs, scales, real, limit, early_exit, target_accuracy)
+    -> carry``.
 
     Runs chunks until ``limit`` chunks have run or, when ``early_exit``, every ``real`` slot has reached
     the target. ``traces`` counts traces (one per compile). Jit-safe (it is what gets jitted).
     """
     vstep = jax.vmap(spec.step)
 
-    def run(carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
+    def run(carry: Carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> Carry:
         traces.count += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
         carry = _prepared(spec, carry, lrs, scales)
 
@@ -173,7 +175,7 @@ def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
 
         def body(c: Carry) -> Carry:
             states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=spec.chunk)
-            return _recorded(spec, c, states, chunk_losses, batches)
+            return _recorded(spec, c, states, chunk_losses, batches, target_accuracy)
 
         return lax.while_loop(cond, body, carry)
 
@@ -192,7 +194,9 @@ def _all_fit(c: Carry, real: Any) -> jax.Array:
     return jnp.all((c.reached_at >= 0) | ~real)
 
 
-def _recorded(spec: SweepSpec, c: Carry, states: PyTree, chunk_losses: Any, batches: PyTree) -> Carry:
+def _recorded(
+    spec: SweepSpec, c: Carry, states: PyTree, chunk_losses: Any, batches: PyTree, target_accuracy: Any
+) -> Carry:
     """The carry after one chunk: its states, its losses (``[chunk, size]``) written in, and the step at which
     each configuration first met the loss (or accuracy) target. Jit-safe."""
     i, chunk = c.chunks, spec.chunk
@@ -204,7 +208,7 @@ def _recorded(spec: SweepSpec, c: Carry, states: PyTree, chunk_losses: Any, batc
     acc = c.accuracy
     if spec.accuracy is not None:
         acc = jax.vmap(spec.accuracy)(states, batches)
-        first = jnp.where((first < 0) & (acc >= spec.target_accuracy), (i + 1) * chunk - 1, first)
+        first = jnp.where((first < 0) & (acc >= target_accuracy), (i + 1) * chunk - 1, first)
     reached_at = jnp.where(c.reached_at >= 0, c.reached_at, first)
     return Carry(i + 1, states, losses, acc, reached_at)
 
@@ -214,29 +218,31 @@ class HostLooped:
     (``while_loop``, ``scan``) several times slower than outside one (jax-ml/jax#12868: 127 ms against 15 ms a
     step of a linen BatchNorm CNN): the host loops over the chunks and their steps, calling three compiled
     programs, the vmapped step, the per-chunk record and the preparation. Called as the ``while_loop`` program
-    is (``(carry, batches, lrs, scales, real, limit, early_exit) -> carry``) with the same results, up to the
+    is (``(carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> carry``) with the same
+    results, up to the
     last bits of fused floats; one host round trip per step (about a millisecond, next to a convolution
     step's tens). Not jit-safe (host side)."""
 
     def __init__(self, spec: SweepSpec, abstract: tuple):
         carry, batches, lrs, scales, real = abstract[:5]
+        target_accuracy = abstract[-1]
         self.spec = spec
         self.step = jax.jit(jax.vmap(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
         losses = jax.ShapeDtypeStruct((spec.chunk, lrs.shape[0]), jnp.float32)
-        record = lambda c, chunk_losses, b: _recorded(spec, c, c.states, chunk_losses, b)  # noqa: E731
-        self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches).compile()
+        record = lambda c, chunk_losses, b, t: _recorded(spec, c, c.states, chunk_losses, b, t)  # noqa: E731
+        self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches, target_accuracy).compile()
         prepare = functools.partial(_prepared, spec)
         self.prepare = jax.jit(prepare, donate_argnums=(0,)).lower(carry, lrs, scales).compile()
         self.all_fit = jax.jit(_all_fit).lower(carry, real).compile()
 
-    def __call__(self, carry: Carry, batches, lrs, scales, real, limit, early_exit) -> Carry:
+    def __call__(self, carry: Carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> Carry:
         carry = self.prepare(carry, lrs, scales)
         while int(carry.chunks) < int(limit) and not (bool(early_exit) and bool(self.all_fit(carry, real))):
             states, losses = carry.states, []
             for _ in range(self.spec.chunk):
                 states, loss = self.step(states, batches)
                 losses.append(loss)
-            carry = self.record(carry._replace(states=states), jnp.stack(losses), batches)
+            carry = self.record(carry._replace(states=states), jnp.stack(losses), batches, target_accuracy)
         return carry
 
 
@@ -302,6 +308,7 @@ def compile_sweep(
         jax.ShapeDtypeStruct((size,), bool),
         jax.ShapeDtypeStruct((), i32),
         jax.ShapeDtypeStruct((), bool),
+        jax.ShapeDtypeStruct((), f32),
     )
     traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
     if jax.default_backend() == "cpu" and has_convolutions(traced.jaxpr):  # (the trace counted: one program)
@@ -324,6 +331,7 @@ def run_sweep(
     traces: TraceCount,
     say: Callable[[str], None] = lambda message: None,
     precompiled: concurrent.futures.Future | None = None,
+    target_accuracy: Callable[[], float] | None = None,
 ) -> SweepOutput:
     """Compile the group program once (in a background thread, while ``build_states`` runs) and run
     every group, side by side in host threads when there are several. Not jit-safe.
@@ -338,6 +346,8 @@ def run_sweep(
       say: called with a line of progress at each phase (compiling, running, resuming).
       precompiled: a future of :func:`compile_sweep` on the same arguments, started earlier (doctor starts
         it while other stages run); None compiles here, in a thread, while the states are built.
+      target_accuracy: the accuracy target the program uses, asked for once it has compiled (the plan may
+        still be finding whether apply's accuracy can judge the fit); None: ``spec.target_accuracy``.
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -366,7 +376,15 @@ def run_sweep(
             scales[row] if first else np.ones(size, np.float32),
         )
         out = jax.block_until_ready(
-            compiled(carry, batches[g], *args, group_real[g], np.int32(limit), np.bool_(early_exit and first))
+            compiled(
+                carry,
+                batches[g],
+                *args,
+                group_real[g],
+                np.int32(limit),
+                np.bool_(early_exit and first),
+                accuracy_target,
+            )
         )
         if layout.parallel and int(out.chunks) >= spec.n_chunks:  # never resumed: free its states now
             out = out._replace(states=None)
@@ -382,6 +400,7 @@ def run_sweep(
         # the initial states are built while the program compiles, unless the groups run in memory-sized turns
         carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
+        accuracy_target = np.float32(spec.target_accuracy if target_accuracy is None else target_accuracy())
         say(
             f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
             + (" (stops once every configuration has fit)" if early_exit else "")

@@ -379,3 +379,22 @@ def test_batchnorm_fit_is_judged_by_the_loss_and_says_the_accuracy_is_apply_s():
     # a model whose loss is apply's cross-entropy: the accuracy judges the same fit, as before
     plain = overfit(_tiny("healthy"), seeds=1, steps=150, baseline=False)
     assert plain.target_accuracy is not None and "judged by the loss" not in str(plain.findings)
+
+
+def test_whether_the_accuracy_can_judge_the_fit_is_found_while_the_sweep_compiles(monkeypatch):
+    import threading
+
+    from jaxsane._overfit import overfit as _overfit_module
+
+    threads = []
+
+    def mismatch(*args):
+        threads.append(threading.current_thread().name)
+        return "apply runs in another mode (a stand-in for the real check)"
+
+    monkeypatch.setattr(_overfit_module, "accuracy_mismatch", mismatch)
+    result = overfit(_tiny("healthy"), seeds=1, steps=150, baseline=False)
+    best = next(f for f in result.findings if f.code == "overfit.best")
+    assert threads and threads[0] != threading.main_thread().name  # beside the compile, not before it
+    assert result.target_accuracy is None and "(judged by the loss)" in best.message
+    assert "a stand-in for the real check" in best.message
