@@ -219,9 +219,8 @@ class HostLooped:
     step of a linen BatchNorm CNN): the host loops over the chunks and their steps, calling three compiled
     programs, the vmapped step, the per-chunk record and the preparation. Called as the ``while_loop`` program
     is (``(carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> carry``) with the same
-    results, up to the
-    last bits of fused floats; one host round trip per step (about a millisecond, next to a convolution
-    step's tens). Not jit-safe (host side)."""
+    results, up to the last bits of fused floats; one host round trip per step (about a millisecond, next to a
+    convolution step's tens). Not jit-safe (host side)."""
 
     def __init__(self, spec: SweepSpec, abstract: tuple):
         carry, batches, lrs, scales, real = abstract[:5]
