@@ -229,10 +229,8 @@ def plan_overfit(
     ceiling = batch_ceiling(exp, batch) if accuracy is not None else None
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
-    # whether apply's accuracy can judge the fit: found in a thread while the sweep compiles (one more compile)
-    mismatch = (
-        _in_thread(accuracy_mismatch, adapted, grid.seed_list[0], batch, grid.step_reports_loss) if accuracy else None
-    )
+    seed, reports = grid.seed_list[0], grid.step_reports_loss  # can apply's accuracy judge? (found while compiling)
+    mismatch = _in_thread(accuracy_mismatch, adapted, seed, batch, reports) if accuracy else None
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
     spec = SweepSpec(

@@ -373,18 +373,12 @@ def run_sweep(
         args = (
             lrs[row] if first else np.full(size, np.nan, np.float32),
             scales[row] if first else np.ones(size, np.float32),
+            group_real[g],
+            np.int32(limit),
+            np.bool_(early_exit and first),
+            accuracy_target,
         )
-        out = jax.block_until_ready(
-            compiled(
-                carry,
-                batches[g],
-                *args,
-                group_real[g],
-                np.int32(limit),
-                np.bool_(early_exit and first),
-                accuracy_target,
-            )
-        )
+        out = jax.block_until_ready(compiled(carry, batches[g], *args))
         if layout.parallel and int(out.chunks) >= spec.n_chunks:  # never resumed: free its states now
             out = out._replace(states=None)
         return out
