@@ -466,6 +466,8 @@ class _Sweep:
                 precompiled=precompiled,
                 target_accuracy=None if mismatch is None else lambda: self._accuracy_target(mismatch.result()),
             )
+            if mismatch is not None:  # the verdict says why apply's accuracy did not judge the fit
+                self.judging = self.judging._replace(accuracy_mismatch=mismatch.result())
             show.say(
                 f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in {out.steps_run} steps"
             )
@@ -473,8 +475,7 @@ class _Sweep:
 
     def _accuracy_target(self, mismatch: str | None) -> float:
         """The accuracy target the program uses: the one asked for, or none it can reach (2) when apply's accuracy
-        cannot judge the fit (``mismatch`` says why; recorded for the verdict)."""
-        self.judging = self.judging._replace(accuracy_mismatch=mismatch)
+        cannot judge the fit (``mismatch`` says why)."""
         return self.spec.target_accuracy if mismatch is None else 2.0
 
     def result_of(self, out: SweepOutput) -> OverfitResult:
