@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._experiment.batches import count_examples
+from .._experiment.batches import count_examples, get_labels, get_mask
 from .._experiment.contract import PureExperiment
 from .._jaxpr.compile_level import program_cost
 from .options import GradsOptions, OverfitOptions, RunOptions
@@ -47,8 +47,11 @@ GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
+SEQUENCE_BATCH = 2  # examples a large model's overfit sweep uses when each example holds many targets
+MANY_TARGETS = 16  # targets per example (labels or mask elements) from which 2 examples are a real fit
 SWEEP_CHUNK = 5  # a large model's sweep checks for its early exit every 5 steps (not 25: each step costs seconds)
-TELEMETRY_EVERY = 5  # a large model's run samples gradient telemetry (one more forward and backward) every 5th step
+TELEMETRY_SAMPLES = 4  # a large model's run samples gradient telemetry (one more forward and backward) on 4 steps:
+# the fewest the run's checks judge (the gradient's growth compares two windows of two samples)
 EVAL_EVERY = 10  # and evaluates every 10th step, on as many eval examples as a train batch has
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
 FLOAT64_FACTOR = 2.0  # float64 over float32 arithmetic on a CPU
@@ -58,13 +61,14 @@ COMPILE_SECONDS_PER_EQUATION = 2e-3  # a rough XLA:CPU compile rate, for time bu
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """The user's step on the first batch: flops, jaxpr size (what its compile grows with), examples, and the
-    bytes of one training state."""
+    """The user's step on the first batch: flops, jaxpr size (what its compile grows with), examples, the
+    bytes of one training state and the targets each example holds (0 when unknown)."""
 
     flops: float
     equations: int
     examples: int
     state_bytes: int
+    targets_per_example: int = 0
 
     def steps(self, flops: float) -> float:
         """``flops`` in user steps."""
@@ -120,9 +124,31 @@ def step_cost(adapted: PureExperiment, batch: Any) -> StepCost | None:
             for x in jax.tree_util.tree_leaves(state)
             if hasattr(x, "dtype") and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
         )
-        return StepCost(float(cost.flops), int(cost.equations), examples, nbytes)
+        return StepCost(float(cost.flops), int(cost.equations), examples, nbytes, targets_per_example(adapted, batch))
     except Exception:
         return None
+
+
+def targets_per_example(adapted: PureExperiment, batch: Any) -> int:
+    """How many targets one example of ``batch`` holds: the elements per example of its labels (Experiment.labels
+    or a label key) or, without labels, of its padding mask (a sequence model's targets are its positions); 0 when
+    neither is found. Not jit-safe."""
+    exp = adapted.experiment
+    for find in (get_labels, get_mask):
+        try:
+            leaves = [x for x in jax.tree_util.tree_leaves(find(exp, batch)) if np.ndim(x) >= 1]
+        except Exception:  # no labels in this batch: try the mask
+            continue
+        if leaves:
+            return int(max(math.prod(np.shape(x)[1:]) for x in leaves))
+    return 0
+
+
+def overfit_examples(cost: StepCost) -> int:
+    """Examples a large step's overfit sweep fits: :data:`SEQUENCE_BATCH` when each example holds at least
+    :data:`MANY_TARGETS` targets (a sequence of tokens, a dense mask: two already hold more targets than four
+    classifier examples), else :data:`SMALL_BATCH`."""
+    return SEQUENCE_BATCH if cost.targets_per_example >= MANY_TARGETS else SMALL_BATCH
 
 
 def flops_per_second() -> float:
@@ -175,7 +201,8 @@ def plan_stages(
     if large:
         evaluates = adapted is not None and adapted.experiment.eval is not None
         has_loss = adapted is not None and adapted.loss_fn is not None
-        _per_stage_rules(plan, cost, opts, explicit, evaluates=evaluates, has_loss=has_loss)
+        has_apply = adapted is not None and adapted.apply_fn is not None
+        _per_stage_rules(plan, cost, opts, explicit, evaluates=evaluates, has_loss=has_loss, has_apply=has_apply)
     if time_budget is not None:
         _fit_time_budget(plan, cost, opts, explicit, time_budget, rate or flops_per_second())
     return plan
@@ -200,18 +227,30 @@ def _leaves_within(cost: StepCost, grads: GradsOptions, steps: float) -> int:
 
 
 def _per_stage_rules(
-    plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str], *, evaluates: bool, has_loss: bool
+    plan: StagePlan,
+    cost: StepCost,
+    opts: dict[str, Any],
+    explicit: set[str],
+    *,
+    evaluates: bool,
+    has_loss: bool,
+    has_apply: bool,
 ) -> None:
     """The rules for a large step: the gradient check and the sweep in a fixed number of the user's steps, the
     run's telemetry sampled; ``evaluates``: the run computes eval losses (the Experiment has eval data);
-    ``has_loss``: there is a gradient check (Experiment.loss)."""
+    ``has_loss``: there is a gradient check (Experiment.loss); ``has_apply``: the run may sample dead ReLUs."""
     said = _grads_rules(plan, cost, opts, explicit) if has_loss else []
     overfit: OverfitOptions = opts["overfit"]
-    if cost.examples > SMALL_BATCH and overfit.overfit_batch_size > SMALL_BATCH:
-        if _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
-            said.append(f"overfit sweep on {SMALL_BATCH} examples")
-    if _change(plan, opts, explicit, "run", "run_telemetry_every", TELEMETRY_EVERY):
-        said.append(f"the run's telemetry every {TELEMETRY_EVERY} steps (its loss every step)")
+    examples = overfit_examples(cost)
+    if cost.examples > examples and overfit.overfit_batch_size > examples:
+        if _change(plan, opts, explicit, "overfit", "overfit_batch_size", examples):
+            said.append(f"overfit sweep on {examples} examples")
+    every = telemetry_every(_planned(plan, opts, "run").run_steps)
+    if every > opts["run"].run_telemetry_every and _change(plan, opts, explicit, "run", "run_telemetry_every", every):
+        said.append(f"the run's telemetry every {every} steps (its loss every step)")
+    dead_every = opts["run"].run_dead_every
+    if has_apply and 0 < dead_every < every and _change(plan, opts, explicit, "run", "run_dead_every", every):
+        said.append("dead ReLUs on the same steps")  # a dead-ReLU step samples the telemetry too
     if evaluates and cost.examples > 0 and _change(plan, opts, explicit, "run", "run_eval_examples", cost.examples):
         said.append(f"eval losses on {cost.examples} eval examples (the train batch's size)")
     if evaluates and 0 < opts["run"].run_eval_every < EVAL_EVERY:
@@ -231,6 +270,11 @@ def _per_stage_rules(
         )
         + (f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps" if has_loss else "")
     )
+
+
+def telemetry_every(run_steps: int) -> int:
+    """The telemetry interval that samples :data:`TELEMETRY_SAMPLES` steps of a run of ``run_steps``."""
+    return max(1, math.ceil(run_steps / TELEMETRY_SAMPLES))
 
 
 def _grads_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit: set[str]) -> list[str]:
@@ -288,8 +332,9 @@ def _fit_time_budget(
     before = sum(estimates.values())
     reduced = []
     if before > budget:  # the sweep: fewer examples, then as many configurations as its share affords
-        if cost.examples > SMALL_BATCH and _change(plan, opts, explicit, "overfit", "overfit_batch_size", SMALL_BATCH):
-            reduced.append(f"overfit sweep on {SMALL_BATCH} examples")
+        examples = overfit_examples(cost)
+        if cost.examples > examples and _change(plan, opts, explicit, "overfit", "overfit_batch_size", examples):
+            reduced.append(f"overfit sweep on {examples} examples")
         share = max(0.0, budget - sum(v for k, v in _estimate(plan, cost, opts, rate).items() if k != "overfit"))
         plan.overfit_budget_flops = min(plan.overfit_budget_flops or math.inf, share / 2 * rate)
         reduced.append(f"overfit sweep within {plan.overfit_budget_flops / 1e12:.2g} TFLOP")
@@ -309,6 +354,9 @@ def _fit_time_budget(
         steps = max(10, run.run_steps - math.ceil(over / max(step_s, 1e-9)))
         if _change(plan, opts, explicit, "run", "run_steps", steps):
             reduced.append(f"run of {steps} steps")
+            for name in ("run_telemetry_every", "run_dead_every"):  # still sampled on as many steps
+                if name in plan.changes["run"]:
+                    plan.changes["run"][name] = telemetry_every(steps)
     plan.estimates = _estimate(plan, cost, opts, rate)
     after = sum(plan.estimates.values())
     head = (

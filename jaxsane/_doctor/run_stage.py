@@ -9,7 +9,9 @@ calls the step that the step stage already compiled (the user's own jit, through
 which :func:`prepare_run` compiles in doctor's background thread while the earlier stages run:
 
 * ``before(params, batch)``: the loss, per-leaf gradient norms and parameter norms;
-* ``after(state, new_state, metrics, batch)``: per-leaf update norms and whether every value is finite;
+* ``after(state, new_state, metrics, batch)``: per-leaf update norms and whether every value is finite, on
+  the steps that sample telemetry; ``finite(new_state, metrics)``, whether every value is finite, on the others
+  (it reads the new state once; the update norms read both states and write their difference);
 * ``dead(params, inputs)``: dead-ReLU fractions on the Monitor's dead steps, when apply has ReLU sites.
 
 The :class:`~jaxsane.History` is the one the fused monitored step records. A step whose values are not
@@ -73,6 +75,7 @@ class RunPrograms:
         self.step = host_step(adapted)
         self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
         self.after = quick_jit(self._after, runs=steps)
+        self.finite = quick_jit(self._finite, runs=steps)
         self.dead = quick_jit(self._dead, runs=steps)
         self.lost = quick_jit(self._lost, runs=steps)
         self.shadow_ok: bool | None = None  # bf16/fp16 parameters and a step that runs upcast (decided once)
@@ -91,6 +94,10 @@ class RunPrograms:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
         finite = jnp.all(grouped_finite_flags((new_state, metrics)))  # inputs count only when an output is bad
         return leaf_norms([a - b for a, b in zip(after, before)]), finite
+
+    @staticmethod
+    def _finite(new_state: PyTree, metrics: Any) -> jax.Array:
+        return jnp.all(grouped_finite_flags((new_state, metrics)))
 
     def _lost(self, state: PyTree, new_state: PyTree, batch: PyTree) -> jax.Array:
         adapted = self.adapted
@@ -162,6 +169,7 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
         programs.before.lower(params, batch).compile()
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
         programs.after.lower(state, new_state, metrics, batch).compile()
+        programs.finite.lower(new_state, metrics).compile()
         if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
@@ -248,8 +256,10 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         reports_loss = "loss" in metrics
         if copy_inputs:
             copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
-        update_norm, finite = programs.after(kept, new_state, metrics, batch)
-        if mode != MODE_BARE:
+        if mode == MODE_BARE:
+            finite = programs.finite(new_state, metrics)
+        else:
+            update_norm, finite = programs.after(kept, new_state, metrics, batch)
             handle_loss = tel.pop("loss", None)
             if "loss" not in metrics and handle_loss is not None:
                 metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it

@@ -86,8 +86,8 @@ def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_ev
     plan = _plan()
     grads = plan.changes["grads"]
     assert grads["grads_modes"] == ("rev",) and grads["grads_float64"] is False and grads["grads_replay_examples"] == 1
-    assert plan.changes["run"] == {"run_telemetry_every": _budget.TELEMETRY_EVERY}  # no eval data: eval untouched
-    assert "telemetry every 5 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
+    assert plan.changes["run"] == {"run_telemetry_every": _budget.telemetry_every(30)}  # no eval data: eval untouched
+    assert "telemetry every 8 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
     assert "float32, a failing leaf again in float64" in plan.lines[0]
     with_eval = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss,
                                    params=lambda s: s)
