@@ -221,3 +221,48 @@ def test_a_large_step_without_a_loss_plans_no_gradient_check(monkeypatch):
     exp = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, params=lambda s: s)
     plan = _budget.plan_stages(PureExperiment(exp, key=jax.random.key(0)), dict(TRAIN), resolve({}), set())
     assert "grads" not in plan.changes and "gradient" not in plan.lines[0] and "run" in plan.changes
+
+
+def _sequence_plan(batch, **experiment):
+    def loss(p, b):
+        return jnp.mean((b["x"] @ p["w1"] @ p["w2"]) ** 2)
+
+    def step(p, b):
+        value, g = jax.value_and_grad(loss)(p, b)
+        return jax.tree_util.tree_map(lambda a, d: a - 0.1 * d, p, g), {"loss": value}
+
+    exp = jaxsane.Experiment(init=_experiment().init, step=step, train=batch, loss=loss, params=lambda s: s,
+                             **experiment)
+    return _budget.plan_stages(PureExperiment(exp, key=jax.random.key(0)), batch, resolve({}), set())
+
+
+@pytest.mark.parametrize("targets, examples", [("mask", 2), ("labels", 2), ("classes", 4), ("none", 4)])
+def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets(monkeypatch, targets, examples):
+    monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
+    x = np.zeros((16, 64), np.float32)
+    batch = {
+        "mask": {"x": x, "mask": np.ones((16, 32), bool)},  # a sequence model's padding mask: 32 positions
+        "labels": {"x": x, "y": np.zeros((16, 32), np.int32)},  # 32 targets an example (tokens, a dense mask)
+        "classes": {"x": x, "y": np.zeros((16,), np.int32)},  # one class an example
+        "none": {"x": x},
+    }[targets]
+    plan = _sequence_plan(batch)
+    assert plan.cost.targets_per_example == {"mask": 32, "labels": 32, "classes": 1, "none": 0}[targets]
+    assert plan.changes["overfit"]["overfit_batch_size"] == examples
+    assert f"overfit sweep on {examples} examples" in plan.lines[0]
+
+
+def test_a_nan_on_a_step_that_samples_no_telemetry_is_caught_at_that_step():
+    def step(s, b):
+        new, metrics = _step(s["p"], b)
+        bad = s["count"] == 3  # the 4th step (index 3) writes a NaN; telemetry samples steps 0 and 4 only
+        return {"p": {**new, "w2": jnp.where(bad, jnp.nan, new["w2"])}, "count": s["count"] + 1}, metrics
+
+    def init(key):
+        return {"p": _experiment().init(key), "count": jnp.zeros((), jnp.int32)}
+
+    exp = jaxsane.Experiment(init=init, step=step, train=TRAIN, loss=_loss, params=lambda s: s["p"])
+    d = jaxsane.doctor(exp, stages=["run"], run_steps=8, run_telemetry_every=4, progress=False, compile_cache=False)
+    found = [f for f in d.findings if f.code.startswith("nonfinite")]
+    assert found and found[0].step == 3, [(f.code, f.step, f.message) for f in d.findings]
+    assert d.artifacts["run"]["steps"] == [0, 1, 2, 3]
