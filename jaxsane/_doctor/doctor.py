@@ -18,6 +18,7 @@ and no error was found. Not jit-safe.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import contextlib
 import dataclasses
 import queue
@@ -151,6 +152,13 @@ class DoctorDiagnosis(Diagnosis):
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 INTERRUPTED = "interrupted by Ctrl-C"  # the reason recorded for the stage a KeyboardInterrupt stopped
 _BACKGROUND = "jaxsane-precompile"
+
+
+def _background_workers() -> int:
+    """Background threads for doctor's work ahead: two, or one on a machine of two cores or fewer, where the main
+    thread's compile and one background compile already take every core and a third compile at once only adds
+    its memory (the 1M-parameter LM: about 450 MB at the peak)."""
+    return 2 if (os.cpu_count() or 1) > 2 else 1
 
 
 class BackgroundPool(concurrent.futures.Executor):
@@ -326,10 +334,10 @@ def doctor(
                 planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)
                 opts = planned.apply(opts)
                 diagnosis.artifacts["plan"] = planned.summary()
-            # run the later stages' work ahead, in two background threads, while the earlier stages run: the gradient
-            # check and the overfit sweep's compile at once, then the init-scale sweep and the run stage's telemetry
-            # programs; what fails there is left to its stage to report
-            pool = BackgroundPool(2, _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
+            # run the later stages' work ahead, in background threads (_background_workers), while the earlier stages
+            # run: the gradient check and the overfit sweep's compile, then the init-scale sweep and the run stage's
+            # telemetry programs; what fails there is left to its stage to report
+            pool = BackgroundPool(_background_workers(), _BACKGROUND)  # daemon threads: a Ctrl-C never waits for them
             # runs before the log closes: what has not started is cancelled; on a normal end the threads are joined
             # (a daemon thread still ending as the interpreter finalizes aborts the process inside XLA: "terminate
             # called ... exception not rethrown"), on a Ctrl-C they are left to the process's end

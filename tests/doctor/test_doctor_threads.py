@@ -159,3 +159,26 @@ def test_the_cli_doctor_exits_cleanly(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "jaxsane", "doctor", "jaxsane.examples.digits_optax:experiment",
                                "-q"], env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (4, 2), (64, 2)])
+def test_doctor_works_ahead_in_one_background_thread_on_two_cores(monkeypatch, cores, workers):
+    # on two cores the main thread's compile and one background compile take both; a third at once only adds memory
+    from jaxsane._doctor import doctor as _doctor
+
+    monkeypatch.setattr(_doctor.os, "cpu_count", lambda: cores)
+    assert _doctor._background_workers() == workers
+    started = []
+    real = _doctor.BackgroundPool.__init__
+
+    def spy(self, n, name):
+        started.append(n)
+        real(self, n, name)
+
+    monkeypatch.setattr(_doctor.BackgroundPool, "__init__", spy)
+    exp = jaxsane.Experiment(
+        init=lambda key: {"w": jnp.ones((3,))}, step=lambda s, b: ({"w": s["w"] - 0.1 * b["x"].mean(0)}, {}),
+        train={"x": np.ones((4, 3), np.float32)}, params=lambda s: s,
+    )
+    jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
+    assert started == [workers]
