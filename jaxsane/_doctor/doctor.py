@@ -18,9 +18,9 @@ and no error was found. Not jit-safe.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import contextlib
 import dataclasses
+import os
 import queue
 import threading
 import time
