@@ -169,7 +169,8 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
         programs.before.lower(params, batch).compile()
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
         programs.after.lower(state, new_state, metrics, batch).compile()
-        programs.finite.lower(new_state, metrics).compile()
+        if any(programs.monitor.mode_for(i) == MODE_BARE for i in range(opts.run_steps)):  # telemetry is sampled
+            programs.finite.lower(new_state, metrics).compile()
         if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
