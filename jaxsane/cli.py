@@ -415,7 +415,7 @@ def _print_interrupted(diagnosis: Any) -> None:
         return
     from ._doctor.doctor import interrupted_where
 
-    print(f"\n[jaxsane] interrupted (Ctrl-C) {interrupted_where(diagnosis)}; found so far:", file=sys.stderr)
+    print(f"\n[jaxsane] interrupted (Ctrl-C) {interrupted_where(diagnosis)}; found so far:", file=sys.stderr, flush=True)
     print(str(diagnosis), file=sys.stderr, flush=True)
 
 
@@ -457,10 +457,12 @@ class _InterruptWatch:
             if interrupts >= 2:
                 os._exit(EXIT_INTERRUPTED)
             if interrupts == 1 and not self.handled.wait(INTERRUPT_GRACE_S):
-                from ._doctor.doctor import running
+                try:  # the report is read while the main thread may still change it: it may fail, the exit may not
+                    from ._doctor.doctor import running
 
-                _print_interrupted(running())
-                os._exit(EXIT_INTERRUPTED)
+                    _print_interrupted(running())
+                finally:
+                    os._exit(EXIT_INTERRUPTED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

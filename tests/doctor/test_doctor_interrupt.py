@@ -148,3 +148,35 @@ def test_an_interrupted_doctor_keeps_what_it_found_and_the_cli_returns_130(tmp_p
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C) during stage 'step' of 'stopped'" in err
     assert "stage step did not finish: interrupted by Ctrl-C" in err
+
+
+@pytest.mark.subprocess
+def test_the_ctrl_c_watcher_ends_the_process_even_when_the_report_cannot_be_printed():
+    # the main thread never raises (a KeyboardInterrupt swallowed where Python cannot pass it on, e.g. in a
+    # finalizer) and the report changes while the watcher reads it: the watcher still names the stage and exits 130
+    code = (
+        "import os, signal, time\n"
+        "import jaxsane.cli as cli\n"
+        "import jaxsane._doctor.doctor as d\n"
+        "class Changing:\n"
+        "    name, artifacts, stages = 'prog', {'current_stage': 'step'}, []\n"
+        "    def __str__(self):\n"
+        "        raise RuntimeError('dictionary changed size during iteration')\n"
+        "d._RUNNING.append(Changing())\n"
+        "with cli._InterruptWatch():\n"
+        "    start, sent = time.monotonic(), False\n"
+        "    while time.monotonic() - start < 20:\n"
+        "        try:\n"
+        "            if not sent:\n"
+        "                sent = True\n"
+        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        "            time.sleep(0.05)\n"
+        "        except KeyboardInterrupt:\n"
+        "            pass\n"
+        "print('survived the Ctrl-C')\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "survived" not in proc.stdout
+    assert "interrupted (Ctrl-C) during stage 'step' of 'prog'" in proc.stderr
