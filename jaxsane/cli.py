@@ -415,7 +415,8 @@ def _print_interrupted(diagnosis: Any) -> None:
         return
     from ._doctor.doctor import interrupted_where
 
-    print(f"\n[jaxsane] interrupted (Ctrl-C) {interrupted_where(diagnosis)}; found so far:", file=sys.stderr, flush=True)
+    where = interrupted_where(diagnosis)
+    print(f"\n[jaxsane] interrupted (Ctrl-C) {where}; found so far:", file=sys.stderr, flush=True)
     print(str(diagnosis), file=sys.stderr, flush=True)
 
 
