@@ -140,8 +140,24 @@ def targets_per_example(adapted: PureExperiment, batch: Any) -> int:
         except Exception:  # no labels in this batch: try the mask
             continue
         if leaves:
-            return int(max(math.prod(np.shape(x)[1:]) for x in leaves))
+            return int(max(_targets_in(x) for x in leaves))
     return 0
+
+
+def _targets_in(leaf: Any) -> int:
+    """Targets per example in one labels leaf: its elements per example, the last axis counted once where it is
+    a distribution (one-hot or soft class labels: non-negative, summing to 1), which is one target."""
+    shape = np.shape(leaf)
+    n = math.prod(shape[1:])
+    if len(shape) < 2 or shape[-1] < 2 or not np.issubdtype(np.dtype(leaf.dtype), np.floating):
+        return n
+    try:
+        x = np.asarray(leaf)
+    except Exception:  # not all on this host (a multi-host array): its elements, as they are
+        return n
+    if x.size and np.all(x >= 0) and np.allclose(x.sum(axis=-1), 1.0, atol=1e-3):
+        return n // shape[-1]
+    return n
 
 
 def overfit_examples(cost: StepCost) -> int:

@@ -236,7 +236,9 @@ def _sequence_plan(batch, **experiment):
     return _budget.plan_stages(PureExperiment(exp, key=jax.random.key(0)), batch, resolve({}), set())
 
 
-@pytest.mark.parametrize("targets, examples", [("mask", 2), ("labels", 2), ("classes", 4), ("none", 4)])
+@pytest.mark.parametrize(
+    "targets, examples", [("mask", 2), ("labels", 2), ("classes", 4), ("one_hot", 4), ("one_hot_seq", 2), ("none", 4)]
+)
 def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets(monkeypatch, targets, examples):
     monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
     x = np.zeros((16, 64), np.float32)
@@ -244,10 +246,12 @@ def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets
         "mask": {"x": x, "mask": np.ones((16, 32), bool)},  # a sequence model's padding mask: 32 positions
         "labels": {"x": x, "y": np.zeros((16, 32), np.int32)},  # 32 targets an example (tokens, a dense mask)
         "classes": {"x": x, "y": np.zeros((16,), np.int32)},  # one class an example
+        "one_hot": {"x": x, "y": np.eye(100, dtype=np.float32)[np.arange(16)]},  # one class an example, one-hot
+        "one_hot_seq": {"x": x, "y": np.eye(100, dtype=np.float32)[np.zeros((16, 32), int)]},  # 32 tokens, one-hot
         "none": {"x": x},
     }[targets]
     plan = _sequence_plan(batch)
-    assert plan.cost.targets_per_example == {"mask": 32, "labels": 32, "classes": 1, "none": 0}[targets]
+    assert plan.cost.targets_per_example == {"mask": 32, "labels": 32, "classes": 1, "one_hot": 1, "one_hot_seq": 32, "none": 0}[targets]
     assert plan.changes["overfit"]["overfit_batch_size"] == examples
     assert f"overfit sweep on {examples} examples" in plan.lines[0]
 
