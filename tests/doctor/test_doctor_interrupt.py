@@ -17,6 +17,12 @@ from jaxsane._doctor.doctor import BackgroundPool
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _default_sigint():
+    """The child's Ctrl-C as a terminal's foreground program has it: a test run started in the background by a
+    shell without job control inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _Reader:
     """Collects a pipe's bytes in a thread; :meth:`wait_for` waits for a regex in what arrived so far."""
 
@@ -48,7 +54,8 @@ def test_ctrl_c_during_a_stage_exits_130_at_once_naming_the_stage():
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     target = "jaxsane.examples.digits_optax:experiment"
     proc = subprocess.Popen([sys.executable, "-m", "jaxsane", "doctor", target, "--no-cache"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_default_sigint)
     out, err = _Reader(proc.stdout), _Reader(proc.stderr)
     try:
         # the grads stage waits for its background work; the step stage compiles: both leave time to interrupt
@@ -176,7 +183,8 @@ def test_the_ctrl_c_watcher_ends_the_process_even_when_the_report_cannot_be_prin
         "print('survived the Ctrl-C')\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_default_sigint)
     assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert "survived" not in proc.stdout
     assert "interrupted (Ctrl-C) during stage 'step' of 'prog'" in proc.stderr
