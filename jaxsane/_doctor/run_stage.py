@@ -234,7 +234,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
         programs = RunPrograms(adapted, monitor, opts.run_steps)
     else:  # wait for the background compile, never compile the same program twice at once
-        concurrent.futures.wait([ctx.prepared["future"]])
+        ctx.prepared["future"].exception()  # helps with the queued work meanwhile (BackgroundPool)
     monitor = programs.monitor
     eval_batch = eval_examples(ctx.experiment, ctx.eval_batch, opts.run_eval_examples)
     eval_loss = _eval_loss(adapted, eval_batch, opts)

@@ -182,3 +182,62 @@ def test_doctor_works_ahead_in_one_background_thread_on_two_cores(monkeypatch, c
     )
     jaxsane.doctor(exp, stages=["step"], progress=False, compile_cache=False)
     assert started == [workers]
+
+
+def test_a_stage_waiting_for_work_ahead_runs_the_queued_jobs_itself():
+    """The waiting thread runs the awaited job when it is still queued, and the oldest queued job while the awaited
+    one runs in the pool's thread; a job it runs counts as background work (its compiles are not its stage's)."""
+    from jaxsane._doctor.doctor import BackgroundPool, in_background
+
+    pool = BackgroundPool(1, "jaxsane-precompile-test")
+    release, busy = threading.Event(), threading.Event()
+
+    def blocker():
+        busy.set()
+        release.wait(10)
+        return threading.current_thread().name
+
+    def where():
+        return threading.current_thread().name, in_background()
+
+    try:
+        first = pool.submit(blocker)
+        assert busy.wait(10)
+        queued = pool.submit(where)
+        assert queued.result(timeout=10) == (threading.current_thread().name, True)  # run here, not waited for
+        assert not in_background()
+        other = pool.submit(where)
+        waited = pool.submit(lambda: "late")
+
+        def release_soon():
+            other_done = other.done()
+            release.set()
+            return other_done
+
+        # the awaited job (waited) is queued behind `other`: both run here, the awaited one first
+        assert waited.result(timeout=10) == "late" and not other.done()
+        assert other.result(timeout=10)[0] == threading.current_thread().name
+        assert pool.submit(release_soon).result(timeout=10) is True
+        assert first.result(timeout=10).startswith("jaxsane-precompile-test")
+    finally:
+        release.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_a_ctrl_c_in_a_job_the_main_thread_runs_stops_the_main_thread():
+    from jaxsane._doctor.doctor import BackgroundPool
+
+    pool = BackgroundPool(1, "jaxsane-precompile-test")
+    release = threading.Event()
+    try:
+        pool.submit(release.wait, 10)  # keeps the pool's thread busy
+
+        def interrupted():
+            raise KeyboardInterrupt
+
+        job = pool.submit(interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            job.result(timeout=10)
+    finally:
+        release.set()
+        pool.shutdown(wait=True, cancel_futures=True)
