@@ -22,8 +22,9 @@ the paths, the located origin) is exactly guard's. Nothing here is jit-safe; the
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -220,12 +221,68 @@ def _guard_finding(
     )
 
 
+class _Dispatched(NamedTuple):
+    """One step of the run, dispatched: its inputs (``kept``: the state, a copy while the step may donate it),
+    batch, outputs and the device flag of whether they are all finite, not yet read."""
+
+    step: int
+    kept: PyTree
+    batch: PyTree
+    new_state: PyTree
+    metrics: Any
+    finite: jax.Array
+    reports_loss: bool
+
+
+class _Runner:
+    """The run stage's loop state: one step dispatched after another, its metrics recorded without a sync."""
+
+    def __init__(self, ctx: Any, programs: RunPrograms):
+        self.ctx, self.programs, self.adapted = ctx, programs, ctx.adapted
+        self.copy_inputs = True  # until the first step shows that the step does not donate its inputs
+        self.reports_loss = True  # until the first step shows otherwise: then every step runs the loss (telemetry)
+
+    def dispatch(self, i: int, state: PyTree, batch: PyTree) -> _Dispatched:
+        """Step ``i`` on ``state`` with its telemetry, recorded in the Monitor; nothing waits for the device."""
+        programs, monitor = self.programs, self.programs.monitor
+        mode = monitor.mode_for(i) if self.reports_loss else max(monitor.mode_for(i), MODE_NORMS)
+        # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
+        # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
+        arrays = jax.tree_util.tree_leaves(state)
+        kept = _copy(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
+        params = self.adapted.params(kept)
+        tel = programs.before(params, batch) if mode != MODE_BARE else {}
+        new_state, metrics = programs.step(state, batch)
+        self.reports_loss = "loss" in metrics
+        if self.copy_inputs:
+            self.copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
+        if mode == MODE_BARE:
+            finite = programs.finite(new_state, metrics)
+        else:
+            update_norm, finite = programs.after(kept, new_state, metrics, batch)
+            handle_loss = tel.pop("loss", None)
+            if "loss" not in metrics and handle_loss is not None:
+                metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it
+            tel = {"param_norm": tel["param_norm"], "update_norm": update_norm, **tel}
+            if programs.measures_lost(kept, batch):
+                tel["update_lost"] = programs.lost(kept, new_state, batch)
+            if mode == MODE_FULL and monitor.dead:
+                tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(self.ctx.experiment, batch))
+            metrics = {**metrics, "telemetry": tel}
+        return _Dispatched(i, kept, batch, new_state, metrics, finite, self.reports_loss)
+
+
 def run_stage(ctx: Any) -> Iterable[Finding]:
     """doctor stage: a short monitored, guarded run on the train data (:class:`RunOptions`).
 
     NaNs are caught (and located); the dynamics are judged by :func:`check_training` on the
     recorded history, stored in ``artifacts["run"]`` (``History.to_dict()``) for the report.
     Evaluations use the first eval batch, when the Experiment has ``eval`` and ``loss``.
+
+    The host reads step ``i``'s finiteness only once step ``i + 1`` is dispatched, so the host's work for a
+    step (the pure view, the telemetry calls) overlaps the device's: a loop that waited for every step ran the
+    10M-parameter LM's steps about 20% slower than the user's own loop. A step after a non-finite one has run
+    but is neither recorded nor evaluated: the history is the one a step-by-step loop records.
     """
     opts: RunOptions = ctx.options
     adapted = ctx.adapted
@@ -243,41 +300,27 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     failed = False
     if eval_loss is not None:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
-    copy_inputs = True  # until the first step shows that the step does not donate its inputs
-    reports_loss = True  # until the first step shows otherwise: then every step runs the loss (telemetry)
-    for i, batch in enumerate(iter_batches(ctx.experiment.train, opts.run_steps)):
-        mode = monitor.mode_for(i) if reports_loss else max(monitor.mode_for(i), MODE_NORMS)
-        # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
-        # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
-        arrays = jax.tree_util.tree_leaves(state)
-        kept = _copy(state) if copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
-        params = adapted.params(kept)
-        tel = programs.before(params, batch) if mode != MODE_BARE else {}
-        new_state, metrics = programs.step(state, batch)
-        reports_loss = "loss" in metrics
-        if copy_inputs:
-            copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
-        if mode == MODE_BARE:
-            finite = programs.finite(new_state, metrics)
-        else:
-            update_norm, finite = programs.after(kept, new_state, metrics, batch)
-            handle_loss = tel.pop("loss", None)
-            if "loss" not in metrics and handle_loss is not None:
-                metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it
-            tel = {"param_norm": tel["param_norm"], "update_norm": update_norm, **tel}
-            if programs.measures_lost(kept, batch):
-                tel["update_lost"] = programs.lost(kept, new_state, batch)
-            if mode == MODE_FULL and monitor.dead:
-                tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(ctx.experiment, batch))
-            metrics = {**metrics, "telemetry": tel}
-        monitor.record(i, metrics, kept, batch)
-        if not bool(finite):  # recorded, so the report marks it; guard names it
-            findings.append(_guard_finding(adapted, kept, batch, i, metrics, reports_loss))
-            failed = True
-            break
-        state = new_state
-        if eval_loss is not None and (i + 1) % opts.run_eval_every == 0:
-            monitor.record_eval(i + 1, float(eval_loss(adapted.params(state), eval_batch)))
+    runner = _Runner(ctx, programs)
+    previous: _Dispatched | None = None
+    for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
+        try:
+            current = None if batch is None else runner.dispatch(previous.step + 1 if previous else 0, state, batch)
+        except Exception:
+            if previous is None or bool(previous.finite):
+                raise
+            current = None  # a step on the non-finite state of the one before failed: that one is the finding
+        if previous is not None:
+            if not bool(previous.finite):  # recorded, so the report marks it; guard names it
+                p = previous
+                findings.append(_guard_finding(adapted, p.kept, p.batch, p.step, p.metrics, p.reports_loss))
+                failed = True
+                break
+            if eval_loss is not None and (previous.step + 1) % opts.run_eval_every == 0:  # the state after it
+                after = current.kept if current is not None else previous.new_state
+                monitor.record_eval(previous.step + 1, float(eval_loss(adapted.params(after), eval_batch)))
+        if current is not None:
+            monitor.record(current.step, current.metrics, current.kept, current.batch)
+            state, previous = current.new_state, current
     history = monitor.pull()
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story

@@ -89,13 +89,18 @@ def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_ev
     assert plan.changes["run"] == {"run_telemetry_every": _budget.telemetry_every(30)}  # no eval data: eval untouched
     assert "telemetry every 8 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
     assert "float32, a failing leaf again in float64" in plan.lines[0]
-    with_eval = jaxsane.Experiment(init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss,
-                                   params=lambda s: s)
+    with_eval = jaxsane.Experiment(
+        init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss, params=lambda s: s
+    )
     adapted = PureExperiment(with_eval, key=jax.random.key(0))
     planned = _budget.plan_stages(adapted, dict(TRAIN), resolve({}), set())
     assert planned.changes["run"]["run_eval_examples"] == 16 and planned.changes["run"]["run_eval_every"] == 10
-    kept = _budget.plan_stages(adapted, dict(TRAIN), resolve({"grads_modes": ("fwd", "rev"), "run_telemetry_every": 1}),
-                               {"grads_modes", "run_telemetry_every"})
+    kept = _budget.plan_stages(
+        adapted,
+        dict(TRAIN),
+        resolve({"grads_modes": ("fwd", "rev"), "run_telemetry_every": 1}),
+        {"grads_modes", "run_telemetry_every"},
+    )
     assert "grads_modes" not in kept.changes["grads"] and "run_telemetry_every" not in kept.changes["run"]
 
 
@@ -168,12 +173,25 @@ def _step_without_loss(p, b):
 
 @pytest.mark.parametrize("reports_loss", [True, False])
 def test_the_run_samples_telemetry_but_records_every_loss_and_cuts_the_eval_batch(reports_loss):
-    exp = jaxsane.Experiment(init=_experiment().init, step=_step if reports_loss else _step_without_loss, train=TRAIN,
-                             eval={"x": np.concatenate([TRAIN["x"], -TRAIN["x"]]),
-                                   "y": np.concatenate([TRAIN["y"], (TRAIN["y"] + 1) % 3])}, loss=_loss,
-                             params=lambda s: s, name="mlp")
-    d = jaxsane.doctor(exp, stages=["run"], run_steps=9, run_telemetry_every=3, run_eval_every=3,
-                       run_eval_examples=16, progress=False, compile_cache=False)
+    exp = jaxsane.Experiment(
+        init=_experiment().init,
+        step=_step if reports_loss else _step_without_loss,
+        train=TRAIN,
+        eval={"x": np.concatenate([TRAIN["x"], -TRAIN["x"]]), "y": np.concatenate([TRAIN["y"], (TRAIN["y"] + 1) % 3])},
+        loss=_loss,
+        params=lambda s: s,
+        name="mlp",
+    )
+    d = jaxsane.doctor(
+        exp,
+        stages=["run"],
+        run_steps=9,
+        run_telemetry_every=3,
+        run_eval_every=3,
+        run_eval_examples=16,
+        progress=False,
+        compile_cache=False,
+    )
     run = d.artifacts["run"]
     assert run["steps"] == list(range(9)) and all(np.isfinite(run["loss"]))  # the loss of every step
     # gradient telemetry every 3rd step when the step reports its loss; every step when the loss is the telemetry's
@@ -231,8 +249,9 @@ def _sequence_plan(batch, **experiment):
         value, g = jax.value_and_grad(loss)(p, b)
         return jax.tree_util.tree_map(lambda a, d: a - 0.1 * d, p, g), {"loss": value}
 
-    exp = jaxsane.Experiment(init=_experiment().init, step=step, train=batch, loss=loss, params=lambda s: s,
-                             **experiment)
+    exp = jaxsane.Experiment(
+        init=_experiment().init, step=step, train=batch, loss=loss, params=lambda s: s, **experiment
+    )
     return _budget.plan_stages(PureExperiment(exp, key=jax.random.key(0)), batch, resolve({}), set())
 
 
@@ -251,7 +270,10 @@ def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets
         "none": {"x": x},
     }[targets]
     plan = _sequence_plan(batch)
-    assert plan.cost.targets_per_example == {"mask": 32, "labels": 32, "classes": 1, "one_hot": 1, "one_hot_seq": 32, "none": 0}[targets]
+    assert (
+        plan.cost.targets_per_example
+        == {"mask": 32, "labels": 32, "classes": 1, "one_hot": 1, "one_hot_seq": 32, "none": 0}[targets]
+    )
     assert plan.changes["overfit"]["overfit_batch_size"] == examples
     assert f"overfit sweep on {examples} examples" in plan.lines[0]
 
@@ -270,3 +292,38 @@ def test_a_nan_on_a_step_that_samples_no_telemetry_is_caught_at_that_step():
     found = [f for f in d.findings if f.code.startswith("nonfinite")]
     assert found and found[0].step == 3, [(f.code, f.step, f.message) for f in d.findings]
     assert d.artifacts["run"]["steps"] == [0, 1, 2, 3]
+
+
+def test_the_run_reads_each_steps_flag_one_step_late_and_records_what_a_step_by_step_loop_records():
+    """The run dispatches step i + 1 before it reads step i's finiteness. A NaN at step 3: the history ends at
+    step 3, the evaluation due after it is not made, and a step 4 that fails on the NaN state it was given (an
+    error_if on its inputs) leaves the finding at step 3 rather than crashing the stage."""
+    import equinox as eqx
+
+    ran = []
+
+    def step(s, b):
+        jax.debug.callback(lambda c: ran.append(int(c)), s["count"])
+        p = eqx.error_if(s["p"], jnp.isnan(s["p"]["w2"]).any(), "the step was given NaN weights")
+        new, metrics = _step(p, b)
+        bad = s["count"] == 3
+        return {"p": {**new, "w2": jnp.where(bad, jnp.nan, new["w2"])}, "count": s["count"] + 1}, metrics
+
+    def init(key):
+        return {"p": _experiment().init(key), "count": jnp.zeros((), jnp.int32)}
+
+    exp = jaxsane.Experiment(
+        init=init, step=jax.jit(step), train=TRAIN, eval=TRAIN, loss=_loss, params=lambda s: s["p"]
+    )
+    d = jaxsane.doctor(exp, stages=["run"], run_steps=8, run_eval_every=2, progress=False, compile_cache=False)
+    found = [f for f in d.findings if f.code.startswith("nonfinite")]
+    assert found and found[0].step == 3, [(f.code, f.step, f.message) for f in d.findings]
+    assert d.artifacts["run"]["steps"] == [0, 1, 2, 3]
+    assert d.artifacts["run"]["eval_steps"] == [0, 2]
+    assert "doctor.user_code_crashed" not in {f.code for f in d.findings}
+    assert sorted(set(ran))[-1] == 4  # step 4 was dispatched before step 3's flag was read, and discarded
+    clean = jaxsane.Experiment(
+        init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss, params=lambda s: s
+    )
+    d = jaxsane.doctor(clean, stages=["run"], run_steps=5, run_eval_every=2, progress=False, compile_cache=False)
+    assert d.artifacts["run"]["steps"] == [0, 1, 2, 3, 4] and d.artifacts["run"]["eval_steps"] == [0, 2, 4]
