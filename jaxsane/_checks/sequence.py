@@ -260,7 +260,7 @@ def check_padding_in_loss(
     groups, pad_ids = _padding_groups(leaves, mask, pad, inputs, labels)
     if not groups and not pad_ids:
         return []
-    run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2 + len(groups))
+    run = loss_on_leaves(loss, treedef, runs=2 + len(groups))
     host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
     base = float(run(params, host))
     if not np.isfinite(base):
@@ -278,7 +278,8 @@ def check_padding_in_loss(
     pad_only = [k for k in pad_ids if k not in groups]
     if pad_only:
         ids = [i for v in (*groups.values(), *pad_ids.values()) for i in v]
-        cut = _truncated(run, params, host, _padding_everywhere(host, ids, pad), m.shape[0])
+        cut = _truncated(run, loss_on_leaves(loss, treedef, runs=1, own=True), params, host,
+                         _padding_everywhere(host, ids, pad), m.shape[0])  # fmt: skip
         if cut is None and not groups:
             return _cannot_probe(len({i for v in pad_ids.values() for i in v}))
         for k in pad_only:
@@ -361,6 +362,16 @@ def _pads_are_ids(a: np.ndarray, pad: np.ndarray) -> bool:
     return bool(at_pads.size) and bool((at_pads == at_pads[0]).all()) and not bool((a[~pad] == at_pads[0]).any())
 
 
+def loss_on_leaves(loss: Callable, treedef: Any, *, runs: float, own: bool = False) -> Callable:
+    """``(params, batch leaves) -> loss``, compiled. A ``loss`` that is already jitted (it has ``lower``: doctor
+    passes :meth:`PureExperiment.jitted`) is called as it is, so at the shape its caller compiled (the init
+    stage's loss, the run's eval) nothing compiles again; ``own=True`` compiles a program of its own anyway,
+    for shapes seen once (XLA's quick level, :func:`quick_jit`). Not jit-safe."""
+    if hasattr(loss, "lower") and not own:
+        return lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs))
+    return quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=runs)
+
+
 def _relative(value: float, base: float) -> float:
     return abs(value - base) / max(abs(base), 1e-12) if np.isfinite(value) else np.inf
 
@@ -388,9 +399,10 @@ def _padding_everywhere(host: list, ids: list[int], pad: np.ndarray) -> np.ndarr
     return out
 
 
-def _truncated(run: Callable, params: PyTree, host: list, pad: np.ndarray, n: int) -> float | None:
+def _truncated(run: Callable, run_new: Callable, params: PyTree, host: list, pad: np.ndarray, n: int) -> float | None:
     """The loss's relative change when the trailing all-padding columns of the rows that end in padding are
-    cut off (both losses on those rows only), or None when there are none or the loss fails on them."""
+    cut off (both losses on those rows only), or None when there are none or the loss fails on them. ``run``
+    evaluates the batch's own shape, ``run_new`` the others (each once: a quick compile)."""
     real = ~pad
     T = pad.shape[1]
     lengths = np.where(real.any(axis=1), T - np.argmax(real[:, ::-1], axis=1), 0)
@@ -407,8 +419,8 @@ def _truncated(run: Callable, params: PyTree, host: list, pad: np.ndarray, n: in
         return x[:, :cut_at] if cut and np.ndim(x) >= 2 and np.shape(x)[1] == T else x
 
     try:
-        full = float(run(params, [take(x, False) for x in host]))
-        short = float(run(params, [take(x, True) for x in host]))
+        full = float((run if len(rows) == n else run_new)(params, [take(x, False) for x in host]))
+        short = float(run_new(params, [take(x, True) for x in host]))
     except Exception:  # a model that needs the full length: the probe cannot run
         return None
     if not np.isfinite(full):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable
@@ -407,9 +408,16 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
     if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
         labels = _labels_or_none(exp, ctx.batch)
-        out += check_padding_in_loss(
-            _traceable(adapted, "loss"), params, ctx.batch, mask, inputs=get_inputs(exp, ctx.batch), labels=labels
-        )
+        probe = functools.partial(
+            check_padding_in_loss, params=params, batch=ctx.batch, mask=mask, inputs=get_inputs(exp, ctx.batch),
+            labels=labels,
+        )  # fmt: skip
+        try:  # at the train batch's shape, the loss program the init stage compiled (the run's eval uses it too)
+            out += probe(adapted.jitted("loss"))
+        except ExperimentError:
+            raise
+        except Exception:  # a loss that jit cannot take as it is (an NNX model updating its statistics)
+            out += probe(_traceable(adapted, "loss"))
     return out
 
 

@@ -289,3 +289,41 @@ def test_bundled_digits_read_without_importing_sklearn_match_load_digits():
     reference = load_digits()
     np.testing.assert_array_equal(data, reference.data)
     np.testing.assert_array_equal(target, reference.target)
+
+
+def _masked_sequence_experiment(honours_mask: bool):
+    """A per-position regression over [B, T] float inputs with a padding mask (the last 3 positions of every row
+    are padding); the loss weights by the mask, or (the bug) averages over every position."""
+    rng = np.random.default_rng(0)
+    mask = np.ones((8, 12), np.float32)
+    mask[:, -3:] = 0.0
+    batch = {"x": rng.normal(size=(8, 12, 4)).astype(np.float32), "y": rng.normal(size=(8, 12)).astype(np.float32)}
+    batch["mask"] = mask
+
+    def loss(p, b):
+        err = ((b["x"] @ p["w"])[..., 0] - b["y"]) ** 2
+        return (err * b["mask"]).sum() / b["mask"].sum() if honours_mask else err.mean()
+
+    def step(p, b):
+        value, g = jax.value_and_grad(loss)(p, b)
+        return jax.tree_util.tree_map(lambda a, d: a - 0.1 * d, p, g), {"loss": value}
+
+    return jaxsane.Experiment(
+        init=lambda key: {"w": jax.random.normal(key, (4, 1))},
+        step=step,
+        train=batch,
+        loss=loss,
+        inputs=lambda b: b["x"],
+        labels=lambda b: b["y"],
+        mask=lambda b: b["mask"],
+        params=lambda s: s,
+    )
+
+
+@pytest.mark.parametrize("honours_mask", [True, False])
+def test_the_padding_probe_evaluates_the_loss_program_the_init_stage_compiled(honours_mask):
+    exp = _masked_sequence_experiment(honours_mask)
+    d = jaxsane.doctor(exp, stages=["init", "batch"], progress=False, compile_cache=False)
+    by_name = {s["name"]: s for s in json.loads(d.to_json())["stages"]}
+    assert by_name["batch"]["compiles"] == 0, str(d)  # the train batch's shape: the init stage's loss program
+    assert ("seq.padding_in_loss" in {f.code for f in d.findings}) is not honours_mask, str(d)
