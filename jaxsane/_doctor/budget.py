@@ -50,8 +50,8 @@ SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
 SEQUENCE_BATCH = 2  # examples a large model's overfit sweep uses when each example holds many targets
 MANY_TARGETS = 16  # targets per example (labels or mask elements) from which 2 examples are a real fit
 SWEEP_CHUNK = 5  # a large model's sweep checks for its early exit every 5 steps (not 25: each step costs seconds)
-TELEMETRY_SAMPLES = 4  # a large model's run samples gradient telemetry (one more forward and backward) on 4 steps:
-# the fewest the run's checks judge (the gradient's growth compares two windows of two samples)
+TELEMETRY_SAMPLES = 4  # a large model's run samples gradient telemetry (one more forward and backward, on SMALL_BATCH
+# examples) on 4 steps: the fewest the run's checks judge (the gradient's growth compares two windows of two samples)
 EVAL_EVERY = 10  # and evaluates every 10th step, on as many eval examples as a train batch has
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
 FLOAT64_FACTOR = 2.0  # float64 over float32 arithmetic on a CPU
@@ -264,6 +264,9 @@ def _per_stage_rules(
     every = telemetry_every(_planned(plan, opts, "run").run_steps)
     if every > opts["run"].run_telemetry_every and _change(plan, opts, explicit, "run", "run_telemetry_every", every):
         said.append(f"the run's telemetry every {every} steps (its loss every step)")
+    if has_loss and cost.examples > SMALL_BATCH:  # one more forward and backward each: on a small batch's worth
+        if _change(plan, opts, explicit, "run", "run_telemetry_examples", SMALL_BATCH):
+            said.append(f"its gradient on {SMALL_BATCH} of the batch's examples")
     dead_every = opts["run"].run_dead_every
     if has_apply and 0 < dead_every < every and _change(plan, opts, explicit, "run", "run_dead_every", every):
         said.append("dead ReLUs on the same steps")  # a dead-ReLU step samples the telemetry too

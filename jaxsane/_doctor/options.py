@@ -163,6 +163,12 @@ class RunOptions:
         "pass each); the step's own loss is recorded every step",
         minimum=1,
     )
+    run_telemetry_examples: int = _opt(
+        0,
+        "examples of each sampled batch its gradient telemetry is taken on (0: all of them; a step that reports "
+        "no loss always takes all: the run's loss comes from there)",
+        minimum=0,
+    )
     run_dead_every: int = _opt(5, "steps between dead-ReLU samples (0: none)", minimum=0)
     run_thresholds: dict[str, int | float] = _opt(
         doc="keyword overrides for jaxsane.check_training (e.g. plateau_rel:0.02)", factory=dict

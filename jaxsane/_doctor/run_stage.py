@@ -71,14 +71,17 @@ def _floats(tree: PyTree) -> list:
 class RunPrograms:
     """The run stage's step and its telemetry programs, for one :class:`Monitor`. Not jit-safe to build."""
 
-    def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int):
+    def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int, reports_loss: bool = True):
         self.adapted, self.monitor = adapted, monitor
         self.step = host_step(adapted)
-        self.before = quick_jit(self._before, runs=steps)  # about once per step of the run
-        self.after = quick_jit(self._after, runs=steps)
-        self.finite = quick_jit(self._finite, runs=steps)
-        self.dead = quick_jit(self._dead, runs=steps)
-        self.lost = quick_jit(self._lost, runs=steps)
+        # each program compiles for the steps it runs on (_jaxpr/compile_level.py): a step that reports no loss
+        # takes its loss from the telemetry on every step
+        sampled = sum(monitor.mode_for(i) != MODE_BARE for i in range(steps)) if reports_loss else steps
+        self.before = quick_jit(self._before, runs=sampled)
+        self.after = quick_jit(self._after, runs=sampled)
+        self.finite = quick_jit(self._finite, runs=steps - sampled)
+        self.dead = quick_jit(self._dead, runs=sum(monitor.mode_for(i) == MODE_FULL for i in range(steps)))
+        self.lost = quick_jit(self._lost, runs=sampled)
         self.shadow_ok: bool | None = None  # bf16/fp16 parameters and a step that runs upcast (decided once)
         self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
 
@@ -154,6 +157,27 @@ def eval_examples(experiment: Any, eval_batch: Any, examples: int) -> Any:
     return slice_examples(experiment, eval_batch, examples)
 
 
+def reports_loss(adapted: PureExperiment, batch: PyTree) -> bool:
+    """Whether the step's metrics hold its loss (traced abstractly: the step stage's trace, no compile). Not
+    jit-safe."""
+    try:
+        _, metrics = jax.eval_shape(adapted.step, adapted.example_state, batch)
+    except Exception:  # the run reports the step's failure
+        return True
+    return "loss" in metrics
+
+
+def telemetry_batch(experiment: Any, batch: PyTree, examples: int, reports_loss: bool) -> PyTree:
+    """The batch the telemetry's gradient is taken on: the first ``examples`` examples of ``batch``
+    (:class:`RunOptions`), or the whole batch (``examples`` 0, a step that reports no loss, a batch that cannot
+    be cut by examples, or one no larger). Not jit-safe."""
+    if not examples or not reports_loss or sliceable(experiment, batch) is not None:
+        return batch
+    if count_examples(experiment, batch) <= examples:
+        return batch
+    return slice_examples(experiment, batch, examples)
+
+
 def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     """Build the run stage's programs and compile them in ``pool`` while the earlier stages run (``ctx``: the
     stage's StageContext). Returns ``{"programs": RunPrograms, "future": ...}``; what fails in the background
@@ -161,13 +185,15 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     adapted, batch, opts = ctx.adapted, ctx.batch, ctx.options
     eval_batch = eval_examples(ctx.experiment, ctx.eval_batch, opts.run_eval_examples)
     monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
-    programs = RunPrograms(adapted, monitor, opts.run_steps)
+    with_loss = reports_loss(adapted, batch)
+    programs = RunPrograms(adapted, monitor, opts.run_steps, with_loss)
     eval_loss = _eval_loss(adapted, eval_batch, opts)
 
     def compile_all() -> None:
         state = adapted.example_state
         params = adapted.params(state)
-        programs.before.lower(params, batch).compile()
+        sampled = telemetry_batch(ctx.experiment, batch, opts.run_telemetry_examples, with_loss)
+        programs.before.lower(params, sampled).compile()
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
         programs.after.lower(state, new_state, metrics, batch).compile()
         if any(programs.monitor.mode_for(i) == MODE_BARE for i in range(opts.run_steps)):  # telemetry is sampled
@@ -237,10 +263,11 @@ class _Dispatched(NamedTuple):
 class _Runner:
     """The run stage's loop state: one step dispatched after another, its metrics recorded without a sync."""
 
-    def __init__(self, ctx: Any, programs: RunPrograms):
+    def __init__(self, ctx: Any, programs: RunPrograms, reports_loss: bool, telemetry_examples: int):
         self.ctx, self.programs, self.adapted = ctx, programs, ctx.adapted
+        self.telemetry_examples = telemetry_examples  # RunOptions.run_telemetry_examples
         self.copy_inputs = True  # until the first step shows that the step does not donate its inputs
-        self.reports_loss = True  # until the first step shows otherwise: then every step runs the loss (telemetry)
+        self.reports_loss = reports_loss  # when not, every step runs the loss (telemetry), on the whole batch
 
     def dispatch(self, i: int, state: PyTree, batch: PyTree) -> _Dispatched:
         """Step ``i`` on ``state`` with its telemetry, recorded in the Monitor; nothing waits for the device."""
@@ -251,7 +278,11 @@ class _Runner:
         arrays = jax.tree_util.tree_leaves(state)
         kept = _copy(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
         params = self.adapted.params(kept)
-        tel = programs.before(params, batch) if mode != MODE_BARE else {}
+        if mode != MODE_BARE:
+            sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples, self.reports_loss)
+            tel = programs.before(params, sampled)
+        else:
+            tel = {}
         new_state, metrics = programs.step(state, batch)
         self.reports_loss = "loss" in metrics
         if self.copy_inputs:
@@ -289,7 +320,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     programs = ctx.prepared.get("programs")
     if programs is None:
         monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
-        programs = RunPrograms(adapted, monitor, opts.run_steps)
+        programs = RunPrograms(adapted, monitor, opts.run_steps, reports_loss(adapted, ctx.batch))
     else:  # wait for the background compile, never compile the same program twice at once
         ctx.prepared["future"].exception()  # helps with the queued work meanwhile (BackgroundPool)
     monitor = programs.monitor
@@ -300,7 +331,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     failed = False
     if eval_loss is not None:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
-    runner = _Runner(ctx, programs)
+    runner = _Runner(ctx, programs, reports_loss(adapted, ctx.batch), opts.run_telemetry_examples)
     previous: _Dispatched | None = None
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
         try:

@@ -86,8 +86,12 @@ def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_ev
     plan = _plan()
     grads = plan.changes["grads"]
     assert grads["grads_modes"] == ("rev",) and grads["grads_float64"] is False and grads["grads_replay_examples"] == 1
-    assert plan.changes["run"] == {"run_telemetry_every": _budget.telemetry_every(30)}  # no eval data: eval untouched
+    assert plan.changes["run"] == {  # no eval data: eval untouched
+        "run_telemetry_every": _budget.telemetry_every(30),
+        "run_telemetry_examples": _budget.SMALL_BATCH,
+    }
     assert "telemetry every 8 steps" in plan.lines[0] and "reverse mode only" in plan.lines[0]
+    assert f"its gradient on {_budget.SMALL_BATCH} of the batch's examples" in plan.lines[0]
     assert "float32, a failing leaf again in float64" in plan.lines[0]
     with_eval = jaxsane.Experiment(
         init=_experiment().init, step=_step, train=TRAIN, eval=TRAIN, loss=_loss, params=lambda s: s
@@ -327,3 +331,24 @@ def test_the_run_reads_each_steps_flag_one_step_late_and_records_what_a_step_by_
     )
     d = jaxsane.doctor(clean, stages=["run"], run_steps=5, run_eval_every=2, progress=False, compile_cache=False)
     assert d.artifacts["run"]["steps"] == [0, 1, 2, 3, 4] and d.artifacts["run"]["eval_steps"] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("reports_loss", [True, False])
+def test_the_runs_gradient_telemetry_is_taken_on_the_first_examples_only_when_the_step_reports_its_loss(reports_loss):
+    exp = jaxsane.Experiment(
+        init=_experiment().init,
+        step=_step if reports_loss else _step_without_loss,
+        train=TRAIN,
+        loss=_loss,
+        params=lambda s: s,
+    )
+    d = jaxsane.doctor(exp, stages=["run"], run_steps=1, run_telemetry_examples=4, progress=False, compile_cache=False)
+    run = d.artifacts["run"]
+    params = exp.init(jax.random.key(0))
+    first4 = {k: v[:4] for k, v in TRAIN.items()}
+    # a step without its own loss: the run's loss is the telemetry's, so it takes the whole batch
+    taken_on = first4 if reports_loss else TRAIN
+    grads = jax.grad(_loss)(params, taken_on)
+    norms = [float(jnp.linalg.norm(grads[k])) for k in sorted(grads)]
+    assert run["grad_norm"][0] == pytest.approx(norms, rel=1e-4), (run["grad_norm"][0], norms)
+    assert run["loss"][0] == pytest.approx(float(_loss(params, TRAIN)), rel=1e-5)  # the loss of the whole batch

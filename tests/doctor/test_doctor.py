@@ -199,7 +199,8 @@ def test_the_option_names_of_earlier_releases_still_work():
                "step_calls", "batch_probes", "overfit_seeds", "overfit_steps", "overfit_learning_rates",
                "overfit_init_scales", "overfit_batch_size", "init_scales", "run_steps", "run_eval_every",
                "run_dead_every", "run_thresholds"]
-    added = ["grads_float64", "grads_replay_examples", "run_eval_examples", "run_telemetry_every"]  # doctor at scale
+    added = ["grads_float64", "grads_replay_examples", "run_eval_examples", "run_telemetry_every",
+             "run_telemetry_examples"]  # doctor at scale
     assert sorted(_options.OPTIONS) == sorted(earlier + added)
 
 
