@@ -546,10 +546,12 @@ STAGES: tuple[Stage, ...] = (
 # the order doctor runs them in: the step stage (compiling the user's step) before the grads stage waits for its check
 RUN_ORDER: tuple[Stage, ...] = tuple(sorted(STAGES, key=lambda s: 1.5 if s.name == "step" else STAGES.index(s)))
 # stages whose work doctor starts ahead, in the background, before the first stage runs
-# (``prepare(ctx, pool) -> ctx.prepared``), in this order
+# (``prepare(ctx, pool) -> ctx.prepared``), in this order: the overfit sweep's compile first, the longest job (on the
+# 10M LM its compile and the gradient check are each ~9 s; queued after the check, the sweep's compile was still
+# running when the overfit stage came, and the stages waited for it)
 PREPARE: dict[str, Callable[..., dict[str, Any]]] = {
-    "grads": prepare_grads,
     "overfit": prepare_overfit,
+    "grads": prepare_grads,
     "run": prepare_run,
 }
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
