@@ -21,38 +21,71 @@ from .options import GradsOptions
 
 
 def grads_stage(ctx: Any) -> Iterable[Finding]:
-    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`).
+    """doctor stage: :func:`check_grads` of ``Experiment.loss`` at init on the first examples (:class:`GradsOptions`),
+    then the replay of the gradient for latent NaNs when the check found nothing non-finite.
 
-    doctor starts it in its background thread (:func:`prepare_grads`), so its compiles overlap the data and
+    doctor starts both in its background threads (:func:`prepare_grads`), so their compiles overlap the data and
     init stages; the stage then waits for those findings, and a crash there is the stage's crash."""
-    if "future" in ctx.prepared:
-        return ctx.prepared["future"].result()
+    if "check" in ctx.prepared:
+        findings = ctx.prepared["check"].result()
+        if any(f.code.startswith("nonfinite.") for f in findings):
+            ctx.prepared["replay"].cancel()  # a non-finite gradient is its own story: no latent one to look for
+            return findings
+        return findings + ctx.prepared["replay"].result()
+    findings = _check(ctx)
+    if any(f.code.startswith("nonfinite.") for f in findings):
+        return findings
+    return findings + _replay(ctx)
+
+
+def _skipped() -> list[Finding]:
+    return [
+        Finding(
+            "doctor.skipped",
+            "gradient check skipped: it needs Experiment.loss ((params, batch) -> scalar)",
+            "pass Experiment(loss=...) to check gradients",
+        )
+    ]
+
+
+def _inputs(ctx: Any) -> tuple[Any, Any, Any]:
+    """``(loss, params, batch)`` of the check: the traceable loss, the parameters at init, the first examples."""
     opts: GradsOptions = ctx.options
     adapted = ctx.pure
-    if adapted.loss_fn is None:
-        return [
-            Finding(
-                "doctor.skipped",
-                "gradient check skipped: it needs Experiment.loss ((params, batch) -> scalar)",
-                "pass Experiment(loss=...) to check gradients",
-            )
-        ]
     state = adapted.init(ctx.key)
     batch = slice_examples(ctx.experiment, ctx.batch, opts.grads_batch_size, whole=True)
-    loss, params = traceable(adapted, "loss"), adapted.params(state)
-    assert loss is not None, "Experiment.loss is present (checked above)"
+    return traceable(adapted, "loss"), adapted.params(state), batch
+
+
+def _check(ctx: Any) -> list[Finding]:
+    """:func:`check_grads`: in float32 with a failure confirmed in float64 (a large step), else in float64; the
+    ``doctor.skipped`` finding without a loss."""
+    opts: GradsOptions = ctx.options
+    if ctx.pure.loss_fn is None:
+        return _skipped()
+    loss, params, batch = _inputs(ctx)
     check = functools.partial(check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
                               max_leaves=opts.grads_max_leaves or None)  # fmt: skip
     findings = check(dtype=jnp.float64 if opts.grads_float64 else jnp.float32)
     if not opts.grads_float64 and any(f.code in ("grad.mismatch", "grad.missing") for f in findings):
         findings = check(dtype=jnp.float64)  # a float32 failure, confirmed on the same sampled leaves (same seed)
-    if not any(f.code.startswith("nonfinite.") for f in findings):  # finite compiled: is the replay's gradient?
-        if opts.grads_replay_examples:
-            batch = slice_examples(ctx.experiment, batch, opts.grads_replay_examples, whole=True)
-        findings += latent_nan_findings(jax.grad(loss), params, batch)
     return findings
 
 
+def _replay(ctx: Any) -> list[Finding]:
+    """``nonfinite.latent``: the gradient replayed equation by equation (on the first examples only, on a large
+    step) is not finite where the compiled one is."""
+    opts: GradsOptions = ctx.options
+    if ctx.pure.loss_fn is None:
+        return []
+    loss, params, batch = _inputs(ctx)
+    if opts.grads_replay_examples:
+        batch = slice_examples(ctx.experiment, batch, opts.grads_replay_examples, whole=True)
+    return latent_nan_findings(jax.grad(loss), params, batch)
+
+
 def prepare_grads(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """Start the whole grads stage in ``pool``: ``{"future": its findings}``. Not jit-safe."""
-    return {"future": pool.submit(lambda: list(grads_stage(ctx)))}
+    """Start the gradient check and the latent-NaN replay in ``pool``, as two jobs (a thread waiting for one can
+    run the other): ``{"check": its findings, "replay": its findings}``. The replay's are dropped when the check
+    finds a non-finite gradient. Not jit-safe."""
+    return {"check": pool.submit(lambda: _check(ctx)), "replay": pool.submit(lambda: _replay(ctx))}
