@@ -412,8 +412,10 @@ def _sequence_checks(ctx: StageContext) -> list[Finding]:
             check_padding_in_loss, params=params, batch=ctx.batch, mask=mask, inputs=get_inputs(exp, ctx.batch),
             labels=labels,
         )  # fmt: skip
+        shared = adapted.jitted("loss")
+        assert shared is not None, "Experiment.loss is present (checked above)"
         try:  # at the train batch's shape, the loss program the init stage compiled (the run's eval uses it too)
-            out += probe(adapted.jitted("loss"))
+            out += probe(shared)
         except ExperimentError:
             raise
         except Exception:  # a loss that jit cannot take as it is (an NNX model updating its statistics)

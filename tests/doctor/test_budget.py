@@ -7,8 +7,7 @@ import pytest
 
 import jaxsane
 from jaxsane._core.errors import DoctorOptionError
-from jaxsane._doctor import budget as _budget
-from jaxsane._doctor import grads_stage as _grads_stage, pipeline as _pipeline
+from jaxsane._doctor import budget as _budget, grads_stage as _grads_stage
 from jaxsane._doctor.options import resolve
 from jaxsane._experiment.contract import PureExperiment
 

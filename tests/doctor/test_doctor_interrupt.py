@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jaxsane._doctor.doctor import BackgroundPool
+from jaxsane._doctor.background import BackgroundPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

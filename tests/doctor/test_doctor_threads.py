@@ -187,7 +187,7 @@ def test_doctor_works_ahead_in_one_background_thread_on_two_cores(monkeypatch, c
 def test_a_stage_waiting_for_work_ahead_runs_the_queued_jobs_itself():
     """The waiting thread runs the awaited job when it is still queued, and the oldest queued job while the awaited
     one runs in the pool's thread; a job it runs counts as background work (its compiles are not its stage's)."""
-    from jaxsane._doctor.doctor import BackgroundPool, in_background
+    from jaxsane._doctor.background import BackgroundPool, in_background
 
     pool = BackgroundPool(1, "jaxsane-precompile-test")
     release, busy = threading.Event(), threading.Event()
@@ -225,7 +225,7 @@ def test_a_stage_waiting_for_work_ahead_runs_the_queued_jobs_itself():
 
 
 def test_a_ctrl_c_in_a_job_the_main_thread_runs_stops_the_main_thread():
-    from jaxsane._doctor.doctor import BackgroundPool
+    from jaxsane._doctor.background import BackgroundPool
 
     pool = BackgroundPool(1, "jaxsane-precompile-test")
     release = threading.Event()
