@@ -158,24 +158,30 @@ def eval_examples(experiment: Any, eval_batch: Any, examples: int) -> Any:
 
 
 def reports_loss(adapted: PureExperiment, batch: PyTree) -> bool:
-    """Whether the step's metrics hold its loss (traced abstractly: the step stage's trace, no compile). Not
+    """Whether the step's metrics hold its loss (traced abstractly: the step stage's trace, no compile); False
+    when that cannot be told (then the telemetry takes every step's whole batch, which is right either way). Not
     jit-safe."""
     try:
         _, metrics = jax.eval_shape(adapted.step, adapted.example_state, batch)
-    except Exception:  # the run reports the step's failure
-        return True
+    except Exception:  # the run reports the step's own failure
+        return False
     return "loss" in metrics
 
 
-def telemetry_batch(experiment: Any, batch: PyTree, examples: int, reports_loss: bool) -> PyTree:
-    """The batch the telemetry's gradient is taken on: the first ``examples`` examples of ``batch``
-    (:class:`RunOptions`), or the whole batch (``examples`` 0, a step that reports no loss, a batch that cannot
-    be cut by examples, or one no larger). Not jit-safe."""
-    if not examples or not reports_loss or sliceable(experiment, batch) is not None:
+def telemetry_batch(experiment: Any, batch: PyTree, examples: int) -> PyTree:
+    """The batch the telemetry's gradient is taken on: the first ``examples`` examples of ``batch``, or the whole
+    batch (``examples`` 0, a batch that cannot be cut by examples, or one no larger). Not jit-safe."""
+    if not examples or sliceable(experiment, batch) is not None:
         return batch
     if count_examples(experiment, batch) <= examples:
         return batch
     return slice_examples(experiment, batch, examples)
+
+
+def telemetry_examples(opts: RunOptions, reports_loss: bool) -> int:
+    """:attr:`RunOptions.run_telemetry_examples`, or 0 (the whole batch) for a step that reports no loss: the run's
+    loss comes from the telemetry then. Decided once per run, so every sample is taken on the same examples."""
+    return opts.run_telemetry_examples if reports_loss else 0
 
 
 def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
@@ -192,7 +198,7 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     def compile_all() -> None:
         state = adapted.example_state
         params = adapted.params(state)
-        sampled = telemetry_batch(ctx.experiment, batch, opts.run_telemetry_examples, with_loss)
+        sampled = telemetry_batch(ctx.experiment, batch, telemetry_examples(opts, with_loss))
         programs.before.lower(params, sampled).compile()
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
         programs.after.lower(state, new_state, metrics, batch).compile()
@@ -265,7 +271,7 @@ class _Runner:
 
     def __init__(self, ctx: Any, programs: RunPrograms, reports_loss: bool, telemetry_examples: int):
         self.ctx, self.programs, self.adapted = ctx, programs, ctx.adapted
-        self.telemetry_examples = telemetry_examples  # RunOptions.run_telemetry_examples
+        self.telemetry_examples = telemetry_examples  # fixed for the run (see telemetry_examples())
         self.copy_inputs = True  # until the first step shows that the step does not donate its inputs
         self.reports_loss = reports_loss  # when not, every step runs the loss (telemetry), on the whole batch
 
@@ -279,7 +285,7 @@ class _Runner:
         kept = _copy(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
         params = self.adapted.params(kept)
         if mode != MODE_BARE:
-            sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples, self.reports_loss)
+            sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples)
             tel = programs.before(params, sampled)
         else:
             tel = {}
@@ -331,7 +337,8 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     failed = False
     if eval_loss is not None:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
-    runner = _Runner(ctx, programs, reports_loss(adapted, ctx.batch), opts.run_telemetry_examples)
+    with_loss = reports_loss(adapted, ctx.batch)
+    runner = _Runner(ctx, programs, with_loss, telemetry_examples(opts, with_loss))
     previous: _Dispatched | None = None
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
         try:
