@@ -71,7 +71,7 @@ def _floats(tree: PyTree) -> list:
 class RunPrograms:
     """The run stage's step and its telemetry programs, for one :class:`Monitor`. Not jit-safe to build."""
 
-    def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int, reports_loss: bool = True):
+    def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int, reports_loss: bool):
         self.adapted, self.monitor = adapted, monitor
         self.step = host_step(adapted)
         # each program compiles for the steps it runs on (_jaxpr/compile_level.py): a step that reports no loss
@@ -324,9 +324,10 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     opts: RunOptions = ctx.options
     adapted = ctx.adapted
     programs = ctx.prepared.get("programs")
+    with_loss = reports_loss(adapted, ctx.batch)
     if programs is None:
         monitor = _monitor(adapted, opts.run_telemetry_every, opts.run_dead_every, opts.run_steps)
-        programs = RunPrograms(adapted, monitor, opts.run_steps, reports_loss(adapted, ctx.batch))
+        programs = RunPrograms(adapted, monitor, opts.run_steps, with_loss)
     else:  # wait for the background compile, never compile the same program twice at once
         ctx.prepared["future"].exception()  # helps with the queued work meanwhile (BackgroundPool)
     monitor = programs.monitor
@@ -337,7 +338,6 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     failed = False
     if eval_loss is not None:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
-    with_loss = reports_loss(adapted, ctx.batch)
     runner = _Runner(ctx, programs, with_loss, telemetry_examples(opts, with_loss))
     previous: _Dispatched | None = None
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
