@@ -34,6 +34,7 @@ from .._experiment.purify import Kept, positional_names
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter, all_eqns
 from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
+from .._locate.replay import HOST_PRIMITIVES, evaluate_on_host
 from .step_dropped import dropped_state_findings
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -499,7 +500,9 @@ def _rng_findings(
 
 def _dead_code_eliminated(fn, flat_args):
     """``jax.jit(fn)`` compiled without the equations its outputs do not need (only the key
-    arithmetic and ``random_bits`` of a train step remain, so the compile is small)."""
+    arithmetic and ``random_bits`` of a train step remain, so the compile is small); evaluated with numpy
+    instead, no compile, when every remaining equation is one the replay runs on the host (a threefry key's
+    ``fold_in`` and bits, reshapes and slices: NNX's dropout)."""
     try:
         from jax._src.core import eval_jaxpr
         from jax._src.interpreters.partial_eval import dce_jaxpr
@@ -508,6 +511,12 @@ def _dead_code_eliminated(fn, flat_args):
     closed = jax.make_jaxpr(fn)(flat_args)
     jaxpr, used = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     consts = closed.consts
+    if all(eqn.primitive.name in HOST_PRIMITIVES for eqn in jaxpr.eqns):  # key arithmetic, bits, reshapes: numpy
+
+        def on_host(args):
+            return evaluate_on_host(jaxpr, consts, [a for a, u in zip(args, used) if u])
+
+        return on_host
 
     def run(args):
         return eval_jaxpr(jaxpr, consts, *[a for a, u in zip(args, used) if u])

@@ -56,6 +56,77 @@ def _reduce(fn):
     return lambda x, *, axes, **_: fn(x, axis=tuple(axes))
 
 
+def _unsigned(x: np.ndarray) -> np.ndarray:
+    """``x``'s bits as the unsigned integers of its width (a view, no copy)."""
+    return x.view(np.dtype(f"uint{8 * x.dtype.itemsize}"))
+
+
+def _np_shift(x, y, *, left: bool, logical: bool = True):
+    """XLA's shifts: a shift by the width or more gives 0 (or the sign, arithmetic right), never wraps."""
+    bits = 8 * x.dtype.itemsize
+    y = np.asarray(y).astype(np.int64)
+    big = (y < 0) | (y >= bits)
+    amount = np.where(big, 0, y).astype(_unsigned(x).dtype)
+    if left:
+        return np.where(big, 0, _unsigned(x) << amount).astype(_unsigned(x).dtype).view(x.dtype)
+    if logical:
+        return np.where(big, 0, _unsigned(x) >> amount).astype(_unsigned(x).dtype).view(x.dtype)
+    signed = x.view(np.dtype(f"int{bits}"))  # arithmetic: the sign bit fills, as far as the whole width
+    return (signed >> np.where(big, bits - 1, y).astype(signed.dtype)).view(x.dtype)
+
+
+def _np_bitcast(x, *, new_dtype, **_):
+    if np.dtype(new_dtype).itemsize != x.dtype.itemsize:
+        raise ValueError("a bitcast that changes the width changes the shape")  # the replay binds it
+    return np.ascontiguousarray(x).view(new_dtype)
+
+
+def _np_iota(*, dtype, shape, dimension, **_):
+    index = np.arange(shape[dimension], dtype=dtype).reshape([-1 if d == dimension else 1 for d in range(len(shape))])
+    return np.broadcast_to(index, shape)
+
+
+def _np_iota_2x32(*, shape, **_):
+    counts = np.arange(int(np.prod(shape)), dtype=np.uint64).reshape(shape)
+    return [(counts >> np.uint64(32)).astype(np.uint32), counts.astype(np.uint32)]
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def np_threefry2x32(k1, k2, x1, x2, **_):
+    """The Threefry-2x32 hash (20 rounds) as jax's lowering computes it, bit for bit, with numpy."""
+    k1, k2, x1, x2 = np.broadcast_arrays(*(np.asarray(a, np.uint32) for a in (k1, k2, x1, x2)))
+    ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+    x0, x1 = x1 + ks[0], x2 + ks[1]
+    with np.errstate(over="ignore"):
+        for i in range(5):
+            for r in _THREEFRY_ROTATIONS[i % 2]:
+                x0 = x0 + x1
+                x1 = (x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))
+                x1 = x0 ^ x1
+            x0 = x0 + ks[(i + 1) % 3]
+            x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
+    return [x0, x1]
+
+
+def np_threefry_fold_in(key_data: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """``jax.random.fold_in``'s new key data for one threefry key and one integer, as jax computes it."""
+    seed = np.asarray(data).astype(np.uint32).reshape(1)  # threefry_seed of a 32-bit integer: (0, data)
+    hi, lo = np_threefry2x32(key_data[0], key_data[1], np.zeros(1, np.uint32), seed)
+    return np.concatenate([hi, lo])
+
+
+def np_random_bits(key_data: np.ndarray, *, bit_width: int, shape: tuple) -> np.ndarray:
+    """``jax.random.bits`` of one threefry key (its ``key_data``) as jax's partitionable threefry draws them."""
+    counts_hi, counts_lo = _np_iota_2x32(shape=tuple(shape)) if len(shape) else (np.uint32(0), np.uint32(0))
+    hi, lo = np_threefry2x32(key_data[0], key_data[1], counts_hi, counts_lo)
+    dtype = np.dtype(f"uint{bit_width}")
+    if bit_width == 64:
+        return (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
+    return (hi ^ lo).astype(dtype)
+
+
 NP = {
     "neg": np.negative,
     "sign": np.sign,
@@ -126,6 +197,13 @@ NP = {
     "copy_p": lambda x, **_: x,
     "clamp": lambda lo, x, hi, **_: np.minimum(np.maximum(x, lo), hi),
     "stop_gradient": lambda x, **_: x,
+    "shift_left": lambda x, y, **_: _np_shift(x, y, left=True),
+    "shift_right_logical": lambda x, y, **_: _np_shift(x, y, left=False),
+    "shift_right_arithmetic": lambda x, y, **_: _np_shift(x, y, left=False, logical=False),
+    "bitcast_convert_type": _np_bitcast,
+    "iota": _np_iota,
+    "iota_2x32_shape": _np_iota_2x32,
+    "threefry2x32": np_threefry2x32,
 }
 NP_UFUNCS = {
     "neg",

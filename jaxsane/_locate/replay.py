@@ -14,7 +14,7 @@ Not jit-safe: everything here runs on the host, off the hot path.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -26,7 +26,7 @@ from .._core.frames import in_optax, is_library_file, user_frame
 from .._core.tree import can_be_nonfinite
 from .._jaxpr.compile_level import quick_options
 from .._jaxpr.interpret import CALLS, LOOPS, RULES, Interpreter, all_eqns, closed
-from .host_ops import NP, NP_UFUNCS
+from .host_ops import NP, NP_UFUNCS, np_random_bits, np_threefry_fold_in
 
 # ----------------------------------------------------------------------------- values and nodes
 
@@ -230,6 +230,10 @@ def _evaluate(eqn, values: list, mesh=None) -> list:
         return list(values)
     if name == "check" and not eqn.outvars:  # a checkify check (a chex value assertion traced under chexify, kept
         return []  # in jit's trace cache): the replay finds values, it asserts nothing
+    if name in _HOST_KEY_OPS and mesh is None:
+        out = _HOST_KEY_OPS[name](*values, **eqn.params)
+        if out is not None:
+            return [out]
     fn = NP.get(name)
     if fn is None or mesh is not None or any(_is_extended(v) for v in values):
         return _bind(eqn, values, mesh)
@@ -239,12 +243,63 @@ def _evaluate(eqn, values: list, mesh=None) -> list:
             out = fn(*arrays) if name in NP_UFUNCS else fn(*arrays, **eqn.params)
     except Exception:  # anything numpy reads differently: let jax do it
         return _bind(eqn, values, mesh)
-    aval = eqn.outvars[0].aval
-    out = np.asarray(out)
-    if out.shape != tuple(aval.shape):
+    outs = [np.asarray(o) for o in out] if eqn.primitive.multiple_results else [np.asarray(out)]
+    if len(outs) != len(eqn.outvars) or any(o.shape != tuple(v.aval.shape) for o, v in zip(outs, eqn.outvars)):
         return _bind(eqn, values, mesh)
     with np.errstate(all="ignore"):
-        return [out.astype(aval.dtype, copy=False)]
+        return [o.astype(v.aval.dtype, copy=False) for o, v in zip(outs, eqn.outvars)]
+
+
+def _threefry_key_data(keys: Any) -> np.ndarray | None:
+    """The data of one threefry key (``key<fry>[]``), or None for anything else: another PRNG, a batch of keys."""
+    try:
+        if getattr(keys, "shape", None) != () or str(jax.random.key_impl(keys)) != "threefry2x32":
+            return None
+        return np.asarray(jax.random.key_data(keys), np.uint32)
+    except Exception:  # not a typed key this jax knows how to read
+        return None
+
+
+def _host_random_bits(keys: Any, *, bit_width: int, shape: Sequence[int]) -> np.ndarray | None:
+    """``random_bits`` of one threefry key drawn on the host (no compile; the bits jax draws, bit for bit), or
+    None for what jax must draw itself: another PRNG, a batch of keys, the non-partitionable threefry."""
+    data = _threefry_key_data(keys)
+    if data is None or not jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # a flag jax sets at run time
+        return None
+    return np_random_bits(data, bit_width=int(bit_width), shape=tuple(shape))
+
+
+def _host_random_fold_in(keys: Any, msgs: Any) -> jax.Array | None:
+    """``random_fold_in`` of one threefry key and one integer on the host (the key jax derives), or None."""
+    data = _threefry_key_data(keys)
+    if data is None or np.ndim(msgs) != 0 or not np.issubdtype(np.asarray(msgs).dtype, np.integer):
+        return None
+    new_data = jnp.asarray(np_threefry_fold_in(data, np.asarray(msgs)))
+    return jax.random.wrap_key_data(new_data, impl="threefry2x32")
+
+
+# key operations the replay computes on the host, for the values where they apply (else jax binds them)
+_HOST_KEY_OPS: dict[str, Callable[..., Any]] = {
+    "random_bits": _host_random_bits,
+    "random_fold_in": _host_random_fold_in,
+}
+HOST_PRIMITIVES = frozenset(NP) | frozenset(_HOST_KEY_OPS)
+"""The primitives :func:`evaluate_on_host` runs without a compile (most of them for most values)."""
+
+
+def evaluate_on_host(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
+    """The outputs of a flat ``jaxpr`` (no sub-jaxprs) on ``args``, each equation as the replay evaluates it:
+    with numpy where it can (:data:`HOST_PRIMITIVES`), no compile; any other equation through ``bind``. Not
+    jit-safe."""
+    env: dict = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        env.update(zip(eqn.outvars, _evaluate(eqn, [read(v) for v in eqn.invars])))
+    return [read(v) for v in jaxpr.outvars]
 
 
 def _is_extended(v: Any) -> bool:

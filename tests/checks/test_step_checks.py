@@ -166,6 +166,41 @@ def test_nnx_dropout_with_rngs_is_silent():
     assert check_step(jaxsane.Experiment(init=init, step=step, train=BATCH)) == []
 
 
+def _fold_in_dropout_experiment(advance: bool):
+    """A dropout key derived each step with ``fold_in``: of the step counter (right), or of 0 (the same mask
+    every step)."""
+
+    def init(key):
+        return {"w": jax.random.normal(key, (5, 3)), "key": jax.random.key(1), "count": jnp.zeros((), jnp.int32)}
+
+    @jax.jit
+    def step(state, batch):
+        sub = jax.random.fold_in(state["key"], state["count"] if advance else 0)
+        keep = jax.random.bernoulli(sub, 0.5, batch["x"].shape)
+
+        def loss(w):
+            logits = jnp.where(keep, batch["x"], 0.0) @ w
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        value, grad = jax.value_and_grad(loss)(state["w"])
+        return {**state, "w": state["w"] - 0.1 * grad, "count": state["count"] + 1}, {"loss": value}
+
+    return jaxsane.Experiment(init=init, step=step, train=BATCH, params=lambda state: state["w"])
+
+
+@pytest.mark.parametrize("advance", [False, True])
+def test_fold_in_draws_are_compared_on_the_host(advance, monkeypatch):
+    """The draws of a fold_in'd key are replayed with numpy, bit for bit, with no compile of the replay."""
+    import jaxsane._checks.step as step_module
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the random-bits replay compiled a program")
+
+    monkeypatch.setattr(step_module, "quick_jit", no_compile)
+    codes = _codes(check_step(_fold_in_dropout_experiment(advance)))
+    assert codes == ([] if advance else ["step.rng_reused"])
+
+
 @functools.partial(jax.jit, static_argnums=2)
 def _step_with_static_lr(state, batch, lr):
     params, opt_state = state
