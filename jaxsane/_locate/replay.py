@@ -260,16 +260,16 @@ def _threefry_key_data(keys: Any) -> np.ndarray | None:
         return None
 
 
-def _host_random_bits(keys: Any, *, bit_width: int, shape: Sequence[int]) -> np.ndarray | None:
+def _host_random_bits(keys: Any, *, bit_width: int, shape: Sequence[int], **_: Any) -> np.ndarray | None:
     """``random_bits`` of one threefry key drawn on the host (no compile; the bits jax draws, bit for bit), or
     None for what jax must draw itself: another PRNG, a batch of keys, the non-partitionable threefry."""
     data = _threefry_key_data(keys)
-    if data is None or not jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # a flag jax sets at run time
+    if data is None or getattr(jax.config, "jax_threefry_partitionable", None) is not True:  # the draws it replays
         return None
     return np_random_bits(data, bit_width=int(bit_width), shape=tuple(shape))
 
 
-def _host_random_fold_in(keys: Any, msgs: Any) -> jax.Array | None:
+def _host_random_fold_in(keys: Any, msgs: Any, **_: Any) -> jax.Array | None:
     """``random_fold_in`` of one threefry key and one integer on the host (the key jax derives), or None."""
     data = _threefry_key_data(keys)
     if data is None or np.ndim(msgs) != 0 or not np.issubdtype(np.asarray(msgs).dtype, np.integer):

@@ -81,3 +81,13 @@ def test_locate_replays_dropout_with_the_compiled_bits_and_no_compile():
     expected = int(np.isnan(np.asarray(jax.jit(_dropout_nan)(x, key))).sum())
     assert 0 < expected < 64
     assert report is not None and report.bad_outputs[0][1] == expected  # the same elements dropped: the same bits
+
+
+def test_the_original_threefry_draws_are_left_to_jax():
+    """Under the non-partitionable threefry the bits differ: the replay binds them, and still finds the same NaNs."""
+    x, key = jnp.linspace(0.5, 2.0, 64).reshape(8, 8), jax.random.key(5)
+    with jax.threefry_partitionable(False):
+        expected = int(np.isnan(np.asarray(jax.jit(_dropout_nan)(x, key))).sum())
+        report = locate(_dropout_nan, x, key)
+    assert 0 < expected < 64
+    assert report is not None and report.bad_outputs[0][1] == expected
