@@ -8,7 +8,9 @@
 # from this checkout through PYTHONPATH. Each benchmark has its own time limit, so one that hangs
 # cannot eat the others' time. QUICK=1 runs tiny settings (to check the script on a CPU box:
 # `PY=.venv/bin/python QUICK=1 bash benchmarks/device_run.sh`). LADDER=1 runs only the doctor-at-scale
-# ladder (benchmarks/doctor_scaling.py), a run of its own within the same limit.
+# ladder (benchmarks/doctor_scaling.py) and then the overfit sweep's timings, a run of its own within the same
+# limit (RUNGS="lm_1m" and DEADLINE=SECONDS narrow it; on a CPU box: `PY=.venv/bin/python LADDER=1
+# RUNGS=cnn_small DEADLINE=200 bash benchmarks/device_run.sh`).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
@@ -25,7 +27,31 @@ run() {  # run NAME SECONDS SCRIPT ARGS...
 
 "$PY" -c "import jax, jaxsane; print(jax.__version__, jax.default_backend(), jax.devices())" 2>&1 | tee "$OUT/devices.txt"
 if [ "${LADDER:-0}" = 1 ]; then  # doctor at scale: a run of its own (LADDER=1 bash benchmarks/device_run.sh)
-    run doctor_scaling 540 benchmarks/doctor_scaling.py --rungs lm_1m,cnn_large,lm_10m,lm_50m --json "$OUT/ladder.json"
+    # A smoke doctor run first: if jaxsane cannot run on that machine's jax, stop at once and keep the lease's
+    # time for a second try. Then the rungs one by one, each its own process tree and JSON, inside a deadline
+    # (DEADLINE seconds from the start), so a slow rung cannot cost the table; the sweep benchmark if time is left.
+    deadline=${DEADLINE:-530}
+    log="$OUT/ladder.txt"
+    cat "$OUT/devices.txt" >"$log" && rm "$OUT/devices.txt"
+    echo "== smoke: jaxsane doctor on the bundled example" | tee -a "$log"
+    timeout 150 "$PY" -W ignore -m jaxsane.cli doctor 2>&1 | tail -40 | tee -a "$log"
+    status=${PIPESTATUS[0]}
+    echo "== smoke: exit $status after ${SECONDS}s" | tee -a "$log"
+    [ "$status" -le 1 ] || exit 3
+    for rung in ${RUNGS:-lm_1m cnn_small cnn_large lm_10m lm_50m}; do
+        left=$((deadline - SECONDS))
+        [ "$left" -gt 30 ] || { echo "== $rung: skipped, ${left}s left" | tee -a "$log"; continue; }
+        echo "== $rung (limit ${left}s)" | tee -a "$log"
+        timeout "$left" "$PY" -W ignore benchmarks/doctor_scaling.py --rungs "$rung" --json "$OUT/ladder_$rung.json" 2>&1 \
+            | tee -a "$log"
+    done
+    for steps in 200 2000; do
+        left=$((deadline - SECONDS))
+        [ "$left" -gt 40 ] || break
+        echo "== overfit_sweep --steps $steps (limit ${left}s)" | tee -a "$log"
+        timeout "$left" "$PY" -W ignore benchmarks/overfit_sweep.py --reps 3 --steps "$steps" 2>&1 | tee -a "$log"
+    done
+    echo "== done after ${SECONDS}s" | tee -a "$log"
 elif [ "${QUICK:-0}" = 1 ]; then
     run overfit_sweep 120 benchmarks/overfit_sweep.py --reps 1 --steps 200
     run guard_overhead 120 benchmarks/guard_overhead.py --steps 10

@@ -8,9 +8,12 @@ either level. Level 0 pays off while the runs are short against the compile.
 
 The choice is made from the program's jaxpr before it compiles, so it is deterministic: the compile
 grows with the number of equations, the run's penalty with the elements the generated code touches
-times the runs. Only the CPU backend is affected; on GPU and TPU programs compile as XLA defaults. The
-user's own step is never recompiled at another level. The two levels can differ in the last bits of
-a float (the order of fused operations), never more.
+times the runs. On a GPU, where compiling a matrix-heavy program is mostly autotuning (each matrix
+product's fusion compiled and timed in several tilings on the device), the analysis programs compile
+with autotuning off (:data:`QUICK_GPU`): XLA then takes its default tiling, which runs the few steps an
+analysis program runs about as fast. On TPU programs compile as XLA defaults. The user's own step is
+never recompiled with other options. The options can change the last bits of a float (the order of
+fused operations), never more.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from jax._src import core as jcore
 
 QUICK = {"xla_backend_optimization_level": 0}
 """The compiler options of a program compiled for a quick compile (XLA:CPU's lowest optimization level)."""
+
+QUICK_GPU = {"xla_gpu_autotune_level": 0}
+"""The compiler options of a jaxsane analysis program on a GPU: no autotuning of its fusions' tilings."""
 
 BREAK_EVEN_WORK_PER_EQUATION = 1.5e6
 """Elements touched x runs, per jaxpr equation, below which a program compiles at level 0. Measured on a
@@ -98,33 +104,44 @@ def program_cost(jaxpr: Any) -> ProgramCost:
     return ProgramCost(equations, work, flops)
 
 
+def _quick_for(backend: str) -> dict[str, Any] | None:
+    """The quick options of ``backend`` (:data:`QUICK` on the CPU, :data:`QUICK_GPU` on a GPU), None elsewhere."""
+    return {"cpu": QUICK, "gpu": QUICK_GPU}.get(backend)
+
+
 @functools.cache
-def _quick_compiles() -> bool:
-    """Whether this jax and XLA take :data:`QUICK` (an XLA that renamed the option refuses it): one tiny
-    compile, once per process."""
+def _quick_compiles(backend: str) -> bool:
+    """Whether this jax and XLA take ``backend``'s quick options (an XLA that renamed an option refuses it): one
+    tiny compile on the default backend, once per process."""
+    options = _quick_for(backend)
     try:
-        jax.jit(lambda x: x + 1, compiler_options=QUICK).lower(np.float32(0)).compile()
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
         return True
     except Exception:  # any refusal: compile at XLA's defaults, as before this module
         return False
 
 
 def quick_options(backend: str | None = None) -> dict[str, Any] | None:
-    """:data:`QUICK` on the CPU backend (when this XLA takes it), else None: the options of a program that runs
-    once, whatever its size. Not jit-safe."""
-    if (backend or jax.default_backend()) != "cpu" or not _quick_compiles():
+    """The options of a program that runs once, whatever its size: :data:`QUICK` on the CPU backend,
+    :data:`QUICK_GPU` on a GPU (when this XLA takes them), else None. Not jit-safe."""
+    backend = backend or jax.default_backend()
+    options = _quick_for(backend)
+    if options is None or not _quick_compiles(backend):
         return None
-    return dict(QUICK)
+    return dict(options)
 
 
 def compiler_options(jaxpr: Any, runs: float, backend: str | None = None) -> dict[str, Any] | None:
     """The compiler options for a program that runs ``runs`` times (for a ``while_loop`` program, its
-    trip count): :data:`QUICK` on the CPU backend when the estimated run is short against the compile,
-    else None (XLA's defaults). Not jit-safe."""
-    if quick_options(backend) is None:
-        return None
+    trip count): on the CPU backend :data:`QUICK` when the estimated run is short against the compile, else
+    None (XLA's defaults); on a GPU :data:`QUICK_GPU` for every analysis program (autotuning is seconds per
+    program, its gain over a few hundred steps a fraction of that). Not jit-safe."""
+    backend = backend or jax.default_backend()
+    options = quick_options(backend)
+    if options is None or backend != "cpu":
+        return options
     cost = program_cost(jaxpr)
-    return dict(QUICK) if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
+    return options if cost.work * max(runs, 1) <= BREAK_EVEN_WORK_PER_EQUATION * max(cost.equations, 1) else None
 
 
 class Jitted(Protocol):

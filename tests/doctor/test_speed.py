@@ -92,7 +92,7 @@ def test_adapted_nnx_loss_and_apply_are_one_object_and_compile_once():
     assert adapted.jitted("loss") is adapted.jitted("loss")
     params = adapted.params(adapted.example_state)
     batch = {"x": jnp.ones((4, 4)), "y": jnp.zeros(4, jnp.int32)}
-    _quick_compiles()  # the once-per-process check that XLA takes the quick option is a compile of its own
+    _quick_compiles(jax.default_backend())  # the once-per-process check that XLA takes the quick option is a compile of its own
     with count_compilations() as c:
         a = adapted.jitted("loss")(params, batch)
         b = adapted.jitted("loss")(params, batch)

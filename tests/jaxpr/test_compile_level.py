@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsane._jaxpr.compile_level import QUICK, compiler_options, program_cost, quick_jit
+from jaxsane._jaxpr.compile_level import QUICK, QUICK_GPU, compiler_options, program_cost, quick_jit
 
 
 def _mlp_loss(w, x):
@@ -32,7 +32,7 @@ def test_a_short_program_compiles_quick_and_a_long_running_one_at_the_default_le
     jaxpr = jax.make_jaxpr(jax.grad(_mlp_loss))(jnp.ones((32, 32)), jnp.ones((16, 32)))
     assert compiler_options(jaxpr, runs=1, backend="cpu") == QUICK
     assert compiler_options(jaxpr, runs=1e9, backend="cpu") is None
-    assert compiler_options(jaxpr, runs=1, backend="gpu") is None  # only XLA:CPU is tuned here
+    assert compiler_options(jaxpr, runs=1, backend="tpu") is None  # XLA:TPU compiles at its defaults
 
 
 def test_quick_jit_computes_what_jax_jit_does_and_traces_once():
@@ -103,11 +103,29 @@ def test_an_xla_that_refuses_the_quick_option_compiles_at_its_defaults(monkeypat
     import jaxsane._jaxpr.compile_level as level
 
     jaxpr = jax.make_jaxpr(jnp.sin)(1.0)
-    assert level._quick_compiles() and compiler_options(jaxpr, 1, backend="cpu") == QUICK
+    assert level._quick_compiles("cpu") and compiler_options(jaxpr, 1, backend="cpu") == QUICK
     monkeypatch.setattr(level, "QUICK", {"xla_no_such_option_anywhere": 0})
     level._quick_compiles.cache_clear()
     try:
         assert compiler_options(jaxpr, 1, backend="cpu") is None
+    finally:
+        monkeypatch.undo()
+        level._quick_compiles.cache_clear()
+
+
+def test_on_a_gpu_every_analysis_program_compiles_without_autotuning(monkeypatch):
+    import jaxsane._jaxpr.compile_level as level
+
+    small = jax.make_jaxpr(jnp.sin)(1.0)
+    big = jax.make_jaxpr(lambda a: jnp.tanh(a @ a).sum())(jnp.ones((512, 512)))
+    # however long it runs: autotuning costs seconds per program, its gain over an analysis program's steps less
+    assert compiler_options(small, 1, backend="gpu") == QUICK_GPU == compiler_options(big, 10**7, backend="gpu")
+    assert compiler_options(big, 10**7, backend="cpu") is None  # the CPU's rule still weighs the run
+    assert compiler_options(small, 1, backend="tpu") is None
+    monkeypatch.setattr(level, "QUICK_GPU", {"xla_gpu_no_such_option_anywhere": 0})
+    level._quick_compiles.cache_clear()
+    try:
+        assert compiler_options(big, 1, backend="gpu") is None
     finally:
         monkeypatch.undo()
         level._quick_compiles.cache_clear()
