@@ -16,7 +16,9 @@ reported. The origin is the first computation with finite inputs and a non-finit
 NaN result from merely infinite inputs, e.g. a ``-inf`` mask giving ``-inf - -inf``) on such a
 path; a NaN/Inf constant of the program that reaches the outputs (``nonfinite.literal``); or a
 non-finite input (``nonfinite.input``, also when its first operation only turns its inf into NaN).
-Python float arguments are traced as weak-typed scalars, as ``jax.jit`` does.
+Python int and float arguments are traced as weak-typed scalars, as ``jax.jit`` does (a ``TrainState``'s
+``step`` is a Python ``0`` until the first jitted step returns an array); held static when the function
+needs them in Python (a shape, a branch).
 ``nan_causes.py`` names the cause and the fix.
 
 When the replay is finite but the compiled program is not, the report says "not reproduced
@@ -76,10 +78,18 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
 
 
-def _is_traced_leaf(x: Any, scalars: bool = True) -> bool:
-    """Arrays are traced; so are Python ``float``/``complex`` leaves (``scalars``), as weak-typed scalars, as
-    ``jax.jit`` traces them (a NaN passed as ``np.nan`` is then an input, not a constant of the program)."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or (scalars and isinstance(x, (float, complex)))
+SCALAR_LEVELS: tuple[tuple[type, ...], ...] = ((int, float, complex), (float, complex), ())
+"""The Python scalar types traced, tried in turn: all of them, as ``jax.jit`` traces them; floats only (an int
+that the function needs in Python, a shape or a loop count); none (a float it branches on)."""
+
+
+def _is_traced_leaf(x: Any, scalars: tuple[type, ...] = SCALAR_LEVELS[0]) -> bool:
+    """Arrays are traced; so are Python scalars of the types in ``scalars``, as weak-typed scalars, as
+    ``jax.jit`` traces them (a NaN passed as ``np.nan`` is then an input, not a constant of the program).
+    A ``bool`` is held static: it is a flag (``train=True``) far more often than data."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return True
+    return isinstance(x, scalars) and not isinstance(x, bool)
 
 
 def _trace(pure: Callable, arrays: list):
@@ -90,19 +100,28 @@ def _trace(pure: Callable, arrays: list):
 
 def _trace_call(fn: Callable, args: tuple, kwargs: dict):
     """``(closed jaxpr, output shape, traced leaves, their paths, output namer)`` of ``fn(*args, **kwargs)``,
-    Python scalars traced; held static when the function branches on them in Python."""
-    pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs)
-    try:
-        closed, out_shape = _trace(pure, arrays)
-    except Exception:  # noqa: BLE001 - Python control flow on a float argument: hold Python scalars static
-        pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars=False)
-        closed, out_shape = _trace(pure, arrays)
-    return closed, out_shape, arrays, in_paths, out_paths_of
+    Python scalars traced as far as the function allows (:data:`SCALAR_LEVELS`); the last level's error is
+    raised when none traces."""
+    error: Exception | None = None
+    tried: set[int] = set()
+    for scalars in SCALAR_LEVELS:
+        pure, arrays, in_paths, out_paths_of = _prepare(fn, args, kwargs, scalars)
+        if len(arrays) in tried:
+            continue  # no scalar of the type dropped: the trace that failed already
+        tried.add(len(arrays))
+        try:
+            closed, out_shape = _trace(pure, arrays)
+        except Exception as e:  # noqa: BLE001 - Python needs one of the scalars (a shape, a branch): hold more static
+            error = e
+            continue
+        return closed, out_shape, arrays, in_paths, out_paths_of
+    assert error is not None
+    raise error
 
 
-def _prepare(fn: Callable, args: tuple, kwargs: dict, scalars: bool = True):
+def _prepare(fn: Callable, args: tuple, kwargs: dict, scalars: tuple[type, ...] = SCALAR_LEVELS[0]):
     """A pure function of flat array leaves, the leaves, their paths and a namer for the outputs.
-    ``scalars``: trace Python float/complex leaves too (else they are held static, as constants)."""
+    ``scalars``: the Python scalar types traced too (the others are held static, as constants)."""
     names = _arg_names(fn, len(args))
     positions = nnx_positions(args)
     layout, nnx_state = split_objects(args, positions)
@@ -244,7 +263,8 @@ def _locate(
     replay = Replay()
     # Python scalars are replayed as the weak-typed arrays the trace made of them
     arrays = [
-        np.asarray(a, aval.dtype) if isinstance(a, (float, complex)) else a for a, aval in zip(arrays, closed.in_avals)
+        np.asarray(a, aval.dtype) if isinstance(a, (int, float, complex)) else a
+        for a, aval in zip(arrays, closed.in_avals)
     ]
     ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
     outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
@@ -445,7 +465,7 @@ def _trace_custom_vjps(fn: Callable, args: tuple, kwargs: dict) -> list:
     ``jax.grad``, whose ``__wrapped__`` is the function it differentiates), then its unwrapped function."""
     records: list = []
     for target in (fn, unwrap(fn)):
-        for scalars in (True, False):
+        for scalars in SCALAR_LEVELS:
             pure, arrays, _, _ = _prepare(target, args, kwargs, scalars)
             try:
                 with recording_custom_vjp(records), chex_asserts_off(), jax.disable_jit():

@@ -394,6 +394,33 @@ def test_finite_function_returns_none():
     assert locate(jax.jit(lambda x, n: x ** n), jnp.ones(3), 2) is None   # static int argument
 
 
+def _rsqrt_warmup_step(state, x):
+    """A schedule of optax.join_schedules' kind, as flax's lm1b writes it: the later piece is evaluated at a
+    shifted count too, ``0 ** -0.5`` at step 0, and masked. Traced (as jit traces a Python int), that is an inf
+    the select drops; in Python it raises ZeroDivisionError."""
+    count = state["step"]
+    warm = jnp.minimum(count / 4.0, 1.0)
+    decayed = (count + 0) ** -0.5 * 2.0
+    lr = jnp.where(count < 4, warm, decayed)
+    w = state["w"] - lr * jnp.log(x)  # <int_step_log>
+    return {"step": state["step"] + 1, "w": w}
+
+
+def test_python_int_leaves_are_traced_as_jit_traces_them():
+    state = {"step": 0, "w": jnp.ones(3)}  # a fresh TrainState's step is a Python 0 until a jitted step returns
+    # the step as written, not jitted (a jitted one traces its arguments itself)
+    assert locate(_rsqrt_warmup_step, state, jnp.ones(3)) is None
+    report = locate(_rsqrt_warmup_step, state, jnp.array([1.0, 0.0, 2.0]))
+    assert_at(report.origins[0], "int_step_log", "nonfinite.forward")
+    # an int the function needs in Python (a shape) is held static, and a float beside it is still traced
+    def tile(x, n, scale):
+        return jnp.log(jnp.tile(x, n) * scale)  # <int_shape_log>
+
+    assert_at(locate(tile, jnp.ones(2), 3, 0.0).origins[0], "int_shape_log", "nonfinite.forward")
+    o = locate(tile, jnp.ones(2), 3, float("nan")).origins[0]
+    assert o.code == "nonfinite.input" and "scale holds 1 NaN" in str(o.values), o.summary()
+
+
 # ----------------------------------------------------------------------------- XLA-only NaNs
 
 def _nan_after(primitive: str):
