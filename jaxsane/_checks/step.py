@@ -36,6 +36,7 @@ from .._jaxpr.interpret import Interpreter, all_eqns
 from .._jaxpr.recompile import Recompile, RecompileTracker, recompile_finding, signature
 from .._locate.replay import HOST_PRIMITIVES, evaluate_on_host
 from .step_dropped import dropped_state_findings
+from .step_snapshot import bitwise_equal, snapshot, state_from_snapshot
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program loaded from the persistent compilation cache is a compilation too (the step was not reused)
@@ -147,22 +148,6 @@ def _is_float(x: Any) -> bool:
         return False
 
 
-def _host(x: Any) -> Any:
-    if is_key(x):
-        return np.asarray(jax.random.key_data(x))
-    return np.asarray(x) if hasattr(x, "shape") else x
-
-
-def _snapshot(state: PyTree) -> list[tuple[str, Any]]:
-    """Host copies of every leaf with its path (keys as their raw data), taken before the next call."""
-    return [(path, _host(leaf)) for path, leaf in leaves_with_paths(state, "state")]
-
-
-def _equal(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
 def _display(path: str) -> str:
     return path[: -len(".value")] if path.endswith(".value") else path
 
@@ -254,7 +239,7 @@ def check_step(
     param_ids = {id(x) for x in jax.tree_util.tree_leaves(adapted.params(state))}
     kinds = _leaf_kinds(state, param_ids)
 
-    snapshots = [_snapshot(state)]
+    snapshots = [snapshot(state)]
     fields = [_static_fields(state)]
     compiles, traces = [], []
     tracker, site = RecompileTracker(), user_call_site()
@@ -266,7 +251,7 @@ def check_step(
         compiles.append(counter.compiles)
         traces.append(counter.traces)
         tracker.seen(sig, counter.compiles > 0, site)
-        snapshots.append(_snapshot(state))
+        snapshots.append(snapshot(state))
         fields.append(_static_fields(state))
 
     findings: list[Finding] = []
@@ -302,7 +287,9 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     n = len(snapshots) - 1
     params = [i for i, k in enumerate(kinds) if k == "param"]
     opt = [i for i, k in enumerate(kinds) if k == "opt"]
-    changed = [[not _equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))] for c in range(n)]
+    changed = [
+        [not bitwise_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))] for c in range(n)
+    ]
     params_moved = any(changed[c][i] for c in range(n) for i in params)
     if params and not params_moved:
         opt_note = ""
@@ -376,11 +363,11 @@ def _frozen_state_findings(
         i
         for i, k in enumerate(kinds)
         if (k == "stat" or (k == "opt" and "step.opt_state_frozen" not in codes))
-        and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(n))
+        and all(bitwise_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(n))
     ]
     if not candidates:
         return []
-    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    state0 = state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
     try:
         closed, out_shape = jax.make_jaxpr(adapted.step, return_shape=True)(state0, batch)
     except Exception:  # noqa: BLE001 - a step that cannot be traced again here: judge nothing
@@ -446,7 +433,7 @@ class _Draws(Interpreter):
 def _rng_findings(
     adapted: PureExperiment, state0: PyTree, snapshots: list, batch: Any, kinds: list[str]
 ) -> list[Finding]:
-    state0 = _state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
+    state0 = state_from_snapshot(state0, snapshots[0])  # the step may have donated the original buffers
     closed = jax.make_jaxpr(adapted.step)(state0, batch)
     if not _random_sites(closed.jaxpr):
         return []
@@ -469,23 +456,23 @@ def _rng_findings(
         if any(e.primitive.name == "random_bits" for e in _random_sites(closed.jaxpr)):
             return _key_only_findings(snapshots, kinds)
         return []
-    # the state after the first call, rebuilt from the host snapshot (the step may donate its inputs)
-    state1 = _state_from_snapshot(state0, snapshots[1])
+    # the state after the first call, rebuilt from its snapshot (the step may donate its inputs)
+    state1 = state_from_snapshot(state0, snapshots[1])
     bits1 = runner(jax.tree_util.tree_leaves((state1, batch)))
-    same = [i for i, (a, b) in enumerate(zip(bits0, bits1)) if _equal(a, b)]
-    if not same:
+    repeated = [i for i, (a, b) in enumerate(zip(bits0, bits1)) if bitwise_equal(a, b)]
+    if not repeated:
         return []
     frozen_keys = [
         _display(snapshots[0][i][0])
         for i, k in enumerate(kinds)
-        if k == "key" and _equal(snapshots[0][i][1], snapshots[1][i][1])
+        if k == "key" and bitwise_equal(snapshots[0][i][1], snapshots[1][i][1])
     ]
-    where = recorded_meta[same[0]] if same[0] < len(recorded_meta) else None
+    where = recorded_meta[repeated[0]] if repeated[0] < len(recorded_meta) else None
     key_note = f"; key leaves unchanged by the step: {', '.join(frozen_keys[:4])}" if frozen_keys else ""
     return [
         Finding(
             "step.rng_reused",
-            f"the step draws the same random bits on two consecutive calls at {len(same)} of {len(bits0)} random "
+            f"the step draws the same random bits on two consecutive calls at {len(repeated)} of {len(bits0)} random "
             f"draw sites (e.g. identical dropout masks){key_note}",
             "split the PRNG key every step and return the new key in the state (`key, sub = jax.random.split(key)`, "
             "use sub, return key), or fold in the step number (`jax.random.fold_in(key, state.step)`); with NNX pass "
@@ -493,7 +480,7 @@ def _rng_findings(
             path=frozen_keys[0] if frozen_keys else None,
             file=_file(where),
             line=_line(where),
-            extra={"sites": [recorded_meta[i] for i in same if i < len(recorded_meta)], "frozen_keys": frozen_keys},
+            extra={"sites": [recorded_meta[i] for i in repeated if i < len(recorded_meta)], "frozen_keys": frozen_keys},
         )
     ]
 
@@ -518,17 +505,17 @@ def _dead_code_eliminated(fn, flat_args):
 
         return on_host
 
-    def run(args):
-        return eval_jaxpr(jaxpr, consts, *[a for a, u in zip(args, used) if u])
-
-    return quick_jit(run, runs=2)
+    # only the leaves the draws read are passed: the others may be fingerprints of the state (step_snapshot.py)
+    program = quick_jit(lambda needed: eval_jaxpr(jaxpr, consts, *needed), runs=2)
+    return lambda args: program([a for a, u in zip(args, used) if u])
 
 
 def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     frozen = [
         _display(snapshots[0][i][0])
         for i, k in enumerate(kinds)
-        if k == "key" and all(_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(len(snapshots) - 1))
+        if k == "key"
+        and all(bitwise_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(len(snapshots) - 1))
     ]
     if not frozen:
         return []
@@ -541,19 +528,6 @@ def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
             extra={"frozen_keys": frozen},
         )
     ]
-
-
-def _state_from_snapshot(like: PyTree, snapshot: list) -> PyTree:
-    leaves, treedef = jax.tree_util.tree_flatten(like)
-    rebuilt = []
-    for leaf, (_, value) in zip(leaves, snapshot):
-        if is_key(leaf):
-            rebuilt.append(jax.random.wrap_key_data(jax.device_put(value), impl=jax.random.key_impl(leaf)))
-        else:  # Python scalars too, so that consecutive states have one signature (no recompile); on the
-            # leaf's own sharding (a donated array keeps its sharding metadata), so sharded steps trace alike
-            sharding = leaf.sharding if isinstance(leaf, jax.Array) else None
-            rebuilt.append(jax.device_put(np.asarray(value, getattr(leaf, "dtype", None)), sharding))
-    return jax.tree_util.tree_unflatten(treedef, rebuilt)
 
 
 def _file(where: str | None) -> str | None:

@@ -195,7 +195,8 @@ def locate(fn: Callable, *args, **kwargs) -> LocateReport | None:
     ``fn`` is any function of arrays and pytrees: a plain or jitted function, a whole train step
     (``grad``/``value_and_grad`` and an optax update inside), an ``nnx.jit`` step taking NNX
     objects (they are split into pure state and merged back; their new state counts as output).
-    Non-array arguments are held static. The inputs are not modified.
+    Python ``int`` and ``float`` leaves are traced as ``jax.jit`` traces them (held static where the function
+    needs them in Python: a shape, a branch); other non-array leaves are held static. The inputs are not modified.
 
     Not jit-safe: it replays ``fn`` on the host, equation by equation (``scan``/``while``/``cond``/
     ``shard_map`` run whole and are only opened when they hand a NaN/Inf towards the outputs).
@@ -257,7 +258,7 @@ def _locate(
         raise JaxsaneError(
             f"locate could not trace {getattr(fn, '__name__', fn)!r} on the given inputs: "
             f"{type(e).__name__}: {e}. Pass exactly the inputs of the failing call; arguments "
-            "that are not arrays are held static."
+            "that are not arrays or Python numbers are held static."
         ) from e
     out_paths = out_paths_of(out_shape)
     replay = Replay()

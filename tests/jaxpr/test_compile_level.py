@@ -99,33 +99,25 @@ def test_the_overfit_sweep_compiles_quick_for_a_short_budget_and_fully_for_a_lon
     assert (short_runs, long_runs) == (2, 10**7 // 25) and short == QUICK and long is None
 
 
-def test_an_xla_that_refuses_the_quick_option_compiles_at_its_defaults(monkeypatch):
+@pytest.mark.parametrize("backend, name, expected", [("cpu", "QUICK", QUICK), ("gpu", "QUICK_GPU", QUICK_GPU)])
+def test_an_xla_that_refuses_the_quick_option_compiles_at_its_defaults(monkeypatch, backend, name, expected):
     import jaxsane._jaxpr.compile_level as level
 
     jaxpr = jax.make_jaxpr(jnp.sin)(1.0)
-    assert level._quick_compiles("cpu") and compiler_options(jaxpr, 1, backend="cpu") == QUICK
-    monkeypatch.setattr(level, "QUICK", {"xla_no_such_option_anywhere": 0})
+    assert level._quick_compiles(backend) and compiler_options(jaxpr, 1, backend=backend) == expected
+    monkeypatch.setattr(level, name, {"xla_no_such_option_anywhere": 0})
     level._quick_compiles.cache_clear()
     try:
-        assert compiler_options(jaxpr, 1, backend="cpu") is None
+        assert compiler_options(jaxpr, 1, backend=backend) is None
     finally:
         monkeypatch.undo()
         level._quick_compiles.cache_clear()
 
 
-def test_on_a_gpu_every_analysis_program_compiles_without_autotuning(monkeypatch):
-    import jaxsane._jaxpr.compile_level as level
-
+def test_on_a_gpu_every_analysis_program_compiles_without_autotuning():
     small = jax.make_jaxpr(jnp.sin)(1.0)
     big = jax.make_jaxpr(lambda a: jnp.tanh(a @ a).sum())(jnp.ones((512, 512)))
     # however long it runs: autotuning costs seconds per program, its gain over an analysis program's steps less
     assert compiler_options(small, 1, backend="gpu") == QUICK_GPU == compiler_options(big, 10**7, backend="gpu")
     assert compiler_options(big, 10**7, backend="cpu") is None  # the CPU's rule still weighs the run
     assert compiler_options(small, 1, backend="tpu") is None
-    monkeypatch.setattr(level, "QUICK_GPU", {"xla_gpu_no_such_option_anywhere": 0})
-    level._quick_compiles.cache_clear()
-    try:
-        assert compiler_options(big, 1, backend="gpu") is None
-    finally:
-        monkeypatch.undo()
-        level._quick_compiles.cache_clear()
