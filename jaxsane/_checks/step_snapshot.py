@@ -54,7 +54,7 @@ def _fingerprinted(leaf: Any) -> bool:
         return False
     if math.prod(leaf.shape) * leaf.dtype.itemsize < FINGERPRINT_BYTES:
         return False
-    return not all(d.platform in HOST_PLATFORMS for d in leaf.sharding.device_set)
+    return not all(getattr(d, "platform", None) in HOST_PLATFORMS for d in leaf.sharding.device_set)
 
 
 def _as_words(x: jax.Array) -> jax.Array:
@@ -96,13 +96,12 @@ def snapshot(state: PyTree) -> list[tuple[str, Any]]:
     or a :class:`Fingerprint` for an array of at least :data:`FINGERPRINT_BYTES`."""
     leaves = leaves_with_paths(state, "state")
     big = [i for i, (_, leaf) in enumerate(leaves) if _fingerprinted(leaf)]
-    sums = np.asarray(_SUMS([leaves[i][1] for i in big])) if big else None
-    out = [(path, _host(leaf)) if i not in big else None for i, (path, leaf) in enumerate(leaves)]
-    for row, i in enumerate(big):
-        path, leaf = leaves[i]
-        sharding = getattr(leaf, "sharding", None)
-        out[i] = (path, Fingerprint(tuple(leaf.shape), leaf.dtype, sharding, (int(sums[row, 0]), int(sums[row, 1]))))
-    return out  # type: ignore[return-value]  # every None was replaced
+    sums = np.asarray(_SUMS([leaves[i][1] for i in big])) if big else np.zeros((0, 2), np.uint32)
+    fingerprints = {
+        i: Fingerprint(tuple(leaves[i][1].shape), leaves[i][1].dtype, leaves[i][1].sharding, (int(a), int(b)))
+        for i, (a, b) in zip(big, sums)
+    }
+    return [(path, fingerprints[i] if i in fingerprints else _host(leaf)) for i, (path, leaf) in enumerate(leaves)]
 
 
 def bitwise_equal(a: Any, b: Any) -> bool:
