@@ -9,7 +9,8 @@ sequence 128, and a linen CNN with BatchNorm at two sizes) this runs, as fresh p
   with an empty JAXSANE cache directory;
 
 and reports each one's wall seconds and peak RSS (``ru_maxrss`` of the child from ``os.wait4``: the largest
-resident set of the process; jax runs in one process, so that is the process tree's peak), the ratios
+resident set of the process; jax runs in one process, so that is the process tree's peak), on a GPU or TPU also
+each one's peak device memory (``memory_stats()['peak_bytes_in_use']``, read by the child at its end), the ratios
 doctor/user, doctor's own per-stage seconds from its JSON summary, and the load average (on a shared machine
 absolute times inflate, the ratio much less: both sides run in the same window). Asserts nothing.
 
@@ -63,19 +64,30 @@ def user_run(rung: str) -> dict:
     return {"wall": wall, "rss": rss, "rc": rc, **inner}
 
 
+# the CLI's main, then one JSON line with the device's peak memory (jax imported only after doctor has set it up)
+RUN_DOCTOR = (
+    "import json, sys; from jaxsane.cli import main; rc = main(sys.argv[1:]); import jax; "
+    "s = jax.devices()[0].memory_stats() or {}; "
+    "print(json.dumps({'device_peak_mb': s['peak_bytes_in_use'] / 2**20 if 'peak_bytes_in_use' in s else None})); "
+    "sys.exit(rc)"
+)
+
+
 def doctor_run(rung: str, budget: float | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "d.json")
-        cmd = [sys.executable, "-m", "jaxsane.cli", "doctor", f"{PROGRAM}:{rung}", "-q", "--json", report]
+        cmd = [sys.executable, "-c", RUN_DOCTOR, "doctor", f"{PROGRAM}:{rung}", "-q", "--json", report]
         if budget is not None:
             cmd += ["--budget", str(budget)]
-        wall, rss, rc, _ = measured(cmd, child_env(JAXSANE_CACHE_DIR=os.path.join(tmp, "cache")))
+        wall, rss, rc, out = measured(cmd, child_env(JAXSANE_CACHE_DIR=os.path.join(tmp, "cache")))
         data = json.load(open(report)) if os.path.exists(report) else {}
     findings = data.get("findings", [])
+    lines = [line for line in out.splitlines() if line.startswith("{")]
     return {
         "wall": wall,
         "rss": rss,
         "rc": rc,
+        "device_peak_mb": json.loads(lines[-1]).get("device_peak_mb") if lines else None,
         "timings": data.get("timings", {}),
         "errors": sorted({f["code"] for f in findings if f.get("severity") == "error"}),
         "plan": [f["message"] for f in findings if f.get("code") in ("overfit.budget", "doctor.budget")],
@@ -92,14 +104,20 @@ def table(rows: list[dict]) -> str:
         + " | ".join(STAGES)
         + " | load (1/5/15 min) | errors |"
     )
+    device = any(r["user"].get("device_peak_mb") for r in rows)  # an accelerator: its memory too
+    if device:
+        head = head.replace(" RSS ratio |", " RSS ratio | user device MB | doctor device MB | device ratio |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         u, d = r["user"], r["doctor"]
         stages = " | ".join(f"{d['timings'][s]:.1f}" if s in d["timings"] else "-" for s in STAGES)
+        memory = f"{u['rss']:.0f} | {d['rss']:.0f} | {d['rss'] / u['rss']:.2f}x | "
+        if device:
+            ud, dd = u.get("device_peak_mb") or 0.0, d.get("device_peak_mb") or 0.0
+            memory += f"{ud:.0f} | {dd:.0f} | {dd / ud if ud else float('nan'):.2f}x | "
         lines.append(
             f"| {r['rung']} | {u.get('params', 0) / 1e6:.2f}M | {u['wall']:.1f} | {d['wall']:.1f} | "
-            f"{d['wall'] / u['wall']:.2f}x | {u['rss']:.0f} | {d['rss']:.0f} | {d['rss'] / u['rss']:.2f}x | "
-            f"{stages} | {r['load']} | {', '.join(d['errors']) or 'none'} |"
+            f"{d['wall'] / u['wall']:.2f}x | {memory}{stages} | {r['load']} | {', '.join(d['errors']) or 'none'} |"
         )
     return "\n".join(lines)
 
@@ -126,7 +144,8 @@ def main() -> None:
             f"{rung}: user {user['wall']:.1f} s {user['rss']:.0f} MB; doctor {doc['wall']:.1f} s {doc['rss']:.0f} MB "
             f"({doc['wall'] / user['wall']:.2f}x time, {doc['rss'] / user['rss']:.2f}x memory); "
             f"stages {json.dumps({k: round(v, 1) for k, v in doc['timings'].items()})}; errors {doc['errors']}; "
-            f"plan {doc['plan']}; load {row['load']}",
+            f"plan {doc['plan']}; device peak MB user {user.get('device_peak_mb')} doctor {doc['device_peak_mb']}; "
+            f"load {row['load']}",
             flush=True,
         )
     text = table(rows)

@@ -241,7 +241,14 @@ def user_run(name, steps=30):
         "first_step_s": first_done - t,
         "steps_s": end - first_done,
         "loss": float(loss),
+        "device_peak_mb": device_peak_mb(),
     }
+
+
+def device_peak_mb():
+    """The device's peak memory in MB as its allocator reports it (a GPU or TPU), None where it reports none (CPU)."""
+    stats = jax.devices()[0].memory_stats()
+    return stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None
 
 
 if __name__ == "__main__":
