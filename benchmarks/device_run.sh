@@ -8,7 +8,8 @@
 # from this checkout through PYTHONPATH. Each benchmark has its own time limit, so one that hangs
 # cannot eat the others' time. QUICK=1 runs tiny settings (to check the script on a CPU box:
 # `PY=.venv/bin/python QUICK=1 bash benchmarks/device_run.sh`). LADDER=1 runs only the doctor-at-scale
-# ladder (benchmarks/doctor_scaling.py) and then the overfit sweep's timings, a run of its own within the same
+# ladder (benchmarks/doctor_scaling.py), the compile log of one rung (benchmarks/doctor_compiles.py) and then the
+# overfit sweep's timings, a run of its own within the same
 # limit (RUNGS="lm_1m" and DEADLINE=SECONDS narrow it; on a CPU box: `PY=.venv/bin/python LADDER=1
 # RUNGS=cnn_small DEADLINE=200 bash benchmarks/device_run.sh`).
 set -uo pipefail
@@ -45,6 +46,12 @@ if [ "${LADDER:-0}" = 1 ]; then  # doctor at scale: a run of its own (LADDER=1 b
         timeout "$left" "$PY" -W ignore benchmarks/doctor_scaling.py --rungs "$rung" --json "$OUT/ladder_$rung.json" 2>&1 \
             | tee -a "$log"
     done
+    left=$((deadline - SECONDS))  # which programs doctor compiles on this machine, by thread (one rung)
+    if [ "$left" -gt 90 ]; then
+        echo "== doctor_compiles ${COMPILES_RUNG:-lm_1m} (limit ${left}s)" | tee -a "$log"
+        timeout "$left" "$PY" -W ignore benchmarks/doctor_compiles.py "benchmarks/programs/scaling.py:${COMPILES_RUNG:-lm_1m}" \
+            --top 15 2>&1 | tee -a "$log"
+    fi
     for steps in 200 2000; do
         left=$((deadline - SECONDS))
         [ "$left" -gt 40 ] || break
