@@ -19,6 +19,7 @@ from test_step_checks import (  # noqa: F401
     test_dropout_with_split_key_is_silent,
     test_dropped_optimizer_state_is_frozen,
     test_fold_in_draws_are_compared_on_the_host,
+    test_nnx_dropout_with_rngs_is_silent,
     test_stale_state_is_no_update,
 )
 
