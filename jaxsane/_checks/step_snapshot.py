@@ -49,8 +49,20 @@ class Fingerprint(NamedTuple):
         )
 
 
+def _has_words(dtype: Any) -> bool:
+    """Whether :func:`_as_words` reads this dtype's bits: bool, and real numbers of 8, 16, 32 or 64 bits (a complex
+    or a sub-byte type, int4, is copied instead)."""
+    if dtype == jnp.bool_:
+        return True
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits == 8 * dtype.itemsize
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).bits == 8 * dtype.itemsize
+    return False
+
+
 def _fingerprinted(leaf: Any) -> bool:
-    if not isinstance(leaf, jax.Array) or is_key(leaf):
+    if not isinstance(leaf, jax.Array) or is_key(leaf) or not _has_words(leaf.dtype):
         return False
     if math.prod(leaf.shape) * leaf.dtype.itemsize < FINGERPRINT_BYTES:
         return False

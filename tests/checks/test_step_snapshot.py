@@ -68,6 +68,13 @@ def test_float64_leaves_are_fingerprinted_by_both_halves():
         assert not snap.bitwise_equal(base, _fingerprint(x.at[7].add(1e-15)))
 
 
+@pytest.mark.parametrize("dtype", [jnp.complex64, jnp.int4])
+def test_a_leaf_whose_bits_are_not_words_is_copied(dtype):
+    x = jnp.ones((8, 8), dtype)  # bitcast refuses a complex or a sub-byte type: a host copy, as on the CPU
+    (_, value), = snap.snapshot({"x": x})
+    assert isinstance(value, np.ndarray) and snap.bitwise_equal(value, np.asarray(x))
+
+
 def test_on_the_cpu_large_leaves_are_still_copied(monkeypatch):
     monkeypatch.setattr(snap, "HOST_PLATFORMS", ("cpu",))
     (_, value), = snap.snapshot({"x": jnp.ones((512, 512))})
