@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.finding import Finding
+from .._core.tree import copy_arrays
 from .._experiment.batches import get_inputs, get_labels, get_mask
 from .._experiment.contract import PureExperiment
-from .._jaxpr.compile_level import quick_jit
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -25,7 +25,8 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def initial_loss(adapted: PureExperiment, state: Any, batch: Any) -> tuple[float | None, str]:
-    """The loss of a fresh state on ``batch`` and how it was obtained. Not jit-safe."""
+    """The loss of a fresh state on ``batch`` and how it was obtained: ``Experiment.loss``, else the cross-entropy of
+    ``apply``'s logits, else the loss the step reports on its first call (:func:`first_call_loss`). Not jit-safe."""
     exp = adapted.experiment
     params = adapted.params(state)
     loss_fn = adapted.jitted("loss")
@@ -37,10 +38,23 @@ def initial_loss(adapted: PureExperiment, state: Any, batch: Any) -> tuple[float
         labels = jnp.asarray(get_labels(exp, batch))
         if logits.ndim == labels.ndim + 1 and jnp.issubdtype(labels.dtype, jnp.integer):
             return float(softmax_cross_entropy(logits, labels)), "cross-entropy of Experiment.apply"
-    _, metrics = quick_jit(adapted.step)(state, batch)
-    if "loss" in metrics:
-        return float(np.asarray(metrics["loss"])), "the loss the step reports on its first call"
-    return None, "no loss handle"
+    loss = first_call_loss(adapted, state, batch)
+    return (None, "no loss handle") if loss is None else (loss, FIRST_CALL)
+
+
+FIRST_CALL = "the loss the step reports on its first call"
+
+
+def first_call_loss(adapted: PureExperiment, state: Any, batch: Any) -> float | None:
+    """The loss the step reports on its first call from ``state`` (None when its metrics hold no ``"loss"``), from
+    the step as the later checks call it (:meth:`PureExperiment.host_step`: a jitted user step is the program the
+    step stage compiles anyway, not compiled a second time), on a copy of the state (a donating step deletes its
+    inputs). Not jit-safe."""
+    _, metrics = jax.eval_shape(adapted.step, state, batch)  # traced once for every check
+    if not isinstance(metrics, dict) or "loss" not in metrics:
+        return None
+    _, metrics = adapted.host_step()(copy_arrays(state), batch)
+    return float(np.asarray(metrics["loss"]))
 
 
 def infer_num_classes(adapted: PureExperiment, state: Any, batch: Any) -> int | None:

@@ -121,6 +121,18 @@ def to_host(tree: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda x: np.asarray(x) if is_array(x) and not is_key(x) else x, tree)
 
 
+def copy_arrays(tree: PyTree) -> PyTree:
+    """A copy of every jax array in ``tree`` (no compile), on the same devices with the same sharding, committed
+    only where the original is (jit's cache tells the two apart: a program compiled for the original would miss).
+    For calling a step that may donate its inputs on arrays that must survive. Not jit-safe."""
+    return jax.tree_util.tree_map(
+        lambda x: (
+            jax.device_put(x, x.sharding if x.committed else None, may_alias=False) if isinstance(x, jax.Array) else x
+        ),
+        tree,
+    )
+
+
 def same_structure(a: PyTree, b: PyTree) -> bool:
     left: Any = jax.tree_util.tree_structure(a)  # (PyTreeDef's stub has no __eq__)
     return bool(left == jax.tree_util.tree_structure(b))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -31,10 +31,9 @@ import jax.numpy as jnp
 
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
-from .._core.tree import PyTree, grouped_finite_flags, is_inexact
+from .._core.tree import PyTree, copy_arrays, grouped_finite_flags, is_inexact
 from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
 from .._experiment.contract import PureExperiment
-from .._experiment.purify import uncounted
 from .._guard.guard import Guarded
 from .._jaxpr.compile_level import Jitted, quick_jit
 from .._monitor.monitor import (
@@ -52,18 +51,6 @@ from .._precision.underflow import has_low_precision, shadow_lost_fractions, sha
 from .options import RunOptions
 
 
-def host_step(adapted: PureExperiment) -> Callable:
-    """The pure step as called from the host: through the pure view when the user's step is jitted (its
-    compiled program is the one :func:`~jaxsane.check_step` compiled), else one shared ``jax.jit`` of it."""
-    exp = adapted.experiment
-    called = exp.step if adapted.nnx else uncounted(exp.step)
-    if hasattr(called, "lower"):
-        return adapted.step
-    step = adapted.jitted("step")
-    assert step is not None, "a PureExperiment always has a step"
-    return step
-
-
 def _floats(tree: PyTree) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if is_inexact(x)]
 
@@ -73,7 +60,7 @@ class RunPrograms:
 
     def __init__(self, adapted: PureExperiment, monitor: Monitor, steps: int, reports_loss: bool):
         self.adapted, self.monitor = adapted, monitor
-        self.step = host_step(adapted)
+        self.step = adapted.host_step()
         # each program compiles for the steps it runs on (_jaxpr/compile_level.py): a step that reports no loss
         # takes its loss from the telemetry on every step
         sampled = sum(monitor.mode_for(i) != MODE_BARE for i in range(steps)) if reports_loss else steps
@@ -212,17 +199,6 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
     return {"programs": programs, "future": pool.submit(compile_all)}
 
 
-def _copy(tree: PyTree) -> PyTree:
-    """A copy of every array in ``tree`` (no compile), on the same devices with the same sharding, committed
-    only where the original is (jit's cache tells the two apart: the programs compiled ahead would miss)."""
-    return jax.tree_util.tree_map(
-        lambda x: (
-            jax.device_put(x, x.sharding if x.committed else None, may_alias=False) if isinstance(x, jax.Array) else x
-        ),
-        tree,
-    )
-
-
 def _guard_finding(
     adapted: PureExperiment, state: PyTree, batch: PyTree, step: int, metrics: Any, reports_loss: bool
 ) -> Finding:
@@ -282,9 +258,9 @@ class _Runner:
         # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
         # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
         arrays = jax.tree_util.tree_leaves(state)
-        kept = _copy(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
-        params = self.adapted.params(kept)
-        if mode != MODE_BARE:
+        kept = copy_arrays(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
+        if mode != MODE_BARE:  # (only here: the pure view of the parameters costs an NNX graph walk per call)
+            params = self.adapted.params(kept)
             sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples)
             tel = programs.before(params, sampled)
         else:

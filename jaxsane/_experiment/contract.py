@@ -485,6 +485,17 @@ class PureExperiment:
             memo[name] = make()
         return memo[name]
 
+    def host_step(self) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Any]]]:
+        """The pure step as called from the host: :meth:`step` when the user's step is jitted (its compiled program
+        is the user's own, compiled once for every check that calls it), else one shared ``jax.jit`` of it. Not
+        jit-safe to build; the step it returns may donate its inputs as the user's does."""
+        called = self.experiment.step if self.nnx else uncounted(self.experiment.step)
+        if hasattr(called, "lower"):
+            return self.step
+        step = self.jitted("step")
+        assert step is not None, "a PureExperiment always has a step"
+        return step
+
     def jitted(self, name: str) -> Jitted | None:
         """One cached ``jax.jit`` of ``"loss"``, ``"apply"`` or ``"step"`` (:attr:`loss_fn`,
         :attr:`apply_fn`, :meth:`step`), shared by every check of this PureExperiment so that no check

@@ -201,3 +201,55 @@ def test_init_loss_still_judges_a_per_token_cross_entropy_against_ln_c():
     assert "init.loss" not in [f.code for f in healthy] and healthy.artifacts["init_loss"]["num_classes"] == _V
     overconfident = jaxsane.doctor(_sequence_experiment("mean_xent", scale=40.0), stages=["init"], progress=False)
     assert "init.loss" in [f.code for f in overconfident], [str(f) for f in overconfident]
+
+
+# ----------------------------------------------------------------------------- init.loss: where the loss comes from
+def _regression_experiment(*, donate=False, jitted=True, nan=False, loss_handle=False):
+    """A linear regression trained by a (jitted, optionally donating) step that reports its loss, for 10 classes
+    (the loss at init is judged); ``Experiment.loss`` only when asked: without it, the loss at init is the one the
+    step reports on its first call."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype(np.float32)
+    y = (x @ np.arange(1.0, 5.0, dtype=np.float32))[:, None]
+    w = jnp.full((4, 1), jnp.nan if nan else 0.1, jnp.float32)
+
+    def loss(p, b):
+        return jnp.mean((b["x"] @ p["w"] - b["y"]) ** 2)
+
+    def step(state, b):
+        value, g = jax.value_and_grad(loss)(state, b)
+        return jax.tree_util.tree_map(lambda p, d: p - 0.01 * d, state, g), {"loss": value}
+
+    if jitted:
+        step = jax.jit(step, donate_argnums=(0,) if donate else ())
+    return jaxsane.Experiment(
+        init=lambda k: {"w": w}, step=step, train={"x": x, "y": y}, loss=loss if loss_handle else None,
+        params=lambda state: state, num_classes=10,
+    )
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_step_only_experiment_takes_its_init_loss_from_the_users_compiled_step_compiled_once(donate):
+    exp = _regression_experiment(donate=donate)
+    d = jaxsane.doctor(exp, stages=["init", "step"], progress=False, compile_cache=False)
+    record = d.artifacts["init_loss"]
+    assert record["source"] == "the loss the step reports on its first call", record
+    x, y = exp.train["x"], exp.train["y"]
+    assert record["loss"] == pytest.approx(float(np.mean((x @ np.full((4, 1), 0.1, np.float32) - y) ** 2)), rel=1e-5)
+    # the init stage's one compile is the user's step, which the step stage reuses (it was compiled twice)
+    init, step = (next(s for s in d.stages if s["name"] == name) for name in ("init", "step"))
+    assert init["compiles"] == 1 and step["compiles"] == 0, (init, step)
+    assert "step.recompiles" not in [f.code for f in d], [str(f) for f in d]
+
+
+def test_a_nan_loss_from_the_steps_first_call_is_still_init_loss():
+    d = jaxsane.doctor(_regression_experiment(nan=True), stages=["init"], progress=False)
+    assert d.artifacts["init_loss"]["source"] == "the loss the step reports on its first call"
+    assert "init.loss" in [f.code for f in d if f.severity == "error"], [str(f) for f in d]
+
+
+def test_experiment_loss_comes_first_and_an_unjitted_step_reports_its_own():
+    d = jaxsane.doctor(_regression_experiment(loss_handle=True), stages=["init"], progress=False)
+    assert d.artifacts["init_loss"]["source"] == "Experiment.loss", d.artifacts["init_loss"]
+    unjitted = jaxsane.doctor(_regression_experiment(jitted=False), stages=["init"], progress=False)
+    assert unjitted.artifacts["init_loss"]["source"] == "the loss the step reports on its first call"
