@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
+from .._core.host_memory import release_free_memory
 from .._core.tree import PyTree, copy_arrays, grouped_finite_flags, is_inexact
 from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
 from .._experiment.contract import PureExperiment
@@ -49,6 +50,12 @@ from .._monitor.monitor import (
 )
 from .._precision.underflow import has_low_precision, shadow_lost_fractions, shadow_supported
 from .options import RunOptions
+
+RELEASE_EVERY = 4
+"""Steps between two returns of the host memory the run freed to the OS (``_core/host_memory.py``): the step and
+the telemetry's programs free large buffers from XLA's threads, and on the 50M-parameter LM the run's resident
+memory grew to 6.5 GB without this against 5.0 GB with it (the user's own run: 4.1 GB), for about 70 ms a
+return while the step dispatched before it runs."""
 
 
 def _floats(tree: PyTree) -> list:
@@ -335,6 +342,8 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         if current is not None:
             monitor.record(current.step, current.metrics, current.kept, current.batch)
             state, previous = current.new_state, current
+            if current.step % RELEASE_EVERY == RELEASE_EVERY - 1:
+                release_free_memory()
     history = monitor.pull()
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story

@@ -134,6 +134,7 @@ def test_run_stage_measures_a_step_that_donates_its_state():
     assert update.shape[0] == 5 and np.all(update > 0), update  # the inputs were kept before the step took them
 
 
+
 def test_run_stage_samples_dead_units_as_asked_and_reuses_its_programs():
     exp = optax_experiment()
     with count_compilations() as c:
@@ -149,6 +150,15 @@ def test_run_stage_samples_dead_units_as_asked_and_reuses_its_programs():
                        compile_cache=False)
     assert again.compiles < c.compiles
 
+
+def test_run_stage_returns_freed_host_memory_every_few_steps(monkeypatch):
+    from jaxsane._doctor import run_stage
+
+    calls = []  # (after the test above, which counts the compiles of a first run of this experiment)
+    monkeypatch.setattr(run_stage, "release_free_memory", lambda: calls.append(1) or True)
+    d = jaxsane.doctor(optax_experiment(), stages=["run"], run_steps=9, progress=False, compile_cache=False)
+    assert d.complete and len(d.artifacts["run"]["loss"]) == 9
+    assert len(calls) == 9 // run_stage.RELEASE_EVERY == 2, calls  # after steps 3 and 7
 
 def _cli(tmp_path, *args, **env):
     target = "tests._programs:optax_experiment"
