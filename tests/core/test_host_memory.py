@@ -1,6 +1,7 @@
-"""release_free_memory: the allocator's free pages go back to the OS, and doctor does that between its stages."""
+"""release_free_memory: the allocator's free pages go back to the OS (doctor's calls: tests/doctor)."""
 
 import ctypes
+import os
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ glibc = pytest.mark.skipif(
 
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @glibc

@@ -257,20 +257,19 @@ def test_stages_and_timings_in_json_and_terminal_summary():
 def test_free_host_memory_goes_back_to_the_os_after_every_stage(monkeypatch):
     import jaxsane._doctor.doctor as doctor_module
 
-    stages_done = []  # the stages recorded when each release ran: one release after each stage, crashed ones too
-    monkeypatch.setattr(doctor_module, "release_free_memory", lambda: stages_done.append(len(d_stages)) or True)
-    d_stages: list = []
+    ran, released_after = [], []  # the stages run so far, and how many had run at each release
     real_run_stage = doctor_module._run_stage
 
     def run_stage(plan, stage):
         out = real_run_stage(plan, stage)
-        d_stages.append(stage.name)
+        ran.append(stage.name)
         return out
 
     monkeypatch.setattr(doctor_module, "_run_stage", run_stage)
+    monkeypatch.setattr(doctor_module, "release_free_memory", lambda: released_after.append(len(ran)) or True)
     d = jaxsane.doctor(_experiment(_crashing_step), stages=["data", "grads", "step"], progress=False)
     assert [s["name"] for s in d.stages] == ["data", "grads", "step"] and d.stages[2]["status"] == "crashed"
-    assert stages_done == [1, 2, 3]
+    assert released_after == [1, 2, 3]  # once after each stage, the crashed one too
 
 def test_html_report_lists_the_stages(tmp_path):
     d = jaxsane.doctor(_experiment(_crashing_step), stages=["data", "step"], progress=False)
