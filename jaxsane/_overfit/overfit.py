@@ -188,7 +188,8 @@ def plan_overfit(
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
     ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates (what
-    ``run`` does itself when the rate cannot be set and the step's own rate fits nothing: ``update_scale.py``).
+    ``run`` does itself when the rate cannot be set and the step's own rate fits nothing: ``update_scale.py``),
+    ending at the first fit (the question is whether some factor fits, not which all do).
     doctor's planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates``
     are left to it (fewer configurations, an ``overfit.budget`` finding), and ``memory_bytes``, what the stacked
     states running at once may hold (more, smaller groups run in turns: ``sweep.py``). Not jit-safe."""
@@ -241,6 +242,7 @@ def plan_overfit(
         n_chunks=max(1, math.ceil(steps / chunk)),
         target=target,
         target_accuracy=target_accuracy,
+        first_fit_ends=update_scales is not None,  # the rescue asks only whether some factor fits
     )
     layout = _layout(grid, groups, memory_bytes)
     sweep = _Sweep(
@@ -259,7 +261,7 @@ def plan_overfit(
     if grid.lr_paths or update_scales is not None or learning_rates is not None:
         return OverfitPlan(sweep.compile, sweep.run)
     # the rate cannot be set: when the step's own rate fits nothing, sweep scaled updates (update_scale.py)
-    options["update_scales"] = UPDATE_SCALES
+    options["update_scales"] = sorted(UPDATE_SCALES, reverse=True)  # the likeliest fit first: it ends the sweep
     rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
     return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
 

@@ -155,6 +155,10 @@ class SweepSpec:
     n_chunks: int
     target: float
     target_accuracy: float
+    first_fit_ends: bool = False
+    """End the sweep once any real configuration has fit, not every one (a sweep that asks only whether some
+    configuration fits: the scaled-update rescue of ``update_scale.py``). Its groups then run one after another,
+    each no longer than the earliest fit so far, and every curve is cut at the earliest fit."""
 
 
 def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
@@ -171,7 +175,7 @@ def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
         carry = _prepared(spec, carry, lrs, scales)
 
         def cond(c: Carry):
-            return (c.chunks < limit) & ~(early_exit & _all_fit(c, real))
+            return (c.chunks < limit) & ~(early_exit & _done(spec, c, real))
 
         def body(c: Carry) -> Carry:
             states, chunk_losses = lax.scan(lambda s, _: vstep(s, batches), c.states, None, length=spec.chunk)
@@ -189,8 +193,11 @@ def _prepared(spec: SweepSpec, carry: Carry, lrs: Any, scales: Any) -> Carry:
     return carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
 
 
-def _all_fit(c: Carry, real: Any) -> jax.Array:
-    """Whether every real configuration has reached the target. Jit-safe."""
+def _done(spec: SweepSpec, c: Carry, real: Any) -> jax.Array:
+    """Whether the group may stop early: every real configuration has reached the target (any one, with
+    ``spec.first_fit_ends``). Jit-safe."""
+    if spec.first_fit_ends:
+        return jnp.any((c.reached_at >= 0) & real)
     return jnp.all((c.reached_at >= 0) | ~real)
 
 
@@ -232,11 +239,11 @@ class HostLooped:
         self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches, target_accuracy).compile()
         prepare = functools.partial(_prepared, spec)
         self.prepare = jax.jit(prepare, donate_argnums=(0,)).lower(carry, lrs, scales).compile()
-        self.all_fit = jax.jit(_all_fit).lower(carry, real).compile()
+        self.done = jax.jit(functools.partial(_done, spec)).lower(carry, real).compile()
 
     def __call__(self, carry: Carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> Carry:
         carry = self.prepare(carry, lrs, scales)
-        while int(carry.chunks) < int(limit) and not (bool(early_exit) and bool(self.all_fit(carry, real))):
+        while int(carry.chunks) < int(limit) and not (bool(early_exit) and bool(self.done(carry, real))):
             states, losses = carry.states, []
             for _ in range(self.spec.chunk):
                 states, loss = self.step(states, batches)
@@ -398,10 +405,15 @@ def run_sweep(
             f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
             + (" (stops once every configuration has fit)" if early_exit else "")
         )
-        ran: list[Carry] = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
+        if spec.first_fit_ends and early_exit:
+            ran = _until_first_fit(spec, layout, lambda g, limit: launch(g, carries[g], limit, True), group_real)
+        else:
+            ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
         chunks = [int(c.chunks) for c in ran]
         last = max(chunks)
+        if spec.first_fit_ends and early_exit:  # every curve cut at the earliest fit (every group ran that far)
+            last = min([n for n, c, r in zip(chunks, ran, group_real) if _fit_in(c, r)] or [last])
         behind = [g for g in range(layout.groups) if chunks[g] < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
@@ -415,7 +427,28 @@ def run_sweep(
     losses = np.stack([host[g][0][j, :steps_run] for g, j in where])
     accuracy = np.asarray([host[g][1][j] for g, j in where])
     reached_at = np.asarray([host[g][2][j] for g, j in where])
+    reached_at = np.where(reached_at < steps_run, reached_at, -1)  # a fit after a cut curve's end is none
     return SweepOutput(losses, accuracy, reached_at, steps_run, compile_seconds, time.perf_counter() - start)
+
+
+def _fit_in(carry: Carry, real: np.ndarray) -> bool:
+    """Whether a real configuration of this group's run reached the target. Not jit-safe."""
+    return bool(np.any((np.asarray(carry.reached_at) >= 0) & real))
+
+
+def _until_first_fit(
+    spec: SweepSpec, layout: GroupLayout, launch: Callable[[int, int], Carry], group_real: np.ndarray
+) -> list[Carry]:
+    """The groups of a ``first_fit_ends`` sweep, one after another, each limited to the earliest fit so far (a
+    group after a fit runs no further than it). Not jit-safe."""
+    ran: list[Carry] = []
+    limit = spec.n_chunks
+    for g in range(layout.groups):
+        carry = launch(g, limit)
+        if _fit_in(carry, group_real[g]):
+            limit = min(limit, int(carry.chunks))
+        ran.append(carry)
+    return ran
 
 
 def stack_states(per_seed_leaves: Sequence[Sequence[Any]], treedef: Any, seed_of: np.ndarray) -> PyTree:

@@ -140,7 +140,7 @@ def needs_scaled_updates(result: OverfitResult) -> bool:
 def with_scaled_updates(first: OverfitResult, rerun: Callable[[], OverfitResult]) -> OverfitResult:
     """The verdict of a sweep whose rate could not be set: ``first`` (at the step's own rate) when it fits or
     cannot be rescued by a larger rate, else judged with ``rerun()`` (the same sweep, updates scaled by
-    :data:`UPDATE_SCALES`). Not jit-safe.
+    :data:`UPDATE_SCALES`, the largest first; that sweep ends at its first fit). Not jit-safe.
 
     * the scaled sweep fits: its result, with an ``overfit.update_scaled`` info finding and no error;
     * it does not, and its updates moved the loss: the errors stand (those of the sweep that moved the
@@ -151,7 +151,7 @@ def with_scaled_updates(first: OverfitResult, rerun: Callable[[], OverfitResult]
         return first
     second = rerun()
     own = first.configs[first.best]
-    scales = ", ".join(f"{k:g}" for k in UPDATE_SCALES)
+    scales = ", ".join(f"{k:g}" for k in sorted(UPDATE_SCALES))
     start, end = first.losses[first.best, 0], first.losses[first.best, -1]
     own_curve = f"the step's own rate took the loss from {start:.4g} to {end:.4g}"
     setup = [f for f in first.findings if f.severity == "info" and f.code not in ("overfit.best", "overfit.floor")]
@@ -161,7 +161,9 @@ def with_scaled_updates(first: OverfitResult, rerun: Callable[[], OverfitResult]
             "overfit.update_scaled",
             f"{own_curve} in {first.steps_run} steps without fitting (seed {own.seed}); with its parameter "
             f"updates scaled by {best.update_scale:g} (as a {best.update_scale:g}x learning rate for SGD, momentum, "
-            "Adam and most optax chains) the model fits the batch: the model learns, the rate is small for this test",
+            "Adam and most optax chains) the model fits the batch at step "
+            f"{int(second.reached_at[second.best])} (the largest factors first; the sweep ends at the first fit): the "
+            "model learns, the rate is small for this test",
             "nothing to fix if the rate is deliberate (a long warmup, a fine-tuning rate); to let the sweep set "
             "rates itself, build the optimizer with optax.inject_hyperparams",
             extra={"update_scale": best.update_scale, "own_final": float(first.losses[first.best, -1])},

@@ -305,6 +305,22 @@ def test_a_small_rate_that_cannot_be_swept_is_swept_by_scaling_the_updates():
     assert "updates scaled" in result.table()
 
 
+
+def test_the_scaled_update_sweep_ends_at_its_first_fit_also_in_memory_sized_turns():
+    from jaxsane._overfit.overfit import plan_overfit
+
+    # it asks whether some factor fits: at the first fit every curve is cut, however the groups run
+    exp = _tiny("healthy", lr=1e-4, opt=optax.sgd)
+    at_once = overfit(exp, seeds=2, steps=300)
+    in_turns = plan_overfit(exp, seeds=2, steps=300, memory_bytes=1, progress=False).run()  # one state at a time
+    for result in (at_once, in_turns):
+        assert "overfit.update_scaled" in result.codes and result.ok, result.table()
+        assert result.steps_run < 300 and result.losses.shape[1] == result.steps_run
+        assert result.verdicts[result.best] == "fits" and result.configs[result.best].update_scale == 1000.0
+        assert np.all(result.reached_at < result.steps_run)
+    assert in_turns.groups > at_once.groups and in_turns.steps_run == at_once.steps_run
+    np.testing.assert_array_equal(in_turns.reached_at, at_once.reached_at)
+
 def test_scaled_updates_still_report_a_model_that_ignores_its_input():
     result = overfit(_tiny("ignores_input", lr=1e-4, opt=optax.sgd), seeds=2, steps=300)
     assert "model.ignores_input" in result.codes and "overfit.failed" in result.codes, result.table()
