@@ -401,9 +401,10 @@ def run_sweep(
         carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
         accuracy_target = np.float32(spec.target_accuracy if target_accuracy is None else target_accuracy())
+        stops = "at the first fit" if spec.first_fit_ends else "once every configuration has fit"
         say(
             f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
-            + (" (stops once every configuration has fit)" if early_exit else "")
+            + (f" (stops {stops})" if early_exit else "")
         )
         if spec.first_fit_ends and early_exit:
             ran = _until_first_fit(spec, layout, lambda g, limit: launch(g, carries[g], limit, True), group_real)
