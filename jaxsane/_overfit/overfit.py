@@ -187,13 +187,11 @@ def plan_overfit(
     """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
     target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
     background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
-    ``update_scales``: sweep these factors on the step's parameter updates instead of learning rates (what
-    ``run`` does itself when the rate cannot be set and the step's own rate fits nothing: ``update_scale.py``),
-    ending at the first fit (the question is whether some factor fits, not which all do).
-    doctor's planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates``
-    are left to it (fewer configurations, an ``overfit.budget`` finding), and ``memory_bytes``, what the stacked
-    states running at once may hold (more, smaller groups run in turns: ``sweep.py``). Not jit-safe."""
-    # the same sweep with scaled updates, for when the rate cannot be set (the arguments as given, first)
+    ``update_scales``: sweep these factors on the step's updates instead of rates, ending at the first fit (what
+    ``run`` does itself when the rate cannot be set and its own fits nothing: ``update_scale.py``). doctor's
+    planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates`` are left
+    to it (fewer configurations, an ``overfit.budget`` finding), and ``memory_bytes``, what the stacked states
+    running at once may hold (more, smaller groups run in turns: ``sweep.py``). Not jit-safe."""
     options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
         experiment,
@@ -260,7 +258,7 @@ def plan_overfit(
     )
     if grid.lr_paths or update_scales is not None or learning_rates is not None:
         return OverfitPlan(sweep.compile, sweep.run)
-    # the rate cannot be set: when the step's own rate fits nothing, sweep scaled updates (update_scale.py)
+    # the rate cannot be set: if its own fits nothing, the same sweep (options: as given) with scaled updates
     options["update_scales"] = sorted(UPDATE_SCALES, reverse=True)  # the likeliest fit first: it ends the sweep
     rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
     return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))

@@ -411,25 +411,37 @@ def run_sweep(
         else:
             ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
-        chunks = [int(c.chunks) for c in ran]
-        last = max(chunks)
-        if spec.first_fit_ends and early_exit:  # every curve cut at the earliest fit (every group ran that far)
-            last = min([n for n, c, r in zip(chunks, ran, group_real) if _fit_in(c, r)] or [last])
-        behind = [g for g in range(layout.groups) if chunks[g] < last]
+        last = _last_chunk(ran, group_real, first_fit=spec.first_fit_ends and early_exit)
+        behind = [g for g in range(layout.groups) if int(ran[g].chunks) < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, ran[g], last, False), behind)):
             ran[g] = carry
 
-    steps_run = last * spec.chunk
+    return _collected(layout, ran, last * spec.chunk, compile_seconds, time.perf_counter() - start)
+
+
+def _collected(
+    layout: GroupLayout, ran: list[Carry], steps_run: int, compile_seconds: float, seconds: float
+) -> SweepOutput:
+    """The groups' results per configuration, in configuration order, each curve cut at ``steps_run`` (a fit
+    after that end is none). Not jit-safe."""
     n_configs = int(layout.slots[~layout.padding].max()) + 1
     where = [layout.first_slot(c) for c in range(n_configs)]
     host = [(np.asarray(c.losses), np.asarray(c.accuracy), np.asarray(c.reached_at)) for c in ran]
     losses = np.stack([host[g][0][j, :steps_run] for g, j in where])
     accuracy = np.asarray([host[g][1][j] for g, j in where])
     reached_at = np.asarray([host[g][2][j] for g, j in where])
-    reached_at = np.where(reached_at < steps_run, reached_at, -1)  # a fit after a cut curve's end is none
-    return SweepOutput(losses, accuracy, reached_at, steps_run, compile_seconds, time.perf_counter() - start)
+    reached_at = np.where(reached_at < steps_run, reached_at, -1)
+    return SweepOutput(losses, accuracy, reached_at, steps_run, compile_seconds, seconds)
+
+
+def _last_chunk(ran: list[Carry], group_real: np.ndarray, first_fit: bool) -> int:
+    """The chunk every group's curve runs to: the furthest any group ran (the groups that stopped early resume
+    to it), or in a first-fit sweep the earliest fit (every group ran at least that far). Not jit-safe."""
+    chunks = [int(c.chunks) for c in ran]
+    fits = [n for n, c, real in zip(chunks, ran, group_real) if _fit_in(c, real)]
+    return min(fits) if first_fit and fits else max(chunks)
 
 
 def _fit_in(carry: Carry, real: np.ndarray) -> bool:
