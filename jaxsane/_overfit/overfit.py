@@ -259,7 +259,7 @@ def plan_overfit(
     if grid.lr_paths or update_scales is not None or learning_rates is not None:
         return OverfitPlan(sweep.compile, sweep.run)
     # the rate cannot be set: if its own fits nothing, the same sweep (options: as given) with scaled updates
-    options["update_scales"] = sorted(UPDATE_SCALES, reverse=True)  # the likeliest fit first: it ends the sweep
+    options["update_scales"] = UPDATE_SCALES
     rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
     return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
 

@@ -406,12 +406,13 @@ def run_sweep(
             f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
             + (f" (stops {stops})" if early_exit else "")
         )
-        if spec.first_fit_ends and early_exit:
+        first_fit = spec.first_fit_ends and early_exit
+        if first_fit:
             ran = _until_first_fit(spec, layout, lambda g, limit: launch(g, carries[g], limit, True), group_real)
         else:
             ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
-        last = _last_chunk(ran, group_real, first_fit=spec.first_fit_ends and early_exit)
+        last = _last_chunk(ran, group_real, first_fit)
         behind = [g for g in range(layout.groups) if int(ran[g].chunks) < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")

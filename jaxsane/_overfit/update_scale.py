@@ -28,8 +28,9 @@ from .._core.tree import PyTree, is_inexact
 from .._experiment.contract import PureExperiment
 from .result import OverfitResult
 
-UPDATE_SCALES = (10.0, 100.0, 1000.0)
-"""The factors a second sweep multiplies the step's updates by (the step's own rate was tried first)."""
+UPDATE_SCALES = (1000.0, 100.0, 10.0)
+"""The factors a second sweep multiplies the step's updates by (the step's own rate was tried first), the largest
+first: the likeliest to fit, and that sweep ends at its first fit."""
 BASELINE_SCALE = 100.0
 """The factor of the constant-input baseline of that sweep."""
 MOVED = 0.01
