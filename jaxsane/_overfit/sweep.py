@@ -161,6 +161,24 @@ class SweepSpec:
     each no longer than the earliest fit so far, and every curve is cut at the earliest fit."""
 
 
+def per_configuration(fn: Callable) -> Callable:
+    """``jax.vmap(fn)`` over the configurations stacked on every argument's leading axis, except that a single
+    configuration (a large model's sweep, or one run in memory-sized turns of one state) runs ``fn`` on it
+    unbatched: a vmap over one slot still batches every matrix product, which XLA:CPU compiles about 15% longer
+    and runs about 15% slower (a 1M-parameter LM's sweep step: 3.6 against 3.1 s of compile, 28 against 24 ms a
+    step). Same results up to the last bits of fused floats. Jit-safe."""
+    batched = jax.vmap(fn)
+
+    def call(*args: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves(args)
+        if not leaves or np.shape(leaves[0])[:1] != (1,):
+            return batched(*args)
+        one = jax.tree_util.tree_map(lambda x: x[0], args)
+        return jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), fn(*one))
+
+    return call
+
+
 def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
     """The program of one group: ``run(carry, batches, lrs, scales, real, limit, early_exit, target_accuracy)
     -> carry``.
@@ -168,7 +186,7 @@ def sweep_program(spec: SweepSpec, traces: TraceCount) -> Callable:
     Runs chunks until ``limit`` chunks have run or, when ``early_exit``, every ``real`` slot has reached
     the target. ``traces`` counts traces (one per compile). Jit-safe (it is what gets jitted).
     """
-    vstep = jax.vmap(spec.step)
+    vstep = per_configuration(spec.step)
 
     def run(carry: Carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> Carry:
         traces.count += 1  # a Python side effect: counts traces, i.e. compiles of the sweep
@@ -190,7 +208,7 @@ def _prepared(spec: SweepSpec, carry: Carry, lrs: Any, scales: Any) -> Carry:
     """The carry with each configuration's learning rate and init scale set (a first run). Jit-safe."""
     if spec.prepare is None:
         return carry
-    return carry._replace(states=jax.vmap(spec.prepare)(carry.states, lrs, scales))
+    return carry._replace(states=per_configuration(spec.prepare)(carry.states, lrs, scales))
 
 
 def _done(spec: SweepSpec, c: Carry, real: Any) -> jax.Array:
@@ -214,7 +232,7 @@ def _recorded(
     first = jnp.where(jnp.any(hit, axis=1), i * chunk + jnp.argmax(hit, axis=1), -1).astype(jnp.int32)
     acc = c.accuracy
     if spec.accuracy is not None:
-        acc = jax.vmap(spec.accuracy)(states, batches)
+        acc = per_configuration(spec.accuracy)(states, batches)
         first = jnp.where((first < 0) & (acc >= target_accuracy), (i + 1) * chunk - 1, first)
     reached_at = jnp.where(c.reached_at >= 0, c.reached_at, first)
     return Carry(i + 1, states, losses, acc, reached_at)
@@ -233,7 +251,7 @@ class HostLooped:
         carry, batches, lrs, scales, real = abstract[:5]
         target_accuracy = abstract[-1]
         self.spec = spec
-        self.step = jax.jit(jax.vmap(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
+        self.step = jax.jit(per_configuration(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
         losses = jax.ShapeDtypeStruct((spec.chunk, lrs.shape[0]), jnp.float32)
         record = lambda c, chunk_losses, b, t: _recorded(spec, c, c.states, chunk_losses, b, t)  # noqa: E731
         self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches, target_accuracy).compile()

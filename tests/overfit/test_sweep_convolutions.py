@@ -71,3 +71,29 @@ def test_only_convolutions_choose_the_host_loop():
     nested = jax.make_jaxpr(lambda x, w: jax.lax.scan(lambda c, _: (jax.lax.conv(c, w, (1, 1), "SAME"), None), x,
                                                      None, length=2)[0])(jnp.ones((1, 1, 4, 4)), jnp.ones((1, 1, 3, 3)))
     assert _sweep.has_convolutions(conv) and _sweep.has_convolutions(nested) and not _sweep.has_convolutions(dense)
+
+
+def _dot_batch_dims(fn, *args):
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return [e.params["dimension_numbers"][1] for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+
+
+def test_a_single_configuration_runs_unbatched_and_several_vmapped():
+    """per_configuration: one stacked configuration runs the step on its slice (no batched matrix product, which
+    XLA:CPU compiles and runs slower), several run vmapped; both give vmap's results."""
+
+    def step(state, batch):
+        w = state["w"] - 0.1 * batch["x"].T @ (batch["x"] @ state["w"])
+        return {"w": w}, jnp.sum(w**2)
+
+    rng = np.random.default_rng(0)
+    for size in (1, 3):
+        states = {"w": jnp.asarray(rng.normal(size=(size, 4, 2)), jnp.float32)}
+        batches = {"x": jnp.asarray(rng.normal(size=(size, 5, 4)), jnp.float32)}
+        got = _sweep.per_configuration(step)(states, batches)
+        want = jax.vmap(step)(states, batches)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+        batch_dims = _dot_batch_dims(_sweep.per_configuration(step), states, batches)
+        assert batch_dims and all(bool(dims[0]) == (size > 1) for dims in batch_dims), (size, batch_dims)
