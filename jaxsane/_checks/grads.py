@@ -54,6 +54,7 @@ def check_grads(
     kinks: bool = True,
     kink_rtol: float | None = None,
     max_leaves: int | None = 128,
+    gradient: Callable | None = None,
 ) -> list[Finding]:
     """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
 
@@ -94,6 +95,10 @@ def check_grads(
         ``rtol``, float64 1e-5: slopes equal within the comparison's own tolerance are one slope).
       max_leaves: check at most this many float leaves, drawn at random with ``seed`` (finite differences
         evaluate ``f`` twice per leaf); a sampled check says so in a ``grad.sampled`` info. None or 0: every leaf.
+      gradient: an already compiled ``(*args) -> gradient of f's output with respect to args[0]`` (the same tree
+        as ``args[0]``, called on the arguments cast to ``dtype``). A reverse-mode-only check of order 1 on
+        ``argnums=0`` with one scalar output takes its autodiff gradients from it instead of compiling ``f``'s
+        backward pass itself (doctor shares the program of its run's gradient telemetry). None: compiled here.
 
     Returns:
       Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
@@ -116,7 +121,7 @@ def check_grads(
       []
     """
     options = dict(order=order, eps=eps, atol=atol, rtol=rtol, dtype=dtype, has_aux=has_aux, seed=seed)
-    options.update(kinks=kinks, kink_rtol=kink_rtol, max_leaves=max_leaves)
+    options.update(kinks=kinks, kink_rtol=kink_rtol, max_leaves=max_leaves, gradient=gradient)
     return _run(GradCheckPlan.build(f, args, argnums=argnums, modes=modes, root=root, **options))
 
 
@@ -141,6 +146,7 @@ class GradCheckPlan:
     kinks: bool
     kink_rtol: float | None
     max_leaves: int | None
+    gradient: Callable | None = None
 
     @classmethod
     def build(
@@ -163,6 +169,8 @@ class GradCheckPlan:
         require_bool("check_grads", "kinks", options["kinks"])
         require_float("check_grads", "kink_rtol", options["kink_rtol"], positive=True, optional=True)
         require_int("check_grads", "max_leaves", options["max_leaves"], min=0, optional=True)
+        if options["gradient"] is not None:
+            require_callable("check_grads", "gradient", options["gradient"], signature="(*args) -> gradient of args[0]")
         if int(options["order"]) < 1:
             raise ArgumentError(f"check_grads: order must be >= 1, got {options['order']}. Fix: pass order=1 or 2.")
         modes = tuple(modes)
@@ -350,11 +358,33 @@ def _programs(leaves: _Leaves, cots: list, n: int, tdtype: np.dtype) -> tuple[An
         return grads, jax.vmap(jvp)(jnp.eye(n, dtype=tdtype))
 
     value_at = quick_jit(perturbed, runs=2 * n + 1)  # the base and 2 points per leaf (more only where a leaf fails)
+    shared = _given_gradient(leaves, cots)
+    if shared is not None:
+        return lambda vals, directions, t: value_at(vals, directions, t, operands), shared
     derivatives = quick_jit(autodiff, runs=1, static_argnums=2)
     return (
         lambda vals, directions, t: value_at(vals, directions, t, operands),
         lambda vals, directions, fwd: derivatives(vals, directions, fwd, operands),
     )
+
+
+def _given_gradient(leaves: _Leaves, cots: list) -> Any:
+    """``derivatives`` (reverse mode only) from the caller's compiled ``gradient`` of ``f`` with respect to its
+    first argument, where that is the check's whole reverse mode: order 1, ``modes=("rev",)``, ``argnums=0``,
+    no aux and one scalar output (its cotangent is 1, so the gradient is the projected one); else None."""
+    plan = leaves.plan
+    scalar = len(cots) == 1 and cots[0] is not None and np.ndim(cots[0]) == 0 and float(cots[0]) == 1.0
+    if plan.gradient is None or plan.order != 1 or plan.modes != ("rev",) or plan.argnums != (0,):
+        return None
+    if plan.has_aux or not scalar:
+        return None
+
+    def derivatives(vals: list, directions: list, fwd: Any) -> tuple[list, None]:
+        assert fwd is None, "a given gradient serves reverse mode only"
+        flat = jax.tree_util.tree_leaves(plan.gradient(*leaves.args))  # at the arguments: vals are their leaves
+        return [flat[k] for _, k in leaves.checked], None
+
+    return derivatives
 
 
 def _autodiff(

@@ -18,6 +18,7 @@ from .._core.finding import Finding
 from .._experiment.batches import slice_examples
 from .._locate.locate import latent_nan_findings
 from .options import GradsOptions
+from .run_stage import GRADIENT_TELEMETRY
 
 
 def grads_stage(ctx: Any) -> Iterable[Finding]:
@@ -66,10 +67,18 @@ def _check(ctx: Any) -> list[Finding]:
     loss, params, batch = _inputs(ctx)
     check = functools.partial(check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
                               max_leaves=opts.grads_max_leaves or None)  # fmt: skip
-    findings = check(dtype=jnp.float64 if opts.grads_float64 else jnp.float32)
+    findings = check(dtype=jnp.float64) if opts.grads_float64 else check(dtype=jnp.float32, gradient=_shared(ctx))
     if not opts.grads_float64 and any(f.code in ("grad.mismatch", "grad.missing") for f in findings):
         findings = check(dtype=jnp.float64)  # a float32 failure, confirmed on the same sampled leaves (same seed)
     return findings
+
+
+def _shared(ctx: Any) -> Any:
+    """The gradient of the run stage's telemetry program (``run_stage.gradient_telemetry``) when the run has made
+    it: a float32 check on the telemetry's examples then runs that program instead of compiling the loss's
+    backward pass again. None otherwise (the check compiles its own). Not jit-safe."""
+    program = ctx.pure.memoized(GRADIENT_TELEMETRY)
+    return None if program is None else (lambda params, batch: program(params, batch)["grads"])
 
 
 def _replay(ctx: Any) -> list[Finding]:

@@ -8,7 +8,8 @@ calls the step that the step stage already compiled (the user's own jit, through
 ``jax.jit`` of the pure step when the user's step is not jitted) and measures around it with small programs,
 which :func:`prepare_run` compiles in doctor's background thread while the earlier stages run:
 
-* ``before(params, batch)``: the loss, per-leaf gradient norms and parameter norms;
+* ``before(params, batch)``: the loss, per-leaf gradient norms and parameter norms (:func:`gradient_telemetry`,
+  whose gradient the grads stage's check shares);
 * ``after(state, new_state, metrics, batch)``: per-leaf update norms and whether every value is finite, on
   the steps that sample telemetry; ``finite(new_state, metrics)``, whether every value is finite, on the others
   (it reads the new state once; the update norms read both states and write their difference);
@@ -71,7 +72,8 @@ class RunPrograms:
         # each program compiles for the steps it runs on (_jaxpr/compile_level.py): a step that reports no loss
         # takes its loss from the telemetry on every step
         sampled = sum(monitor.mode_for(i) != MODE_BARE for i in range(steps)) if reports_loss else steps
-        self.before = quick_jit(self._before, runs=sampled)
+        # with gradients, the one program the grads stage also takes its reverse-mode derivatives from
+        self.before = gradient_telemetry(adapted, sampled) if monitor.grads else quick_jit(self._before, runs=sampled)
         self.after = quick_jit(self._after, runs=sampled)
         self.finite = quick_jit(self._finite, runs=steps - sampled)
         self.dead = quick_jit(self._dead, runs=sum(monitor.mode_for(i) == MODE_FULL for i in range(steps)))
@@ -79,14 +81,9 @@ class RunPrograms:
         self.shadow_ok: bool | None = None  # bf16/fp16 parameters and a step that runs upcast (decided once)
         self.dead_sites: int | None = None  # ReLU sites in apply; found by dead_count()
 
-    def _before(self, params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
-        out = {"param_norm": leaf_norms(params)}
-        if self.monitor.grads:
-            loss_fn = self.adapted.loss_fn
-            assert loss_fn is not None, "a Monitor samples gradients only with a loss"
-            out["loss"], grads = jax.value_and_grad(loss_fn, allow_int=True)(params, batch)  # int leaves: float0
-            out["grad_norm"] = leaf_norms(grads)
-        return out
+    @staticmethod
+    def _before(params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
+        return {"param_norm": leaf_norms(params)}
 
     def _after(self, state: PyTree, new_state: PyTree, metrics: Any, batch: PyTree) -> tuple[jax.Array, jax.Array]:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
@@ -128,6 +125,29 @@ class RunPrograms:
         if self.dead_count(params, inputs) == 0:
             return jnp.zeros((0,), jnp.float32)
         return self.dead(params, inputs)
+
+
+GRADIENT_TELEMETRY = "jit:gradient_telemetry"  # its name among the PureExperiment's shared functions
+
+
+def gradient_telemetry(adapted: PureExperiment, runs: int) -> Jitted:
+    """The run's gradient telemetry, ``(params, batch) -> {"loss", "grads", "param_norm", "grad_norm"}``: one
+    compiled program per PureExperiment (compiled for about ``runs`` runs by whoever makes it first). It returns
+    the whole gradient (a leaf that is not a float: a float32 zero) so that the grads stage's reverse-mode check,
+    on the same examples, runs this program instead of compiling its own (a large model's telemetry and check
+    take the gradient on the same 4 examples: one compile of the model's backward pass less, 1.2-1.7 s of a
+    1M-parameter LM's on a CPU). Not jit-safe to build; the program is jitted."""
+    loss_fn = adapted.loss_fn
+    assert loss_fn is not None, "a Monitor samples gradients only with a loss"
+
+    def telemetry(params: PyTree, batch: PyTree) -> dict[str, Any]:
+        loss, grads = jax.value_and_grad(loss_fn, allow_int=True)(params, batch)  # int leaves: float0
+        grads = jax.tree_util.tree_map(
+            lambda g, p: g if is_inexact(p) else jnp.zeros((), jnp.float32), grads, params
+        )
+        return {"loss": loss, "grads": grads, "param_norm": leaf_norms(params), "grad_norm": leaf_norms(grads)}
+
+    return adapted.memo(GRADIENT_TELEMETRY, lambda: quick_jit(telemetry, runs=runs))
 
 
 def _monitor(adapted: PureExperiment, every: int, dead_every: int, steps: int) -> Monitor:
@@ -270,6 +290,7 @@ class _Runner:
             params = self.adapted.params(kept)
             sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples)
             tel = programs.before(params, sampled)
+            tel.pop("grads", None)  # (shared with the grads stage's check; the run records only norms)
         else:
             tel = {}
         new_state, metrics = programs.step(state, batch)

@@ -485,6 +485,10 @@ class PureExperiment:
             memo[name] = make()
         return memo[name]
 
+    def memoized(self, name: str) -> Any:
+        """What :meth:`memo` made for ``name``, or None when nothing has made it yet. Not jit-safe."""
+        return self.__dict__.get("_memo_table", {}).get(name)
+
     def host_step(self) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Any]]]:
         """The pure step as called from the host: :meth:`step` when the user's step is jitted (its compiled program
         is the user's own, compiled once for every check that calls it), else one shared ``jax.jit`` of it. Not

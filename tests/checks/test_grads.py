@@ -520,3 +520,20 @@ def test_a_wrong_custom_vjp_is_still_a_mismatch_in_float32(factor):
     findings = check_grads(loss, params, batch, dtype=None, seed=1)
     mismatched = [f for f in findings if f.code == "grad.mismatch"]
     assert mismatched and all("float32" in f.message for f in mismatched), [str(f) for f in findings]
+
+
+def test_check_grads_takes_reverse_mode_from_a_given_gradient_and_only_there():
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w"]) ** 2)
+
+    params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 2)), jnp.float32)}
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(5, 3)), jnp.float32)
+    right = jax.jit(jax.grad(loss))
+    wrong = jax.jit(lambda p, b: jax.tree_util.tree_map(lambda g: 2.0 * g, jax.grad(loss)(p, b)))
+    kw = dict(dtype=jnp.float32, modes=("rev",))
+    assert jaxsane.check_grads(loss, params, x, gradient=right, **kw) == []
+    found = jaxsane.check_grads(loss, params, x, gradient=wrong, **kw)
+    assert [f.code for f in found] == ["grad.mismatch"], [str(f) for f in found]
+    # forward mode, or more than the first argument, differentiates on its own: the given gradient is not used
+    assert jaxsane.check_grads(loss, params, x, gradient=wrong, dtype=jnp.float32) == []
+    assert jaxsane.check_grads(loss, params, x, gradient=wrong, argnums=(0, 1), **kw) == []

@@ -337,3 +337,21 @@ def test_the_padding_probe_evaluates_the_loss_program_the_init_stage_compiled(ho
     by_name = {s["name"]: s for s in json.loads(d.to_json())["stages"]}
     assert by_name["batch"]["compiles"] == 0, str(d)  # the train batch's shape: the init stage's loss program
     assert ("seq.padding_in_loss" in {f.code for f in d.findings}) is not honours_mask, str(d)
+
+
+def test_a_float32_reverse_mode_gradient_check_runs_the_run_telemetrys_program(caplog):
+    """On a large step's plan (float32, reverse mode, the telemetry's examples) the grads stage takes its gradient
+    from the run's telemetry program: the model's backward pass compiles once, not also as the check's own."""
+    import logging
+
+    options = dict(grads_modes=("rev",), grads_batch_size=4, run_telemetry_examples=4, run_steps=4,
+                   run_eval_every=0, progress=False, compile_cache=False)
+    compiled = {}
+    for float64 in (False, True):
+        caplog.clear()
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+            d = jaxsane.doctor(optax_experiment(), stages=["grads", "run"], grads_float64=float64, **options)
+        assert d.complete and d.passed, [str(f) for f in d]
+        compiled[float64] = re.findall(r"Finished XLA compilation of jit\((\w+)\)", caplog.text)
+    assert compiled[False].count("telemetry") == 1 and "autodiff" not in compiled[False], compiled[False]
+    assert "autodiff" in compiled[True], compiled[True]  # a float64 check differentiates on its own arguments
