@@ -142,9 +142,7 @@ def gradient_telemetry(adapted: PureExperiment, runs: int) -> Jitted:
 
     def telemetry(params: PyTree, batch: PyTree) -> dict[str, Any]:
         loss, grads = jax.value_and_grad(loss_fn, allow_int=True)(params, batch)  # int leaves: float0
-        grads = jax.tree_util.tree_map(
-            lambda g, p: g if is_inexact(p) else jnp.zeros((), jnp.float32), grads, params
-        )
+        grads = jax.tree_util.tree_map(lambda g, p: g if is_inexact(p) else jnp.zeros((), jnp.float32), grads, params)
         return {"loss": loss, "grads": grads, "param_norm": leaf_norms(params), "grad_norm": leaf_norms(grads)}
 
     return adapted.memo(GRADIENT_TELEMETRY, lambda: quick_jit(telemetry, runs=runs))
