@@ -378,10 +378,11 @@ def _given_gradient(leaves: _Leaves, cots: list) -> Any:
         return None
     if plan.has_aux or not scalar:
         return None
+    gradient = plan.gradient
 
     def derivatives(vals: list, directions: list, fwd: Any) -> tuple[list, None]:
         assert fwd is None, "a given gradient serves reverse mode only"
-        flat = jax.tree_util.tree_leaves(plan.gradient(*leaves.args))  # at the arguments: vals are their leaves
+        flat = jax.tree_util.tree_leaves(gradient(*leaves.args))  # at the arguments: vals are their leaves
         return [flat[k] for _, k in leaves.checked], None
 
     return derivatives
