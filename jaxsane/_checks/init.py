@@ -523,6 +523,8 @@ def traceable(adapted: PureExperiment, which: str) -> Callable | None:
 
     def call(params, arg):
         floats = [x.dtype for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+        if _casts_nothing(adapted._model_rest, floats):  # the handle's own function: its trace is shared
+            return handle(params, arg)
 
         def copy(x):  # fresh values (traceable), floats in the parameters' dtype (float64 in check_grads)
             if floats and hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
@@ -533,3 +535,14 @@ def traceable(adapted: PureExperiment, which: str) -> Callable | None:
         return user(adapted._model_with(params, training=which == "loss", rest=rest), arg)
 
     return adapted.memo("traceable:" + which, lambda: TracedOnce(call))  # traced once per input signature
+
+
+def _casts_nothing(rest: PyTree, floats: list) -> bool:
+    """Whether copying ``rest`` in the parameters' float dtype (``floats[0]``) changes no dtype: then the copy is
+    the handle's own (``PureExperiment._model_with`` copies the other variables too), and calling the handle
+    shares its trace, one per input signature, with every other program built on it (on a float32 model the
+    gradient check's and the run's telemetry's). Jit-safe."""
+    return all(
+        not (hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)) or (floats and x.dtype == floats[0])
+        for x in jax.tree_util.tree_leaves(rest)
+    )

@@ -545,8 +545,6 @@ STAGES: tuple[Stage, ...] = (
     Stage("overfit", overfit_stage, OverfitOptions, needs=("state", "step")),
     Stage("run", run_stage, RunOptions, needs=("state", "step")),
 )
-# the order doctor runs them in: the step stage (compiling the user's step) before the grads stage waits for its check
-RUN_ORDER: tuple[Stage, ...] = tuple(sorted(STAGES, key=lambda s: 1.5 if s.name == "step" else STAGES.index(s)))
 # stages whose work doctor starts ahead, in the background, before the first stage runs
 # (``prepare(ctx, pool) -> ctx.prepared``), in this order: the overfit sweep's compile first, the longest job (on the
 # 10M LM its compile and the gradient check are each ~9 s; queued after the check, the sweep's compile was still
@@ -556,6 +554,16 @@ PREPARE: dict[str, Callable[..., dict[str, Any]]] = {
     "grads": prepare_grads,
     "run": prepare_run,
 }
+# the order doctor runs them in: first the stages whose work is all on the main thread, in checklist order (the step
+# stage, which compiles the user's step, before the batch stage), then those prepared in the background in the order
+# their work was queued, so that each finds it done while the main thread's own stages ran meanwhile. On the
+# 1M-parameter LM on 2 cores: 21.3 s against 22.9 s when the grads stage, waiting for the gradient check, ran
+# before the batch and overfit stages; the report lists the stages in checklist order either way
+RUN_ORDER: tuple[Stage, ...] = tuple(
+    sorted(
+        STAGES, key=lambda s: (s.name in PREPARE, list(PREPARE).index(s.name) if s.name in PREPARE else STAGES.index(s))
+    )
+)
 assert tuple(s.options for s in STAGES) == OPTION_CLASSES and all(s.name == s.options.stage for s in STAGES)
 
 

@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _programs import nnx_classifier_experiment
 from flax import nnx
@@ -253,3 +254,45 @@ def test_experiment_loss_comes_first_and_an_unjitted_step_reports_its_own():
     assert d.artifacts["init_loss"]["source"] == "Experiment.loss", d.artifacts["init_loss"]
     unjitted = jaxsane.doctor(_regression_experiment(jitted=False), stages=["init"], progress=False)
     assert unjitted.artifacts["init_loss"]["source"] == "the loss the step reports on its first call"
+
+
+class _BNNet(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(4, 6, rngs=rngs)
+        self.bn = nnx.BatchNorm(6, rngs=rngs)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.drop(nnx.relu(self.bn(self.l1(x)))))
+
+
+def test_traceable_loss_shares_the_handles_trace_unless_it_casts():
+    """On a float32 model the traceable loss is the loss handle's own function: one trace of the user's loss per
+    input signature, shared by every program built on either (the gradient check and the run's telemetry). With
+    float64 parameters it copies the other variables in float64 itself (BatchNorm's statistics), its own trace."""
+    from jaxsane._checks.init import traceable
+    from jaxsane._experiment.contract import PureExperiment
+
+    calls = []
+
+    def loss(model, b):
+        calls.append(1)
+        return optax.softmax_cross_entropy_with_integer_labels(model(b["x"]), b["y"]).mean()
+
+    def init(key):
+        model = _BNNet(nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+        return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    batch = {"x": np.ones((8, 4), np.float32), "y": np.arange(8) % 3}
+    exp = jaxsane.Experiment(init=init, step=lambda m, o, b: None, train=batch, loss=loss)
+    adapted = PureExperiment(exp, key=jax.random.key(0))
+    params = adapted.params(adapted.init(jax.random.key(0)))
+    shared = traceable(adapted, "loss")
+    value = float(jax.jit(shared)(params, batch))
+    assert len(calls) == 1
+    assert float(jax.jit(adapted.loss_fn)(params, batch)) == value and len(calls) == 1, "one trace, shared"
+    with jax.enable_x64(True):
+        wide = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), params)
+        assert np.isfinite(float(jax.jit(shared)(wide, batch)))  # BatchNorm's stats copied in float64: no error
+    assert len(calls) == 2, "a cast is the traceable loss's own trace"
