@@ -223,8 +223,10 @@ def doctor(
 
     Args:
       experiment: the :class:`Experiment` to check.
-      stages: names of the stages to run (default: all, in checklist order: ``data``, ``init``, ``grads``,
-        ``step``, ``batch``, ``overfit``, ``run``; ``jaxsane doctor --help`` lists them).
+      stages: names of the stages to run (default: all; the report lists them in checklist order: ``data``,
+        ``init``, ``grads``, ``step``, ``batch``, ``overfit``, ``run``, and ``jaxsane doctor --help`` describes
+        them). They run in another order: first those whose work is all on the main thread, then those whose
+        work starts ahead in the background (``_doctor/pipeline.py``: ``RUN_ORDER``).
       skip: names of stages not to run.
       key: PRNG key for init and the checks (default ``jax.random.key(0)``).
       progress: show progress on stderr (a spinner on a terminal, one line per stage otherwise).
