@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -217,6 +218,20 @@ def check_step(
 
     Not jit-safe: it calls the step on the host.
     """
+    return timed_check_step(experiment, batch, key=key, calls=calls, check_rng=check_rng)[0]
+
+
+def timed_check_step(
+    experiment: Experiment | PureExperiment,
+    batch: Any = None,
+    *,
+    key: jax.Array | None = None,
+    calls: int = 3,
+    check_rng: bool = True,
+) -> tuple[list[Finding], float | None]:
+    """:func:`check_step`'s findings and the seconds of the step's fastest call that neither traced nor compiled
+    (None when every call did): what one of the user's steps costs on this machine, the yardstick of doctor's
+    time guards. Not jit-safe."""
     require_experiment("check_step", experiment)
     require_int("check_step", "calls", calls)
     require_bool("check_step", "check_rng", check_rng)
@@ -242,12 +257,16 @@ def check_step(
     snapshots = [snapshot(state)]
     fields = [_static_fields(state)]
     compiles, traces = [], []
+    seconds: list[float] = []
     tracker, site = RecompileTracker(), user_call_site()
     for _call in range(int(calls)):
         sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
+        start = time.perf_counter()
         with count_compilations(this_thread=True) as counter:  # doctor compiles other stages' programs meanwhile
             state, _ = adapted.step(state, batch)
             jax.block_until_ready(jax.tree_util.tree_leaves(state))
+        if counter.compiles == 0 and counter.traces == 0:  # a call that only ran: the step's own time
+            seconds.append(time.perf_counter() - start)
         compiles.append(counter.compiles)
         traces.append(counter.traces)
         tracker.seen(sig, counter.compiles > 0, site)
@@ -260,7 +279,7 @@ def check_step(
     findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
-    return findings
+    return findings, min(seconds, default=None)
 
 
 def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:

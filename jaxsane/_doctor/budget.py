@@ -45,6 +45,8 @@ LARGE_STEP_FLOPS = {"cpu": 1e9, "other": 1e12}
 thousand tokens) makes the per-stage rules apply; off the CPU 1000x more."""
 GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
+SWEEP_TIME_STEPS = 20.0  # the sweep's time guard: its runs take at most this many of the user's steps, as timed,
+MIN_SWEEP_SECONDS = 30.0  # and never less than this (pipeline.sweep_seconds)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
 SEQUENCE_BATCH = 2  # examples a large model's overfit sweep uses when each example holds many targets

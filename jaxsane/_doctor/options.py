@@ -139,6 +139,13 @@ class OverfitOptions:
     )
     overfit_init_scales: tuple[float, ...] | None = _opt(None, "init scale multipliers swept (default: 1)", minimum=0)
     overfit_batch_size: int = _opt(16, "examples of the first batch to overfit", minimum=1)
+    overfit_seconds: float | None = _opt(
+        None,
+        "seconds the compiled sweep may run, its retry with scaled updates included (default: 20 of the user's "
+        "steps as the step stage timed them, at least 30 s; 0: no limit); a sweep stopped before any configuration "
+        "fit is not judged",
+        minimum=0,
+    )
     init_scales: tuple[float, ...] | None = _opt(
         (0.5, 1.0, 2.0),
         "scales of the init-scale sweep drawn in the "

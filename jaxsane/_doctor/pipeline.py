@@ -31,7 +31,7 @@ from .._checks.sequence import (
     loss_reads_first_target,
     output_sees_own_target,
 )
-from .._checks.step import check_step
+from .._checks.step import timed_check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
@@ -51,6 +51,7 @@ from .._experiment.contract import Experiment, PureExperiment
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
+from .budget import MIN_SWEEP_SECONDS, SWEEP_TIME_STEPS
 from .grads_stage import grads_stage, prepare_grads
 from .options import (
     OPTION_CLASSES,
@@ -327,7 +328,8 @@ def _init_loss_vs_constant(
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
-    findings = check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    findings, seconds = timed_check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    ctx.artifacts["step_seconds"] = seconds  # one of the user's steps on this machine: the overfit sweep's time guard
     underflow = check_step_underflow(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
     if any(f.code == "train.update_underflow" for f in underflow):  # float32 moves: not a zero update
         findings = [f for f in findings if f.code != "step.no_update"]
@@ -462,7 +464,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         precompiled.set_result(compiled)
     else:  # planned here, where what failed ahead is reported as the user's crash or a skip
         plan = plan_overfit(ctx.pure, batch, **sweep, progress=False)  # doctor shows its own progress
-    result = plan.run(precompiled=precompiled)
+    result = plan.run(precompiled=precompiled, time_limit=sweep_seconds(opts.overfit_seconds, ctx.artifacts))
     ctx.artifacts["overfit"] = result
     if opts.init_scales is None:  # nothing will draw it
         return list(result.findings)
@@ -476,6 +478,19 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
+
+
+def sweep_seconds(option: float | None, artifacts: dict[str, Any]) -> float | None:
+    """The overfit sweep's time limit: ``overfit_seconds`` as set (0: none), else :data:`SWEEP_TIME_STEPS` of the
+    user's steps as the step stage timed them, at least :data:`MIN_SWEEP_SECONDS`; None when the step was not
+    timed. The flop plan (``budget.py``) sizes the sweep from the flops of a step on fewer examples; a model bound
+    by a sequential loop (an LSTM's time steps) costs about as much a step on 2 examples as on 16, and this guard
+    keeps its sweep, the retry with scaled updates included, from taking minutes (a 7M-parameter LSTM LM on
+    2 cores: 490 s of sweep without it, next to the user's 31 s cold run)."""
+    if option is not None:
+        return float(option) or None
+    seconds = artifacts.get("step_seconds")
+    return None if seconds is None else max(SWEEP_TIME_STEPS * seconds, MIN_SWEEP_SECONDS)
 
 
 def _plan_limits(ctx: StageContext) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .._core.finding import Finding
+from .result import OverfitResult
 
 LR_MULTIPLIERS = (0.1, 1.0, 10.0)
 
@@ -83,3 +84,29 @@ def budget_configurations(
 def scaled_rates(default_lr: float, multipliers: Sequence[float]) -> list[float]:
     """The swept learning rates: ``multipliers`` x the optimizer's own rate."""
     return [default_lr * m for m in multipliers]
+
+
+def out_of_time(result: OverfitResult, limit: float, *, retry: bool = False) -> list[Finding]:
+    """Why a sweep that ran out of its ``limit`` seconds is not judged: an ``overfit.budget`` info finding and
+    the ``doctor.skipped`` that stands in for its verdict (a curve cut short is no evidence that the model cannot
+    fit). ``retry``: the sweep at the step's own rate ran all its steps without a fit, and the time left no room
+    for the retry with scaled updates (``update_scale.py``). Not jit-safe."""
+    if retry:
+        what = (
+            f"at the step's own rate no configuration fit in {result.steps_run} steps, and the sweep's time limit "
+            f"({limit:.0f} s) left no room for the retry with larger updates"
+        )
+    else:
+        what = (
+            f"the sweep stopped at its time limit ({limit:.0f} s) after {result.steps_run} of {result.max_steps} "
+            "steps, before any configuration fit"
+        )
+    fix = (
+        "give the sweep more time (jaxsane doctor -o overfit_seconds=SECONDS, 0 for no limit), or build the "
+        "optimizer with optax.inject_hyperparams so that the sweep can try larger rates itself"
+    )
+    extra = {"time_limit": limit, "steps_run": result.steps_run, "max_steps": result.max_steps}
+    return [
+        Finding("overfit.budget", what, fix, extra=extra),
+        Finding("doctor.skipped", "overfit not judged: a curve cut short is no evidence that a model cannot fit", fix),
+    ]

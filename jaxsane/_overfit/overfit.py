@@ -29,6 +29,7 @@ from .._core.validate import require_bool, require_count_or_list, require_float,
 from .._experiment.batches import count_examples, first_batch, slice_examples
 from .._experiment.contract import Experiment, PureExperiment, require_experiment
 from .._render.progress import Progress
+from .budget import out_of_time
 from .grid import Grid, add_baseline
 from .result import OverfitResult
 from .setup import (
@@ -51,7 +52,7 @@ from .sweep import (
     stack_states,
     state_bytes,
 )
-from .update_scale import UPDATE_SCALES, UpdateScaled, with_scaled_updates
+from .update_scale import UPDATE_SCALES, UpdateScaled, needs_scaled_updates, with_scaled_updates
 from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs
 
 # ----------------------------------------------------------------------------- the sweep
@@ -75,6 +76,7 @@ def overfit(
     scale_leaves: str | Callable[[str], bool] | None = None,
     groups: int | None = None,
     progress: bool = True,
+    time_limit: float | None = None,
 ) -> OverfitResult:
     """Overfit one small batch with many configurations at once; return an :class:`OverfitResult`.
 
@@ -118,6 +120,10 @@ def overfit(
         program side by side in host threads. Default: one per CPU core on the CPU backend (XLA:CPU
         runs a small vmapped program on one core), one on GPU/TPU. Results do not depend on it.
       progress: show progress on stderr (a spinner on a terminal, plain lines otherwise; doctor shows its own).
+      time_limit: seconds the compiled sweep may run (None: no limit), the retry with scaled updates and its
+        compile included. Groups run in slices paced by their first chunk; a sweep stopped by the limit before any
+        configuration fit is not judged (``overfit.budget`` and ``doctor.skipped``, never an error). doctor sets
+        20 of the user's steps as its step stage timed them, at least 30 s (``-o overfit_seconds=...``).
 
     Returns:
       An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,
@@ -134,6 +140,7 @@ def overfit(
       >>> result.ok  # doctest: +SKIP
       True
     """
+    require_float("overfit", "time_limit", time_limit, positive=True, optional=True)
     return plan_overfit(
         experiment,
         batch,
@@ -151,12 +158,13 @@ def overfit(
         scale_leaves=scale_leaves,
         groups=groups,
         progress=progress,
-    ).run()
+    ).run(time_limit=time_limit)
 
 
 class OverfitPlan(NamedTuple):
     """A planned sweep: ``compile()`` -> ``(compiled program, seconds)`` (safe in a background thread);
-    ``run(precompiled=None)`` -> :class:`OverfitResult` (``precompiled``: a future of ``compile()``)."""
+    ``run(precompiled=None, time_limit=None)`` -> :class:`OverfitResult` (``precompiled``: a future of
+    ``compile()``; ``time_limit``: :func:`overfit`'s)."""
 
     compile: Callable[[], tuple[Any, float]]
     run: Callable[..., OverfitResult]
@@ -190,8 +198,9 @@ def plan_overfit(
     ``update_scales``: sweep these factors on the step's updates instead of rates, ending at the first fit (what
     ``run`` does itself when the rate cannot be set and its own fits nothing: ``update_scale.py``). doctor's
     planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates`` are left
-    to it (fewer configurations, an ``overfit.budget`` finding), and ``memory_bytes``, what the stacked states
-    running at once may hold (more, smaller groups run in turns: ``sweep.py``). Not jit-safe."""
+    to it (fewer configurations, an ``overfit.budget`` finding), ``memory_bytes``, what the stacked states
+    running at once may hold (more, smaller groups run in turns: ``sweep.py``). The plan's ``run(precompiled,
+    time_limit)`` takes the time limit of :func:`overfit`. Not jit-safe."""
     options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
         experiment,
@@ -258,10 +267,29 @@ def plan_overfit(
     )
     if grid.lr_paths or update_scales is not None or learning_rates is not None:
         return OverfitPlan(sweep.compile, sweep.run)
-    # the rate cannot be set: if its own fits nothing, the same sweep (options: as given) with scaled updates
+    # the rate cannot be set: if its own fits nothing, the same sweep (options: as given) with scaled updates, in the
+    # time the first one left
     options["update_scales"] = UPDATE_SCALES
-    rerun = lambda: plan_overfit(adapted, batch, **options).run()  # noqa: E731 - the same batch, drawn once
-    return OverfitPlan(sweep.compile, lambda precompiled=None: with_scaled_updates(sweep.run(precompiled), rerun))
+
+    def run(precompiled: Any = None, time_limit: float | None = None) -> OverfitResult:
+        first = sweep.run(precompiled, time_limit)
+        left = _time_left(time_limit, first)
+        # no time left for the retry: the own-rate curve alone judges nothing
+        if time_limit is not None and left is not None and left <= 0 and needs_scaled_updates(first):
+            infos = [f for f in first.findings if f.severity == "info"]
+            return dataclasses.replace(first, findings=(*infos, *out_of_time(first, time_limit, retry=True)))
+        retry = lambda: plan_overfit(adapted, batch, **options).run(time_limit=left)  # noqa: E731 - the same batch
+        return with_scaled_updates(first, retry)
+
+    return OverfitPlan(sweep.compile, run)
+
+
+def _time_left(limit: float | None, first: OverfitResult) -> float | None:
+    """The seconds a retry's runs may take after ``first`` ran: the limit less what ``first`` took and less its
+    compile again (the retry compiles a program of the same size); None without a limit."""
+    if limit is None:
+        return None
+    return limit - first.seconds - (0.0 if math.isnan(first.compile_seconds) else first.compile_seconds)
 
 
 def _layout(grid: Grid, groups: int | None, memory_bytes: float | None) -> Any:
@@ -446,7 +474,7 @@ class _Sweep:
             self.spec, self.layout, example_state=self.grid.example, batch_for=self.batch_for, traces=self.traces
         )
 
-    def run(self, precompiled: Any = None) -> OverfitResult:
+    def run(self, precompiled: Any = None, time_limit: float | None = None) -> OverfitResult:
         configs, n_real = self.grid.configs, self.grid.n_real
         mismatch = self.mismatch
         with warnings.catch_warnings(), Progress(self.progress, "overfit") as show:
@@ -465,21 +493,22 @@ class _Sweep:
                 say=show.say,
                 precompiled=precompiled,
                 target_accuracy=None if mismatch is None else lambda: self._accuracy_target(mismatch.result()),
+                time_limit=time_limit,
             )
             if mismatch is not None:  # the verdict says why apply's accuracy did not judge the fit
                 self.judging = self.judging._replace(accuracy_mismatch=mismatch.result())
             show.say(
                 f"{int(np.sum(out.reached_at[:n_real] >= 0))} of {n_real} configuration(s) fit in {out.steps_run} steps"
             )
-        return self.judged(self.result_of(out))
+        return self.judged(self.result_of(out, time_limit))
 
     def _accuracy_target(self, mismatch: str | None) -> float:
         """The accuracy target the program uses: the one asked for, or none it can reach (2) when apply's accuracy
         cannot judge the fit (``mismatch`` says why)."""
         return self.spec.target_accuracy if mismatch is None else 2.0
 
-    def result_of(self, out: SweepOutput) -> OverfitResult:
-        """The sweep's curves as an :class:`OverfitResult`, not judged yet."""
+    def result_of(self, out: SweepOutput, time_limit: float | None = None) -> OverfitResult:
+        """The sweep's curves as an :class:`OverfitResult`, not judged yet (``time_limit``: the one it ran under)."""
         spec, judging = self.spec, self.judging
         return OverfitResult(
             tuple(self.grid.configs),
@@ -499,6 +528,7 @@ class _Sweep:
             judging.n_examples,
             out.compile_seconds,
             self.layout.groups,
+            time_limit if out.cut else None,
         )
 
     def judged(self, result: OverfitResult) -> OverfitResult:
@@ -518,4 +548,6 @@ class _Sweep:
             accuracy_mismatch=judging.accuracy_mismatch,
         )
         result = dataclasses.replace(result, verdicts=verdicts)
+        if result.time_cut is not None and not any(verdicts[i] in ("fits", "floor") for i in result.real):
+            judged = [f for f in judged if f.severity == "info"] + out_of_time(result, result.time_cut)
         return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

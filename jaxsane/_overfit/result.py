@@ -63,6 +63,8 @@ class OverfitResult:
       compile_seconds: time spent tracing and compiling (in a background thread, overlapping the
         initial states).
       groups: how many equal groups of configurations ran the compiled program side by side.
+      time_cut: the sweep's time limit in seconds when it stopped the run before its steps (doctor's guard,
+        ``overfit(..., time_limit=...)``), else None.
       lr_swept: whether learning rates were set per configuration.
       batch_size: examples in the overfit batch.
     """
@@ -84,6 +86,7 @@ class OverfitResult:
     batch_size: int
     compile_seconds: float = float("nan")
     groups: int = 1
+    time_cut: float | None = None
 
     # -- derived
     @property

@@ -284,6 +284,7 @@ class SweepOutput(NamedTuple):
     steps_run: int
     compile_seconds: float
     seconds: float
+    cut: bool = False  # the time limit stopped a group before its steps ran (and before its early exit)
 
 
 def _canonical(dtype: Any) -> Any:
@@ -356,6 +357,7 @@ def run_sweep(
     say: Callable[[str], None] = lambda message: None,
     precompiled: concurrent.futures.Future | None = None,
     target_accuracy: Callable[[], float] | None = None,
+    time_limit: float | None = None,
 ) -> SweepOutput:
     """Compile the group program once (in a background thread, while ``build_states`` runs) and run
     every group, side by side in host threads when there are several. Not jit-safe.
@@ -372,6 +374,10 @@ def run_sweep(
         it while other stages run); None compiles here, in a thread, while the states are built.
       target_accuracy: the accuracy target the program uses, asked for once it has compiled (the plan may
         still be finding whether apply's accuracy can judge the fit); None: ``spec.target_accuracy``.
+      time_limit: seconds the groups may run once compiled (None: no limit). Each group then runs in slices, the
+        first one chunk long, the next as many chunks as its measured pace fits before the deadline; a group
+        stops there (after at least one chunk), every curve is cut where the shortest stopped, and the output
+        says ``cut`` (see :func:`_within`).
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -392,18 +398,26 @@ def run_sweep(
             np.full(size, -1, np.int32),
         )
 
-    def launch(g: int, carry: Carry | None, limit: int, first: bool) -> Carry:
+    def call(g: int, carry: Carry | None, limit: int, prepare: bool, early: bool) -> Carry:
         row = layout.slots[g]
         carry = initial(g) if carry is None else carry  # built here when the groups do not all fit at once
         args = (
-            lrs[row] if first else np.full(size, np.nan, np.float32),
-            scales[row] if first else np.ones(size, np.float32),
+            lrs[row] if prepare else np.full(size, np.nan, np.float32),  # NaN and 1: the states as they are
+            scales[row] if prepare else np.ones(size, np.float32),
             group_real[g],
             np.int32(limit),
-            np.bool_(early_exit and first),
+            np.bool_(early),
             accuracy_target,
         )
-        out = jax.block_until_ready(compiled(carry, batches[g], *args))
+        return jax.block_until_ready(compiled(carry, batches[g], *args))
+
+    def launch(g: int, carry: Carry | None, limit: int, first: bool) -> Carry:
+        early = early_exit and first
+        if deadline is None:
+            out = call(g, carry, limit, first, early)
+        else:
+            out, stopped = _within(lambda c, n, prepare: call(g, c, n, prepare, early), carry, limit, first, deadline)
+            cut[g] = stopped
         if layout.parallel and int(out.chunks) >= spec.n_chunks:  # never resumed: free its states now
             out = out._replace(states=None)
         return out
@@ -418,6 +432,8 @@ def run_sweep(
         # the initial states are built while the program compiles, unless the groups run in memory-sized turns
         carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
+        deadline = None if time_limit is None else time.perf_counter() + time_limit
+        cut = [False] * layout.groups
         accuracy_target = np.float32(spec.target_accuracy if target_accuracy is None else target_accuracy())
         stops = "at the first fit" if spec.first_fit_ends else "once every configuration has fit"
         say(
@@ -430,14 +446,39 @@ def run_sweep(
         else:
             ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
-        last = _last_chunk(ran, group_real, first_fit)
-        behind = [g for g in range(layout.groups) if int(ran[g].chunks) < last]
+        if any(cut):  # out of time: the curves end where the shortest ended, nothing resumes
+            last = min(int(c.chunks) for c in ran)
+            say(f"stopped at the sweep's time limit ({time_limit:.0f} s) after {last * spec.chunk} steps")
+        else:
+            last = _last_chunk(ran, group_real, first_fit)
+        behind = [] if any(cut) else [g for g in range(layout.groups) if int(ran[g].chunks) < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, ran[g], last, False), behind)):
             ran[g] = carry
 
-    return _collected(layout, ran, last * spec.chunk, compile_seconds, time.perf_counter() - start)
+    out = _collected(layout, ran, last * spec.chunk, compile_seconds, time.perf_counter() - start)
+    return out._replace(cut=any(cut))
+
+
+def _within(
+    run: Callable[[Carry | None, int, bool], Carry], carry: Carry | None, limit: int, first: bool, deadline: float
+) -> tuple[Carry, bool]:
+    """``run(carry, limit, prepare)`` up to ``limit`` chunks in slices that end by ``deadline`` (a
+    ``time.perf_counter`` time): one chunk first, then as many as the pace measured so far fits in the time left.
+    Returns the carry and whether the deadline stopped it (before ``limit`` and before the program's own early
+    exit). At least one chunk runs, so every group has a curve. Not jit-safe."""
+    started, done = time.perf_counter(), 0 if carry is None else int(carry.chunks)
+    asked = min(limit, done + 1)
+    out = run(carry, asked, first)
+    while int(out.chunks) == asked < limit:  # the program ran all it was asked: no early exit yet
+        pace = (time.perf_counter() - started) / max(int(out.chunks) - done, 1)
+        more = int((deadline - time.perf_counter()) // pace)
+        if more < 1:
+            return out, True
+        asked = min(limit, int(out.chunks) + more)
+        out = run(out, asked, False)
+    return out, False
 
 
 def _collected(

@@ -130,7 +130,7 @@ def needs_scaled_updates(result: OverfitResult) -> bool:
     """Whether a sweep at the step's own rate (no injectable rate) should be tried again with scaled updates:
     no real configuration fits, the loss moved at all (a step that never changes the model is broken at any
     rate), and the best curve is one a larger rate may fix. Not jit-safe."""
-    if not len(result.real) or _fits(result):
+    if not len(result.real) or _fits(result) or result.time_cut is not None:  # (cut short: no time left either)
         return False
     losses = result.losses[result.real]
     if np.all(losses == losses[:, :1]):  # the step never changes the model: no scale of a zero update helps

@@ -117,7 +117,7 @@ def test_loss_that_raises_is_an_error_in_the_grads_stage():
 
 
 def test_crash_inside_jaxsane_is_a_warning_that_says_jaxsane_bug(monkeypatch):
-    monkeypatch.setattr(_pipeline, "check_step", dict)  # a library-only crash: dict() gets bad arguments
+    monkeypatch.setattr(_pipeline, "timed_check_step", dict)  # a library-only crash: dict() gets bad arguments
     d = jaxsane.doctor(_experiment(), stages=["step"], progress=False)
     assert d.codes == ["doctor.skipped"] and d[0].severity == "warning", d
     assert "jaxsane bug" in d[0].message and d.stages[0]["status"] == "failed"
@@ -217,7 +217,7 @@ def test_the_option_names_of_earlier_releases_still_work():
                "overfit_init_scales", "overfit_batch_size", "init_scales", "run_steps", "run_eval_every",
                "run_dead_every", "run_thresholds"]
     added = ["grads_float64", "grads_replay_examples", "run_eval_examples", "run_telemetry_every",
-             "run_telemetry_examples"]  # doctor at scale
+             "run_telemetry_examples", "overfit_seconds"]  # doctor at scale
     assert sorted(_options.OPTIONS) == sorted(earlier + added)
 
 

@@ -1,0 +1,144 @@
+"""The overfit sweep's time guard: a sweep whose steps cost more than their flops (a sequential loop, as in an RNN)
+stops at its time limit and is then not judged, never an error; doctor derives the limit from the user's timed step."""
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsane
+from jaxsane import overfit
+from jaxsane._doctor.pipeline import sweep_seconds
+from jaxsane._overfit import overfit as overfit_module
+from jaxsane._overfit.sweep import Carry, _within
+
+HIDDEN, TIME = 16, 400  # a small RNN over a long sequence: each step is a loop of 400 dependent iterations
+
+
+def _rnn(shuffled_labels: bool, lr: float = 1e-2, inject: bool = True):
+    """An Elman RNN classifier in pure optax on 16 sequences of 400 steps; ``shuffled_labels`` plants the bug that
+    makes the batch unfittable (labels permuted afresh at every step)."""
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr) if inject else optax.sgd(lr)
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.normal(size=(16, TIME, 1)).astype(np.float32), "y": rng.integers(0, 4, 16).astype(np.int32)}
+
+    def init(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        params = {
+            "wx": jax.random.normal(k1, (1, HIDDEN)),
+            "wh": jax.random.normal(k2, (HIDDEN, HIDDEN)) / math.sqrt(HIDDEN) * 0.5,
+            "wo": jax.random.normal(k3, (HIDDEN, 4)) / math.sqrt(HIDDEN),
+        }
+        return params, tx.init(params), jnp.zeros((), jnp.int32)
+
+    def apply(params, x):
+        def cell(h, xt):
+            h = jnp.tanh(xt @ params["wx"] + h @ params["wh"])
+            return h, None
+
+        h, _ = jax.lax.scan(cell, jnp.zeros((x.shape[0], HIDDEN)), jnp.swapaxes(x, 0, 1))
+        return h @ params["wo"]
+
+    def loss(params, b):
+        return optax.softmax_cross_entropy_with_integer_labels(apply(params, b["x"]), b["y"]).mean()
+
+    @jax.jit
+    def step(state, b):
+        params, opt_state, count = state
+        if shuffled_labels:
+            perm = jax.random.permutation(jax.random.fold_in(jax.random.key(1), count), b["y"].shape[0])
+            b = {"x": b["x"], "y": b["y"][perm]}
+        value, grads = jax.value_and_grad(loss)(params, b)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, count + 1), {"loss": value}
+
+    return jaxsane.Experiment(init=init, step=step, train=batch, loss=loss, apply=apply, name="rnn")
+
+
+def _carry(chunks: int) -> Carry:
+    return Carry(np.int32(chunks), None, None, None, None)
+
+
+def test_slices_run_one_chunk_then_as_many_as_the_pace_fits_and_stop_at_the_deadline():
+    asked = []
+
+    def run(carry, limit, prepare):  # each chunk takes 20 ms
+        done = 0 if carry is None else int(carry.chunks)
+        asked.append((limit, prepare))
+        time.sleep(0.02 * (limit - done))
+        return _carry(limit)
+
+    out, stopped = _within(run, None, 100, True, time.perf_counter() + 0.2)
+    assert stopped and 1 < int(out.chunks) < 100, asked
+    assert asked[0] == (1, True) and all(not prepare for _, prepare in asked[1:]), "only the first slice prepares"
+    out, stopped = _within(run, None, 3, True, time.perf_counter() + 60)
+    assert not stopped and int(out.chunks) == 3, "a sweep within its time runs all its chunks"
+    out, stopped = _within(run, None, 100, True, time.perf_counter() - 1)
+    assert stopped and int(out.chunks) == 1, "at least one chunk runs, so every group has a curve"
+
+
+def test_a_program_that_exits_early_is_not_cut():
+    def run(carry, limit, prepare):  # every configuration fits within the 2nd chunk: the program stops there
+        return _carry(min(limit, 2))
+
+    out, stopped = _within(run, None, 100, True, time.perf_counter() + 60)
+    assert not stopped and int(out.chunks) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_cut_by_its_time_limit_is_not_judged_but_the_same_fault_is_an_error_with_time():
+    exp = _rnn(shuffled_labels=True)
+    full = overfit(exp, seeds=1, steps=100, chunk=10, progress=False)
+    assert "overfit.failed" in full.codes and not full.ok, full.table()  # the planted bug, given its steps
+    cut = overfit(exp, seeds=1, steps=2000, chunk=10, progress=False, time_limit=0.5)
+    assert cut.time_cut == 0.5 and cut.steps_run < 2000, cut.table()
+    assert cut.ok and "overfit.budget" in cut.codes and "doctor.skipped" in cut.codes, cut.findings
+    budget = next(f for f in cut.findings if f.code == "overfit.budget" and "time limit" in f.message)
+    assert budget.severity == "info" and budget.extra["steps_run"] == cut.steps_run
+    assert cut.losses.shape[1] == cut.steps_run and np.all(np.isfinite(cut.losses))
+
+
+@pytest.mark.slow
+def test_a_healthy_sweep_within_its_time_limit_is_judged_as_before():
+    exp = _rnn(shuffled_labels=False, lr=3e-2)
+    result = overfit(exp, seeds=1, steps=300, chunk=10, progress=False, time_limit=600)
+    assert result.time_cut is None and result.ok and "overfit.best" in result.codes, result.table()
+    assert not any(f.code == "overfit.budget" for f in result.findings)
+
+
+def test_no_time_left_for_the_scaled_update_retry_is_not_judged(monkeypatch):
+    """A rate that cannot be set and fits nothing is retried with scaled updates only in the time the first sweep
+    left; with none left the own-rate curve is not judged (the retry is never run)."""
+    monkeypatch.setattr(overfit_module, "_time_left", lambda limit, first: -1.0)
+    retried = []
+    real_plan = overfit_module.plan_overfit
+
+    def spy(*args, **kwargs):
+        if kwargs.get("update_scales") is not None:  # the retry's plan (the first sweep's has none)
+            retried.append(kwargs["update_scales"])
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(overfit_module, "plan_overfit", spy)
+    exp = _rnn(shuffled_labels=False, lr=1e-6, inject=False)  # plain SGD at 1e-6: nothing fits at its own rate
+    result = overfit(exp, seeds=1, steps=20, chunk=10, progress=False, baseline=False, time_limit=30)
+    assert result.ok and "overfit.update_scaled" not in result.codes, result.findings
+    budget = next(f for f in result.findings if f.code == "overfit.budget")
+    assert "retry with larger updates" in budget.message and "doctor.skipped" in result.codes
+    assert retried == [], "no retry ran"
+
+
+def test_doctors_sweep_limit_is_twenty_timed_user_steps_at_least_thirty_seconds_or_the_option():
+    assert sweep_seconds(None, {"step_seconds": 0.8}) == 30.0
+    assert sweep_seconds(None, {"step_seconds": 2.5}) == 50.0
+    assert sweep_seconds(None, {"step_seconds": None}) is None and sweep_seconds(None, {}) is None
+    assert sweep_seconds(120, {"step_seconds": 2.5}) == 120.0
+    assert sweep_seconds(0, {"step_seconds": 2.5}) is None, "0: no limit"
+
+
+def test_overfit_rejects_a_time_limit_that_is_not_positive():
+    with pytest.raises(jaxsane.ArgumentError, match="time_limit"):
+        overfit(_rnn(False), time_limit=0, progress=False)
