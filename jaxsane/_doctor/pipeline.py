@@ -37,13 +37,11 @@ from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
 from .._experiment.batches import (
     Replayable,
-    axis_text,
     count_examples,
-    example_view,
     get_inputs,
     get_labels,
     get_mask,
-    leading_sizes,
+    rows_not_examples,
     slice_examples,
     sliceable,
 )
@@ -157,15 +155,14 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             max_seconds=opts.data_max_seconds,
         )
     except DataError as e:
-        view = example_view(exp, ctx.batch)
-        if len(leading_sizes(view)) <= 1:
+        why = rows_not_examples(exp, ctx.batch)
+        if why is None:
             raise
         return [
             Finding(
                 "doctor.skipped",
-                "data checks not run: they read one example per row, and the batch's "
-                f"leaves disagree on the leading axis ({axis_text(view)}; a graph batch, packed "
-                f"sequences), so rows are not examples ({str(e)[10:160]})",
+                f"data checks not run: they read one example per row, and in this batch {why}; a graph batch, "
+                f"packed sequences: rows are not examples ({str(e)[10:160]})",
                 "check such data in your own pipeline tests",
             )
         ]
@@ -348,7 +345,8 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
                 "pass Experiment(apply=...)",
             )
         ]
-    if len(leading_sizes(example_view(ctx.experiment, ctx.batch))) > 1:
+    why = rows_not_examples(ctx.experiment, ctx.batch)
+    if why is not None:
         exp = ctx.experiment
         if exp.examples is not None and sliceable(exp, ctx.batch) is None:  # Experiment.examples cuts them
             state = adapted.init(ctx.key)
@@ -363,9 +361,8 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         return findings + [
             Finding(
                 "doctor.skipped",
-                "batch independence not checked: the inputs' leaves disagree on "
-                "the leading axis, so outputs cannot be matched to examples row by row (a graph "
-                "batch, packed sequences)",
+                f"batch independence not checked: in this batch {why}, so outputs cannot be matched to "
+                "examples row by row (a graph batch, packed sequences)",
                 "pass Experiment(examples=lambda batch, n: ...) returning "
                 "the first n examples, and this stage compares the outputs of cut batches",
             )

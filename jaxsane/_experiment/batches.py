@@ -264,6 +264,34 @@ def example_view(exp: Experiment, batch: PyTree) -> PyTree:
     return parts if parts else batch
 
 
+def rows_not_examples(exp: Experiment, batch: PyTree) -> str | None:
+    """Why the rows of ``batch`` are not its examples, or None when they are: the per-example parts
+    (:func:`example_view`) disagree on their leading axis, or integer arrays beside them have another leading
+    size (the senders and receivers of a full-batch graph whose node features and labels are the rows, segment
+    ids): index arrays that point into the rows, which taking some rows would leave pointing at rows that are
+    gone. A float table beside the examples (class weights ``[C]``) is no such array. Not jit-safe."""
+    view = example_view(exp, batch)
+    sizes = leading_sizes(view)
+    if len(sizes) > 1:
+        return f"the batch's leaves disagree on the leading axis ({axis_text(view)})"
+    in_view = {id(x) for x in jax.tree_util.tree_leaves(view)}
+    index = [
+        f"{jax.tree_util.keystr(p) or '<root>'} {tuple(x.shape)}"
+        for p, x in jax.tree_util.tree_leaves_with_path(batch)
+        if id(x) not in in_view
+        and getattr(x, "ndim", 0) >= 1
+        and sizes
+        and int(x.shape[0]) != sizes[0]
+        and np.issubdtype(np.dtype(x.dtype), np.integer)
+    ]
+    if index:
+        return (
+            f"integer arrays beside its {sizes[0]} rows have other leading sizes ({', '.join(index[:4])}): index "
+            "arrays into the rows (a graph's senders and receivers, segment ids)"
+        )
+    return None
+
+
 def sliceable(exp: Experiment, batch: PyTree) -> str | None:
     """None when :func:`slice_examples` can take examples from ``batch``, else the reason why not."""
     if exp.examples is not None:
@@ -272,12 +300,11 @@ def sliceable(exp: Experiment, batch: PyTree) -> str | None:
             if _positional_arity(exp.examples) != 1
             else ("Experiment.examples counts examples but does not say how to take some of them")
         )
-    view = example_view(exp, batch)
-    if len(leading_sizes(view)) > 1:
+    why = rows_not_examples(exp, batch)
+    if why is not None:
         return (
-            f"the batch's leaves disagree on the leading axis ({axis_text(view)}), so it is not one "
-            "example per row (a graph batch, packed sequences); pass Experiment(examples=lambda batch, n: "
-            "...) returning the first n examples to let this stage cut it"
+            f"{why}, so it is not one example per row (a graph batch, packed sequences); pass "
+            "Experiment(examples=lambda batch, n: ...) returning the first n examples to let this stage cut it"
         )
     return None
 

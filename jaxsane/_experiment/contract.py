@@ -64,7 +64,8 @@ class Experiment:
       eval: the same, for held-out data.
       loss: ``(params, batch) -> scalar`` mean loss (NNX: ``(model, batch)``).
       apply: ``(params, inputs) -> outputs`` in eval mode (NNX: ``(model, inputs)``).
-      params: ``state -> params`` (default: ``state.params``, ``state["params"]``, ``state[0]``).
+      params: ``state -> params`` (default: ``state.params``, ``state["params"]``, ``state[0]``, or
+        ``state[0].params`` for a ``(TrainState, rng)`` tuple).
       inputs, labels, mask: ``batch -> array``; defaults look for common keys
         (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
       num_classes: number of classes, for label-range and init-loss checks.
@@ -427,7 +428,8 @@ class PureExperiment:
         if isinstance(state, Mapping) and "params" in state:
             return state["params"]
         if isinstance(state, (tuple, list)) and state:
-            return state[0]
+            first = state[0]  # (params, opt_state, ...), or (TrainState, rng): that state's own parameters
+            return first.params if hasattr(first, "params") and not isinstance(first, Mapping) else first
         raise ExperimentError("cannot find the parameters in the state: pass Experiment(params=lambda state: ...).")
 
     @staticmethod

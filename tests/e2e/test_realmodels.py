@@ -398,3 +398,82 @@ def test_graph_batches_cut_by_examples_are_checked_for_cross_talk():
     leaking = jaxsane.doctor(f65_graph_wrong_segments.experiment(), stages=["batch"], progress=False)
     (found,) = [f for f in leaking if f.code == "batch.cross_talk"]
     assert found.severity == "error" and "Experiment.examples" in found.message and found.extra["examples"]
+
+
+def _node_graph(n=60, e=240, classes=3, seed=0):
+    """One graph for node classification, full batch: node features and labels are the rows, the senders and
+    receivers (integer arrays of another length) index into them."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n).astype(np.int32)
+    x = (np.eye(classes)[y] @ rng.normal(size=(classes, 8)) + rng.normal(size=(n, 8))).astype(np.float32)
+    src = rng.integers(0, n, e)
+    return {"x": x, "y": y, "senders": src.astype(np.int32), "receivers": rng.integers(0, n, e).astype(np.int32)}
+
+
+def _gcn_experiment(graph):
+    n = graph["x"].shape[0]
+
+    def apply(p, g):
+        agg = jax.ops.segment_sum(g["x"][g["senders"]] @ p["w1"], g["receivers"], num_segments=n)
+        return jax.nn.relu(g["x"] @ p["w1"] + agg) @ p["w2"]
+
+    def loss(p, g):
+        return optax.softmax_cross_entropy_with_integer_labels(apply(p, g), g["y"]).mean()
+
+    tx = optax.adam(1e-2)
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        p = {"w1": jax.random.normal(k1, (8, 16)) / 3, "w2": jax.random.normal(k2, (16, 3)) / 4}
+        return p, tx.init(p)
+
+    @jax.jit
+    def step(s, g):
+        value, grads = jax.value_and_grad(loss)(s[0], g)
+        updates, opt = tx.update(grads, s[1], s[0])
+        return (optax.apply_updates(s[0], updates), opt), {"loss": value}
+
+    return jaxsane.Experiment(init=init, step=step, train=[graph], loss=loss, name="gcn")  # "x", "y": the rows
+
+
+def test_a_full_batch_graph_whose_rows_are_nodes_is_not_cut_and_gets_no_false_error():
+    """Node features and labels agree on the leading axis; the edge index arrays do not. Taking some nodes would
+    leave the edges pointing at nodes that are gone (the user's code then crashes or reads clamped indices), so
+    doctor cuts nothing, says why, and finds no error; a float table beside the examples is no index array."""
+    graph = _node_graph()
+    exp = _gcn_experiment(graph)
+    with pytest.raises(ExampleAxisError, match="index arrays"):
+        slice_examples(exp, graph, 4)
+    d = jaxsane.doctor(exp, progress=False, overfit_steps=60, run_steps=10)
+    assert not [f for f in d if f.severity in ("error", "warning")], d
+    skipped = " ".join(f.message for f in d if f.code == "doctor.skipped")
+    assert "overfit sweep not run" in skipped and "senders" in skipped, skipped
+    weighted = {"x": np.ones((6, 2), np.float32), "y": np.zeros(6, np.int32), "w": np.ones(3, np.float32)}
+    plain = jaxsane.Experiment(init=exp.init, step=exp.step, train=weighted)
+    assert slice_examples(plain, weighted, 2)["x"].shape == (2, 2)  # class weights [C] beside: still cut
+
+
+def test_the_parameters_of_a_trainstate_and_rng_tuple_are_the_trainstates():
+    from flax.training import train_state
+
+    def init(key):
+        params = {"w": jax.random.normal(key, (4, 2))}
+        return train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1)), jax.random.key(1)
+
+    def loss(params, batch):  # as a (TrainState, rng) program writes it: the TrainState's params
+        return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+    @jax.jit
+    def step(state, batch):
+        ts, key = state
+        value, grads = jax.value_and_grad(loss)(ts.params, batch)
+        return (ts.apply_gradients(grads=grads), jax.random.split(key)[0]), {"loss": value}
+
+    batch = {"x": np.ones((8, 4), np.float32), "y": np.zeros((8, 2), np.float32)}
+    exp = jaxsane.Experiment(init=init, step=step, train=batch, loss=loss)
+    adapted = PureExperiment(exp)
+    state = adapted.init(jax.random.key(0))
+    assert adapted.params(state) is state[0].params
+    assert float(adapted.loss_fn(adapted.params(state), batch)) > 0
+    d = jaxsane.doctor(exp, stages=["init", "grads"], progress=False)
+    assert not [f for f in d if f.code == "doctor.user_code_crashed"], d
