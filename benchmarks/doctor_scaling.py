@@ -1,7 +1,8 @@
 """doctor at the size people train: a ladder of realistic programs, each timed two ways in one run.
 
 For every rung (benchmarks/programs/scaling.py: an NNX causal LM at about 1M, 10M and 50M parameters,
-sequence 128, and a linen CNN with BatchNorm at two sizes) this runs, as fresh processes:
+sequence 128, a linen CNN with BatchNorm at two sizes, and a 7M-parameter linen LSTM LM whose step is bound by
+its loop over time) this runs, as fresh processes:
 
 * the user's own cold run: ``python benchmarks/programs/scaling.py RUNG`` (import, init, the first step,
   30 steps);
@@ -29,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join("benchmarks", "programs", "scaling.py")
-RUNGS = ("lm_1m", "lm_10m", "lm_50m", "cnn_small", "cnn_large")
+RUNGS = ("lm_1m", "lm_10m", "lm_50m", "cnn_small", "cnn_large", "lstm_7m")
 STAGES = ("data", "init", "grads", "step", "batch", "overfit", "run")
 
 

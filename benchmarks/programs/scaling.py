@@ -6,6 +6,8 @@
 * ``cnn_small``, ``cnn_large``: a Flax linen CNN with BatchNorm (conv-BN-ReLU blocks, average pooling,
   a dense head; a ``TrainState`` with ``batch_stats``, sgd with momentum) on 10-class images, 28x28x1
   and 32x32x3, about 0.1M and 1.2M parameters.
+* ``lstm_7m``: a Flax linen LM of two stacked LSTM layers (``nn.RNN(nn.OptimizedLSTMCell)``, adam), sequence
+  128, batch 16, about 7M parameters: a step bound by its loop over time steps rather than by its flops.
 
 ``python benchmarks/programs/scaling.py RUNG [--steps 30]`` is the user's own cold run: import, init, the
 first (compiling) step, then the remaining steps, printing one JSON line of timings. ``RUNG`` as a doctor
@@ -176,6 +178,49 @@ def cnn_experiment(name):
     )
 
 
+# ----------------------------------------------------------------------------- the LSTM LM (linen)
+
+
+class LSTMLM(nn.Module):
+    """Two stacked LSTM layers over token embeddings: a step is a loop over the sequence's time steps, so it costs
+    about as much on 2 examples as on 16 (bound by the loop, not by its flops)."""
+
+    vocab: int
+    width: int
+    hidden: int
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.width)(tokens)
+        x = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
+        x = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
+        return nn.Dense(self.vocab)(x)
+
+
+def lstm_experiment(vocab=4096, width=256, hidden=512, batch=16):
+    model = LSTMLM(vocab, width, hidden)
+    data, ev = lm_data(vocab, n=512), lm_data(vocab, 64, seed=1)
+
+    def init(key):
+        params = model.init(key, jnp.zeros((1, SEQ), jnp.int32))["params"]
+        return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(2e-3))
+
+    def loss(params, b):
+        logits = model.apply({"params": params}, b["tokens"][:, :-1])
+        m = b["mask"][:, 1:].astype(jnp.float32)
+        return (optax.softmax_cross_entropy_with_integer_labels(logits, b["tokens"][:, 1:]) * m).sum() / m.sum()
+
+    @jax.jit
+    def step(state, b):
+        value, grads = jax.value_and_grad(loss)(state.params, b)
+        return state.apply_gradients(grads=grads), {"loss": value}
+
+    return jaxsane.Experiment(
+        init=init, step=step, train=lambda: batches(data, batch), eval=ev, loss=loss,
+        inputs=lambda b: b["tokens"], mask=lambda b: b["mask"], name="lstm_7m",
+    )
+
+
 # ----------------------------------------------------------------------------- shared
 
 
@@ -208,7 +253,14 @@ def cnn_large():
     return cnn_experiment("cnn_large")
 
 
-RUNGS = {"lm_1m": lm_1m, "lm_10m": lm_10m, "lm_50m": lm_50m, "cnn_small": cnn_small, "cnn_large": cnn_large}
+def lstm_7m():
+    return lstm_experiment()
+
+
+RUNGS = {
+    "lm_1m": lm_1m, "lm_10m": lm_10m, "lm_50m": lm_50m, "cnn_small": cnn_small, "cnn_large": cnn_large,
+    "lstm_7m": lstm_7m,
+}
 
 
 def user_run(name, steps=30):

@@ -26,7 +26,7 @@ import numpy as np
 from .._core.errors import ArgumentError, DataError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
-from .._core.tree import PyTree, is_key, leaves_with_paths
+from .._core.tree import PyTree, accumulates_gradients, is_key, leaves_with_paths
 from .._core.validate import is_prng_key, require_batch, require_bool, require_int
 from .._experiment.batch_match import batch_mismatch, cause_text
 from .._experiment.batches import first_batch
@@ -274,7 +274,7 @@ def timed_check_step(
         fields.append(_static_fields(state))
 
     findings: list[Finding] = []
-    findings += _update_findings(snapshots, kinds)
+    findings += _update_findings(snapshots, kinds, accumulating=accumulates_gradients(first_state))
     findings += _frozen_state_findings(adapted, first_state, snapshots, batch, kinds, findings)
     findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
@@ -302,7 +302,10 @@ def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:
     return kinds
 
 
-def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
+def _update_findings(snapshots: list, kinds: list[str], accumulating: bool = False) -> list[Finding]:
+    """``step.no_update`` / ``step.opt_state_frozen`` from the state's snapshots; ``accumulating``: the state holds
+    a gradient accumulator (``optax.MultiSteps``), whose parameters unchanged for fewer calls than its k are not
+    judged (a ``doctor.skipped`` info)."""
     n = len(snapshots) - 1
     params = [i for i, k in enumerate(kinds) if k == "param"]
     opt = [i for i, k in enumerate(kinds) if k == "opt"]
@@ -310,6 +313,17 @@ def _update_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
         [not bitwise_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for i in range(len(kinds))] for c in range(n)
     ]
     params_moved = any(changed[c][i] for c in range(n) for i in params)
+    if params and not params_moved and accumulating:
+        return [
+            Finding(
+                "doctor.skipped",
+                f"step.no_update not judged: the parameters are bitwise unchanged after {n} calls, and the optimizer "
+                "accumulates gradients (optax.MultiSteps: the parameters move once every k calls)",
+                f"run the step more than k times to check that its update is applied (jaxsane doctor -o "
+                f"step_calls=K+1, check_step(calls=K+1)); {n} calls were made",
+                extra={"calls": n},
+            )
+        ]
     if params and not params_moved:
         opt_note = ""
         if opt and not any(changed[c][i] for c in range(n) for i in opt):

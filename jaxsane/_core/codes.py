@@ -245,7 +245,12 @@ CODES: dict[str, tuple[str, str, str]] = {
         "the step's own rate fit nothing; the sweep scaled its parameter updates as larger rates",
         "-",
     ),
-    "overfit.budget": (INFO, "the sweep ran fewer configurations than usual: the model is too large for them", "-"),
+    "overfit.budget": (
+        INFO,
+        "the sweep ran fewer configurations than usual (the model is too large for them), or stopped at its time "
+        "limit before any fit (then it is not judged)",
+        "-",
+    ),
     "doctor.skipped": (INFO, "a doctor stage was skipped because a handle it needs is missing", "-"),
     "nonfinite.xla_only": (INFO, "a non-finite value appears only in the compiled (XLA) program", "-"),
 }

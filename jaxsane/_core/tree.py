@@ -29,6 +29,14 @@ def leaves_with_paths(tree: PyTree, root: str = "", is_leaf: Callable | None = N
     return [(path_str(p, root), leaf) for p, leaf in flat]
 
 
+def accumulates_gradients(state: PyTree) -> bool:
+    """Whether ``state`` holds a gradient accumulator (``optax.MultiSteps``: its ``mini_step`` counter and
+    ``acc_grads``, found by path in any style of state, an NNX optimizer's too): the parameters then move once
+    every k steps, and a step that leaves them as they were is no sign of a bug. Not jit-safe."""
+    paths = [p for p, _ in leaves_with_paths(state)]
+    return any("mini_step" in p for p in paths) and any("acc_grads" in p for p in paths)
+
+
 def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
 from .._core.host_memory import release_free_memory
-from .._core.tree import PyTree, copy_arrays, grouped_finite_flags, is_inexact
+from .._core.tree import PyTree, accumulates_gradients, copy_arrays, grouped_finite_flags, is_inexact
 from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
 from .._experiment.contract import PureExperiment
 from .._guard.guard import Guarded
@@ -367,5 +367,14 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story
         thresholds: dict[str, Any] = opts.run_thresholds  # keys checked against check_training's by check_options
-        findings.extend(check_training(history, **thresholds))
+        findings.extend(_between_updates(check_training(history, **thresholds), adapted.example_state))
     return findings
+
+
+def _between_updates(findings: list[Finding], state: PyTree) -> list[Finding]:
+    """``findings`` less a zero update ratio of a state that accumulates gradients (``optax.MultiSteps``): its
+    parameters move once every k steps, and telemetry sampled every few steps can fall between two updates every
+    time (check_training already leaves out the samples that moved nothing when some did). Not jit-safe."""
+    if not accumulates_gradients(state):
+        return findings
+    return [f for f in findings if not (f.code == "train.update_ratio" and (f.extra or {}).get("ratio") == 0.0)]

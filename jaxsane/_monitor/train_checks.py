@@ -299,6 +299,11 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     if p.size == 0 or len(p) < 2:
         return []
     idx = h.weight_leaves or list(range(p.shape[1]))
+    moved = np.any(u[:, idx] > 0, axis=1)
+    if moved.any():  # a step that moved no weight at all was skipped (gradient accumulation, an overflow skip)
+        p, u = p[moved], u[moved]
+    if len(p) < 2:
+        return []
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = u[:, idx] / np.where(p[:, idx] > 0, p[:, idx], np.nan)
     # too high: the largest median over a sliding window (an early burst counts, one spike does not);

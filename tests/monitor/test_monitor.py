@@ -318,3 +318,16 @@ def test_the_jumps_of_a_diverging_loss_are_consequences_of_train_diverging():
     calm[30] = 40.0
     (spike,) = [f for f in check_training(_history(calm)) if f.code == "train.loss_spike"]
     assert spike.caused_by is None
+
+
+def test_steps_that_moved_no_weight_are_skipped_steps_not_small_updates():
+    """Gradient accumulation (optax.MultiSteps(4)) moves the weights on one step in four: the three between are
+    skipped steps, not updates too small; a run where nothing ever moves is still frozen."""
+    p = [[1.0, 10.0]] * 16
+    moves = [[1e-3, 1e-2] if i % 4 == 3 else [0.0, 0.0] for i in range(16)]
+    h = _history(np.linspace(2, 1, 16), tele_steps=list(range(16)), param_norm=p, update_norm=moves,
+                 weight_leaves=[0, 1], leaf_paths=["w0", "w1"], depth=[0, 1])
+    assert _codes(h) == []
+    h.update_norm = [[0.0, 0.0]] * 16  # nothing ever moved: frozen (learning rate 0)
+    (f,) = check_training(h)
+    assert f.code == "train.update_ratio" and f.extra["direction"] == "low" and f.extra["ratio"] == 0.0
