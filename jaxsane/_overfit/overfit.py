@@ -120,10 +120,8 @@ def overfit(
         program side by side in host threads. Default: one per CPU core on the CPU backend (XLA:CPU
         runs a small vmapped program on one core), one on GPU/TPU. Results do not depend on it.
       progress: show progress on stderr (a spinner on a terminal, plain lines otherwise; doctor shows its own).
-      time_limit: seconds the compiled sweep may run (None: no limit), the retry with scaled updates and its
-        compile included. Groups run in slices paced by their first chunk; a sweep stopped by the limit before any
-        configuration fit is not judged (``overfit.budget`` and ``doctor.skipped``, never an error). doctor sets
-        20 of the user's steps as its step stage timed them, at least 30 s (``-o overfit_seconds=...``).
+      time_limit: seconds its compiled runs may take, the scaled-update retry included (None: no limit); a sweep
+        stopped before any fit is not judged (``overfit.budget``, ``doctor.skipped``), never an error.
 
     Returns:
       An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,
@@ -269,19 +267,24 @@ def plan_overfit(
         return OverfitPlan(sweep.compile, sweep.run)
     # the rate cannot be set: if its own fits nothing, the same sweep (options: as given) with scaled updates, in the
     # time the first one left
-    options["update_scales"] = UPDATE_SCALES
+    return OverfitPlan(sweep.compile, _with_retry(sweep, batch, {**options, "update_scales": UPDATE_SCALES}))
+
+
+def _with_retry(sweep: _Sweep, batch: PyTree, options: dict[str, Any]) -> Callable[..., OverfitResult]:
+    """``run(precompiled, time_limit)`` of a sweep at the step's own rate: when that fits nothing, the same sweep
+    again with scaled updates (``plan_overfit(**options)``, on the same batch), in the time the first one left;
+    with none left, the own-rate curve alone is not judged. Not jit-safe."""
 
     def run(precompiled: Any = None, time_limit: float | None = None) -> OverfitResult:
         first = sweep.run(precompiled, time_limit)
         left = _time_left(time_limit, first)
-        # no time left for the retry: the own-rate curve alone judges nothing
         if time_limit is not None and left is not None and left <= 0 and needs_scaled_updates(first):
             infos = [f for f in first.findings if f.severity == "info"]
             return dataclasses.replace(first, findings=(*infos, *out_of_time(first, time_limit, retry=True)))
-        retry = lambda: plan_overfit(adapted, batch, **options).run(time_limit=left)  # noqa: E731 - the same batch
+        retry = lambda: plan_overfit(sweep.adapted, batch, **options).run(time_limit=left)  # noqa: E731
         return with_scaled_updates(first, retry)
 
-    return OverfitPlan(sweep.compile, run)
+    return run
 
 
 def _time_left(limit: float | None, first: OverfitResult) -> float | None:

@@ -374,10 +374,8 @@ def run_sweep(
         it while other stages run); None compiles here, in a thread, while the states are built.
       target_accuracy: the accuracy target the program uses, asked for once it has compiled (the plan may
         still be finding whether apply's accuracy can judge the fit); None: ``spec.target_accuracy``.
-      time_limit: seconds the groups may run once compiled (None: no limit). Each group then runs in slices, the
-        first one chunk long, the next as many chunks as its measured pace fits before the deadline; a group
-        stops there (after at least one chunk), every curve is cut where the shortest stopped, and the output
-        says ``cut`` (see :func:`_within`).
+      time_limit: seconds the groups may run once compiled (None: no limit): each runs in slices (:func:`_within`),
+        every curve is cut where the shortest stopped, and the output says ``cut``.
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -386,17 +384,8 @@ def run_sweep(
     ]
     group_real = real[layout.slots] & ~layout.padding
 
-    def compile_program():
-        return compile_sweep(spec, layout, example_state=example_state, batch_for=batch_for, traces=traces)
-
     def initial(g: int) -> Carry:
-        return Carry(
-            np.int32(0),
-            build_states(layout.slots[g]),
-            np.full((size, total), np.nan, np.float32),
-            np.zeros(size, np.float32),
-            np.full(size, -1, np.int32),
-        )
+        return _initial_carry(build_states(layout.slots[g]), size, total)
 
     def call(g: int, carry: Carry | None, limit: int, prepare: bool, early: bool) -> Carry:
         row = layout.slots[g]
@@ -424,34 +413,27 @@ def run_sweep(
 
     at_once = layout.parallel or layout.groups
     with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
-        say(
-            f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building "
-            "the initial states"
+        say(f"compiling the sweep program ({layout.groups} group(s) of {size} configurations) while building states")
+        compiling = precompiled or pool.submit(
+            compile_sweep, spec, layout, example_state=example_state, batch_for=batch_for, traces=traces
         )
-        compiling = precompiled if precompiled is not None else pool.submit(compile_program)
         # the initial states are built while the program compiles, unless the groups run in memory-sized turns
         carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
         deadline = None if time_limit is None else time.perf_counter() + time_limit
         cut = [False] * layout.groups
         accuracy_target = np.float32(spec.target_accuracy if target_accuracy is None else target_accuracy())
-        stops = "at the first fit" if spec.first_fit_ends else "once every configuration has fit"
-        say(
-            f"compiled in {compile_seconds:.1f} s; running up to {total} steps"
-            + (f" (stops {stops})" if early_exit else "")
-        )
+        stops = f" (stops {'at the first fit' if spec.first_fit_ends else 'once every configuration has fit'})"
+        say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps" + (stops if early_exit else ""))
         first_fit = spec.first_fit_ends and early_exit
         if first_fit:
             ran = _until_first_fit(spec, layout, lambda g, limit: launch(g, carries[g], limit, True), group_real)
         else:
             ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
-        if any(cut):  # out of time: the curves end where the shortest ended, nothing resumes
-            last = min(int(c.chunks) for c in ran)
+        last, behind = _ending(ran, group_real, first_fit, any(cut))
+        if any(cut):
             say(f"stopped at the sweep's time limit ({time_limit:.0f} s) after {last * spec.chunk} steps")
-        else:
-            last = _last_chunk(ran, group_real, first_fit)
-        behind = [] if any(cut) else [g for g in range(layout.groups) if int(ran[g].chunks) < last]
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, ran[g], last, False), behind)):
@@ -459,6 +441,24 @@ def run_sweep(
 
     out = _collected(layout, ran, last * spec.chunk, compile_seconds, time.perf_counter() - start)
     return out._replace(cut=any(cut))
+
+
+def _initial_carry(states: PyTree, size: int, total: int) -> Carry:
+    """A group's carry before its first chunk: no chunk run, its states, no losses, accuracy or fit yet."""
+    return Carry(
+        np.int32(0), states, np.full((size, total), np.nan, np.float32), np.zeros(size, np.float32),
+        np.full(size, -1, np.int32),
+    )  # fmt: skip
+
+
+def _ending(ran: list[Carry], group_real: np.ndarray, first_fit: bool, cut: bool) -> tuple[int, list[int]]:
+    """``(the chunk every curve runs to, the groups that resume to it)``: out of time, where the shortest group
+    stopped, and nothing resumes; else :func:`_last_chunk`, the groups that stopped before it resuming. Not
+    jit-safe."""
+    if cut:
+        return min(int(c.chunks) for c in ran), []
+    last = _last_chunk(ran, group_real, first_fit)
+    return last, [g for g, c in enumerate(ran) if int(c.chunks) < last]
 
 
 def _within(

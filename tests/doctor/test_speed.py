@@ -349,8 +349,14 @@ def test_a_float32_reverse_mode_gradient_check_runs_the_run_telemetrys_program(c
     compiled = {}
     for float64 in (False, True):
         caplog.clear()
-        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
-            d = jaxsane.doctor(optax_experiment(), stages=["grads", "run"], grads_float64=float64, **options)
+        # the global flag, not jax.log_compiles (a thread-local context): the check compiles in doctor's background
+        # thread or on its main thread, whichever comes to it first
+        jax.config.update("jax_log_compiles", True)
+        try:
+            with caplog.at_level(logging.WARNING, logger="jax"):
+                d = jaxsane.doctor(optax_experiment(), stages=["grads", "run"], grads_float64=float64, **options)
+        finally:
+            jax.config.update("jax_log_compiles", False)
         assert d.complete and d.passed, [str(f) for f in d]
         compiled[float64] = re.findall(r"Finished XLA compilation of jit\((\w+)\)", caplog.text)
     assert compiled[False].count("telemetry") == 1 and "autodiff" not in compiled[False], compiled[False]
