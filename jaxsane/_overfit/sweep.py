@@ -402,7 +402,7 @@ def run_sweep(
 
     def launch(g: int, carry: Carry | None, limit: int, first: bool) -> Carry:
         early = early_exit and first
-        if deadline is None:
+        if deadline is None or not first:  # a resume runs to where the other groups already are, within the time
             out = call(g, carry, limit, first, early)
         else:
             out, stopped = _within(lambda c, n, prepare: call(g, c, n, prepare, early), carry, limit, first, deadline)
