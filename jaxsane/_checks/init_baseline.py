@@ -179,11 +179,19 @@ def constant_loss(
         c = jnp.asarray(c, dtype)
         return c if mesh is None else jax.device_put(c, NamedSharding(mesh, PartitionSpec()))
 
-    def f(values):
-        it = _Replace(at_sites, values)
-        return jnp.asarray(it.run(closed.jaxpr, closed.consts, flat)[0][0], jnp.float32).reshape(())
+    # the params' and the batch's arrays are passed, not closed over: never constants of the program
+    arrays = [i for i, x in enumerate(flat) if isinstance(x, (np.ndarray, np.generic, jax.Array))]
 
-    loss_with = quick_jit(f, runs=4)
+    def f(values, passed):
+        full = list(flat)
+        for i, x in zip(arrays, passed):
+            full[i] = x
+        it = _Replace(at_sites, values)
+        return jnp.asarray(it.run(closed.jaxpr, closed.consts, full)[0][0], jnp.float32).reshape(())
+
+    program = quick_jit(f, runs=4)
+    passed = [flat[i] for i in arrays]
+    loss_with = lambda values: program(values, passed)  # noqa: E731
     init_value = float(loss_with([put(o) for o in outs]))
     label_stats: dict[tuple[int, ...], tuple[np.ndarray, float]] = {}  # shape -> (mean, spread) over the examples
     for x in (
@@ -207,22 +215,23 @@ def constant_loss(
         raise CannotCompare("the loss is non-finite at every constant prediction tried")
     start = starts[min(finite, key=lambda i: losses[i])]
     best = float(np.nanmin(losses))
-    fitted = _fit(f, [put(c, jnp.float32) for c in start], scale)
+    fitted = _fit(f, [put(c, jnp.float32) for c in start], scale, passed)
     if np.isfinite(fitted):
         best = min(best, fitted)
     return Baseline(loss=init_value, constant_loss=best, outputs=len(outs), examples=examples)
 
 
-def _fit(f: Callable, start: list, scale: list) -> float:
-    """The lowest ``f`` seen in :data:`FIT_STEPS` Adam steps from ``start`` (per-leaf step size ``0.3 * scale``)."""
+def _fit(f: Callable, start: list, scale: list, passed: list) -> float:
+    """The lowest ``f(values, passed)`` seen in :data:`FIT_STEPS` Adam steps of ``values`` from ``start`` (per-leaf
+    step size ``0.3 * scale``)."""
     tx = optax.adam(optax.exponential_decay(0.3, FIT_STEPS, 0.01))
     sizes = [jnp.asarray(s, jnp.float32) for s in scale]
 
     @jax.jit
-    def fit(c0):
+    def fit(c0, passed):
         def body(carry, _):
             c, opt, low = carry
-            value, g = jax.value_and_grad(f)(c)
+            value, g = jax.value_and_grad(f)(c, passed)
             updates, opt = tx.update(g, opt, c)
             c = [ci + si * ui for ci, si, ui in zip(c, sizes, updates)]
             return (c, opt, jnp.where(jnp.isfinite(value), jnp.minimum(low, value), low)), None
@@ -230,10 +239,10 @@ def _fit(f: Callable, start: list, scale: list) -> float:
         (c, _, low), _ = jax.lax.scan(
             body, (c0, tx.init(c0), jnp.asarray(jnp.inf, jnp.float32)), None, length=FIT_STEPS
         )
-        last = f(c)
+        last = f(c, passed)
         return jnp.where(jnp.isfinite(last), jnp.minimum(low, last), low)
 
-    return float(fit(start))
+    return float(fit(start, passed))
 
 
 def check_init_loss_vs_constant(loss: float, constant_loss: float, *, factor: float = 30.0) -> list[Finding]:

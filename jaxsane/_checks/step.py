@@ -17,7 +17,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -221,6 +221,14 @@ def check_step(
     return timed_check_step(experiment, batch, key=key, calls=calls, check_rng=check_rng)[0]
 
 
+class StepTiming(NamedTuple):
+    """The seconds of the step's calls in :func:`timed_check_step`: ``first`` (its compile included, when it
+    compiled) and ``fastest`` (the fastest call that neither traced nor compiled; None when every call did)."""
+
+    first: float
+    fastest: float | None
+
+
 def timed_check_step(
     experiment: Experiment | PureExperiment,
     batch: Any = None,
@@ -228,10 +236,9 @@ def timed_check_step(
     key: jax.Array | None = None,
     calls: int = 3,
     check_rng: bool = True,
-) -> tuple[list[Finding], float | None]:
-    """:func:`check_step`'s findings and the seconds of the step's fastest call that neither traced nor compiled
-    (None when every call did): what one of the user's steps costs on this machine, the yardstick of doctor's
-    time guards. Not jit-safe."""
+) -> tuple[list[Finding], StepTiming]:
+    """:func:`check_step`'s findings and the :class:`StepTiming` of its calls: what the user's step costs on
+    this machine, the yardstick of doctor's time guards. Not jit-safe."""
     require_experiment("check_step", experiment)
     require_int("check_step", "calls", calls)
     require_bool("check_step", "check_rng", check_rng)
@@ -258,6 +265,7 @@ def timed_check_step(
     fields = [_static_fields(state)]
     compiles, traces = [], []
     seconds: list[float] = []
+    first = 0.0
     tracker, site = RecompileTracker(), user_call_site()
     for _call in range(int(calls)):
         sig = signature((state, batch), names=("state", "batch"))  # before the call: the step may donate
@@ -265,8 +273,10 @@ def timed_check_step(
         with count_compilations(this_thread=True) as counter:  # doctor compiles other stages' programs meanwhile
             state, _ = adapted.step(state, batch)
             jax.block_until_ready(jax.tree_util.tree_leaves(state))
+        took = time.perf_counter() - start
+        first = took if _call == 0 else first
         if counter.compiles == 0 and counter.traces == 0:  # a call that only ran: the step's own time
-            seconds.append(time.perf_counter() - start)
+            seconds.append(took)
         compiles.append(counter.compiles)
         traces.append(counter.traces)
         tracker.seen(sig, counter.compiles > 0, site)
@@ -279,7 +289,7 @@ def timed_check_step(
     findings += _recompile_findings(compiles, traces, tracker.reasons, _changed_fields(fields))
     if check_rng:
         findings += _rng_findings(adapted, first_state, snapshots, batch, kinds)
-    return findings, min(seconds, default=None)
+    return findings, StepTiming(first, min(seconds, default=None))
 
 
 def _leaf_kinds(state: PyTree, param_ids: set[int]) -> list[str]:

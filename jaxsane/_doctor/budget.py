@@ -46,7 +46,10 @@ thousand tokens) makes the per-stage rules apply; off the CPU 1000x more."""
 GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_TIME_STEPS = 20.0  # the sweep's time guard: its runs take at most this many of the user's steps, as timed,
-MIN_SWEEP_SECONDS = 30.0  # and never less than this (pipeline.sweep_seconds)
+MIN_SWEEP_SECONDS = 30.0  # and never less than this on a small step (sweep_time_limit)
+SWEEP_COLD_SHARE = 0.4  # on a large step, this share of the user's own cold run instead (doctor's other work
+# beyond the user's own is about half of it: the step stage's checks, the batch probes, the run's telemetry)
+COLD_RUN_STEPS = 30  # the steps of the user's own cold run (init, the first step, then these): doctor's yardstick
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
 SEQUENCE_BATCH = 2  # examples a large model's overfit sweep uses when each example holds many targets
@@ -89,6 +92,7 @@ class StagePlan:
     sweep_chunk: int | None = None
     lines: list[str] = dataclasses.field(default_factory=list)
     estimates: dict[str, float] = dataclasses.field(default_factory=dict)
+    large: bool = False
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON: the summary lines, the changed options, the limits and the estimates."""
@@ -100,6 +104,7 @@ class StagePlan:
             "sweep_chunk": self.sweep_chunk,
             "step_flops": None if self.cost is None else self.cost.flops,
             "estimates": {k: round(v, 2) for k, v in self.estimates.items()},
+            "large": self.large,
         }
 
     def apply(self, opts: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +220,7 @@ def plan_stages(
     if cost is None:
         return plan
     backend = backend or jax.default_backend()
-    large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
+    plan.large = large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
     if large:
         evaluates = adapted is not None and adapted.experiment.eval is not None
         has_loss = adapted is not None and adapted.loss_fn is not None
@@ -291,6 +296,28 @@ def _per_stage_rules(
         )
         + (f"; the gradient check costs about {GRADS_STEPS:g} of the user's steps" if has_loss else "")
     )
+
+
+def sweep_time_limit(
+    step_seconds: float | None, *, large: bool, init_seconds: float = 0.0, first_step_seconds: float = 0.0
+) -> float | None:
+    """The overfit sweep's time guard in seconds (None when the user's step was not timed): its runs, the retry
+    with scaled updates included, take at most :data:`SWEEP_TIME_STEPS` of the user's steps and never less than
+    :data:`MIN_SWEEP_SECONDS` on a small step; on a large one, :data:`SWEEP_COLD_SHARE` of the user's own cold
+    run as doctor measured its parts (``init_seconds``: the first batch and the user's init;
+    ``first_step_seconds``: the step's first call, its compile included; then :data:`COLD_RUN_STEPS` steps of
+    ``step_seconds``), so that doctor stays within about twice the user's run.
+
+    The flop plan sizes the sweep from the flops of a step on fewer examples, but a model bound by a sequential
+    loop (an LSTM's time steps) or by reading its weights costs about as much a step on 2 examples as on 16: a
+    7M-parameter LSTM LM on 2 cores took 490 s of sweep with no guard next to the user's 31 s cold run, and its
+    ~300 steps to a fit, with a fixed 30 s guard, 54 s of doctor next to the user's 17 s on a fast day. A sweep cut
+    before any fit is not judged (``overfit.budget``, ``doctor.skipped``). Not jit-safe (host arithmetic)."""
+    if step_seconds is None:
+        return None
+    if large:
+        return SWEEP_COLD_SHARE * (init_seconds + first_step_seconds + COLD_RUN_STEPS * step_seconds)
+    return max(SWEEP_TIME_STEPS * step_seconds, MIN_SWEEP_SECONDS)
 
 
 def telemetry_every(run_steps: int) -> int:

@@ -275,7 +275,10 @@ def doctor(
         _RUNNING.append(diagnosis)  # what the CLI's Ctrl-C watcher prints
         cleanup.callback(_RUNNING.remove, diagnosis)
         try:  # a Ctrl-C while doctor plans or traces the user's step keeps what was found too
+            start = time.perf_counter()
             batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
+            # the user's own costs, measured as doctor goes (its yardstick: pipeline.sweep_seconds)
+            diagnosis.artifacts["user_seconds"] = {"init": time.perf_counter() - start}
             if adapted is not None and not blocked:  # fit the stages to the program's size (and the budget)
                 planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)
                 opts = planned.apply(opts)

@@ -49,7 +49,7 @@ from .._experiment.contract import Experiment, PureExperiment
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
-from .budget import MIN_SWEEP_SECONDS, SWEEP_TIME_STEPS
+from .budget import sweep_time_limit
 from .grads_stage import grads_stage, prepare_grads
 from .options import (
     OPTION_CLASSES,
@@ -325,8 +325,9 @@ def _init_loss_vs_constant(
 
 def step_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_step` on the first train batch (:class:`StepOptions`)."""
-    findings, seconds = timed_check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
-    ctx.artifacts["step_seconds"] = seconds  # one of the user's steps on this machine: the overfit sweep's time guard
+    findings, timing = timed_check_step(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
+    # the user's own costs on this machine: the overfit sweep's time guard
+    ctx.artifacts.setdefault("user_seconds", {}).update(step=timing.fastest, first_step=timing.first)
     underflow = check_step_underflow(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
     if any(f.code == "train.update_underflow" for f in underflow):  # float32 moves: not a zero update
         findings = [f for f in findings if f.code != "step.no_update"]
@@ -478,16 +479,18 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
 
 
 def sweep_seconds(option: float | None, artifacts: dict[str, Any]) -> float | None:
-    """The overfit sweep's time limit: ``overfit_seconds`` as set (0: none), else :data:`SWEEP_TIME_STEPS` of the
-    user's steps as the step stage timed them, at least :data:`MIN_SWEEP_SECONDS`; None when the step was not
-    timed. The flop plan (``budget.py``) sizes the sweep from the flops of a step on fewer examples; a model bound
-    by a sequential loop (an LSTM's time steps) costs about as much a step on 2 examples as on 16, and this guard
-    keeps its sweep, the retry with scaled updates included, from taking minutes (a 7M-parameter LSTM LM on
-    2 cores: 490 s of sweep without it, next to the user's 31 s cold run)."""
+    """The overfit sweep's time limit: ``overfit_seconds`` as set (0: none), else :func:`sweep_time_limit` of the
+    user's own costs as doctor timed them (its init, the step's first call and its fastest); None when the step
+    was not timed."""
     if option is not None:
         return float(option) or None
-    seconds = artifacts.get("step_seconds")
-    return None if seconds is None else max(SWEEP_TIME_STEPS * seconds, MIN_SWEEP_SECONDS)
+    timed = artifacts.get("user_seconds", {})
+    return sweep_time_limit(
+        timed.get("step"),
+        large=bool((artifacts.get("plan") or {}).get("large")),
+        init_seconds=timed.get("init", 0.0),
+        first_step_seconds=timed.get("first_step", 0.0),
+    )
 
 
 def _plan_limits(ctx: StageContext) -> dict[str, Any]:

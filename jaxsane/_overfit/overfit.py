@@ -52,7 +52,7 @@ from .sweep import (
     stack_states,
     state_bytes,
 )
-from .update_scale import FITTING, UPDATE_SCALES, UpdateScaled, needs_scaled_updates, with_scaled_updates
+from .update_scale import UPDATE_SCALES, UpdateScaled, needs_scaled_updates, with_scaled_updates
 from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs
 
 # ----------------------------------------------------------------------------- the sweep
@@ -551,6 +551,10 @@ class _Sweep:
             accuracy_mismatch=judging.accuracy_mismatch,
         )
         result = dataclasses.replace(result, verdicts=verdicts)
-        if result.time_cut is not None and not any(verdicts[i] in FITTING for i in result.real):
-            judged = [f for f in judged if f.severity == "info"] + out_of_time(result, result.time_cut)
+        if result.time_cut is not None and not any(verdicts[i] == "fits" for i in result.real):
+            # a curve cut short that did not reach the target judges nothing: one still falling steadily after a
+            # steep start reads as a floor (a 7M LSTM LM cut at step 150: "a floor at 15% of its start", then a
+            # fit at step 286 with no limit)
+            kept = [f for f in judged if f.severity == "info" and f.code not in ("overfit.floor", "overfit.best")]
+            judged = kept + out_of_time(result, result.time_cut)
         return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

@@ -14,6 +14,7 @@ import jaxsane
 from jaxsane import overfit
 from jaxsane._doctor.pipeline import sweep_seconds
 from jaxsane._overfit import overfit as overfit_module
+from jaxsane._overfit import verdict as verdict_module
 from jaxsane._overfit.sweep import Carry, _within
 
 HIDDEN, TIME = 16, 400  # a small RNN over a long sequence: each step is a loop of 400 dependent iterations
@@ -131,12 +132,39 @@ def test_no_time_left_for_the_scaled_update_retry_is_not_judged(monkeypatch):
     assert retried == [], "no retry ran"
 
 
-def test_doctors_sweep_limit_is_twenty_timed_user_steps_at_least_thirty_seconds_or_the_option():
-    assert sweep_seconds(None, {"step_seconds": 0.8}) == 30.0
-    assert sweep_seconds(None, {"step_seconds": 2.5}) == 50.0
-    assert sweep_seconds(None, {"step_seconds": None}) is None and sweep_seconds(None, {}) is None
-    assert sweep_seconds(120, {"step_seconds": 2.5}) == 120.0
-    assert sweep_seconds(0, {"step_seconds": 2.5}) is None, "0: no limit"
+def test_doctors_sweep_limit_on_a_small_step_is_twenty_timed_user_steps_at_least_thirty_seconds_or_the_option():
+    small = {"plan": {"large": False}}
+    assert sweep_seconds(None, {**small, "user_seconds": {"step": 0.8, "init": 5.0, "first_step": 9.0}}) == 30.0
+    assert sweep_seconds(None, {**small, "user_seconds": {"step": 2.5}}) == 50.0
+    assert sweep_seconds(None, {"user_seconds": {"step": None}}) is None and sweep_seconds(None, {}) is None
+    assert sweep_seconds(120, {"user_seconds": {"step": 2.5}}) == 120.0
+    assert sweep_seconds(0, {"user_seconds": {"step": 2.5}}) is None, "0: no limit"
+
+
+def test_doctors_sweep_limit_on_a_large_step_is_a_share_of_the_users_own_cold_run():
+    """A large step's sweep gets 0.4 of what the user's own cold run costs (init, first step, 30 steps): a
+    loop-bound model whose sweep needs 300 steps is not judged rather than tripling doctor's time."""
+    large = {"plan": {"large": True}}
+    lstm = {**large, "user_seconds": {"init": 2.4, "first_step": 1.9, "step": 0.38}}  # a 7M LSTM LM, 2 CPU cores
+    assert sweep_seconds(None, lstm) == pytest.approx(0.4 * (2.4 + 1.9 + 30 * 0.38))
+    slow_step = {**large, "user_seconds": {"init": 10.0, "first_step": 20.0, "step": 2.0}}
+    assert sweep_seconds(None, slow_step) == pytest.approx(36.0)
+    assert sweep_seconds(0, lstm) is None and sweep_seconds(None, {**large, "user_seconds": {}}) is None
+
+
+@pytest.mark.slow
+def test_a_cut_curve_that_reads_as_a_floor_is_not_judged(monkeypatch):
+    """A curve cut short that did not reach the target is no evidence of a floor either: a loss still falling
+    steadily after a steep start reads as flat in its last tenth. Forced here: every unreached curve reads as a
+    floor, and the cut sweep must still say it is not judged instead of reporting a floor."""
+    monkeypatch.setattr(verdict_module, "curve_verdict", lambda losses, reached: "fits" if reached else "floor")
+    exp, slow = _rnn(shuffled_labels=False), {"learning_rates": [1e-4], "seeds": 1, "baseline": False}
+    cut = overfit(exp, steps=2000, chunk=10, progress=False, time_limit=0.5, **slow)
+    assert cut.time_cut == 0.5 and not cut.reached.any(), cut.table()
+    assert "doctor.skipped" in cut.codes and "overfit.budget" in cut.codes, cut.findings
+    assert "overfit.floor" not in cut.codes and "overfit.best" not in cut.codes, cut.findings
+    whole = overfit(exp, steps=20, chunk=10, progress=False, **slow)
+    assert "overfit.floor" in whole.codes and "doctor.skipped" not in whole.codes, "uncut, the same verdict is judged"
 
 
 def test_overfit_rejects_a_time_limit_that_is_not_positive():
