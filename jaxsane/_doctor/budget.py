@@ -49,6 +49,7 @@ SWEEP_TIME_STEPS = 20.0  # the sweep's time guard: its runs take at most this ma
 MIN_SWEEP_SECONDS = 30.0  # and never less than this on a small step (sweep_time_limit)
 SWEEP_COLD_SHARE = 0.4  # on a large step, this share of the user's own cold run instead (doctor's other work
 # beyond the user's own is about half of it: the step stage's checks, the batch probes, the run's telemetry)
+MIN_LARGE_SWEEP_SECONDS = 5.0  # and never less than this (a fast step's sweep: the host's pace is noisy below it)
 COLD_RUN_STEPS = 30  # the steps of the user's own cold run (init, the first step, then these): doctor's yardstick
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
@@ -306,7 +307,8 @@ def sweep_time_limit(
     :data:`MIN_SWEEP_SECONDS` on a small step; on a large one, :data:`SWEEP_COLD_SHARE` of the user's own cold
     run as doctor measured its parts (``init_seconds``: the first batch and the user's init;
     ``first_step_seconds``: the step's first call, its compile included; then :data:`COLD_RUN_STEPS` steps of
-    ``step_seconds``), so that doctor stays within about twice the user's run.
+    ``step_seconds``), at least :data:`MIN_LARGE_SWEEP_SECONDS`, so that doctor stays within about twice the
+    user's run.
 
     The flop plan sizes the sweep from the flops of a step on fewer examples, but a model bound by a sequential
     loop (an LSTM's time steps) or by reading its weights costs about as much a step on 2 examples as on 16: a
@@ -316,7 +318,8 @@ def sweep_time_limit(
     if step_seconds is None:
         return None
     if large:
-        return SWEEP_COLD_SHARE * (init_seconds + first_step_seconds + COLD_RUN_STEPS * step_seconds)
+        cold = init_seconds + first_step_seconds + COLD_RUN_STEPS * step_seconds
+        return max(SWEEP_COLD_SHARE * cold, MIN_LARGE_SWEEP_SECONDS)
     return max(SWEEP_TIME_STEPS * step_seconds, MIN_SWEEP_SECONDS)
 
 
