@@ -119,16 +119,20 @@ def _is_mean_cross_entropy(adapted: PureExperiment, state: Any, batch: Any, rtol
 def mean_cross_entropies(logits: Any, labels: Any, mask: Any = None) -> list[float]:
     """The mean softmax cross-entropy of ``logits`` ``[..., C]`` against integer ``labels`` ``[...]``: over
     every position, then (when ``mask`` has the labels' shape) over the masked ones. Not jit-safe (floats)."""
-    logits = jnp.asarray(logits, jnp.float32)
     labels = jnp.asarray(labels)
+    masked = mask is not None and np.shape(mask) == tuple(labels.shape)
+    m = jnp.asarray(mask) if masked else jnp.ones(labels.shape, jnp.float32)
+    every, over_mask = _mean_cross_entropies(logits, labels, m)  # one program, not one per eager operation
+    return [float(every), float(over_mask)] if masked else [float(every)]
+
+
+@jax.jit
+def _mean_cross_entropies(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     per_position = -jnp.take_along_axis(
-        jax.nn.log_softmax(logits, axis=-1), labels.astype(jnp.int32)[..., None], axis=-1
+        jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1), labels.astype(jnp.int32)[..., None], axis=-1
     )[..., 0]
-    out = [float(jnp.mean(per_position))]
-    if mask is not None and np.shape(mask) == tuple(per_position.shape):
-        m = jnp.asarray(mask).astype(jnp.float32)
-        out.append(float(jnp.sum(per_position * m) / jnp.maximum(jnp.sum(m), 1.0)))
-    return out
+    m = mask.astype(jnp.float32)
+    return jnp.mean(per_position), jnp.sum(per_position * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def is_one_of(loss: float, candidates: list[float], rtol: float = 0.02) -> bool:
