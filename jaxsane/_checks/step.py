@@ -26,7 +26,7 @@ import numpy as np
 from .._core.errors import ArgumentError, DataError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
-from .._core.tree import PyTree, accumulates_gradients, is_key, leaves_with_paths
+from .._core.tree import PyTree, accumulates_gradients, copy_arrays, is_key, leaves_with_paths
 from .._core.validate import is_prng_key, require_batch, require_bool, require_int
 from .._experiment.batch_match import batch_mismatch, cause_text
 from .._experiment.batches import first_batch
@@ -227,6 +227,16 @@ class StepTiming(NamedTuple):
 
     first: float
     fastest: float | None
+
+
+def time_one_step(adapted: PureExperiment, batch: Any, key: jax.Array) -> float | None:
+    """The seconds of one call of the user's step from the state ``init(key)`` (a copy: a donating step deletes
+    its inputs) on ``batch``; None when the call traced or compiled (then it timed the compile). Not jit-safe."""
+    state = copy_arrays(adapted.init(key))
+    start = time.perf_counter()
+    with count_compilations(this_thread=True) as counter:
+        jax.block_until_ready(jax.tree_util.tree_leaves(adapted.step(state, batch)))
+    return None if counter.compiles or counter.traces else time.perf_counter() - start
 
 
 def timed_check_step(

@@ -277,7 +277,7 @@ def doctor(
         try:  # a Ctrl-C while doctor plans or traces the user's step keeps what was found too
             start = time.perf_counter()
             batch, eval_batch, adapted = _first_batches_and_state(experiment, key, triage, blocked)
-            # the user's own costs, measured as doctor goes (its yardstick: pipeline.sweep_seconds)
+            # the user's own costs, measured as doctor goes (its yardstick: budget.sweep_seconds)
             diagnosis.artifacts["user_seconds"] = {"init": time.perf_counter() - start}
             if adapted is not None and not blocked:  # fit the stages to the program's size (and the budget)
                 planned = plan_stages(adapted, batch, opts, set(options), time_budget=time_budget)

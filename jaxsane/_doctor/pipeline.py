@@ -31,7 +31,7 @@ from .._checks.sequence import (
     loss_reads_first_target,
     output_sees_own_target,
 )
-from .._checks.step import timed_check_step
+from .._checks.step import time_one_step, timed_check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding
 from .._data.check import check_data, judge_masked_nonfinite
@@ -49,7 +49,7 @@ from .._experiment.contract import Experiment, PureExperiment
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
-from .budget import sweep_time_limit
+from .budget import sweep_seconds
 from .grads_stage import grads_stage, prepare_grads
 from .options import (
     OPTION_CLASSES,
@@ -462,7 +462,8 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         precompiled.set_result(compiled)
     else:  # planned here, where what failed ahead is reported as the user's crash or a skip
         plan = plan_overfit(ctx.pure, batch, **sweep, progress=False)  # doctor shows its own progress
-    result = plan.run(precompiled=precompiled, time_limit=sweep_seconds(opts.overfit_seconds, ctx.artifacts))
+    retime = functools.partial(time_one_step, ctx.pure, ctx.batch, ctx.key)
+    result = plan.run(precompiled=precompiled, time_limit=sweep_seconds(opts.overfit_seconds, ctx.artifacts, retime))
     ctx.artifacts["overfit"] = result
     if opts.init_scales is None:  # nothing will draw it
         return list(result.findings)
@@ -476,21 +477,6 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
     except JaxsaneError:
         pass  # the init-scale sweep needs a loss or apply handle; the overfit verdict stands on its own
     return list(result.findings)
-
-
-def sweep_seconds(option: float | None, artifacts: dict[str, Any]) -> float | None:
-    """The overfit sweep's time limit: ``overfit_seconds`` as set (0: none), else :func:`sweep_time_limit` of the
-    user's own costs as doctor timed them (its init, the step's first call and its fastest); None when the step
-    was not timed."""
-    if option is not None:
-        return float(option) or None
-    timed = artifacts.get("user_seconds", {})
-    return sweep_time_limit(
-        timed.get("step"),
-        large=bool((artifacts.get("plan") or {}).get("large")),
-        init_seconds=timed.get("init", 0.0),
-        first_step_seconds=timed.get("first_step", 0.0),
-    )
 
 
 def _plan_limits(ctx: StageContext) -> dict[str, Any]:

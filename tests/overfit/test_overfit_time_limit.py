@@ -12,7 +12,7 @@ import pytest
 
 import jaxsane
 from jaxsane import overfit
-from jaxsane._doctor.pipeline import sweep_seconds
+from jaxsane._doctor.budget import sweep_seconds
 from jaxsane._overfit import overfit as overfit_module
 from jaxsane._overfit import verdict as verdict_module
 from jaxsane._overfit.sweep import Carry, _within
@@ -162,6 +162,9 @@ def test_doctors_sweep_limit_on_a_large_step_is_a_share_of_the_users_own_cold_ru
     assert sweep_seconds(None, lstm) == pytest.approx(0.4 * (2.4 + 1.9 + 30 * 0.38))
     slow_step = {**large, "user_seconds": {"init": 10.0, "first_step": 20.0, "step": 2.0}}
     assert sweep_seconds(None, slow_step) == pytest.approx(36.0)
+    assert sweep_seconds(None, lstm, lambda: 0.3) == pytest.approx(0.4 * (2.4 + 1.9 + 30 * 0.3)), "timed again: faster"
+    assert sweep_seconds(None, lstm, lambda: 0.9) == sweep_seconds(None, lstm), "the faster of the two timings"
+    assert sweep_seconds(None, lstm, lambda: None) == sweep_seconds(None, lstm), "a retiming that compiled: unused"
     assert sweep_seconds(0, lstm) is None and sweep_seconds(None, {**large, "user_seconds": {}}) is None
     fast = {**large, "user_seconds": {"init": 1.1, "first_step": 0.7, "step": 0.08}}  # a 12M MLP on 2 cores
     assert sweep_seconds(None, fast) == 5.0, "at least 5 s: below that the host's pace is noise"
