@@ -86,15 +86,23 @@ def scaled_rates(default_lr: float, multipliers: Sequence[float]) -> list[float]
     return [default_lr * m for m in multipliers]
 
 
-def out_of_time(result: OverfitResult, limit: float, *, retry: bool = False) -> list[Finding]:
+def out_of_time(
+    result: OverfitResult, limit: float, *, retry: bool = False, out_of_reach: bool = False
+) -> list[Finding]:
     """Why a sweep that ran out of its ``limit`` seconds is not judged: an ``overfit.budget`` info finding and
     the ``doctor.skipped`` that stands in for its verdict (a curve cut short is no evidence that the model cannot
     fit). ``retry``: the sweep at the step's own rate ran all its steps without a fit, and the time left no room
-    for the retry with scaled updates (``update_scale.py``). Not jit-safe."""
+    for the retry with scaled updates (``update_scale.py``); ``out_of_reach``: it stopped before its time was up,
+    when at its pace no configuration could reach the target before the limit. Not jit-safe."""
     if retry:
         what = (
             f"at the step's own rate no configuration fit in {result.steps_run} steps, and the sweep's time limit "
             f"({limit:.0f} s) left no room for the retry with larger updates"
+        )
+    elif out_of_reach:
+        what = (
+            f"the sweep stopped after {result.steps_run} of {result.max_steps} steps, before any configuration "
+            f"fit: at the pace of its latest steps none would reach the target within its time limit ({limit:.0f} s)"
         )
     else:
         what = (
@@ -105,7 +113,8 @@ def out_of_time(result: OverfitResult, limit: float, *, retry: bool = False) -> 
         "give the sweep more time (jaxsane doctor -o overfit_seconds=SECONDS, 0 for no limit), or build the "
         "optimizer with optax.inject_hyperparams so that the sweep can try larger rates itself"
     )
-    extra = {"time_limit": limit, "steps_run": result.steps_run, "max_steps": result.max_steps}
+    extra = {"time_limit": limit, "steps_run": result.steps_run, "max_steps": result.max_steps,
+             "out_of_reach": out_of_reach}  # fmt: skip
     return [
         Finding("overfit.budget", what, fix, extra=extra),
         Finding("doctor.skipped", "overfit not judged: a curve cut short is no evidence that a model cannot fit", fix),

@@ -532,6 +532,7 @@ class _Sweep:
             out.compile_seconds,
             self.layout.groups,
             time_limit if out.cut else None,
+            out.out_of_reach,
         )
 
     def judged(self, result: OverfitResult) -> OverfitResult:
@@ -556,5 +557,5 @@ class _Sweep:
             # steep start reads as a floor (a 7M LSTM LM cut at step 150: "a floor at 15% of its start", then a
             # fit at step 286 with no limit)
             kept = [f for f in judged if f.severity == "info" and f.code not in ("overfit.floor", "overfit.best")]
-            judged = kept + out_of_time(result, result.time_cut)
+            judged = kept + out_of_time(result, result.time_cut, out_of_reach=result.out_of_reach)
         return dataclasses.replace(result, findings=(*self.grid.findings, *judged))

@@ -65,6 +65,8 @@ class OverfitResult:
       groups: how many equal groups of configurations ran the compiled program side by side.
       time_cut: the sweep's time limit in seconds when it stopped the run before its steps (doctor's guard,
         ``overfit(..., time_limit=...)``), else None.
+      out_of_reach: the sweep stopped before its time limit was up: at its pace no configuration could reach the
+        target before it (``sweep.py``: ``_Reach``).
       lr_swept: whether learning rates were set per configuration.
       batch_size: examples in the overfit batch.
     """
@@ -87,6 +89,7 @@ class OverfitResult:
     compile_seconds: float = float("nan")
     groups: int = 1
     time_cut: float | None = None
+    out_of_reach: bool = False
 
     # -- derived
     @property
