@@ -299,6 +299,7 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     if p.size == 0 or len(p) < 2:
         return []
     idx = h.weight_leaves or list(range(p.shape[1]))
+    at_start = p[0, idx]  # the norms the run started from, a sample that moved nothing included (a warmup from 0)
     moved = np.any(u[:, idx] > 0, axis=1)
     if moved.any():  # a step that moved no weight at all was skipped (gradient accumulation, an overflow skip)
         p, u = p[moved], u[moved]
@@ -315,8 +316,8 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     out = []
     # a leaf that starts at (almost) zero (a zero-initialised bias, LayerNorm shift or position table) has a
     # huge ratio while it grows from nothing: the band is for parameters that start at their init scale
-    first, last = p[0, idx], p[-1, idx]
-    from_zero = (first == 0) | (first < ZERO_INIT_GROWTH * last)
+    last = p[-1, idx]
+    from_zero = (at_start == 0) | (at_start < ZERO_INIT_GROWTH * last)
     hi = [j for j, m in enumerate(peak) if np.isfinite(m) and m > high and not from_zero[j]]
     lo = [j for j, m in enumerate(med) if np.isfinite(m) and m < low]
     names = [h.leaf_paths[i] if i < len(h.leaf_paths) else f"leaf {i}" for i in idx]

@@ -211,6 +211,19 @@ def test_update_ratio_ignores_leaves_that_grow_from_zero():
     assert _codes(h) == ["train.update_ratio"]
 
 
+def test_a_warmup_from_zero_does_not_hide_where_a_leaf_started():
+    """A schedule that warms up from a rate of 0 moves nothing on the first sampled step, which the ratio's
+    median leaves out; the zero-initialised bias's start is still that first sample (a healthy NNX LM with
+    optax.warmup_cosine_decay_schedule(0.0, ...) drew 'updates are too large' on an attention bias)."""
+    grow = [0.0, *np.linspace(0.2, 1.0, 7)]  # the bias: 0 at the first sample (rate 0), then grown by the next
+    h = _history(np.linspace(2, 1, 8), tele_steps=list(range(0, 32, 4)), param_norm=[[g, 10.0] for g in grow],
+                 update_norm=[[0.0, 0.0]] + [[0.3, 1e-2]] * 7, weight_leaves=[0, 1], leaf_paths=["b0", "w1"],
+                 depth=[0, 1])  # fmt: skip
+    assert _codes(h) == []
+    h.param_norm = [[1.0, 10.0]] * 8  # the same updates on a leaf at its init scale: too large, warmup or not
+    assert _codes(h) == ["train.update_ratio"]
+
+
 def test_gradient_rules_follow_autotrainer_thresholds():
     base = dict(grad_steps=list(range(10)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
                 depth=[0, 1, 2])
