@@ -17,6 +17,7 @@ from .._core.finding import Finding, RootCause
 from .._core.history import History
 from .._core.validate import fail, require_float, require_int
 from .precision_checks import check_loss_spikes, check_update_underflow
+from .update_evidence import held_leaves, warmup_growth
 
 # ----------------------------------------------------------------------------- detectors
 
@@ -204,6 +205,9 @@ def _check_loss(h: History, t: TrainThresholds) -> list[Finding]:
     kf = _window(values.size)
     start, end = _median(values[:kf]), _median(values[-kf:])
     out = _loss_trend(loss, list(h.steps), start, end, t)
+    growth = warmup_growth(h) if any(f.code == "train.plateau" for f in out) else None
+    if growth is not None:
+        out = [f if f.code != "train.plateau" else _warming_up(f, growth, n) for f in out]
     diverging = any(f.code == "train.diverging" for f in out)
     if not diverging and values.size >= t.min_steps and n >= 2 * t.min_steps:
         out += _check_oscillation(loss, list(h.steps), start, t)
@@ -264,6 +268,20 @@ def _loss_trend(loss: np.ndarray, steps: list, start: float, end: float, t: Trai
     return []
 
 
+def _warming_up(plateau: Finding, growth: float, steps: int) -> Finding:
+    """The plateau of a run whose updates were still growing at its end (a learning-rate warmup), not judged:
+    the loss of a warmup's first steps stays flat in a model that learns (a BERT-style masked LM, 50 warmup
+    steps from a rate of 0, flat over 30 steps and falling over 500)."""
+    return Finding(
+        "doctor.skipped",
+        f"train.plateau not judged: {plateau.message.split(';')[0]}, but the step's updates were still growing "
+        f"({growth:.1f}x over the second half of the run: a learning-rate warmup?)",
+        f"run past the warmup to judge whether the model learns (jaxsane doctor -o run_steps={4 * steps})",
+        step=plateau.step,
+        extra={**(plateau.extra or {}), "update_growth": growth},
+    )
+
+
 def _check_oscillation(loss: np.ndarray, steps: list, start: float, t: TrainThresholds) -> list[Finding]:
     """``train.oscillating``: over the second half, the loss's robust spread around its moving median exceeds
     ``oscillation_rel`` of the starting loss while it fell by less than ``oscillation_trend``."""
@@ -321,6 +339,10 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     hi = [j for j, m in enumerate(peak) if np.isfinite(m) and m > high and not from_zero[j]]
     lo = [j for j, m in enumerate(med) if np.isfinite(m) and m < low]
     names = [h.leaf_paths[i] if i < len(h.leaf_paths) else f"leaf {i}" for i in idx]
+    held = {idx.index(i) for i in held_leaves(h, [idx[j] for j in lo])} if len(lo) < len(idx) else set()
+    if held:  # a frozen backbone: said, not blamed (a model with every kernel held is step.no_update's)
+        lo = [j for j in lo if j not in held]
+        out.append(_held(sorted(held), names, len(idx), h.tele_steps[-1]))
     if hi:
         j = max(hi, key=lambda j: peak[j])
         out.append(
@@ -349,6 +371,21 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
             )
         )
     return out
+
+
+def _held(held: list[int], names: list[str], kernels: int, step: int) -> Finding:
+    """The info that the optimizer holds ``held`` kernels still though they have gradients (:func:`held_leaves`)."""
+    return Finding(
+        "train.update_ratio",
+        f"{len(held)} of {kernels} kernels never moved though their gradients are not zero, e.g. {names[held[0]]}: "
+        "the optimizer holds them (a frozen backbone: optax.set_to_zero or optax.masked in a multi_transform, "
+        "nnx.Optimizer(wrt=...))",
+        "nothing to do if they are frozen on purpose; if they should train, check the optimizer's labels or mask",
+        severity="info",
+        path=names[held[0]],
+        step=step,
+        extra={"direction": "held", "held": [names[j] for j in held]},
+    )
 
 
 def _check_gradients(

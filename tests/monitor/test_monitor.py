@@ -224,6 +224,40 @@ def test_a_warmup_from_zero_does_not_hide_where_a_leaf_started():
     assert _codes(h) == ["train.update_ratio"]
 
 
+def test_kernels_the_optimizer_holds_though_they_have_gradients_are_said_not_blamed():
+    """A frozen backbone (optax.multi_transform with set_to_zero) has gradients and no update: an info, not the
+    'updates are too small' warning; a kernel cut off from the loss (stop_gradient) has neither: the warning."""
+    tele = dict(tele_steps=list(range(12)), param_norm=[[1.0, 1.0, 1.0]] * 12, weight_leaves=[0, 1, 2],
+                leaf_paths=["backbone0", "backbone1", "head"], depth=[0, 1, 2], grad_steps=list(range(12)))  # fmt: skip
+    frozen = _history(np.linspace(2, 1, 12), update_norm=[[0.0, 0.0, 1e-3]] * 12, grad_norm=[[0.3, 0.2, 0.5]] * 12,
+                      **tele)  # fmt: skip
+    (f,) = check_training(frozen)
+    assert f.code == "train.update_ratio" and f.severity == "info" and f.extra["direction"] == "held", f
+    assert f.extra["held"] == ["backbone0", "backbone1"]
+    cut_off = _history(np.linspace(2, 1, 12), update_norm=[[0.0, 0.0, 1e-3]] * 12, grad_norm=[[0.0, 0.0, 0.5]] * 12,
+                       **tele)  # fmt: skip
+    (f,) = [f for f in check_training(cut_off) if f.code == "train.update_ratio"]  # (and vanishing gradients)
+    assert f.severity == "warning" and f.extra["direction"] == "low"
+    everything = _history(np.linspace(2, 1, 12), update_norm=[[0.0] * 3] * 12, grad_norm=[[0.3] * 3] * 12, **tele)
+    assert [f.severity for f in check_training(everything)] == ["warning"], "every kernel held: not a backbone"
+
+
+def test_a_plateau_while_the_updates_still_grow_is_not_judged():
+    """The first steps of a learning-rate warmup from 0 leave the loss flat in a model that learns: with the
+    updates still growing over the run's second half the plateau is not judged; with steady updates (Adam at a
+    rate too small, momentum built up) it is the warning."""
+    steps = list(range(30))
+    flat = 6.68 + 0.005 * np.sin(np.arange(30))
+    tele = dict(tele_steps=steps, param_norm=[[10.0]] * 30, weight_leaves=[0], leaf_paths=["w"], depth=[0])
+    warmup = _history(flat, update_norm=[[1e-3 * (i + 1)] for i in steps], **tele)
+    (f,) = check_training(warmup)
+    assert f.code == "doctor.skipped" and "train.plateau not judged" in f.message and "run_steps" in f.hint, f
+    steady = _history(flat, update_norm=[[1e-3]] * 30, **tele)
+    assert _codes(steady) == ["train.plateau"]
+    momentum = _history(flat, update_norm=[[1e-3 * (1 - 0.9 ** (i + 1))] for i in steps], **tele)
+    assert _codes(momentum) == ["train.plateau"], "momentum has built up by the second half"
+
+
 def test_gradient_rules_follow_autotrainer_thresholds():
     base = dict(grad_steps=list(range(10)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
                 depth=[0, 1, 2])
