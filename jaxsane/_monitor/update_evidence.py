@@ -20,7 +20,8 @@ def held_leaves(h: History, leaves: list[int]) -> list[int]:
     """Those of ``leaves`` (indices into the telemetry's columns) whose update was exactly zero on every sampled
     step while their gradient was not: the optimizer leaves them where they are on purpose (``optax.set_to_zero``
     in a ``multi_transform``, ``optax.masked``, ``nnx.Optimizer(wrt=...)``), unlike a parameter cut off from the
-    loss (``stop_gradient``), whose gradient is zero too. Needs the gradient sampled on the update's steps; empty
+    loss (``stop_gradient``), whose gradient is zero too, and a bf16/fp16 leaf whose updates round away
+    (``update_lost``: ``train.update_underflow``'s). Needs the gradient sampled on the update's steps; empty
     otherwise."""
     u, g = h.arrays("update_norm"), h.arrays("grad_norm")
     if not leaves or u.size == 0 or g.size == 0 or g.shape[1] != u.shape[1]:
@@ -30,7 +31,13 @@ def held_leaves(h: History, leaves: list[int]) -> list[int]:
     if not both:
         return []
     u, g = u[[i for i, _ in both]], g[[j for _, j in both]]
-    return [j for j in leaves if np.all(u[:, j] == 0) and np.all(np.isfinite(g[:, j])) and np.all(g[:, j] > 0)]
+    lost = h.arrays("update_lost")  # bf16/fp16 leaves whose updates round away also stand still: not held
+    rounded = set(np.flatnonzero(np.nan_to_num(lost).max(axis=0) > 0)) if lost.shape[1:] == u.shape[1:] else set()
+    return [
+        j
+        for j in leaves
+        if j not in rounded and np.all(u[:, j] == 0) and np.all(np.isfinite(g[:, j])) and np.all(g[:, j] > 0)
+    ]
 
 
 def warmup_growth(h: History) -> float | None:

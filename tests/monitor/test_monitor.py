@@ -238,6 +238,11 @@ def test_kernels_the_optimizer_holds_though_they_have_gradients_are_said_not_bla
                        **tele)  # fmt: skip
     (f,) = [f for f in check_training(cut_off) if f.code == "train.update_ratio"]  # (and vanishing gradients)
     assert f.severity == "warning" and f.extra["direction"] == "low"
+    rounded = _history(np.linspace(2, 1, 12), update_norm=[[0.0, 0.0, 1e-3]] * 12, grad_norm=[[0.3, 0.2, 0.5]] * 12,
+                       lost_steps=list(range(12)), update_lost=[[1.0, 1.0, 0.0]] * 12, **tele)  # fmt: skip
+    assert all(f.extra["direction"] != "held" for f in check_training(rounded) if f.code == "train.update_ratio"), (
+        "bf16 updates that round away stand still too: train.update_underflow's, not a frozen backbone"
+    )
     everything = _history(np.linspace(2, 1, 12), update_norm=[[0.0] * 3] * 12, grad_norm=[[0.3] * 3] * 12, **tele)
     assert [f.severity for f in check_training(everything)] == ["warning"], "every kernel held: not a backbone"
 
