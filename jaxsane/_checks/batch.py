@@ -212,6 +212,7 @@ def check_example_slices(
     cuts: Sequence[int] | None = None,
     rtol: float = 1e-4,
     max_examples: int = 8,
+    real_rows: Callable[[Any], Any] | None = None,
 ) -> list[Finding]:
     """``batch.cross_talk`` for batches whose examples are not rows (graph batches, packed sequences).
 
@@ -219,59 +220,82 @@ def check_example_slices(
     ``Experiment.examples`` says), the outputs of the first ``k`` examples must not change when the
     batch holds more of them: ``apply(params, inputs(batch))[:k]`` against
     ``apply(params, inputs(take(batch, k)))``, for each cut ``k`` (default ``count // 2`` and
-    ``count - 1``). A difference above ``rtol`` (default 1e-4 of the largest output: the two runs
-    have different shapes, so float sums may round differently) means an example reads examples
-    after it (wrong segment ids, a pooling over the whole batch). A leak from earlier examples into
-    later ones only is not seen. Not jit-safe.
+    ``count - 1``). Outputs with a row per node or token rather than per example (node classification) are
+    compared row by row: the cut's rows against the whole batch's first rows, only those ``real_rows(cut)``
+    marks real when given (the Experiment's mask: a cut padded to a fixed size compares no padding). A
+    difference above ``rtol`` (default 1e-4 of the largest output: the two runs have different shapes, so
+    float sums may round differently) means an example reads examples after it (wrong segment ids, a pooling
+    over the whole batch). A leak from earlier examples into later ones only is not seen. Not jit-safe.
 
     Returns:
-      One ``batch.cross_talk`` finding naming the examples whose outputs moved, or nothing.
+      One ``batch.cross_talk`` finding naming the examples (or rows) whose outputs moved, or nothing.
 
     Raises:
-      ExperimentError: when the outputs' leading axis is not the examples (nothing can be compared).
+      ExperimentError: when the outputs have no leading axis shared by all of them (nothing can be compared).
     """
     require_callable("check_example_slices", "apply", apply, signature="(params, inputs) -> outputs")
     cuts = sorted({k for k in (cuts if cuts is not None else (count // 2, count - 1)) if 0 < k < count})
     run = quick_jit(apply, runs=1 + len(cuts))
     full = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(batch))) if _is_float(o)]
-    if not full or any(o.ndim < 1 or o.shape[0] != count for o in full):
+    if not full or any(o.ndim < 1 or o.shape[0] != full[0].shape[0] for o in full):
         raise ExperimentError(
             f"check_example_slices: apply's float outputs {[o.shape for o in full]} have no leading "
             f"axis of the batch's {count} examples."
         )
+    # a row per node or token (as many as some input leaf has): the cut's rows are the whole batch's first rows
+    per_row = full[0].shape[0] != count and full[0].shape[0] in _leading(inputs(batch))
+    unit = "row" if per_row else "example"
     scale = max(float(np.max(np.abs(o))) for o in full) + 1e-30
     moved: dict[int, float] = {}
     for k in cuts:
-        part = [
-            np.asarray(o, np.float64)
-            for o in jax.tree_util.tree_leaves(run(params, inputs(take(batch, k))))
-            if _is_float(o)
-        ]
-        if len(part) != len(full) or any(p.shape != (k,) + f.shape[1:] for p, f in zip(part, full)):
+        cut = take(batch, k)
+        part = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(cut))) if _is_float(o)]
+        rows = part[0].shape[0] if part and part[0].ndim else -1
+        if per_row and rows not in _leading(inputs(cut)):
+            rows = -1  # not one output row per input row of the cut: nothing to compare
+        if (
+            len(part) != len(full)
+            or any(p.shape[1:] != f.shape[1:] or p.shape[0] != (rows if per_row else k) for p, f in zip(part, full))
+            or not 0 < rows <= full[0].shape[0]
+        ):
             raise ExperimentError(
                 f"check_example_slices: apply's outputs on the first {k} examples have shapes "
-                f"{[p.shape for p in part]}, not the first {k} rows of {[f.shape for f in full]}."
+                f"{[p.shape for p in part]}, not the first {k} {unit}s' rows of {[f.shape for f in full]}."
             )
+        real = _real_rows(real_rows, cut, rows) if per_row else np.ones(rows, bool)
         for p, f in zip(part, full):
-            diff = np.abs(p - f[:k]).reshape(k, -1).max(axis=1) / scale
-            for i in np.flatnonzero(diff > rtol):
+            diff = np.abs(p - f[:rows]).reshape(rows, -1).max(axis=1) / scale
+            for i in np.flatnonzero((diff > rtol) & real):
                 moved[int(i)] = max(moved.get(int(i), 0.0), float(diff[i]))
     if not moved:
         return []
-    shown = ", ".join(f"example {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
+    shown = ", ".join(f"{unit} {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
     return [
         Finding(
             "batch.cross_talk",
-            f"in eval mode, the outputs of {len(moved)} example(s) change when the batch holds more examples after "
+            f"in eval mode, the outputs of {len(moved)} {unit}(s) change when the batch holds more examples after "
             f"them (outputs on the first k examples cut by Experiment.examples, k in {cuts}, against the same examples "
             f"in the whole batch; change relative to the largest output): {shown}",
             "an example reads other examples of the batch: in a graph batch, node-to-graph or edge ids that are not "
             "each graph's own (offsets assumed from a fixed graph size, segment ids built from the wrong n_node), a "
             "pooling or normalisation over all nodes; in packed sequences, attention across the document boundary",
-            path=f"example {min(moved)}",
-            extra={"examples": moved, "cuts": cuts},
+            path=f"{unit} {min(moved)}",
+            extra={"examples" if unit == "example" else "rows": moved, "cuts": cuts},
         )
     ]
+
+
+def _leading(tree: Any) -> set[int]:
+    return {int(np.shape(x)[0]) for x in jax.tree_util.tree_leaves(tree) if np.ndim(x) >= 1}
+
+
+def _real_rows(real_rows: Callable[[Any], Any] | None, cut: Any, rows: int) -> np.ndarray:
+    """Which of a cut's ``rows`` output rows are real: ``real_rows(cut)`` (a mask of one value per row) where it
+    gives one, else all of them. Not jit-safe."""
+    mask = None if real_rows is None else real_rows(cut)
+    if mask is None or np.ndim(mask) != 1 or np.shape(mask)[0] != rows:
+        return np.ones(rows, bool)
+    return np.asarray(mask) != 0
 
 
 def loss_pairs_labels(loss: Callable, params: PyTree, batch: PyTree, labels: Any) -> bool | None:

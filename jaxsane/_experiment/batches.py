@@ -310,12 +310,17 @@ def sliceable(exp: Experiment, batch: PyTree) -> str | None:
 
 
 def count_examples(exp: Experiment, batch: PyTree) -> int:
-    """How many examples ``batch`` holds: ``Experiment.examples(batch)`` when it counts them, the labels'
-    leading axis when the leaves disagree on theirs (a graph batch's graph labels), else the leading
-    axis. Not jit-safe."""
+    """How many examples ``batch`` holds: ``Experiment.examples(batch)`` when it counts them; when the leaves
+    disagree on their leading axis, the examples that ``Experiment.examples(batch, n)`` can cut
+    (:func:`examples_by_cutting`: a node-classification graph batch's labels are per node), else the labels'
+    leading axis (a graph batch's graph labels); else the leading axis. Not jit-safe."""
     if exp.examples is not None and _positional_arity(exp.examples) == 1:
         return int(exp.examples(batch))
     sizes = leading_sizes(example_view(exp, batch))
+    if len(sizes) > 1 and exp.examples is not None:
+        cut = examples_by_cutting(exp.examples, batch)
+        if cut is not None:
+            return cut
     if len(sizes) > 1:
         try:
             labels = get_labels(exp, batch)
@@ -343,3 +348,29 @@ def slice_examples(exp: Experiment, batch: PyTree, n: int, *, whole: bool = Fals
         return exp.examples(batch, n)
     sizes = leading_sizes(example_view(exp, batch))
     return slice_batch(batch, n, size=sizes[0] if sizes else None)
+
+
+def _shapes(tree: PyTree) -> tuple:
+    return tuple(tuple(getattr(x, "shape", ())) for x in jax.tree_util.tree_leaves(tree))
+
+
+def examples_by_cutting(take: Any, batch: PyTree) -> int | None:
+    """How many examples ``take(batch, n)`` (``Experiment.examples``: the first ``n`` examples) finds in
+    ``batch``: the fewest ``n`` whose cut has the shapes of a cut past the end (a bisection over ``n`` up to the
+    longest leading axis; the cuts are the user's host slicing, nothing is compiled). None when a cut fails or
+    the cuts never reach the batch's shapes. Not jit-safe."""
+    upper = max(leading_sizes(batch), default=0)
+    if upper < 1:
+        return None
+    try:
+        whole = _shapes(take(batch, upper))
+        low, high = 1, upper  # the answer lies in [low, high]
+        while low < high:
+            mid = (low + high) // 2
+            if _shapes(take(batch, mid)) == whole:
+                high = mid
+            else:
+                low = mid + 1
+    except Exception:  # noqa: BLE001 - a cut that fails: the caller counts another way
+        return None
+    return low

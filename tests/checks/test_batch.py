@@ -136,3 +136,114 @@ def test_batch_stage_skipped_without_apply():
     exp = _nnx_experiment(None)
     diagnosis = jaxsane.doctor(exp, stages=["batch"], progress=False)
     assert diagnosis.codes == ["doctor.skipped"] and diagnosis[0].severity == "info"
+
+
+# ----------------------------------------------------------------------------- graph batches cut by Experiment.examples
+
+
+def _node_batch(sizes=(3, 5, 4, 2), pad_to=None):
+    """A disjoint union of chain graphs (nodes [N, 2], a message along each edge), node labels, a node mask; padded
+    with one padding graph of ``pad_to - N`` isolated nodes when asked."""
+    rng = np.random.default_rng(0)
+    senders, receivers, offset = [], [], 0
+    for n in sizes:
+        senders += list(range(offset, offset + n - 1))
+        receivers += list(range(offset + 1, offset + n))
+        offset += n
+    pad = 0 if pad_to is None else pad_to - offset
+    n_node = list(sizes) + ([pad] if pad else [])
+    total = offset + pad
+    return {
+        "nodes": rng.normal(size=(total, 2)).astype(np.float32),
+        "senders": np.asarray(senders, np.int32), "receivers": np.asarray(receivers, np.int32),
+        "labels": np.zeros(total, np.int32), "mask": np.asarray([1.0] * offset + [0.0] * pad, np.float32),
+        "n_node": np.asarray(n_node, np.int32), "n_edge": np.asarray([n - 1 for n in sizes] + ([0] if pad else []), np.int32),
+    }  # fmt: skip
+
+
+def _take_graphs(batch, k, pad_to=None):
+    """The first k graphs; with ``pad_to`` padded back to that many nodes with isolated padding nodes."""
+    n, e = int(batch["n_node"][:k].sum()), int(batch["n_edge"][:k].sum())
+    cut = {"nodes": batch["nodes"][:n], "senders": batch["senders"][:e], "receivers": batch["receivers"][:e],
+           "labels": batch["labels"][:n], "mask": batch["mask"][:n], "n_node": batch["n_node"][:k],
+           "n_edge": batch["n_edge"][:k]}  # fmt: skip
+    if pad_to is not None and n < pad_to:
+        extra = pad_to - n
+        cut = {**cut, "nodes": np.concatenate([cut["nodes"], np.ones((extra, 2), np.float32)]),
+               "labels": np.concatenate([cut["labels"], np.zeros(extra, np.int32)]),
+               "mask": np.concatenate([cut["mask"], np.zeros(extra, np.float32)]),
+               "n_node": np.concatenate([cut["n_node"], [extra]]).astype(np.int32)}  # fmt: skip
+    return cut
+
+
+def _node_model(pool_over_batch: bool):
+    """Per-node outputs from each node and its predecessor; ``pool_over_batch`` plants the bug of a feature
+    normalised over every node of the batch (other graphs leak in)."""
+
+    def apply(params, b):
+        h = b["nodes"] @ params
+        msg = jax.ops.segment_sum(h[b["senders"]], b["receivers"], num_segments=h.shape[0])
+        out = h + msg
+        return out - out.mean(axis=0) if pool_over_batch else out
+
+    return apply
+
+
+@pytest.mark.parametrize("pad_to", [None, 16])
+def test_node_level_outputs_are_compared_row_by_row_on_graph_cuts(pad_to):
+    """Node classification on a graph batch: the outputs have a row per node, not per graph. The cut's rows are
+    compared with the whole batch's first rows (its padding rows, by the mask, not at all)."""
+    from jaxsane._checks.batch import check_example_slices
+    from jaxsane._experiment.batches import examples_by_cutting
+
+    batch, params = _node_batch(pad_to=pad_to), np.eye(2, dtype=np.float32)
+    take = (lambda b, k: _take_graphs(b, k, pad_to)) if pad_to else _take_graphs
+    count = examples_by_cutting(_take_graphs, batch)
+    assert count == (5 if pad_to else 4), "the graphs the cuts find (the padding graph is one)"
+    args = (params, batch, take, lambda b: b, count)
+    assert check_example_slices(_node_model(False), *args, real_rows=lambda b: b["mask"]) == []
+    (f,) = check_example_slices(_node_model(True), *args, real_rows=lambda b: b["mask"])
+    assert f.code == "batch.cross_talk" and "row" in f.message and f.extra["rows"], f
+
+
+@pytest.mark.parametrize("model", ["nodes", "nodes_pooled_over_batch", "one_vector"])
+def test_doctors_batch_stage_on_a_node_classification_graph_batch(model):
+    """doctor on a node-level GNN whose Experiment.examples cuts graphs: the batch stage compares node rows (a
+    model that pools over the whole batch is batch.cross_talk); an apply whose output is one vector for the whole
+    batch matches neither graphs nor nodes: an info that it could not judge, never an error or a failed stage."""
+    batch = _node_batch(pad_to=16)
+    tx = optax.sgd(0.1)
+    if model == "one_vector":
+
+        def apply(params, b):
+            return jnp.tile((b["nodes"] @ params).mean(axis=0), 4)  # 8 values: neither 5 graphs nor 16 nodes
+
+    else:
+        apply = _node_model(pool_over_batch=model == "nodes_pooled_over_batch")
+
+    def init(key):
+        params = jnp.eye(2)
+        return params, tx.init(params)
+
+    def loss(params, b):
+        return jnp.sum(apply(params, b) ** 2)
+
+    @jax.jit
+    def step(state, b):
+        params, opt = state
+        value, grads = jax.value_and_grad(loss)(params, b)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), {"loss": value}
+
+    exp = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss, apply=apply, inputs=lambda b: b,
+                             labels=lambda b: b["labels"], mask=lambda b: b["mask"],
+                             examples=lambda b, k: _take_graphs(b, k, 16))  # fmt: skip
+    d = jaxsane.doctor(exp, stages=["batch"], progress=False)
+    status = [s["status"] for s in d.stages]
+    if model == "nodes":
+        assert status == ["ran"] and not [f for f in d if f.severity != "info"], [str(f) for f in d]
+    elif model == "nodes_pooled_over_batch":
+        assert status == ["ran"] and [f.code for f in d if f.severity == "error"] == ["batch.cross_talk"]
+    else:
+        assert status == ["not applicable"] and not [f for f in d if f.severity != "info"], [str(f) for f in d]
+        assert any(f.code == "doctor.skipped" and "batch independence not checked" in f.message for f in d)
