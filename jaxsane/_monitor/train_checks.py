@@ -467,6 +467,13 @@ def _check_dead(h: History, threshold: float) -> list[Finding]:
     return out
 
 
+OVERFIT_RANGE_SHARE = 0.1
+"""train.overfitting also needs the eval loss to climb back at least this share of how far it fell to its best:
+a CNN whose eval loss fell from 2.8 to 0.005 and then read 0.0086 (one noisy evaluation, 1920 examples into a
+4096-example epoch) has not overfit; an eval loss that rises from the start (a mislabeled eval split) fell
+nowhere first."""
+
+
 def _check_overfitting(h: History, rise: float, min_evals: int) -> list[Finding]:
     ev = np.asarray(h.eval_loss, dtype=np.float64)
     if ev.size < min_evals or not np.isfinite(ev).all():
@@ -474,6 +481,8 @@ def _check_overfitting(h: History, rise: float, min_evals: int) -> list[Finding]
     best = int(np.argmin(ev))
     latest = float(np.mean(ev[-2:])) if ev.size >= 4 else float(ev[-1])
     if best >= ev.size - 1 or latest <= ev[best] * (1 + rise):
+        return []
+    if latest - ev[best] < OVERFIT_RANGE_SHARE * (ev[0] - ev[best]):  # noise at the bottom of a long fall
         return []
     loss = np.asarray(h.loss, dtype=np.float64)
     steps = np.asarray(h.steps)

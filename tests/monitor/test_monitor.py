@@ -263,6 +263,18 @@ def test_a_plateau_while_the_updates_still_grow_is_not_judged():
     assert _codes(momentum) == ["train.plateau"], "momentum has built up by the second half"
 
 
+def test_overfitting_needs_the_eval_loss_to_climb_back_a_share_of_its_fall():
+    """A noisy eval near zero after a long fall is not overfitting; the same relative rise after a short fall, or
+    from the start (a mislabeled eval split), is."""
+    train = np.linspace(2.8, 0.05, 30)
+    noisy = _history(train, eval_steps=[0, 5, 10, 15, 20, 25, 30], eval_loss=[2.8, 0.3, 0.02, 0.008, 0.006, 0.005, 0.0121])
+    assert "train.overfitting" not in _codes(noisy)
+    climbing = _history(train, eval_steps=[0, 5, 10, 15, 20, 25, 30], eval_loss=[2.3, 1.2, 0.6, 0.5, 0.7, 0.85, 0.95])
+    assert "train.overfitting" in _codes(climbing)
+    mislabeled = _history(train, eval_steps=[0, 5, 10, 15, 20, 25, 30], eval_loss=[2.3, 2.4, 2.6, 2.9, 3.3, 3.6, 4.0])
+    assert "train.overfitting" in _codes(mislabeled)
+
+
 def test_gradient_rules_follow_autotrainer_thresholds():
     base = dict(grad_steps=list(range(10)), weight_leaves=[0, 1, 2], leaf_paths=["first", "mid", "last"],
                 depth=[0, 1, 2])
