@@ -124,6 +124,10 @@ class LayerStats:
     act_frac_zero: float
     act_frac_saturated: float
     symmetry: float
+    chain: int = 0
+    """Which chain of layers this one is on: the index of the first layer of the chain, the one that reads the
+    model's inputs (or anything but another layer's output). Two towers of a CLIP-style model, an encoder's
+    layers beside a decoder's first, are separate chains; their scales are never compared."""
 
 
 def _layer_name(path: str) -> str:
@@ -202,9 +206,11 @@ class _Capture(Interpreter):
                 where = self.emit(eqn, invals[1 - side], "input")
                 self.act_of[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, where)
             site = self.emit(eqn, outs[0], "pre")
+            after = feeding is not None and feeding[0] in ("layer", "act") and feeding[1] in self.meta
             self.meta.setdefault(
                 site,
                 {
+                    "head": self.meta[feeding[1]]["head"] if after else site,  # the first layer of its chain
                     "name": _layer_name(_display(in_tags[side][1])),
                     "kind": "conv" if name.startswith("conv") else "dense",
                     "location": user_location(eqn, self.path),
@@ -308,6 +314,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
 
     flat = jax.tree_util.tree_leaves((params, inputs))
     values = [np.asarray(v, np.float64) for v in quick_jit(run)(flat)]
+    heads = list(cap.meta)
     layers = []
     for k, (site, v) in enumerate(zip(kept, values)):
         m = cap.meta[site]
@@ -323,6 +330,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
                 m["activation"],
                 m["is_output"],
                 *[float(x) for x in v],
+                chain=heads.index(m["head"]),
             )
         )
     return layers
@@ -346,6 +354,50 @@ def _where(layer: LayerStats) -> str:
     return f"{layer.name} ({layer.kind} -> {layer.shape}{at})"
 
 
+def _scale_findings(hidden: Sequence[LayerStats], scale_ratio: float, per_layer_factor: float) -> list[Finding]:
+    """``init.scale`` from the pre-activation RMS along each chain of hidden layers (:attr:`LayerStats.chain`):
+    the first chain whose scale grows or shrinks past the limits. Not jit-safe."""
+    chains: dict[int, list[LayerStats]] = {}
+    for lay in hidden:
+        if np.isfinite(lay.pre_rms) and lay.pre_rms > 0:
+            chains.setdefault(lay.chain, []).append(lay)
+    for scaled in chains.values():
+        if len(scaled) < 2:
+            continue
+        total = scaled[-1].pre_rms / scaled[0].pre_rms
+        per_layer = total ** (1.0 / (len(scaled) - 1))
+        grows = total > scale_ratio and per_layer > per_layer_factor
+        shrinks = total < 1.0 / scale_ratio and per_layer < 1.0 / per_layer_factor
+        if not (grows or shrinks):
+            continue
+        jumps = [scaled[i + 1].pre_rms / scaled[i].pre_rms for i in range(len(scaled) - 1)]
+        worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
+        layer = scaled[worst + 1]
+        rms = ", ".join(f"{lay.pre_rms:.3g}" for lay in scaled)
+        return [
+            Finding(
+                "init.scale",
+                f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
+                f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
+                f"({jumps[worst]:.3g}x) is into {_where(layer)}",
+                (
+                    "weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
+                    "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation"
+                )
+                if grows
+                else (
+                    "weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
+                    "(tanh) instead of a tiny constant std, or add normalisation"
+                ),
+                path=layer.name,
+                file=_file_of(layer.location),
+                line=_line_of(layer.location),
+                extra={"rms": [lay.pre_rms for lay in scaled], "ratio": total, "per_layer": per_layer},
+            )
+        ]
+    return []
+
+
 def check_activations(
     layers: Sequence[LayerStats],
     *,
@@ -362,8 +414,9 @@ def check_activations(
     * ``init.symmetric`` (error): a hidden layer's units are identical on the batch
       (``symmetry <= symmetric_tol``, default 1e-6) — constant or zero init never breaks symmetry.
     * ``init.scale`` (warning): the RMS of the pre-activations changes by more than ``scale_ratio``
-      (default 10) from the first to the last hidden layer AND by more than ``per_layer_factor``
-      (default 2) per layer on average — variance-preserving inits keep it about constant
+      (default 10) from the first to the last hidden layer of a chain (layers that feed each other:
+      :attr:`LayerStats.chain`; the two towers of a two-input model are two chains) AND by more than
+      ``per_layer_factor`` (default 2) per layer on average — variance-preserving inits keep it about constant
       (Glorot & Bengio 2010; He et al. 2015: a 0.7x/layer drift of LeCun init under ReLU is fine);
       or more than ``max_saturated`` (default 50%) of a bounded activation (tanh, sigmoid) is within
       1% of its bounds.
@@ -385,38 +438,7 @@ def check_activations(
                     extra={"layer": dataclasses.asdict(layer)},
                 )
             )
-    scaled = [lay for lay in hidden if np.isfinite(lay.pre_rms) and lay.pre_rms > 0]
-    if len(scaled) >= 2:
-        total = scaled[-1].pre_rms / scaled[0].pre_rms
-        per_layer = total ** (1.0 / (len(scaled) - 1))
-        grows = total > scale_ratio and per_layer > per_layer_factor
-        shrinks = total < 1.0 / scale_ratio and per_layer < 1.0 / per_layer_factor
-        if grows or shrinks:
-            jumps = [scaled[i + 1].pre_rms / scaled[i].pre_rms for i in range(len(scaled) - 1)]
-            worst = int(np.argmax([abs(np.log(j)) for j in jumps]))
-            layer = scaled[worst + 1]
-            rms = ", ".join(f"{lay.pre_rms:.3g}" for lay in scaled)
-            findings.append(
-                Finding(
-                    "init.scale",
-                    f"activation scale {'grows' if grows else 'shrinks'} {total if grows else 1 / total:.3g}x through "
-                    f"{len(scaled)} hidden layers at init (pre-activation RMS per layer: {rms}); the largest jump "
-                    f"({jumps[worst]:.3g}x) is into {_where(layer)}",
-                    (
-                        "weights are too large for the depth: use a variance-preserving init (he_normal for ReLU, "
-                        "lecun_normal/glorot for tanh), i.e. std sqrt(2/fan_in) rather than 1, or add normalisation"
-                    )
-                    if grows
-                    else (
-                        "weights are too small: the signal vanishes with depth; use he_normal (ReLU) or lecun_normal "
-                        "(tanh) instead of a tiny constant std, or add normalisation"
-                    ),
-                    path=layer.name,
-                    file=_file_of(layer.location),
-                    line=_line_of(layer.location),
-                    extra={"rms": [lay.pre_rms for lay in scaled], "ratio": total, "per_layer": per_layer},
-                )
-            )
+    findings += _scale_findings(hidden, scale_ratio, per_layer_factor)
     saturated = [
         lay for lay in hidden if np.isfinite(lay.act_frac_saturated) and lay.act_frac_saturated > max_saturated
     ]

@@ -63,6 +63,45 @@ def test_vanishing_init_is_init_scale():
     assert len(findings) == 1 and "shrinks" in findings[0].message
 
 
+def _two_towers(deep_scale):
+    """A CLIP-style model: an image tower on unit-scale vectors and a text tower on a mean of small embeddings
+    (std 0.1), each He-initialised and L2-normalised; ``deep_scale`` is the text tower's deeper layers' std."""
+    keys = jax.random.split(jax.random.key(0), 6)
+    he = lambda k, n_in, n_out: jax.random.normal(k, (n_in, n_out)) * np.sqrt(2.0 / n_in)  # noqa: E731
+    params = {
+        "image": [he(keys[0], 16, 32), he(keys[1], 32, 8)],
+        "embed": jax.random.normal(keys[2], (50, 16)) * 0.1,
+        "text": [he(keys[3], 16, 32), jax.random.normal(keys[4], (32, 32)) * deep_scale, he(keys[5], 32, 8)],
+    }
+
+    def tower(layers, x):
+        for w in layers[:-1]:
+            x = jax.nn.relu(x @ w)
+        x = x @ layers[-1]
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+    def apply(params, inputs):
+        image, tokens = inputs
+        text = params["embed"][tokens].mean(axis=1)
+        return tower(params["image"], image) @ tower(params["text"], text).T
+
+    tokens = np.random.default_rng(1).integers(0, 50, (32, 6))
+    return params, apply, (X, tokens)
+
+
+def test_two_towers_are_two_chains_and_their_input_scales_are_not_compared():
+    """The text tower's inputs are 10x smaller than the image tower's: no layer shrinks the signal, so no
+    init.scale (it read the two towers as one chain and said the signal shrinks 18x); a tower whose own layers
+    shrink it still is."""
+    params, apply, inputs = _two_towers(np.sqrt(2.0 / 32))
+    layers = activation_stats(apply, params, inputs)
+    assert len({lay.chain for lay in layers}) == 2, [(lay.name, lay.chain) for lay in layers]
+    assert not [f for f in check_init(apply, params, inputs) if f.code == "init.scale"]
+    params, apply, inputs = _two_towers(1e-3)  # BUG: one layer of the text tower at std 1e-3
+    (f,) = [f for f in check_init(apply, params, inputs) if f.code == "init.scale"]
+    assert "shrinks" in f.message and "text" in f.path, f
+
+
 def test_saturated_tanh_is_init_scale():
     params, apply = _mlp(jax.random.key(0), (16, 32, 4), lambda n: 3.0, act=jnp.tanh)  # BUG: huge for tanh
     findings = [f for f in check_init(apply, params, X) if f.code == "init.scale"]
