@@ -125,9 +125,9 @@ class LayerStats:
     act_frac_saturated: float
     symmetry: float
     chain: int = 0
-    """Which chain of layers this one is on: the index of the first layer of the chain, the one that reads the
-    model's inputs (or anything but another layer's output). Two towers of a CLIP-style model, an encoder's
-    layers beside a decoder's first, are separate chains; their scales are never compared."""
+    """Which chain of layers this one is on, an id that the layers of one chain share: a chain starts at a layer
+    that reads the model's inputs (or anything but another layer's output) and goes on through the layers that
+    read its outputs. The towers of a CLIP-style model are separate chains; their scales are never compared."""
 
 
 def _layer_name(path: str) -> str:
@@ -319,6 +319,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
     for k, (site, v) in enumerate(zip(kept, values)):
         m = cap.meta[site]
         units = int(np.prod([m["shape"][i] for i in m["axes"]])) if m["axes"] else 1
+        pre_mean, pre_std, pre_rms, act_mean, act_std, act_zero, act_saturated, symmetry = (float(x) for x in v)
         layers.append(
             LayerStats(
                 k,
@@ -329,7 +330,14 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
                 units,
                 m["activation"],
                 m["is_output"],
-                *[float(x) for x in v],
+                pre_mean,
+                pre_std,
+                pre_rms,
+                act_mean,
+                act_std,
+                act_zero,
+                act_saturated,
+                symmetry,
                 chain=heads.index(m["head"]),
             )
         )
