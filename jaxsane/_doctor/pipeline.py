@@ -259,6 +259,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         _traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
     )
     ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
+    findings = [_ran_beside(f) for f in findings]
     findings += check_activations(
         layers,
         scale_ratio=opts.init_scale_ratio,
@@ -267,6 +268,12 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         symmetric_tol=opts.init_symmetric_tol,
     )
     return findings
+
+
+def _ran_beside(f: Finding) -> Finding:
+    """``f``, a ``doctor.skipped`` marked as one part of a stage whose other checks ran (not a stage that could
+    not apply)."""
+    return f if f.code != "doctor.skipped" else dataclasses.replace(f, extra={**(f.extra or {}), "partial": True})
 
 
 def _init_loss_vs_constant(

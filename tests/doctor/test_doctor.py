@@ -329,3 +329,39 @@ def test_data_that_raises_is_an_error_and_nothing_runs():
     f = d.by_code("doctor.user_code_crashed")
     assert len(f) == 1 and "OSError" in f[0].message and f[0].line == _line_of(batches, "BUG"), d
     assert [s["status"] for s in d.stages] == ["crashed", "crashed", "crashed"] and not d.passed
+
+
+def test_a_stage_whose_other_checks_ran_beside_a_skipped_one_ran():
+    """A loss that draws its own noise cannot be compared with the best constant prediction (doctor.skipped), but
+    the init stage's activation checks ran: the stage ran (asked for by name, it is no incomplete doctor)."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    batch = {"x": x, "y": (x @ rng.normal(size=(4, 2))).astype(np.float32)}
+    tx = optax.adam(1e-2)
+
+    def init(key):
+        params = {"w1": jax.random.normal(key, (4, 16)) * 0.5, "w2": jax.random.normal(jax.random.fold_in(key, 1), (16, 2))}
+        return params, tx.init(params)
+
+    def apply(params, inputs):
+        return jnp.tanh(inputs @ params["w1"]) @ params["w2"]
+
+    def loss(params, b):  # inputs augmented with noise inside the loss
+        return jnp.mean((apply(params, b["x"] + 0.1 * jax.random.normal(jax.random.key(1), b["x"].shape)) - b["y"]) ** 2)
+
+    @jax.jit
+    def step(state, b):
+        params, opt = state
+        value, grads = jax.value_and_grad(loss)(params, b)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), {"loss": value}
+
+    exp = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss, apply=apply, inputs=lambda b: b["x"],
+                             labels=lambda b: b["y"])  # fmt: skip
+    d = jaxsane.doctor(exp, stages=["init"], progress=False)
+    assert [f.code for f in d] == ["doctor.skipped"] and d.stages[0]["status"] == "ran" and d.complete, d.stages
+    no_apply = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss)
+    d = jaxsane.doctor(no_apply, stages=["init"], progress=False)
+    assert d.stages[0]["status"] == "not applicable", "nothing of the stage could run without apply"
