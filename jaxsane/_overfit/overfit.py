@@ -121,9 +121,7 @@ def overfit(
         runs a small vmapped program on one core), one on GPU/TPU. Results do not depend on it.
       progress: show progress on stderr (a spinner on a terminal, plain lines otherwise; doctor shows its own).
       time_limit: seconds its compiled runs may take, the scaled-update retry included (None: no limit); a sweep
-        stopped before any fit is not judged (``overfit.budget``, ``doctor.skipped``), never an error. A sweep of
-        one group that the limit will cut stops sooner once, at its latest pace, no configuration could reach the
-        target in time (``sweep.py``: ``_Reach``).
+        stopped before any fit (or once out of reach: ``time_guard.py``) is not judged, never an error.
 
     Returns:
       An :class:`OverfitResult` (losses ``[configs, steps]``, verdicts, ``.table()``, ``.plot()``,

@@ -66,7 +66,7 @@ class OverfitResult:
       time_cut: the sweep's time limit in seconds when it stopped the run before its steps (doctor's guard,
         ``overfit(..., time_limit=...)``), else None.
       out_of_reach: the sweep stopped before its time limit was up: at its pace no configuration could reach the
-        target before it (``sweep.py``: ``_Reach``).
+        target before it (``time_guard.py``: ``Reach``).
       lr_swept: whether learning rates were set per configuration.
       batch_size: examples in the overfit batch.
     """

@@ -36,6 +36,7 @@ from jax import lax
 from .._core.tree import PyTree, host_leaf
 from .._jaxpr.compile_level import compiler_options
 from .._jaxpr.interpret import all_eqns
+from .time_guard import Reach, cut_note, within
 
 
 class Carry(NamedTuple):
@@ -376,7 +377,7 @@ def run_sweep(
       target_accuracy: the accuracy target the program uses, asked for once it has compiled (the plan may
         still be finding whether apply's accuracy can judge the fit); None: ``spec.target_accuracy``.
       time_limit: seconds the groups may run after their first chunk (None: no limit): each runs in slices
-        (:func:`_within`), every curve is cut where the shortest stopped, and the output says ``cut``.
+        (``time_guard.within``), every curve is cut where the shortest stopped, and the output says ``cut``.
     """
     start = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
@@ -407,8 +408,8 @@ def run_sweep(
             out = call(g, carry, limit, first, early)
         else:
             run = lambda c, n, prepare: call(g, c, n, prepare, early)  # noqa: E731
-            reach = _Reach(spec, group_real[g], lambda: float(accuracy_target)) if layout.groups == 1 else None
-            out, cut[g] = _within(run, carry, limit, first, deadline, reach)
+            reach = Reach(spec, group_real[g], lambda: float(accuracy_target)) if layout.groups == 1 else None
+            out, cut[g] = within(run, carry, limit, first, deadline, reach)
         if layout.parallel and int(out.chunks) >= spec.n_chunks:  # never resumed: free its states now
             out = out._replace(states=None)
         return out
@@ -423,7 +424,7 @@ def run_sweep(
         carries: list[Carry | None] = [initial(g) if at_once >= layout.groups else None for g in range(layout.groups)]
         compiled, compile_seconds = compiling.result()
         deadline = None if time_limit is None else time.perf_counter() + time_limit
-        cut = [""] * layout.groups  # why each group stopped short of its steps (_within)
+        cut = [""] * layout.groups  # why each group stopped short of its steps (within)
         accuracy_target = np.float32(spec.target_accuracy if target_accuracy is None else target_accuracy())
         stops = f" (stops {'at the first fit' if spec.first_fit_ends else 'once every configuration has fit'})"
         say(f"compiled in {compile_seconds:.1f} s; running up to {total} steps" + (stops if early_exit else ""))
@@ -434,10 +435,8 @@ def run_sweep(
             ran = list(pool.map(lambda g: launch(g, carries[g], spec.n_chunks, True), range(layout.groups)))
         carries.clear()  # the initial states: donated, or built per group
         last, behind = _ending(ran, group_real, first_fit, any(cut))
-        if "reach" in cut:
-            say(f"stopped after {last * spec.chunk} steps: at its pace no target was within its time limit's reach")
-        elif any(cut):
-            say(f"stopped at the sweep's time limit ({time_limit:.0f} s) after {last * spec.chunk} steps")
+        if any(cut):
+            say(cut_note(cut, last * spec.chunk, time_limit))
         if behind:
             say(f"resuming {len(behind)} group(s) that stopped early to step {last * spec.chunk}")
         for g, carry in zip(behind, pool.map(lambda g: launch(g, ran[g], last, False), behind)):
@@ -463,82 +462,6 @@ def _ending(ran: list[Carry], group_real: np.ndarray, first_fit: bool, cut: bool
         return min(int(c.chunks) for c in ran), []
     last = _last_chunk(ran, group_real, first_fit)
     return last, [g for g, c in enumerate(ran) if int(c.chunks) < last]
-
-
-REACH_MARGIN = 3.0
-"""A sweep cut by its time limit stops early when at its latest pace every real configuration would need more
-than this many times the steps its time still allows to reach its target (:class:`_Reach`)."""
-REACH_SLICES = 4  # with a reach test, a slice runs at most this share of the chunks the time left allows
-
-
-class _Reach:
-    """Whether a group's run can still reach its target before the deadline, at its latest pace: the steeper of
-    the mean loss's fall over its last chunk and over its last two, extrapolated in a straight line to the loss
-    target (``spec.target`` x the initial loss), and the accuracy's rise since the last test to the accuracy
-    target. Optimistic on purpose: a loss curve that falls ever slower reaches its target later than the line
-    says. A 7M-parameter LSTM LM's 2 sequences: 8.3 -> 5.3 in 15 steps, then 0.014 a step (its fit came at
-    step 286 of the 65 its time allowed). Only a sweep the deadline will cut anyway asks (:func:`_within`), so a
-    sweep that runs all its steps is judged as before. Not jit-safe (host numpy)."""
-
-    def __init__(self, spec: SweepSpec, real: np.ndarray, target_accuracy: Callable[[], float]):
-        self.spec, self.real, self.target_accuracy = spec, np.asarray(real, bool), target_accuracy
-        self.last: tuple[int, np.ndarray] | None = None  # (steps, accuracy) at the last test
-
-    def __call__(self, carry: Carry, chunks_left: int) -> bool:
-        """True when no real configuration can reach its target in ``REACH_MARGIN x chunks_left`` chunks."""
-        c = self.spec.chunk
-        steps = int(carry.chunks) * c
-        losses = np.asarray(carry.losses)[self.real, :steps]
-        accuracy = np.asarray(carry.accuracy)[self.real]
-        last, self.last = self.last, (steps, accuracy)
-        if steps < 3 * c or not losses.size:
-            return False
-        means = losses[:, -3 * c :].reshape(len(losses), 3, c).mean(axis=2)
-        pace = np.maximum(means[:, 1] - means[:, 2], (means[:, 0] - means[:, 2]) / 2) / c  # loss per step
-        goal = self.spec.target * losses[:, 0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            needed = np.where(pace > 0, (means[:, 2] - goal) / pace, np.inf)
-            if self.spec.accuracy is not None and last is not None and steps > last[0]:
-                rise = (accuracy - last[1]) / (steps - last[0])
-                needed = np.minimum(needed, np.where(rise > 0, (self.target_accuracy() - accuracy) / rise, np.inf))
-        judged = np.isfinite(losses[:, 0]) & (losses[:, 0] > 0) & (np.asarray(carry.reached_at)[self.real] < 0)
-        needed = np.where(judged, needed, 0.0)  # a fit already, or no ratio target (a loss <= 0): within reach
-        return bool(np.all(~np.isfinite(means[:, 2]) | (needed > REACH_MARGIN * chunks_left * c)))
-
-
-def _within(
-    run: Callable[[Carry | None, int, bool], Carry],
-    carry: Carry | None,
-    limit: int,
-    first: bool,
-    deadline: float,
-    reach: Callable[[Carry, int], bool] | None = None,
-) -> tuple[Carry, str]:
-    """``run(carry, limit, prepare)`` up to ``limit`` chunks in slices that end by ``deadline`` (a
-    ``time.perf_counter`` time): one chunk, which does not count against the deadline (its one-off costs, the
-    program's first run and preparing the states, took 1 s of a 12M-parameter MLP's sweep whose chunks then ran in
-    0.08 s), then one more to measure the pace, then as many as that pace fits in the time left. With ``reach``
-    (``reach(carry, chunks the time allows) -> bool``, :class:`_Reach`) the time left runs in slices of a
-    quarter of it, and a run the deadline would cut stops as soon as ``reach`` says its target is out of reach.
-    Returns the carry and why it stopped short: ``"time"`` (the deadline), ``"reach"``, or ``""`` (it ran to
-    ``limit`` or the program's own early exit). At least one chunk runs, so every group has a curve. Not
-    jit-safe."""
-    began, done = time.perf_counter(), 0 if carry is None else int(carry.chunks)
-    asked = min(limit, done + 1)
-    out = run(carry, asked, first)
-    deadline += time.perf_counter() - began
-    started, base = time.perf_counter(), int(out.chunks)
-    while int(out.chunks) == asked < limit:  # the program ran all it was asked: no early exit yet
-        now, ran = time.perf_counter(), int(out.chunks) - base
-        more = int((deadline - now) // ((now - started) / ran)) if ran else int(now < deadline)
-        if more < 1:
-            return out, "time"
-        left = limit - int(out.chunks)
-        if reach is not None and more < left and reach(out, more):  # cut anyway, and no fit before the cut
-            return out, "reach"
-        asked = int(out.chunks) + min(left, more if reach is None else max(1, more // REACH_SLICES))
-        out = run(out, asked, False)
-    return out, ""
 
 
 def _collected(

@@ -15,7 +15,8 @@ from jaxsane import overfit
 from jaxsane._doctor.budget import sweep_seconds
 from jaxsane._overfit import overfit as overfit_module
 from jaxsane._overfit import verdict as verdict_module
-from jaxsane._overfit.sweep import Carry, SweepSpec, _Reach, _within
+from jaxsane._overfit.sweep import Carry, SweepSpec
+from jaxsane._overfit.time_guard import Reach, within
 
 HIDDEN, TIME = 16, 400  # a small RNN over a long sequence: each step is a loop of 400 dependent iterations
 
@@ -73,12 +74,12 @@ def test_slices_run_one_chunk_then_as_many_as_the_pace_fits_and_stop_at_the_dead
         time.sleep(0.02 * (limit - done))
         return _carry(limit)
 
-    out, stopped = _within(run, None, 100, True, time.perf_counter() + 0.2)
+    out, stopped = within(run, None, 100, True, time.perf_counter() + 0.2)
     assert stopped == "time" and 1 < int(out.chunks) < 100, asked
     assert asked[0] == (1, True) and all(not prepare for _, prepare in asked[1:]), "only the first slice prepares"
-    out, stopped = _within(run, None, 3, True, time.perf_counter() + 60)
+    out, stopped = within(run, None, 3, True, time.perf_counter() + 60)
     assert stopped == "" and int(out.chunks) == 3, "a sweep within its time runs all its chunks"
-    out, stopped = _within(run, None, 100, True, time.perf_counter() - 1)
+    out, stopped = within(run, None, 100, True, time.perf_counter() - 1)
     assert stopped == "time" and int(out.chunks) == 1, "at least one chunk runs, so every group has a curve"
 
 
@@ -91,7 +92,7 @@ def test_the_first_chunks_one_off_costs_do_not_count_against_the_deadline():
         time.sleep((0.3 if done == 0 else 0.0) + 0.01 * (limit - done - (done == 0)))
         return _carry(limit)
 
-    out, stopped = _within(run, None, 100, True, time.perf_counter() + 0.25)
+    out, stopped = within(run, None, 100, True, time.perf_counter() + 0.25)
     assert stopped == "time" and int(out.chunks) > 10, int(out.chunks)
 
 
@@ -99,7 +100,7 @@ def test_a_program_that_exits_early_is_not_cut():
     def run(carry, limit, prepare):  # every configuration fits within the 2nd chunk: the program stops there
         return _carry(min(limit, 2))
 
-    out, stopped = _within(run, None, 100, True, time.perf_counter() + 60)
+    out, stopped = within(run, None, 100, True, time.perf_counter() + 60)
     assert stopped == "" and int(out.chunks) == 2
 
 
@@ -136,15 +137,15 @@ def test_a_sweep_the_deadline_cuts_stops_once_its_target_is_out_of_reach_at_its_
     """A curve that at its latest pace needs many times the steps its time allows stops early (the same verdict,
     not judged, seconds sooner); one still falling fast enough runs until the deadline."""
     real = np.asarray([True])
-    out, why = _within(_curve_run(_plateau), None, TOTAL // CHUNK, True, time.perf_counter() + 0.3,
-                       _Reach(_spec(), real, lambda: 1.0))  # fmt: skip
+    out, why = within(_curve_run(_plateau), None, TOTAL // CHUNK, True, time.perf_counter() + 0.3,
+                       Reach(_spec(), real, lambda: 1.0))  # fmt: skip
     assert why == "reach" and 3 <= int(out.chunks) <= 15, (why, int(out.chunks))  # the time allows ~30
 
     def steep(i):  # falls to its target (1% of its start) at step 99, within the ~150 steps its time allows
         return max(8.0 - 0.08 * i, 0.05)
 
-    out, why = _within(_curve_run(steep), None, TOTAL // CHUNK, True, time.perf_counter() + 0.3,
-                       _Reach(_spec(), real, lambda: 1.0))  # fmt: skip
+    out, why = within(_curve_run(steep), None, TOTAL // CHUNK, True, time.perf_counter() + 0.3,
+                       Reach(_spec(), real, lambda: 1.0))  # fmt: skip
     assert why == "time" and int(out.reached_at[0]) == 99, (why, int(out.chunks))
 
 
@@ -152,21 +153,21 @@ def test_a_flat_curve_with_time_for_all_its_steps_is_never_stopped_by_its_reach(
     """The reach test only shortens a sweep the deadline would cut anyway: a model that cannot fit, given time for
     all its steps, runs them all and is judged (the overfit.failed error stays an error)."""
     flat = _curve_run(lambda i: 2.3, seconds_per_chunk=0.001)
-    out, why = _within(flat, None, 12, True, time.perf_counter() + 30, _Reach(_spec(), np.asarray([True]), lambda: 1.0))
+    out, why = within(flat, None, 12, True, time.perf_counter() + 30, Reach(_spec(), np.asarray([True]), lambda: 1.0))
     assert why == "" and int(out.chunks) == 12
 
 
 def test_reach_counts_a_fit_already_made_and_an_accuracy_rising_to_its_target():
-    reach = _Reach(_spec(accuracy=True), np.asarray([True]), lambda: 1.0)
+    reach = Reach(_spec(accuracy=True), np.asarray([True]), lambda: 1.0)
     run = _curve_run(_plateau, accuracy=lambda steps: min(1.0, 0.04 * steps))  # 100% accuracy at step 25
     carry = run(None, 4, True)
     assert not reach(carry, 2), "no accuracy rise measured yet: the loss alone would say out of reach"
     assert reach(run(carry, 5, False), 2) is False, "the accuracy rises 0.04 a step: its target is 5 steps away"
     fitted = Carry(np.int32(6), None, np.ones((1, TOTAL), np.float32), np.zeros(1, np.float32), np.asarray([12]))
-    assert not _Reach(_spec(), np.asarray([True]), lambda: 1.0)(fitted, 1), "a configuration that fit is in reach"
+    assert not Reach(_spec(), np.asarray([True]), lambda: 1.0)(fitted, 1), "a configuration that fit is in reach"
     diverged = Carry(np.int32(6), None, np.full((1, TOTAL), np.nan, np.float32), np.zeros(1, np.float32),
                      np.asarray([-1]))  # fmt: skip
-    assert _Reach(_spec(), np.asarray([True]), lambda: 1.0)(diverged, 50), "a curve gone NaN reaches nothing"
+    assert Reach(_spec(), np.asarray([True]), lambda: 1.0)(diverged, 50), "a curve gone NaN reaches nothing"
 
 
 @pytest.mark.slow
