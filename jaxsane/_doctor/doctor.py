@@ -382,6 +382,7 @@ def _first_batches_and_state(
     if "data" not in blocked:
         try:
             adapted = PureExperiment(experiment, key=key, reuse_init=True)
+            adapted.settle_params(batch)
         except Exception as e:
             crash = user_crash(e)
             if crash is None:

@@ -238,6 +238,7 @@ class PureExperiment:
 
     def __init__(self, experiment: Experiment, *, key: jax.Array | None = None, reuse_init: bool = False):
         self.experiment = exp = experiment
+        self._state_is_params = False  # settle_params: a tuple or list state that is itself the parameters
         key = jax.random.key(0) if key is None else key
         try:
             with USER_CODE:
@@ -427,10 +428,33 @@ class PureExperiment:
             return state.params
         if isinstance(state, Mapping) and "params" in state:
             return state["params"]
+        if self._state_is_params:
+            return state
         if isinstance(state, (tuple, list)) and state:
             first = state[0]  # (params, opt_state, ...), or (TrainState, rng): that state's own parameters
             return first.params if hasattr(first, "params") and not isinstance(first, Mapping) else first
         raise ExperimentError("cannot find the parameters in the state: pass Experiment(params=lambda state: ...).")
+
+    def settle_params(self, batch: Any) -> None:
+        """Decide, from the loss, whether a tuple or list state is itself the parameters: a hand-written SGD's
+        ``[(W, b), ...]`` (no optimizer state) reads as ``(params, opt_state)`` by default, and its first layer
+        alone is no input of the loss. When ``loss(state[0], batch)`` cannot be traced and ``loss(state, batch)``
+        can, the parameters are the whole state (traced abstractly, nothing runs). Not jit-safe."""
+        exp, state = self.experiment, self._example
+        if self.nnx or exp.params is not None or exp.loss is None or not isinstance(state, (tuple, list)) or not state:
+            return
+        if hasattr(state[0], "params") or self._static is not None:
+            return
+        try:
+            jax.eval_shape(exp.loss, state[0], batch)
+            return
+        except Exception:  # noqa: BLE001 - its first element is not what the loss takes: try the whole state
+            pass
+        try:
+            jax.eval_shape(exp.loss, state, batch)
+        except Exception:  # noqa: BLE001 - neither: the loss's own failure, reported by the stages
+            return
+        self._state_is_params = True
 
     @staticmethod
     def _model_of(objs: Any) -> Any:

@@ -365,3 +365,43 @@ def test_a_stage_whose_other_checks_ran_beside_a_skipped_one_ran():
     no_apply = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss)
     d = jaxsane.doctor(no_apply, stages=["init"], progress=False)
     assert d.stages[0]["status"] == "not applicable", "nothing of the stage could run without apply"
+
+
+def test_a_hand_written_sgd_whose_state_is_its_list_of_layers():
+    """A newcomer's state is the parameters themselves, ``[(W, b), (W, b)]`` with no optimizer state: by default a
+    list state reads as ``(params, opt_state)``, and its first layer alone crashed the loss (a false
+    user_code_crashed in four stages). The loss decides: the whole list is what it takes."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        return [(jax.random.normal(k1, (4, 16)) * 0.5, jnp.zeros(16)), (jax.random.normal(k2, (16, 2)) * 0.25, jnp.zeros(2))]
+
+    def apply(params, inputs):
+        for w, b in params[:-1]:
+            inputs = jax.nn.relu(inputs @ w + b)
+        w, b = params[-1]
+        return inputs @ w + b
+
+    def loss(params, batch):
+        logp = jax.nn.log_softmax(apply(params, batch["x"]))
+        return -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], axis=1))
+
+    @jax.jit
+    def step(params, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), {"loss": value}
+
+    def batches():
+        i = 0
+        while True:
+            idx = np.arange(i, i + 32) % 128
+            yield {"x": x[idx], "y": y[idx]}
+            i += 32
+
+    exp = jaxsane.Experiment(init=init, step=step, train=batches, loss=loss, apply=apply, num_classes=2,
+                             inputs=lambda b: b["x"], labels=lambda b: b["y"])  # fmt: skip
+    d = jaxsane.doctor(exp, stages=["init", "grads", "step"], progress=False)
+    assert [s["status"] for s in d.stages] == ["ran"] * 3 and d.ok, [str(f) for f in d]
