@@ -251,10 +251,36 @@ def _nonfinite(j: _Judge) -> list[Finding]:
     ]
 
 
+IGNORE_INDEXES = (-100, -1, 255)  # the ignore labels of PyTorch/Hugging Face, of "unlabelled", of segmentation masks
+
+
+def _ignore_index(lo: float, hi: float, classes: int | None, some_valid: bool) -> bool:
+    """Whether the out-of-range labels are one value that reads as an ignore index: a single known one
+    (:data:`IGNORE_INDEXES`), or any single negative value or one at twice the classes or more, beside valid
+    labels. Labels off by one (1..C for C classes) are C itself: never one."""
+    if not (some_valid and lo == hi and classes is not None):
+        return False
+    return int(lo) in IGNORE_INDEXES or lo < 0 or lo >= 2 * classes
+
+
 def _label_range(j: _Judge) -> list[Finding]:
     split, w, n, C = j.split, j.w, j.split.rows, j.num_classes
     out: list[Finding] = []
-    if split.label_bad.count:
+    if split.label_bad.count and _ignore_index(split.label_lo, split.label_hi, C, split.label_bad.count < n):
+        v = split.label_lo
+        out.append(
+            Finding(
+                "data.label_range",
+                f"{split.label_bad.count} of {n} {w} examples hold the label {v}, outside [0, {C}) and the only value "
+                f"there: an ignore index ({_idx(split.label_bad)})? If the loss leaves it out, pass "
+                f"Experiment(mask=lambda batch: labels != {v}) so the checks leave it out too; if not, it is a bug",
+                f"mask the label {v} in the loss (and pass mask=), or fix the labels",
+                severity="warning",
+                path=f"{w} labels",
+                extra={"count": split.label_bad.count, "indices": split.label_bad.first, "ignore_index": v},
+            )
+        )
+    elif split.label_bad.count:
         rng = f"[0, {C})" if C is not None else "the non-negative integers"
         out.append(
             Finding(

@@ -61,7 +61,8 @@ def check_first_labels(experiment: Experiment, batch: Any, index: int) -> None:
         )
     except DataError:
         return
-    bad = [f for f in found.by_code("data.label_range") if f.severity == "error"]
+    # an ignore index the mask does not cover (a warning in doctor's report) stops fit too, until mask= says so
+    bad = [f for f in found.by_code("data.label_range") if f.severity == "error" or "ignore_index" in (f.extra or {})]
     if bad:
         raise DataError(
             f"[jaxsane] fit: train batch {index} has labels out of range, so the loss would train on "

@@ -96,6 +96,19 @@ def test_negative_labels_without_num_classes():
     assert f.extra["indices"] == [5]
 
 
+def test_one_ignore_value_out_of_range_is_a_warning_that_asks_for_the_mask():
+    """Segmentation labels with 255 on the border pixels (masked by the loss, unknown to the checks) read as an
+    ignore index: a warning that says to pass mask=, not an error; 1-based labels (C for C classes) stay one."""
+    x, y, _, _ = _digits()
+    y[[3, 700]] = 255
+    f = _only(check_data((x, y), num_classes=10), "data.label_range")[0]
+    assert f.severity == "warning" and f.extra["ignore_index"] == 255 and "mask=" in f.message, f
+    y[[3, 700]] = 10
+    assert _only(check_data((x, y), num_classes=10), "data.label_range")[0].severity == "error"
+    y[[3]] = 255  # two values out of range: no single ignore index
+    assert _only(check_data((x, y), num_classes=10), "data.label_range")[0].severity == "error"
+
+
 def test_float_labels_for_classification():
     x, y, _, _ = _digits()
     f = _only(check_data((x, y.astype(np.float32)), num_classes=10), "data.label_range")[0]
