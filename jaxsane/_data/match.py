@@ -19,6 +19,7 @@ from .chance import beyond_chance, collision_chance
 from .read import apply_handle, host_array, named_leaves, take_rows
 from .row_hash import U64 as _U64
 from .split import Split
+from .with_replacement import sampled_with_replacement
 
 
 def _hashes(split: Split) -> tuple[np.ndarray, np.ndarray]:
@@ -77,6 +78,9 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
         dup, orig = _off_period(dup, orig, split.rows)
         if not len(dup):
             return [], (hs, isorted)
+        pool = sampled_with_replacement(h)
+        if pool is not None:  # repeats by chance of a sampler, or duplicated rows: a stream cannot tell them apart
+            return [_sampler(split, len(dup), len(h), pool)], (hs, isorted)
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
@@ -143,6 +147,19 @@ def _chance_text(pairs: float, q: float | None) -> str:
         return ""
     expected = pairs * q
     return f"; chance alone explains {expected:.2g} at this dimensionality and precision" if expected >= 0.01 else ""
+
+
+def _sampler(split: Split, repeats: int, rows: int, pool: float) -> Finding:
+    """The info that a stream's repeats are those of sampling with replacement from about ``pool`` rows."""
+    return Finding(
+        "doctor.skipped",
+        f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows read ({100 * repeats / rows:.2g}%) "
+        f"repeat one, as often as drawing with replacement from about {pool:.0f} distinct rows repeats them (a "
+        "sampler that picks random indices); duplicated rows read once can look the same",
+        f"to check the {split.what} data for duplicates, pass the stored arrays (jaxsane.check_data(arrays))",
+        path=f"{split.what} inputs",
+        extra={"count": repeats, "pool": pool, "partial": True},  # (the data stage's other checks ran)
+    )
 
 
 def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:

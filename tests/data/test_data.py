@@ -220,6 +220,27 @@ def test_repeated_batches_in_a_stream_are_duplicates():
     assert f.extra["count"] == 32 and f.extra["indices"][:2] == [64, 65]
 
 
+def test_a_stream_that_samples_with_replacement_is_not_duplicated_data():
+    """A pipeline drawing each batch's indices with replacement repeats rows by chance (51% of 3456 rows drawn from
+    2048): not judged, an info with the pool's size; a stream over data whose rows were copied once (each seen
+    exactly twice, read without replacement) is still data.duplicates."""
+    from jaxsane._data.with_replacement import sampled_with_replacement
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2048, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 2048).astype(np.int32)
+    draws = [rng.integers(0, 2048, 64) for _ in range(54)]
+    d = check_data(iter([{"x": x[i], "y": y[i]} for i in draws]), num_classes=4)
+    assert "data.duplicates" not in d.codes, d
+    (f,) = [f for f in d if f.code == "doctor.skipped" and "data.duplicates not judged" in f.message]
+    assert 1700 < f.extra["pool"] < 2400, f.extra
+    copied = np.concatenate([x, x[:400]])[rng.permutation(2448)]  # 400 rows copied once, shuffled in
+    assert sampled_with_replacement(np.unique(copied, axis=0, return_inverse=True)[1].ravel()) is None
+    labels = np.zeros(2448, np.int32)
+    d = check_data(iter([{"x": copied[s : s + 64], "y": labels[s : s + 64]} for s in range(0, 2448, 64)]), num_classes=4)
+    assert "data.duplicates" in d.codes, d
+
+
 def test_padding_rows_are_not_duplicates():
     data = _sequences()
     data["mask"][[4, 9]] = 0
