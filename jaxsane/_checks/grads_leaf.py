@@ -22,7 +22,7 @@ from .grads_findings import (
     nonfinite_gradient_finding,
     nonfinite_nearby_finding,
 )
-from .grads_kink import KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
+from .grads_kink import ROUNDING_ULPS, KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
 from .grads_precision import Tolerance
 
 
@@ -187,6 +187,7 @@ class LeafJudge:
                     tol.atol,
                     tol.rtol,
                     tol.kink_rtol,
+                    machine_eps=float(np.finfo(np.dtype(self.tdtype)).eps),
                 )
                 if verdict.wrong is None:
                     tally.kinked.append((path, verdict))
@@ -213,11 +214,6 @@ class LeafJudge:
             kink=kink_extra,
         )
         tally.findings.append(finding)
-
-
-ROUNDING_ULPS = 4.0
-"""Rounding error of one evaluation of the loss, in units of its dtype's epsilon times its size: a quotient with
-step ``h`` carries about ``ROUNDING_ULPS * eps * |g| / h`` of round-off."""
 
 
 def quotient_error(g: Callable, steps: Sequence[float], fds: Sequence[float], dtype: Any) -> list[float]:

@@ -537,3 +537,23 @@ def test_check_grads_takes_reverse_mode_from_a_given_gradient_and_only_there():
     # forward mode, or more than the first argument, differentiates on its own: the given gradient is not used
     assert jaxsane.check_grads(loss, params, x, gradient=wrong, dtype=jnp.float32) == []
     assert jaxsane.check_grads(loss, params, x, gradient=wrong, argnums=(0, 1), **kw) == []
+
+
+def test_a_sub_direction_off_a_kink_disagrees_only_beyond_its_round_off():
+    """An unnormalised regression's loss is about 3e9: its float64 difference quotients carry ~0.5 of round-off at
+    a step of 1e-6, more than a 1e-5 tolerance of a slope of 8654. The sub-directions probed off a kink disagree
+    only by more than that (a correct MLP on raw prices drew a false grad.mismatch); without it they would."""
+    from jaxsane._checks.grads_kink import probe_sub_directions
+
+    direction = np.ones(8)
+    grad = np.full(8, 8654.6 / 8)  # autodiff: 0.1 above the true slope along the whole direction, inside round-off
+
+    def value_along(sub, t):
+        return np.float64(3e9) + np.float64(8654.5 / 8) * np.sum(sub) * np.float64(t)
+
+    def probe(eps):
+        return probe_sub_directions(value_along, grad, direction, np.random.default_rng(0), (1e-6, 1e-4), 0.0, 0.0,
+                                    1e-5, 1e-5, 1e-3, blocks=4, machine_eps=eps)  # fmt: skip
+
+    assert probe(float(np.finfo(np.float64).eps)).wrong is None
+    assert probe(0.0).wrong is not None, "the round-off is what keeps them apart"
