@@ -111,8 +111,9 @@ def _is_mean_cross_entropy(adapted: PureExperiment, state: Any, batch: Any, rtol
         return ""
     return (
         f"the loss at init ({source}: {loss:.4g}) is not the mean cross-entropy of apply's outputs over their "
-        f"class axis against the labels ({candidates[0]:.4g}); it is another loss (a path likelihood such as "
-        "CTC, a log-likelihood summed over time, label smoothing or weights), whose chance level is not ln C"
+        f"class axis against the labels ({candidates[0]:.4g}): the loss runs the model in another mode than apply "
+        "(dropout, batch statistics), or it is another loss (a path likelihood such as CTC, a log-likelihood summed "
+        "over time, label smoothing or weights), whose chance level is not ln C"
     )
 
 
