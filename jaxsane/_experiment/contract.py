@@ -65,7 +65,8 @@ class Experiment:
       loss: ``(params, batch) -> scalar`` mean loss (NNX: ``(model, batch)``).
       apply: ``(params, inputs) -> outputs`` in eval mode (NNX: ``(model, inputs)``).
       params: ``state -> params`` (default: ``state.params``, ``state["params"]``, ``state[0]``, or
-        ``state[0].params`` for a ``(TrainState, rng)`` tuple).
+        ``state[0].params`` for a ``(TrainState, rng)`` tuple; in doctor, the whole tuple or list when the loss
+        takes it and not its first element: a hand-written SGD's ``[(W, b), ...]``).
       inputs, labels, mask: ``batch -> array``; defaults look for common keys
         (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
       num_classes: number of classes, for label-range and init-loss checks.
