@@ -64,6 +64,27 @@ def can_be_nonfinite(x: Any) -> bool:
     return isinstance(x, (float, complex)) or is_inexact(x)
 
 
+def without_carried_infs(new: PyTree, old: PyTree) -> PyTree:
+    """``new`` (a step's output state) with each 0-d float leaf that is +-inf where the same leaf of ``old`` (its
+    input state) was +-inf too set to 0, for finiteness flags only: an optimizer's infinite placeholder carried
+    from step to step is no new non-finite value (``optax.contrib.reduce_on_plateau`` starts its best value at
+    +inf). A NaN, or an inf that was finite before (a loss scale that overflowed), stays. ``new`` as it is when
+    the two trees differ in structure. Jit-safe."""
+    new_leaves, new_def = jax.tree_util.tree_flatten(new)
+    old_leaves, old_def = jax.tree_util.tree_flatten(old)
+    if new_def != old_def:  # type: ignore[operator]  # (jax's PyTreeDef compares by structure)
+        return new
+
+    def scalar(x: Any) -> bool:
+        return can_be_nonfinite(x) and jnp.ndim(x) == 0
+
+    out = [
+        jnp.where(jnp.isinf(n) & jnp.isinf(o), jnp.zeros_like(n), n) if scalar(n) and scalar(o) else n
+        for n, o in zip(new_leaves, old_leaves)
+    ]
+    return jax.tree_util.tree_unflatten(new_def, out)
+
+
 def finite_flags(tree: PyTree) -> jax.Array:
     """One bool per leaf of ``tree`` (True = finite or not a float leaf). Jit-safe.
 

@@ -11,7 +11,7 @@ which :func:`prepare_run` compiles in doctor's background thread while the earli
 * ``before(params, batch)``: the loss, per-leaf gradient norms and parameter norms (:func:`gradient_telemetry`,
   whose gradient the grads stage's check shares);
 * ``after(state, new_state, metrics, batch)``: per-leaf update norms and whether every value is finite, on
-  the steps that sample telemetry; ``finite(new_state, metrics)``, whether every value is finite, on the others
+  the steps that sample telemetry; ``finite(state, new_state, metrics)``, whether every value is finite, on the others
   (it reads the new state once; the update norms read both states and write their difference);
 * ``dead(params, inputs)``: dead-ReLU fractions on the Monitor's dead steps, when apply has ReLU sites.
 
@@ -33,7 +33,14 @@ import jax.numpy as jnp
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding
 from .._core.host_memory import release_free_memory
-from .._core.tree import PyTree, accumulates_gradients, copy_arrays, grouped_finite_flags, is_inexact
+from .._core.tree import (
+    PyTree,
+    accumulates_gradients,
+    copy_arrays,
+    grouped_finite_flags,
+    is_inexact,
+    without_carried_infs,
+)
 from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
 from .._experiment.contract import PureExperiment
 from .._guard.guard import Guarded
@@ -87,12 +94,12 @@ class RunPrograms:
 
     def _after(self, state: PyTree, new_state: PyTree, metrics: Any, batch: PyTree) -> tuple[jax.Array, jax.Array]:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
-        finite = jnp.all(grouped_finite_flags((new_state, metrics)))  # inputs count only when an output is bad
-        return leaf_norms([a - b for a, b in zip(after, before)]), finite
+        return leaf_norms([a - b for a, b in zip(after, before)]), self._finite(state, new_state, metrics)
 
     @staticmethod
-    def _finite(new_state: PyTree, metrics: Any) -> jax.Array:
-        return jnp.all(grouped_finite_flags((new_state, metrics)))
+    def _finite(state: PyTree, new_state: PyTree, metrics: Any) -> jax.Array:
+        # inputs count only when an output is bad; an infinite placeholder carried from the input is no output
+        return jnp.all(grouped_finite_flags((without_carried_infs(new_state, state), metrics)))
 
     def _lost(self, state: PyTree, new_state: PyTree, batch: PyTree) -> jax.Array:
         adapted = self.adapted
@@ -215,7 +222,7 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
         programs.after.lower(state, new_state, metrics, batch).compile()
         if any(programs.monitor.mode_for(i) == MODE_BARE for i in range(opts.run_steps)):  # telemetry is sampled
-            programs.finite.lower(new_state, metrics).compile()
+            programs.finite.lower(state, new_state, metrics).compile()
         if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
@@ -296,7 +303,7 @@ class _Runner:
         if self.copy_inputs:
             self.copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
         if mode == MODE_BARE:
-            finite = programs.finite(new_state, metrics)
+            finite = programs.finite(kept, new_state, metrics)
         else:
             update_norm, finite = programs.after(kept, new_state, metrics, batch)
             handle_loss = tel.pop("loss", None)

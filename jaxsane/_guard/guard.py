@@ -30,7 +30,7 @@ import numpy as np
 from .._core.errors import GuardConfigError, JaxsaneWarning, NonFiniteError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_stacklevel
-from .._core.tree import finite_flags, leaves_with_paths
+from .._core.tree import finite_flags, leaves_with_paths, without_carried_infs
 from .._core.validate import policy_from_env, require_policy
 from .._dist.hang import HangWatch, check_hang_timeout
 from .._experiment.chex import FINITE_ASSERTIONS, failed_assertion, is_chexified
@@ -237,7 +237,9 @@ class Guarded:
         # state; keep_inputs=False keeps nothing; other processes' shards are not readable here); else the
         # cheaper grouped flags, and the failing leaves are found on the host from the kept outputs.
         per_leaf = self._host.per_leaf_flags() if per_leaf is None else per_leaf
-        out_flags = finite_flags((new_nnx_state, out)) if per_leaf else grouped_flags((new_nnx_state, out))
+        before = None if nnx_state is None else jax.tree_util.tree_unflatten(in_def, in_leaves)  # values as they came
+        flagged = _placeholders_cleared(new_nnx_state, before, out, state_in)
+        out_flags = finite_flags(flagged) if per_leaf else grouped_flags(flagged)
         # inputs with NaN/Inf are reported only when an output is non-finite: a NaN the step masks
         # (missing labels marked NaN, OGB style) is data, not a failure
         in_flags = in_flags | jnp.all(out_flags)
@@ -560,3 +562,17 @@ def guard(
     )
     guarded.breakpoint = policy == "breakpoint"  # "raise", with a debugger at the origin first
     return guarded
+
+
+def _placeholders_cleared(new_nnx_state: Any, nnx_state: Any, out: Any, state_in: Any) -> tuple[Any, Any]:
+    """``(new_nnx_state, out)`` for the output flags, with the scalar +-inf placeholders carried from the input
+    state cleared (:func:`~jaxsane._core.tree.without_carried_infs`): the NNX objects' state against theirs before
+    the step, else the step's new state (``out`` or ``out[0]``) against its first argument. Jit-safe."""
+    if new_nnx_state is not None and nnx_state is not None:
+        return without_carried_infs(new_nnx_state, nnx_state), out
+    if state_in is None:
+        return new_nnx_state, out
+    same = jax.tree_util.tree_structure(state_in)
+    if isinstance(out, tuple) and len(out) == 2 and jax.tree_util.tree_structure(out[0]) == same:  # type: ignore[operator]
+        return new_nnx_state, (without_carried_infs(out[0], state_in), out[1])
+    return new_nnx_state, without_carried_infs(out, state_in)

@@ -3,6 +3,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _programs import batch, linen_init, linen_step, nnx_init, nnx_step, optax_init, optax_step
 from flax import nnx
@@ -446,3 +447,45 @@ def test_a_guard_for_one_run_compiles_quickly_and_reports_as_guard_does():
     assert not isinstance(Guarded(step)._compiled_plain, QuickJit)   # a training loop's guard: XLA's defaults
     traced = jax.jit(lambda w, x: step(w, x)).trace(w, x)
     assert compiler_options(traced.jaxpr, 1) == QUICK                # what one run of such a step is given
+
+
+def _plateau_program(overflow: bool):
+    """Adam and optax.contrib.reduce_on_plateau over a 20-loss window: its best value is +inf until the window
+    fills. ``overflow`` plants a loss scale in the state that doubles into +inf at the first step."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    batch = {"x": x, "y": x @ rng.normal(size=(4, 1)).astype(np.float32)}
+    tx = optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau(patience=5, accumulation_size=20))
+
+    def init(key):
+        params = {"w": jax.random.normal(key, (4, 1)) * 0.5}
+        return params, tx.init(params), jnp.float32(3e38)
+
+    def loss(params, b):
+        return jnp.mean((b["x"] @ params["w"] - b["y"]) ** 2)
+
+    @jax.jit
+    def step(state, b):
+        params, opt, scale = state
+        value, grads = jax.value_and_grad(loss)(params, b)
+        updates, opt = tx.update(grads, opt, params, value=value)
+        return (optax.apply_updates(params, updates), opt, scale * 2 if overflow else scale), {"loss": value}
+
+    return init, step, loss, batch
+
+
+def test_an_infinite_placeholder_carried_in_the_optimizer_state_is_no_failure():
+    """reduce_on_plateau starts its best value at +inf: guard and doctor's run passed it on step after step as a
+    non-finite output (a false nonfinite.input error that also cut doctor's run at step 0). An inf carried from
+    the input state is none; a scalar that turns inf in the step (an overflowing loss scale) still is."""
+    init, step, loss, batch = _plateau_program(overflow=False)
+    state, guarded = init(jax.random.key(0)), jaxsane.guard(step)
+    for _ in range(3):
+        state, _ = guarded(state, batch)
+    assert jnp.isinf(state[1][1].best_value), "the placeholder is still there"
+    exp = jaxsane.Experiment(init=init, step=step, train=[batch] * 30, loss=loss)
+    d = jaxsane.doctor(exp, stages=["run"], progress=False)
+    assert not [f for f in d if f.code.startswith("nonfinite")] and len(d.artifacts["run"]["loss"]) == 30
+    init, step, _, batch = _plateau_program(overflow=True)
+    with pytest.raises(jaxsane.NonFiniteError):
+        jaxsane.guard(step, on_nonfinite="raise", sync=True)(init(jax.random.key(0)), batch)
