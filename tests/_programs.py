@@ -46,6 +46,19 @@ def optax_step_state_only(state, b):
     return optax_step(state, b)[0]
 
 
+def optax_step_of(loss, tx):
+    """The usual jitted optax step for ``loss(params, batch)`` over a ``(params, opt_state)`` state."""
+
+    @jax.jit
+    def step(state, b):
+        params, opt = state
+        value, grads = jax.value_and_grad(loss)(params, b)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), {"loss": value}
+
+    return step
+
+
 def optax_experiment(**kw):
     return jaxsane.Experiment(init=optax_init, step=jax.jit(optax_step), train=batch(), loss=optax_loss,
                               apply=optax_apply, num_classes=3, **kw)

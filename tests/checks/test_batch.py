@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _programs import nnx_classifier_experiment
+from _programs import nnx_classifier_experiment, optax_step_of
 from flax import nnx
 
 import jaxsane
@@ -228,12 +228,7 @@ def test_doctors_batch_stage_on_a_node_classification_graph_batch(model):
     def loss(params, b):
         return jnp.sum(apply(params, b) ** 2)
 
-    @jax.jit
-    def step(state, b):
-        params, opt = state
-        value, grads = jax.value_and_grad(loss)(params, b)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), {"loss": value}
+    step = optax_step_of(loss, tx)
 
     exp = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss, apply=apply, inputs=lambda b: b,
                              labels=lambda b: b["labels"], mask=lambda b: b["mask"],

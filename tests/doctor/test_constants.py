@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _programs import optax_step_of
 
 import jaxsane
 from jaxsane import check_batch_independence
@@ -52,15 +53,8 @@ def _regression():
     def loss(params, b):
         return jnp.mean((apply(params, b["x"]) - b["y"]) ** 2)
 
-    @jax.jit
-    def step(state, b):
-        params, opt = state
-        value, grads = jax.value_and_grad(loss)(params, b)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), {"loss": value}
-
     return jaxsane.Experiment(
-        init=init, step=step, train=batch, loss=loss, apply=apply, inputs=lambda b: b["x"], labels=lambda b: b["y"]
+        init=init, step=optax_step_of(loss, tx), train=batch, loss=loss, apply=apply, inputs=lambda b: b["x"], labels=lambda b: b["y"]
     )
 
 

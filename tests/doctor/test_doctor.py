@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _programs import optax_step_of
 
 import jaxsane
 from jaxsane._core.errors import DoctorOptionError, JaxsaneError
@@ -351,12 +352,7 @@ def test_a_stage_whose_other_checks_ran_beside_a_skipped_one_ran():
     def loss(params, b):  # inputs augmented with noise inside the loss
         return jnp.mean((apply(params, b["x"] + 0.1 * jax.random.normal(jax.random.key(1), b["x"].shape)) - b["y"]) ** 2)
 
-    @jax.jit
-    def step(state, b):
-        params, opt = state
-        value, grads = jax.value_and_grad(loss)(params, b)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), {"loss": value}
+    step = optax_step_of(loss, tx)
 
     exp = jaxsane.Experiment(init=init, step=step, train=[batch], loss=loss, apply=apply, inputs=lambda b: b["x"],
                              labels=lambda b: b["y"])  # fmt: skip

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _programs import optax_step_of
 
 import jaxsane
 from jaxsane._checks.init_loss import classification_of
@@ -35,14 +36,7 @@ def _mlp(params, x):
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
-def _optax_step(loss, tx):
-    @jax.jit
-    def step(state, batch):
-        params, opt_state = state
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {"loss": value}
-    return step
+_optax_step = optax_step_of
 
 
 # ----------------------------------------------------------------------------- 1. NNX modes
