@@ -65,8 +65,7 @@ class Experiment:
       loss: ``(params, batch) -> scalar`` mean loss (NNX: ``(model, batch)``).
       apply: ``(params, inputs) -> outputs`` in eval mode (NNX: ``(model, inputs)``).
       params: ``state -> params`` (default: ``state.params``, ``state["params"]``, ``state[0]``, or
-        ``state[0].params`` for a ``(TrainState, rng)`` tuple; in doctor, the whole tuple or list when the loss
-        takes it and not its first element: a hand-written SGD's ``[(W, b), ...]``).
+        ``state[0].params`` for a ``(TrainState, rng)`` tuple; in doctor the whole state if the loss takes only it).
       inputs, labels, mask: ``batch -> array``; defaults look for common keys
         (``"x"``/``"y"``, ``"image"``/``"label"``, ``"mask"``) or an ``(x, y)`` tuple.
       num_classes: number of classes, for label-range and init-loss checks.
@@ -437,25 +436,14 @@ class PureExperiment:
         raise ExperimentError("cannot find the parameters in the state: pass Experiment(params=lambda state: ...).")
 
     def settle_params(self, batch: Any) -> None:
-        """Decide, from the loss, whether a tuple or list state is itself the parameters: a hand-written SGD's
-        ``[(W, b), ...]`` (no optimizer state) reads as ``(params, opt_state)`` by default, and its first layer
-        alone is no input of the loss. When ``loss(state[0], batch)`` cannot be traced and ``loss(state, batch)``
-        can, the parameters are the whole state (traced abstractly, nothing runs). Not jit-safe."""
-        exp, state = self.experiment, self._example
-        if self.nnx or exp.params is not None or exp.loss is None or not isinstance(state, (tuple, list)) or not state:
+        """Decide, from the loss, whether a tuple or list state is itself the parameters (a hand-written SGD's
+        ``[(W, b), ...]`` reads as ``(params, opt_state)`` by default): when ``loss(state[0], batch)`` cannot be
+        traced and ``loss(state, batch)`` can (abstractly, nothing runs), they are the whole state. Not jit-safe."""
+        exp, state, loss = self.experiment, self._example, self.experiment.loss
+        if loss is None or self.nnx or exp.params is not None or self._static is not None:
             return
-        if hasattr(state[0], "params") or self._static is not None:
-            return
-        try:
-            jax.eval_shape(exp.loss, state[0], batch)
-            return
-        except Exception:  # noqa: BLE001 - its first element is not what the loss takes: try the whole state
-            pass
-        try:
-            jax.eval_shape(exp.loss, state, batch)
-        except Exception:  # noqa: BLE001 - neither: the loss's own failure, reported by the stages
-            return
-        self._state_is_params = True
+        if isinstance(state, (tuple, list)) and state and not hasattr(state[0], "params"):
+            self._state_is_params = _traces(loss, state[0], batch) is None and _traces(loss, state, batch) is not None
 
     @staticmethod
     def _model_of(objs: Any) -> Any:
@@ -601,3 +589,11 @@ def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
             f"{fn}({name}=...): expected a jaxsane.Experiment, got {show(value)}. Likely cause: {cause}. "
             f"Fix: pass jaxsane.Experiment(init=..., step=..., train=...)."
         )
+
+
+def _traces(fn: Callable, *args: Any) -> Any:
+    """``jax.eval_shape(fn, *args)``, or None when it cannot be traced on them. Not jit-safe."""
+    try:
+        return jax.eval_shape(fn, *args)
+    except Exception:  # noqa: BLE001 - any failure: it does not take these arguments
+        return None
