@@ -113,6 +113,14 @@ class Finding:
         return text
 
 
+def ran_beside(finding: Finding) -> Finding:
+    """``finding``, when it is a ``doctor.skipped``, marked ``extra["partial"]``: one check of a stage whose other
+    checks ran, not a stage that could not apply (doctor lists such a stage as ran). Not jit-safe."""
+    if finding.code != "doctor.skipped":
+        return finding
+    return dataclasses.replace(finding, extra={**(finding.extra or {}), "partial": True})
+
+
 def jsonable(value: Any) -> Any:
     """Convert numpy/jax scalars and arrays, tuples and sets into JSON-able values."""
     if isinstance(value, dict):

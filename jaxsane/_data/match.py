@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core.finding import Finding
+from .._core.finding import Finding, ran_beside
 from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
 from .chance import beyond_chance, collision_chance
 from .read import apply_handle, host_array, named_leaves, take_rows
@@ -151,15 +151,17 @@ def _chance_text(pairs: float, q: float | None) -> str:
 
 def _sampler(split: Split, repeats: int, rows: int, pool: float) -> Finding:
     """The info that a stream's repeats are those of sampling with replacement from about ``pool`` rows."""
-    return Finding(
-        "doctor.skipped",
-        f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows read ({100 * repeats / rows:.2g}%) "
-        f"repeat one, as often as drawing with replacement from about {pool:.0f} distinct rows repeats them (a "
-        "sampler that picks random indices); duplicated rows read once can look the same",
-        f"to check the {split.what} data for duplicates, pass the stored arrays (jaxsane.check_data(arrays))",
-        path=f"{split.what} inputs",
-        extra={"count": repeats, "pool": pool, "partial": True},  # (the data stage's other checks ran)
-    )
+    return ran_beside(
+        Finding(
+            "doctor.skipped",
+            f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows read ({100 * repeats / rows:.2g}%) "
+            f"repeat one, as often as drawing with replacement from about {pool:.0f} distinct rows repeats them (a "
+            "sampler that picks random indices); duplicated rows read once can look the same",
+            f"to check the {split.what} data for duplicates, pass the stored arrays (jaxsane.check_data(arrays))",
+            path=f"{split.what} inputs",
+            extra={"count": repeats, "pool": pool},
+        )
+    )  # (the data stage's other checks ran)
 
 
 def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:

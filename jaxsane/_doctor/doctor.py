@@ -479,8 +479,8 @@ def _run_stages(plan: RunPlan) -> None:
 
 def _run_stage(plan: RunPlan, stage: Stage) -> tuple[str, str]:
     """Run one stage unless a need of it failed: ``(status, reason)``, its findings added to the diagnosis. A stage
-    whose findings are all ``doctor.skipped`` did not apply, unless it did other work beside them: the step and run
-    stages always run the step first, and a finding marked ``extra["partial"]`` says the rest of its stage ran."""
+    whose findings are all ``doctor.skipped`` did not apply, unless one is marked ``extra["partial"]``
+    (``ran_beside``): the rest of its stage ran."""
     blocked = plan.blocked
     if "step" in stage.needs and "step" not in blocked and plan.adapted is not None and "data" not in blocked:
         blocked["step"] = step_output_problem(plan.adapted, plan.batch, plan.triage)
@@ -492,7 +492,7 @@ def _run_stage(plan: RunPlan, stage: Stage) -> tuple[str, str]:
     except Exception as e:  # triage: the user's crash, a missing handle, or a jaxsane bug
         return plan.triage.stage(stage.name, e, blocked.get("step"))
     plan.diagnosis.add(found)
-    partial = stage.name in ("step", "run") or any((f.extra or {}).get("partial") for f in found)
+    partial = any((f.extra or {}).get("partial") for f in found)
     if found and all(f.code == "doctor.skipped" for f in found) and not partial:
         status = NOT_APPLICABLE if all(f.severity == "info" for f in found) else SKIPPED
         return status, "; ".join(f.message for f in found)

@@ -33,7 +33,7 @@ from .._checks.sequence import (
 )
 from .._checks.step import time_one_step, timed_check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
-from .._core.finding import Finding
+from .._core.finding import Finding, ran_beside
 from .._data.check import check_data, judge_masked_nonfinite
 from .._experiment.batches import (
     Replayable,
@@ -259,7 +259,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         _traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
     )
     ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
-    findings = [_ran_beside(f) for f in findings]
+    findings = [ran_beside(f) for f in findings]
     findings += check_activations(
         layers,
         scale_ratio=opts.init_scale_ratio,
@@ -268,12 +268,6 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         symmetric_tol=opts.init_symmetric_tol,
     )
     return findings
-
-
-def _ran_beside(f: Finding) -> Finding:
-    """``f``, a ``doctor.skipped`` marked as one part of a stage whose other checks ran (not a stage that could
-    not apply)."""
-    return f if f.code != "doctor.skipped" else dataclasses.replace(f, extra={**(f.extra or {}), "partial": True})
 
 
 def _init_loss_vs_constant(
@@ -338,7 +332,7 @@ def step_stage(ctx: StageContext) -> Iterable[Finding]:
     underflow = check_step_underflow(ctx.pure, ctx.batch, key=ctx.key, calls=ctx.options.step_calls)
     if any(f.code == "train.update_underflow" for f in underflow):  # float32 moves: not a zero update
         findings = [f for f in findings if f.code != "step.no_update"]
-    return [*findings, *underflow]
+    return [ran_beside(f) for f in (*findings, *underflow)]  # the step ran, whatever it could not judge
 
 
 def batch_stage(ctx: StageContext) -> Iterable[Finding]:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from .._core.errors import NonFiniteError
-from .._core.finding import Finding
+from .._core.finding import Finding, ran_beside
 from .._core.host_memory import release_free_memory
 from .._core.tree import (
     PyTree,
@@ -375,7 +375,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story
         thresholds: dict[str, Any] = opts.run_thresholds  # keys checked against check_training's by check_options
         findings.extend(_between_updates(check_training(history, **thresholds), adapted.example_state))
-    return findings
+    return [ran_beside(f) for f in findings]  # the run ran, whatever it could not judge
 
 
 def _between_updates(findings: list[Finding], state: PyTree) -> list[Finding]:
