@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 BACKGROUND = "jaxsane-precompile"  # the name prefix of the pool's threads in doctor
@@ -54,6 +56,7 @@ class BackgroundPool(concurrent.futures.Executor):
         self._jobs: collections.deque = collections.deque()
         self._ready = threading.Condition()
         self._closed = False
+        self._held = False  # held(): jobs queue up, none starts
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
@@ -93,12 +96,26 @@ class BackgroundPool(concurrent.futures.Executor):
     def _work(self) -> None:
         while True:
             with self._ready:
-                while not self._jobs and not self._closed:
+                while (not self._jobs or self._held) and not self._closed:
                     self._ready.wait()
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
             self._run(job)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Queue the jobs submitted inside, and start them only on leaving: jobs that read what later submissions
+        make first (the gradient check takes the run's telemetry program, which preparing the run makes) find it
+        made, whichever thread starts them."""
+        with self._ready:
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._ready:
+                self._held = False
+                self._ready.notify_all()
 
     def help_until(self, future: concurrent.futures.Future) -> None:
         """Run queued jobs on this thread until ``future`` is done or none is left to start (then the caller

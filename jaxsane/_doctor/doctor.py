@@ -296,7 +296,8 @@ def doctor(
                 diagnosis=diagnosis, triage=triage, blocked=blocked, progress=progress, log=log,
             )  # fmt: skip
             if adapted is not None and not blocked:
-                plan.prepare_ahead(pool)
+                with pool.held():  # every stage's programs made before any job that shares them starts
+                    plan.prepare_ahead(pool)
             _run_stages(plan)
         except KeyboardInterrupt as e:  # keep what was found: the CLI prints it, a notebook finds it on the error
             e.diagnosis = diagnosis  # type: ignore[attr-defined]  # an attribute of this instance only

@@ -241,3 +241,23 @@ def test_a_ctrl_c_in_a_job_the_main_thread_runs_stops_the_main_thread():
     finally:
         release.set()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_jobs_submitted_while_the_pool_is_held_start_only_when_it_is_released():
+    """doctor prepares every stage with the pool held, so a job that reads what a later preparation makes (the
+    gradient check takes the run's telemetry program) never starts before it is made."""
+    import time as _time
+
+    from jaxsane._doctor.background import BackgroundPool
+
+    pool, started = BackgroundPool(1, "held-test"), []
+    try:
+        with pool.held():
+            future = pool.submit(lambda: started.append(_time.perf_counter()))
+            _time.sleep(0.2)
+            assert not started, "a held pool starts nothing"
+            released = _time.perf_counter()
+        future.result(timeout=10)
+        assert started and started[0] >= released
+    finally:
+        pool.shutdown(wait=True)
