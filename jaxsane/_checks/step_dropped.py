@@ -11,7 +11,10 @@ far above the train loss. Such a leaf is found from the step's own jaxpr and a f
    boundaries: a leaf only passed through is not read);
 3. what the step computes from it is thrown away: with the leaf's own output ignored, dead-code
    elimination of the jaxpr no longer needs the leaf (a BatchNorm in eval mode, whose running statistics
-   normalise the activations, needs them for the loss and the new parameters: it is not reported).
+   normalise the activations, needs them for the loss and the new parameters: it is not reported);
+4. the leaf's output is the old leaf itself, passed through: a step that returns a value it computed (an
+   EMA of parameters that did not move yet, under ``optax.MultiSteps`` or a warmup from a learning rate of 0)
+   returns its update even when the value comes out bitwise the same.
 
 Not jit-safe (it traces the step and inspects its jaxpr on the host).
 """
@@ -74,6 +77,26 @@ class _Eqns:
         self.eqns = eqns
 
 
+_IDENTITIES = ("copy", "copy_p")  # primitives whose output is their input's value
+
+
+def _passes_through(jaxpr: Any, out: Any, var: Any) -> bool:
+    """Whether ``out`` is ``var`` itself, carried unchanged through call-like equations (and copies): the step
+    returns its input as it was, not a value it computed. Not jit-safe."""
+    if out is var:
+        return True
+    for eqn in jaxpr.eqns:
+        k = next((k for k, o in enumerate(eqn.outvars) if o is out), None)
+        if k is None:
+            continue
+        sub = _sub_jaxpr(eqn)
+        if sub is None:
+            return eqn.primitive.name in _IDENTITIES and any(v is var for v in eqn.invars)
+        inner = [sub.invars[j] for j, v in enumerate(eqn.invars) if v is var]
+        return any(_passes_through(sub, sub.outvars[k], v) for v in inner)
+    return False
+
+
 def _dropped_without_own_output(closed: Any, leaf: int, out: int) -> bool:
     """Whether the step no longer needs input ``leaf`` once its output ``out`` is ignored (dead-code
     elimination of the jaxpr): what it computes from the leaf reaches no other output. Not jit-safe."""
@@ -107,7 +130,13 @@ def dropped_state_findings(
     jaxpr = closed.jaxpr
     if len(jaxpr.invars) < n_state or n_out_state != n_state:
         return []
-    dropped = [i for i in candidates if _reads(jaxpr, jaxpr.invars[i]) and _dropped_without_own_output(closed, i, i)]
+    dropped = [
+        i
+        for i in candidates
+        if _passes_through(jaxpr, jaxpr.outvars[i], jaxpr.invars[i])
+        and _reads(jaxpr, jaxpr.invars[i])
+        and _dropped_without_own_output(closed, i, i)
+    ]
     if not dropped:
         return []
     shown = [paths[i] for i in dropped]

@@ -53,12 +53,13 @@ SWEEP_COLD_SHARE = 0.4  # on a large step, this share of the user's own cold run
 MIN_LARGE_SWEEP_SECONDS = 5.0  # and never less than this (a fast step's sweep: the host's pace is noisy below it)
 COLD_RUN_STEPS = 30  # the steps of the user's own cold run (init, the first step, then these): doctor's yardstick
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
-SMALL_BATCH = 4  # examples a large model's gradient check and overfit sweep use
-SEQUENCE_BATCH = 2  # examples a large model's overfit sweep uses when each example holds many targets
+SMALL_BATCH = 4  # examples a large model's gradient check, run telemetry and overfit sweep use
+SEQUENCE_BATCH = 2  # the examples they use when each example holds many targets
 MANY_TARGETS = 16  # targets per example (labels or mask elements) from which 2 examples are a real fit
 SWEEP_CHUNK = 5  # a large model's sweep checks for its early exit every 5 steps (not 25: each step costs seconds)
-TELEMETRY_SAMPLES = 4  # a large model's run samples gradient telemetry (one more forward and backward, on SMALL_BATCH
-# examples) on 4 steps: the fewest the run's checks judge (the gradient's growth compares two windows of two samples)
+TELEMETRY_SAMPLES = 4  # a large model's run samples gradient telemetry (one more forward and backward, on
+# few_examples) on 4 steps: the fewest the run's checks judge (the gradient's growth compares two windows of two
+# samples)
 EVAL_EVERY = 10  # and evaluates every 10th step, on as many eval examples as a train batch has
 MIN_LEAVES = 4  # the gradient check never samples fewer leaves
 FLOAT64_FACTOR = 2.0  # float64 over float32 arithmetic on a CPU
@@ -169,10 +170,11 @@ def _targets_in(leaf: Any) -> int:
     return n
 
 
-def overfit_examples(cost: StepCost) -> int:
-    """Examples a large step's overfit sweep fits: :data:`SEQUENCE_BATCH` when each example holds at least
-    :data:`MANY_TARGETS` targets (a sequence of tokens, a dense mask: two already hold more targets than four
-    classifier examples), else :data:`SMALL_BATCH`."""
+def few_examples(cost: StepCost) -> int:
+    """Examples a large step's overfit sweep fits, its gradient check differentiates and its run's telemetry
+    samples the gradient on: :data:`SEQUENCE_BATCH` when each example holds at least :data:`MANY_TARGETS` targets
+    (a sequence of tokens, a dense mask: two already hold more targets than four classifier examples), else
+    :data:`SMALL_BATCH`."""
     return SEQUENCE_BATCH if cost.targets_per_example >= MANY_TARGETS else SMALL_BATCH
 
 
@@ -266,16 +268,16 @@ def _per_stage_rules(
     ``has_loss``: there is a gradient check (Experiment.loss); ``has_apply``: the run may sample dead ReLUs."""
     said = _grads_rules(plan, cost, opts, explicit) if has_loss else []
     overfit: OverfitOptions = opts["overfit"]
-    examples = overfit_examples(cost)
+    examples = few_examples(cost)
     if cost.examples > examples and overfit.overfit_batch_size > examples:
         if _change(plan, opts, explicit, "overfit", "overfit_batch_size", examples):
             said.append(f"overfit sweep on {examples} examples")
     every = telemetry_every(_planned(plan, opts, "run").run_steps)
     if every > opts["run"].run_telemetry_every and _change(plan, opts, explicit, "run", "run_telemetry_every", every):
         said.append(f"the run's telemetry every {every} steps (its loss every step)")
-    if has_loss and cost.examples > SMALL_BATCH:  # one more forward and backward each: on a small batch's worth
-        if _change(plan, opts, explicit, "run", "run_telemetry_examples", SMALL_BATCH):
-            said.append(f"its gradient on {SMALL_BATCH} of the batch's examples")
+    if has_loss and cost.examples > examples:  # one more forward and backward each: on the gradient check's examples
+        if _change(plan, opts, explicit, "run", "run_telemetry_examples", examples):
+            said.append(f"its gradient on {examples} of the batch's examples")
     dead_every = opts["run"].run_dead_every
     if has_apply and 0 < dead_every < every and _change(plan, opts, explicit, "run", "run_dead_every", every):
         said.append("dead ReLUs on the same steps")  # a dead-ReLU step samples the telemetry too
@@ -358,8 +360,9 @@ def _grads_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit
     """The gradient check's rules on a large step; returns what they changed, said for the summary."""
     said = []
     grads: GradsOptions = opts["grads"]
-    if cost.examples > SMALL_BATCH and grads.grads_batch_size > SMALL_BATCH:
-        _change(plan, opts, explicit, "grads", "grads_batch_size", SMALL_BATCH)
+    examples = few_examples(cost)  # the run's telemetry takes its gradient on the same ones (one program)
+    if cost.examples > examples and grads.grads_batch_size > examples:
+        _change(plan, opts, explicit, "grads", "grads_batch_size", examples)
     if "fwd" in grads.grads_modes and _change(plan, opts, explicit, "grads", "grads_modes", ("rev",)):
         said.append("gradients checked in reverse mode only (a custom_jvp rule is checked through its transpose)")
     if _change(plan, opts, explicit, "grads", "grads_float64", False):
@@ -409,7 +412,7 @@ def _fit_time_budget(
     before = sum(estimates.values())
     reduced = []
     if before > budget:  # the sweep: fewer examples, then as many configurations as its share affords
-        examples = overfit_examples(cost)
+        examples = few_examples(cost)
         if cost.examples > examples and _change(plan, opts, explicit, "overfit", "overfit_batch_size", examples):
             reduced.append(f"overfit sweep on {examples} examples")
         share = max(0.0, budget - sum(v for k, v in _estimate(plan, cost, opts, rate).items() if k != "overfit"))

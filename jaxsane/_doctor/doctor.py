@@ -29,7 +29,7 @@ import jax
 
 from .._core.diagnosis import Diagnosis
 from .._core.errors import ArgumentError, DoctorOptionError
-from .._core.host_memory import release_free_memory
+from .._core.host_memory import Releaser
 from .._experiment.batches import first_batch, replayable
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_cache import enable_compilation_cache
@@ -446,6 +446,7 @@ def _run_stages(plan: RunPlan) -> None:
     experiment, diagnosis, chosen, progress, log = plan.experiment, plan.diagnosis, plan.chosen, plan.progress, plan.log
     records, timings = diagnosis.artifacts["stages"], diagnosis.artifacts["timings"]
     show = Progress(progress, experiment.name)
+    release = Releaser()
     for stage in RUN_ORDER:
         if stage.name not in chosen:
             continue
@@ -456,7 +457,7 @@ def _run_stages(plan: RunPlan) -> None:
         status, reason = FAILED, INTERRUPTED
         try:
             status, reason = _run_stage(plan, stage)
-            release_free_memory()  # what the stage's compiles and runs freed, back to the OS (_core/host_memory.py)
+            release()  # what the stage's compiles and runs freed, back to the OS, once grown (_core/host_memory.py)
         finally:  # also on Ctrl-C: stop the spinner, keep what was recorded
             if status != FAILED or reason != INTERRUPTED:
                 diagnosis.artifacts.pop("current_stage", None)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from .._core.errors import NonFiniteError
 from .._core.finding import Finding, ran_beside
-from .._core.host_memory import release_free_memory
+from .._core.host_memory import Releaser
 from .._core.tree import (
     PyTree,
     accumulates_gradients,
@@ -60,10 +60,10 @@ from .._precision.underflow import has_low_precision, shadow_lost_fractions, sha
 from .options import RunOptions
 
 RELEASE_EVERY = 4
-"""Steps between two returns of the host memory the run freed to the OS (``_core/host_memory.py``): the step and
-the telemetry's programs free large buffers from XLA's threads, and on the 50M-parameter LM the run's resident
-memory grew to 6.5 GB without this against 5.0 GB with it (the user's own run: 4.1 GB), for about 70 ms a
-return while the step dispatched before it runs."""
+"""Steps between two looks at whether to return the host memory the run freed to the OS (``_core/host_memory.py``,
+:class:`Releaser`: only once the resident memory grew): the step and the telemetry's programs free large buffers
+from XLA's threads, and on the 50M-parameter LM the run's resident memory grew to 6.5 GB without this against 5.0
+GB with it (the user's own run: 4.1 GB), for about 70 ms a return while the step dispatched before it runs."""
 
 
 def _floats(tree: PyTree) -> list:
@@ -142,8 +142,8 @@ def gradient_telemetry(adapted: PureExperiment, runs: int) -> Jitted:
     compiled program per PureExperiment (compiled for about ``runs`` runs by whoever makes it first). It returns
     the whole gradient (a leaf that is not a float: a float32 zero) so that the grads stage's reverse-mode check,
     on the same examples, runs this program instead of compiling its own (a large model's telemetry and check
-    take the gradient on the same 4 examples: one compile of the model's backward pass less, 1.2-1.7 s of a
-    1M-parameter LM's on a CPU). Not jit-safe to build; the program is jitted."""
+    take the gradient on the same examples, ``budget.few_examples``: one compile of the model's backward pass
+    less, 1.2-1.7 s of a 1M-parameter LM's on a CPU). Not jit-safe to build; the program is jitted."""
     loss_fn = adapted.loss_fn
     assert loss_fn is not None, "a Monitor samples gradients only with a loss"
 
@@ -349,6 +349,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         monitor.record_eval(0, float(eval_loss(adapted.params(state), eval_batch)))
     runner = _Runner(ctx, programs, with_loss, telemetry_examples(opts, with_loss))
     previous: _Dispatched | None = None
+    release = Releaser()
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
         try:
             current = None if batch is None else runner.dispatch(previous.step + 1 if previous else 0, state, batch)
@@ -369,7 +370,7 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
             monitor.record(current.step, current.metrics, current.kept, current.batch)
             state, previous = current.new_state, current
             if current.step % RELEASE_EVERY == RELEASE_EVERY - 1:
-                release_free_memory()
+                release()
     history = monitor.pull()
     ctx.artifacts["run"] = history.to_dict()
     if not failed:  # after a NaN the dynamics are moot: the NaN is the story

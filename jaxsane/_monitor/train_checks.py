@@ -17,7 +17,7 @@ from .._core.finding import Finding, RootCause
 from .._core.history import History
 from .._core.validate import fail, require_float, require_int
 from .precision_checks import check_loss_spikes, check_update_underflow
-from .update_evidence import held_leaves, warmup_growth
+from .update_evidence import gradless_leaves, held_leaves, warmup_growth
 
 # ----------------------------------------------------------------------------- detectors
 
@@ -343,6 +343,10 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
     if held:  # a frozen backbone: said, not blamed (a model with every kernel held is step.no_update's)
         lo = [j for j in lo if j not in held]
         out.append(_held(sorted(held), names, len(idx), h.tele_steps[-1]))
+    gradless = {idx.index(i) for i in gradless_leaves(h, [idx[j] for j in lo])}
+    if gradless:  # no gradient reaches them: the learning rate is not the cause
+        lo = [j for j in lo if j not in gradless]
+        out.append(_gradless(sorted(gradless), names, len(idx), h.tele_steps[-1], (low, high)))
     if hi:
         j = max(hi, key=lambda j: peak[j])
         out.append(
@@ -371,6 +375,22 @@ def _check_update_ratio(h: History, low: float, high: float) -> list[Finding]:
             )
         )
     return out
+
+
+def _gradless(leaves: list[int], names: list[str], kernels: int, step: int, band: tuple[float, float]) -> Finding:
+    """The warning that ``leaves`` never moved because their gradient is zero (:func:`gradless_leaves`)."""
+    shown = [names[j] for j in leaves]
+    return Finding(
+        "train.update_ratio",
+        f"{len(leaves)} of {kernels} kernels got exactly zero gradient on every sampled step, e.g. {shown[0]}, so "
+        "nothing moves them: the loss does not depend on them (an output computed and never used, a "
+        "stop_gradient, a branch never taken); no learning rate is the cause",
+        "make the loss use what they compute, or remove them; if a stop_gradient freezes them on purpose, "
+        "nothing to do",
+        path=shown[0],
+        step=step,
+        extra={"band": list(band), "direction": "no_gradient", "leaves": shown},
+    )
 
 
 def _held(held: list[int], names: list[str], kernels: int, step: int) -> Finding:

@@ -40,6 +40,16 @@ def held_leaves(h: History, leaves: list[int]) -> list[int]:
     ]
 
 
+def gradless_leaves(h: History, leaves: list[int]) -> list[int]:
+    """Those of ``leaves`` (indices into the telemetry's columns) whose gradient was exactly zero on every sampled
+    step: the loss does not depend on them (an output computed and never used, a ``stop_gradient``), so no
+    learning rate moves them. Empty without gradient telemetry."""
+    u, g = h.arrays("update_norm"), h.arrays("grad_norm")
+    if not leaves or g.size == 0 or g.shape[1] != u.shape[1]:
+        return []
+    return [j for j in leaves if np.all(g[:, j] == 0)]
+
+
 def warmup_growth(h: History) -> float | None:
     """How much the update's size grew from the sample nearest the middle of the run to its last sample, when that
     is at least :data:`WARMUP_GROWTH` (the optimizer is still warming up its steps at the end of the run); None

@@ -339,6 +339,33 @@ def test_a_state_leaf_only_passed_through_is_not_stats_frozen():
     assert check_step(exp, check_rng=False) == []
 
 
+@pytest.mark.parametrize("returns_ema", [True, False], ids=["returns_ema", "drops_ema"])
+def test_an_ema_of_parameters_that_did_not_move_yet_is_not_stats_frozen_but_a_dropped_one_is(returns_ema):
+    """Under optax.MultiSteps the parameters stand still for the first k-1 calls, so an EMA of them comes out
+    bitwise unchanged though the step computes and returns it; a step that returns the old EMA drops it."""
+    tx = optax.MultiSteps(TX, every_k_schedule=4)
+
+    @jax.jit
+    def step(state, batch):
+        params, opt_state, ema = state
+        value, grads = jax.value_and_grad(_loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        new_ema = jax.tree_util.tree_map(lambda e, p: 0.99 * e + 0.01 * p, ema, params)
+        return (params, opt_state, new_ema if returns_ema else ema), {"loss": value}
+
+    exp = jaxsane.Experiment(
+        init=lambda key: (_params(key), tx.init(_params(key)), _params(key)),
+        step=step,
+        train=BATCH,
+        loss=_loss,
+        params=lambda s: s[0],
+        num_classes=3,
+    )
+    codes = _codes(check_step(exp, check_rng=False))
+    assert ("step.stats_frozen" in codes) is not returns_ema, codes
+
+
 # ----------------------------------------------------------------------------- check_step's batch argument
 
 

@@ -261,7 +261,9 @@ def _sequence_plan(batch, **experiment):
 @pytest.mark.parametrize(
     "targets, examples", [("mask", 2), ("labels", 2), ("classes", 4), ("one_hot", 4), ("one_hot_seq", 2), ("none", 4)]
 )
-def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets(monkeypatch, targets, examples):
+def test_a_large_steps_sweep_gradient_check_and_telemetry_take_two_examples_only_when_each_holds_many_targets(
+    monkeypatch, targets, examples
+):
     monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
     x = np.zeros((16, 64), np.float32)
     batch = {
@@ -279,6 +281,10 @@ def test_a_large_steps_sweep_fits_two_examples_only_when_each_holds_many_targets
     )
     assert plan.changes["overfit"]["overfit_batch_size"] == examples
     assert f"overfit sweep on {examples} examples" in plan.lines[0]
+    # the check and the telemetry share one gradient program: on the same examples
+    assert plan.changes["grads"]["grads_batch_size"] == plan.changes["run"]["run_telemetry_examples"] == examples
+    assert f"gradient check on {examples} examples" in plan.lines[0]
+    assert f"its gradient on {examples} of the batch's examples" in plan.lines[0]
 
 
 def test_a_nan_on_a_step_that_samples_no_telemetry_is_caught_at_that_step():

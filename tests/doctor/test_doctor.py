@@ -281,8 +281,12 @@ def test_free_host_memory_goes_back_to_the_os_after_every_stage(monkeypatch):
         ran.append(stage.name)
         return out
 
+    from jaxsane._core import host_memory
+
     monkeypatch.setattr(doctor_module, "_run_stage", run_stage)
-    monkeypatch.setattr(doctor_module, "release_free_memory", lambda: released_after.append(len(ran)) or True)
+    monkeypatch.setattr(host_memory, "release_free_memory", lambda: released_after.append(len(ran)) or True)
+    grown = iter(range(0, 10**6 * host_memory.GROWTH, host_memory.GROWTH))  # every stage grew the process
+    monkeypatch.setattr(host_memory, "resident_bytes", lambda: next(grown))
     d = jaxsane.doctor(_experiment(_crashing_step), stages=["data", "grads", "step"], progress=False)
     assert [s["name"] for s in d.stages] == ["data", "grads", "step"] and d.stages[2]["status"] == "crashed"
     assert released_after == [1, 2, 3]  # once after each stage, the crashed one too

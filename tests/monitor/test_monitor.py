@@ -237,7 +237,8 @@ def test_kernels_the_optimizer_holds_though_they_have_gradients_are_said_not_bla
     cut_off = _history(np.linspace(2, 1, 12), update_norm=[[0.0, 0.0, 1e-3]] * 12, grad_norm=[[0.0, 0.0, 0.5]] * 12,
                        **tele)  # fmt: skip
     (f,) = [f for f in check_training(cut_off) if f.code == "train.update_ratio"]  # (and vanishing gradients)
-    assert f.severity == "warning" and f.extra["direction"] == "low"
+    assert f.severity == "warning" and f.extra["direction"] == "no_gradient", f
+    assert f.extra["leaves"] == ["backbone0", "backbone1"] and "no learning rate is the cause" in f.message
     rounded = _history(np.linspace(2, 1, 12), update_norm=[[0.0, 0.0, 1e-3]] * 12, grad_norm=[[0.3, 0.2, 0.5]] * 12,
                        lost_steps=list(range(12)), update_lost=[[1.0, 1.0, 0.0]] * 12, **tele)  # fmt: skip
     assert all(f.extra["direction"] != "held" for f in check_training(rounded) if f.code == "train.update_ratio"), (
@@ -245,6 +246,20 @@ def test_kernels_the_optimizer_holds_though_they_have_gradients_are_said_not_bla
     )
     everything = _history(np.linspace(2, 1, 12), update_norm=[[0.0] * 3] * 12, grad_norm=[[0.3] * 3] * 12, **tele)
     assert [f.severity for f in check_training(everything)] == ["warning"], "every kernel held: not a backbone"
+
+
+def test_a_kernel_no_gradient_reaches_is_blamed_on_the_loss_not_the_learning_rate():
+    """A WaveNet's last residual projection, whose output the model never reads: exactly zero gradient on every
+    sample, so its updates are tiny (Adam's weight decay only), and raising the learning rate would change nothing;
+    a kernel with a small but real gradient is still 'updates are too small'."""
+    tele = dict(tele_steps=list(range(12)), param_norm=[[1.0, 1.0]] * 12, weight_leaves=[0, 1],
+                leaf_paths=["blocks[9].res", "head"], depth=[0, 1], grad_steps=list(range(12)))  # fmt: skip
+    unused = _history(np.linspace(2, 1, 12), update_norm=[[1e-9, 1e-3]] * 12, grad_norm=[[0.0, 0.5]] * 12, **tele)
+    (f,) = [f for f in check_training(unused) if f.code == "train.update_ratio"]
+    assert f.extra["direction"] == "no_gradient" and f.path == "blocks[9].res" and "raise the learning" not in f.hint
+    small = _history(np.linspace(2, 1, 12), update_norm=[[1e-9, 1e-3]] * 12, grad_norm=[[1e-4, 0.5]] * 12, **tele)
+    (f,) = [f for f in check_training(small) if f.code == "train.update_ratio"]
+    assert f.extra["direction"] == "low" and "raise the learning rate" in f.hint
 
 
 def test_a_plateau_while_the_updates_still_grow_is_not_judged():
