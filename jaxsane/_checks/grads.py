@@ -421,6 +421,20 @@ def _autodiff(
     return grads, directional, jvps, modes
 
 
+def _reaching(jaxpr: Any, cots: list, n: int) -> list[bool] | None:
+    """Per checked leaf (the jaxpr's first ``n`` inputs), whether a path of the function's jaxpr leads from it to
+    a differentiated output (dead-code elimination keeps it); None when that cannot be told. A leaf that reaches
+    the output and still gets an identically zero gradient is zeroed further on at this point (a layer after it
+    initialised to zero), not unused. Not jit-safe."""
+    try:
+        from jax._src.interpreters.partial_eval import dce_jaxpr  # private: no public dead-code elimination
+
+        _, used = dce_jaxpr(jaxpr.jaxpr, [c is not None for c in cots], instantiate=False)
+    except Exception:  # noqa: BLE001 - a primitive without a DCE rule, an API that moved: cannot tell
+        return None
+    return [bool(u) for u in used[:n]]
+
+
 def _check(plan: GradCheckPlan) -> list[Finding]:
     """The check in the plan's dtype: pick the leaves, draw their directions and the output's cotangents, find
     the compute dtype, take the derivatives once for all leaves, then compare leaf by leaf."""
@@ -444,6 +458,7 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
     tol = Tolerance.of(jaxpr, n, tdtype, eps=plan.eps, atol=plan.atol, rtol=plan.rtol, kink_rtol=plan.kink_rtol)
     value_at, derivatives = _programs(leaves, cots, n, tdtype)
     grads, directional, jvps, modes = _autodiff(derivatives, values, dirs, plan.modes, tol, tdtype)
+    reaches = _reaching(jaxpr, cots, n) if not all(np.any(g) for g in grads) else None
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
         return [nonfinite_loss_finding(v0, n)]
@@ -461,6 +476,7 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
         grads=grads,
         directional=directional,
         jvps=jvps,
+        reaches=reaches,
     )
     tally = Tally()
     for j, (a, k) in enumerate(leaves.checked):

@@ -95,6 +95,24 @@ def missing_finding(path: str, fd: float, depends: bool, leaf: Any, kink: bool =
     )
 
 
+def zeroed_here_finding(path: str, leaf: Any) -> Finding:
+    """The info that ``leaf`` gets an identically zero gradient at this point though the output reads it: a layer
+    after it starts at zero (a zero-initialised head, LoRA's B, a residual branch's last layer), so it moves once
+    that layer does. Not ``grad.missing``'s error: the parameter is used, and nothing is wrong with its rule."""
+    return Finding(
+        "grad.missing",
+        f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient at this point, though the "
+        "output reads it: what it computes is multiplied by zero further on (a layer after it initialised to "
+        "zero, such as a zero-initialised classifier head or LoRA's B matrix), so it starts moving once that "
+        "layer does",
+        "nothing to do when a later layer starts at zero on purpose; otherwise look for units that are all off "
+        "on this batch or a mask that zeroes its path",
+        severity="info",
+        path=path,
+        extra={"finite_diff": 0.0, "depends": False, "zeroed_downstream": True},
+    )
+
+
 def sampled_finding(checked: int, total: int, seed: int) -> Finding:
     return Finding(
         "grad.sampled",

@@ -21,6 +21,7 @@ from .grads_findings import (
     missing_finding,
     nonfinite_gradient_finding,
     nonfinite_nearby_finding,
+    zeroed_here_finding,
 )
 from .grads_kink import ROUNDING_ULPS, KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
 from .grads_precision import Tolerance
@@ -69,6 +70,7 @@ class LeafJudge:
     grads: list[np.ndarray]
     directional: list[float]
     jvps: np.ndarray | None
+    reaches: list[bool] | None = None  # per leaf: a path of the function leads from it to the output (_reaching)
 
     @property
     def n(self) -> int:
@@ -165,6 +167,9 @@ class LeafJudge:
             return
         ends = (tol.ladder[0], tol.ladder[-1])  # the steps of the kink test
         kink = fd != 0.0 and self.kinks and kink_at_every_step(g, ends, 0.0, tol.atol, tol.kink_rtol)[0]
+        if fd == 0.0 and self.reaches is not None and self.reaches[j]:  # used, zeroed further on at this point
+            tally.findings.append(zeroed_here_finding(path, self.values[j]))
+            return
         tally.findings.append(missing_finding(path, fd, fd != 0.0, self.values[j], kink))
 
     def mismatch(self, j: int, path: str, g: Callable, ad: float, fd: float, failure: str, tally: Tally) -> None:

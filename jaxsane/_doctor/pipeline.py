@@ -25,6 +25,7 @@ from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
 from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
+from .._checks.init_symmetry import judge_by_gradient
 from .._checks.sequence import (
     check_causal,
     check_padding_in_loss,
@@ -34,6 +35,7 @@ from .._checks.sequence import (
 from .._checks.step import time_one_step, timed_check_step
 from .._core.errors import DataError, DoctorOptionError, ExperimentError, JaxsaneError
 from .._core.finding import Finding, ran_beside
+from .._core.tree import copy_arrays
 from .._data.check import check_data, judge_masked_nonfinite
 from .._experiment.batches import (
     Replayable,
@@ -46,6 +48,7 @@ from .._experiment.batches import (
     sliceable,
 )
 from .._experiment.contract import Experiment, PureExperiment
+from .._jaxpr.compile_level import quick_jit
 from .._monitor.train_checks import check_training
 from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
@@ -267,7 +270,17 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         max_saturated=opts.init_max_saturated,
         symmetric_tol=opts.init_symmetric_tol,
     )
-    return findings
+    # symmetric units are stuck only when the first update moves them alike too: the loss's gradient, else the
+    # first update itself (of a copy: a donating step deletes its inputs)
+    grad = quick_jit(jax.grad(adapted.loss_fn), runs=1) if adapted.loss_fn is not None else None
+    return judge_by_gradient(
+        findings,
+        lambda: (
+            grad(adapted.params(state), ctx.batch)
+            if grad is not None
+            else adapted.params(adapted.step(copy_arrays(state), ctx.batch)[0])
+        ),
+    )
 
 
 def _init_loss_vs_constant(

@@ -444,6 +444,20 @@ def test_zero_initialised_relu_layer_is_grad_missing_across_a_kink():
     assert "stop_gradient" not in findings[0].hint
 
 
+def test_a_layer_zeroed_further_on_is_said_not_blamed_but_an_unused_one_is_grad_missing():
+    """A zero-initialised head (the MLP-Mixer/ViT recipe) or LoRA's B = 0: every leaf before it gets an exactly
+    zero gradient at init, though the output reads it (an info); a layer whose output nothing reads is unused."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)))
+    params = {"body": jnp.asarray(np.random.default_rng(1).normal(size=(3, 4))), "head": jnp.zeros((4, 2))}
+    findings = check_grads(lambda p, x: jnp.sum((jnp.tanh(x @ p["body"]) @ p["head"] + 1.0) ** 2), params, x)
+    (f,) = [f for f in findings if f.code == "grad.missing"]
+    assert f.path == "params['body']" and f.severity == "info" and f.extra["zeroed_downstream"], findings
+    assert not [f for f in findings if f.severity == "error"], findings
+    unused = check_grads(lambda p, x: jnp.sum((jnp.tanh(x @ p["body"]) + 1.0) ** 2), params, x)
+    (f,) = [f for f in unused if f.code == "grad.missing" and f.path == "params['head']"]
+    assert f.severity == "error" and "unused" in f.hint, unused
+
+
 def test_kink_options_are_validated():
     with pytest.raises(jaxsane.JaxsaneError, match="kink_rtol"):
         check_grads(lambda p: jnp.sum(p), jnp.ones(3), kink_rtol=-1.0)

@@ -156,6 +156,36 @@ def test_zero_init_nnx_layer_is_symmetric_in_doctor():
     assert layers[0]["activation"] == "tanh"
 
 
+class _LoRA(nnx.Module):
+    """A projection with a LoRA adapter (as on an attention projection): B starts at zero (the recipe), its output
+    added to the projection's, which the next layer reads."""
+
+    def __init__(self, rngs, b_init=nnx.initializers.zeros_init(), hidden_init=nnx.initializers.lecun_normal()):
+        self.base = nnx.Linear(16, 16, kernel_init=hidden_init, rngs=rngs)
+        self.lora_a = nnx.Linear(16, 4, use_bias=False, rngs=rngs)
+        self.lora_b = nnx.Linear(4, 16, use_bias=False, kernel_init=b_init, rngs=rngs)
+        self.mid = nnx.Linear(16, 16, kernel_init=hidden_init, rngs=rngs)
+        self.out = nnx.Linear(16, 4, kernel_init=hidden_init, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.tanh(self.mid(self.base(x) + self.lora_b(self.lora_a(x)))))
+
+
+@pytest.mark.slow
+def test_symmetric_units_are_judged_by_their_first_gradient_in_doctor():
+    """LoRA's B = 0 parts on the first update (the residual reads each unit differently): no finding. A zero
+    hidden layer before tanh parts only through the next layer's weights: a warning. Every layer constant: the
+    units get the same gradient too and never part: the error."""
+    lora = jaxsane.doctor(_nnx_experiment(_LoRA), stages=["init"], progress=False)
+    assert not lora.by_code("init.symmetric"), lora
+    (slow,) = jaxsane.doctor(_nnx_experiment(_ZeroHidden), stages=["init"], progress=False).by_code("init.symmetric")
+    assert slow.severity == "warning" and slow.extra["parts_by_gradient"] and "first update" in slow.message
+    const = nnx.initializers.constant(0.1)
+    stuck = _nnx_experiment(lambda rngs: _LoRA(rngs, b_init=const, hidden_init=const))
+    found = jaxsane.doctor(stuck, stages=["init"], progress=False).by_code("init.symmetric")
+    assert found and all(f.severity == "error" for f in found), found
+
+
 @pytest.mark.slow
 def test_conv_layers_are_found():
     class CNN(nn.Module):
