@@ -16,6 +16,7 @@ import numpy as np
 from .._core.finding import Finding, ran_beside
 from .._experiment.batches import INPUT_KEYS as _INPUT_KEYS
 from .chance import beyond_chance, collision_chance
+from .natural_repeats import id_inputs, natural_overlap, seen_again
 from .read import apply_handle, host_array, named_leaves, take_rows
 from .row_hash import U64 as _U64
 from .split import Split
@@ -84,6 +85,8 @@ def find_duplicates(split: Split, max_fraction: float, k: int, inputs: Any):
     frac = len(dup) / max(1, len(h))
     if frac <= max_fraction:
         return [], (hs, isorted)
+    if id_inputs(split):  # a few ids an example repeat by their popularity (natural_repeats.py)
+        return [_natural_duplicates(split, len(dup), len(h), seen_again(hs))], (hs, isorted)
     candidates = len(h) * (len(h) - 1) / 2
     q = collision_chance(split, h, idx, inputs, candidates)
     if not beyond_chance(len(dup), candidates, q):
@@ -123,6 +126,9 @@ def find_leakage(train: Split, eval_: Split, train_sorted, max_fraction: float, 
     frac = len(ev) / max(1, len(he))
     if not len(ev) or frac <= max_fraction:
         return []
+    natural = natural_overlap(train, hs, frac)
+    if natural is not None:
+        return [natural]
     pairs = float(len(hs)) * len(he)
     q = collision_chance(train, hs, isorted, inputs, pairs)
     if not beyond_chance(len(ev), pairs, q):
@@ -162,6 +168,22 @@ def _sampler(split: Split, repeats: int, rows: int, pool: float) -> Finding:
             extra={"count": repeats, "pool": pool},
         )
     )  # (the data stage's other checks ran)
+
+
+def _natural_duplicates(split: Split, repeats: int, rows: int, chance: float) -> Finding:
+    """The info that a split of a few integer ids an example repeats its rows as a popularity distribution does."""
+    return ran_beside(
+        Finding(
+            "doctor.skipped",
+            f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows ({100 * repeats / rows:.2g}%) "
+            f"repeat one, but the inputs are a few integer ids an example (a recommender's users and items, "
+            f"categorical fields), which repeat by their popularity ({100 * chance:.2g}% of the rows occur more than "
+            "once); a copied row looks the same",
+            f"to check the {split.what} rows for copies, compare them with their source's unique ids",
+            path=f"{split.what} inputs",
+            extra={"count": repeats, "chance": chance},
+        )
+    )
 
 
 def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -212,6 +212,28 @@ def test_duplicates_within_a_split():
     assert not check_data((x, y), num_classes=10, max_duplicate_fraction=0.01).by_code("data.duplicates")
 
 
+def _id_pairs(n, seed, users=50_000, items=50_000):
+    """(user, item) id pairs drawn from a Zipf popularity, as a recommender's implicit feedback is."""
+    rng = np.random.default_rng(seed)
+    u = np.minimum(rng.zipf(1.3, n), users) - 1
+    i = np.minimum(rng.zipf(1.3, n), items) - 1
+    return {"x": np.stack([u, i], axis=1).astype(np.int32), "y": np.ones(n, np.float32)}
+
+
+def test_ids_that_repeat_by_popularity_are_neither_leakage_nor_duplicates_but_copied_ids_are_leakage():
+    train, ev = _id_pairs(20_000, 0), _id_pairs(256, 1)  # independent draws of one popularity
+    d = check_data(train, ev)
+    assert not d.by_code("data.leakage") and not d.by_code("data.duplicates"), d
+    skipped = [f.message for f in d.by_code("doctor.skipped")]
+    assert any("data.leakage not judged" in m and "Good-Turing" in m for m in skipped), skipped
+    assert any("data.duplicates not judged" in m for m in skipped), skipped
+    # ids spread evenly over a large range: rows seldom repeat, so eval rows copied from train are a leak
+    rng = np.random.default_rng(2)
+    wide = {"x": rng.integers(0, 10**6, (20_000, 2)).astype(np.int32), "y": np.ones(20_000, np.float32)}
+    leaked = {"x": wide["x"][:256].copy(), "y": np.ones(256, np.float32)}
+    assert check_data(wide, leaked).by_code("data.leakage")
+
+
 def test_repeated_batches_in_a_stream_are_duplicates():
     x, y, _, _ = _digits()
     batch = {"x": x[:32], "y": y[:32]}
