@@ -46,6 +46,7 @@ from .._experiment.batches import (
     rows_not_examples,
     slice_examples,
     sliceable,
+    whole_shards,
 )
 from .._experiment.contract import Experiment, PureExperiment
 from .._jaxpr.compile_level import quick_jit
@@ -459,7 +460,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
                 "pass Experiment(examples=lambda batch, n: ...)",
             )
         ]
-    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
+    batch = slice_examples(ctx.experiment, ctx.batch, whole_shards(ctx.batch, opts.overfit_batch_size))
     sweep: dict[str, Any] = dict(
         seeds=opts.overfit_seeds,
         steps=opts.overfit_steps,
@@ -524,7 +525,7 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
     opts: OverfitOptions = ctx.options
     if sliceable(ctx.experiment, ctx.batch) is not None:
         return {}
-    batch = slice_examples(ctx.experiment, ctx.batch, opts.overfit_batch_size)
+    batch = slice_examples(ctx.experiment, ctx.batch, whole_shards(ctx.batch, opts.overfit_batch_size))
     sweep: dict[str, Any] = dict(
         seeds=opts.overfit_seeds,
         steps=opts.overfit_steps,

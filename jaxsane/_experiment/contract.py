@@ -33,6 +33,7 @@ from .._core.user_code import USER_CODE
 from .._core.validate import show
 from .._jaxpr.compile_level import Jitted, quick_jit
 from .._jaxpr.trace_cache import TracedOnce
+from .donation import SparingDonation
 from .purify import (
     call_split,
     combine,
@@ -295,8 +296,7 @@ class PureExperiment:
         return user_state
 
     def user_state(self, state: PyTree) -> Any:
-        """The user's own state object (NNX objects are rebuilt with ``nnx.merge``, an Equinox state's
-        non-array leaves are put back)."""
+        """The user's own state object (NNX: ``nnx.merge``; an Equinox state's non-array leaves put back)."""
         if self.nnx:
             return _nnx().merge(self._graphdef, state)
         if self._static is not None:
@@ -374,7 +374,8 @@ class PureExperiment:
         traced once per input signature and its jaxpr replayed after that (``_jaxpr/trace_cache.py``: the
         checks trace the step at the same shapes again and again, and an NNX or Flax step costs far more to
         trace than to replay); called eagerly it runs the user's step itself."""
-        return self.memo("traced:step", lambda: TracedOnce(self._pure_step))(state, batch)
+        shared = lambda: self._last_init[1] if self._last_init is not None else None  # noqa: E731 (donation.py)
+        return self.memo("traced:step", lambda: SparingDonation(TracedOnce(self._pure_step), shared))(state, batch)
 
     def _pure_step(self, state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Any]]:
         new_state, out = self._call_user_step(state, batch)
@@ -577,8 +578,7 @@ def nnx_mode_model(model: Any, training: bool) -> Any:
 
 
 def require_experiment(fn: str, value: Any, name: str = "experiment") -> None:
-    """Raise ExperimentError unless ``value`` is an :class:`Experiment` (or its :class:`PureExperiment`
-    view). Not jit-safe."""
+    """Raise ExperimentError unless ``value`` is an :class:`Experiment` (or its PureExperiment). Not jit-safe."""
     if not isinstance(value, (Experiment, PureExperiment)):
         cause = (
             "a step function was passed where its Experiment is needed"
