@@ -1,5 +1,6 @@
-"""Zero init of a hidden layer: every hidden unit is the same function and gets the same gradient,
-so the units can never become different (the symmetry is never broken).
+"""Zero init of a hidden layer: every hidden unit is the same function at init, and only the next layer's
+random weights set their gradients apart, so they start out moving along a few directions (doctor: an
+``init.symmetric`` warning; with the next layer constant too they would never part: the error).
 
 Fix: a random kernel init (``nnx.initializers.lecun_normal()``, the default).
 """

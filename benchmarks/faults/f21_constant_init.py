@@ -1,5 +1,6 @@
 """Constant init: a hidden Dense layer initialised with ``constant(0.01)``, so all its units are
-identical at init and stay identical under gradient descent.
+identical at init; only the random output layer sets their gradients apart (doctor: an ``init.symmetric``
+warning that says so).
 
 Fix: a random init (the default ``lecun_normal``).
 """
