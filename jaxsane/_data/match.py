@@ -155,35 +155,39 @@ def _chance_text(pairs: float, q: float | None) -> str:
     return f"; chance alone explains {expected:.2g} at this dimensionality and precision" if expected >= 0.01 else ""
 
 
-def _sampler(split: Split, repeats: int, rows: int, pool: float) -> Finding:
-    """The info that a stream's repeats are those of sampling with replacement from about ``pool`` rows."""
+def _duplicates_not_judged(split: Split, repeats: int, rows: int, why: str, hint: str, **extra: float) -> Finding:
+    """The info that ``repeats`` of a split's ``rows`` repeat one for a reason other than copied rows (``why``)."""
     return ran_beside(
         Finding(
             "doctor.skipped",
             f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows read ({100 * repeats / rows:.2g}%) "
-            f"repeat one, as often as drawing with replacement from about {pool:.0f} distinct rows repeats them (a "
-            "sampler that picks random indices); duplicated rows read once can look the same",
-            f"to check the {split.what} data for duplicates, pass the stored arrays (jaxsane.check_data(arrays))",
+            f"repeat one, {why}",
+            hint,
             path=f"{split.what} inputs",
-            extra={"count": repeats, "pool": pool},
+            extra={"count": repeats, **extra},
         )
     )  # (the data stage's other checks ran)
 
 
+def _sampler(split: Split, repeats: int, rows: int, pool: float) -> Finding:
+    """The info that a stream's repeats are those of sampling with replacement from about ``pool`` rows."""
+    why = (
+        f"as often as drawing with replacement from about {pool:.0f} distinct rows repeats them (a sampler that "
+        "picks random indices); duplicated rows read once can look the same"
+    )
+    hint = f"to check the {split.what} data for duplicates, pass the stored arrays (jaxsane.check_data(arrays))"
+    return _duplicates_not_judged(split, repeats, rows, why, hint, pool=pool)
+
+
 def _natural_duplicates(split: Split, repeats: int, rows: int, chance: float) -> Finding:
     """The info that a split of a few integer ids an example repeats its rows as a popularity distribution does."""
-    return ran_beside(
-        Finding(
-            "doctor.skipped",
-            f"data.duplicates not judged: {repeats} of the {rows} {split.what} rows ({100 * repeats / rows:.2g}%) "
-            f"repeat one, but the inputs are a few integer ids an example (a recommender's users and items, "
-            f"categorical fields), which repeat by their popularity ({100 * chance:.2g}% of the rows occur more than "
-            "once); a copied row looks the same",
-            f"to check the {split.what} rows for copies, compare them with their source's unique ids",
-            path=f"{split.what} inputs",
-            extra={"count": repeats, "chance": chance},
-        )
+    why = (
+        "but the inputs are a few integer ids an example (a recommender's users and items, categorical fields), "
+        f"which repeat by their popularity ({100 * chance:.2g}% of the rows occur more than once); a copied row "
+        "looks the same"
     )
+    hint = f"to check the {split.what} rows for copies, compare them with their source's unique ids"
+    return _duplicates_not_judged(split, repeats, rows, why, hint, chance=chance)
 
 
 def _off_period(dup: np.ndarray, orig: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
