@@ -300,8 +300,9 @@ class _Runner:
             tel = {}
         new_state, metrics = programs.step(state, batch)
         self.reports_loss = "loss" in metrics
-        if self.copy_inputs:
-            self.copy_inputs = any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
+        if self.copy_inputs:  # its inputs deleted, or the donated copies of shared ones (_experiment/donation.py)
+            spared = getattr(self.adapted.memoized("traced:step"), "donates", None)
+            self.copy_inputs = bool(spared) or any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
         if mode == MODE_BARE:
             finite = programs.finite(kept, new_state, metrics)
         else:
