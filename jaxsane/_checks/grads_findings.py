@@ -95,21 +95,24 @@ def missing_finding(path: str, fd: float, depends: bool, leaf: Any, kink: bool =
     )
 
 
-def zeroed_here_finding(path: str, leaf: Any) -> Finding:
-    """The info that ``leaf`` gets an identically zero gradient at this point though the output reads it: a layer
-    after it starts at zero (a zero-initialised head, LoRA's B, a residual branch's last layer), so it moves once
-    that layer does. Not ``grad.missing``'s error: the parameter is used, and nothing is wrong with its rule."""
+def zeroed_here_finding(leaves: list[tuple[str, Any]]) -> Finding:
+    """The info that ``leaves`` (path, value) get an identically zero gradient at this point though the output
+    reads them: a layer after them starts at zero (a zero-initialised head, LoRA's B, a residual branch's last
+    layer), so they move once that layer does. Not ``grad.missing``'s error: the parameters are used, and nothing
+    is wrong with their rules."""
+    path, leaf = leaves[0]
+    more = f" and {len(leaves) - 1} more leaves" if len(leaves) > 1 else ""
     return Finding(
         "grad.missing",
-        f"{path} ({leaf.dtype}{list(leaf.shape)}) gets an identically zero gradient at this point, though the "
-        "output reads it: what it computes is multiplied by zero further on (a layer after it initialised to "
-        "zero, such as a zero-initialised classifier head or LoRA's B matrix), so it starts moving once that "
+        f"{path} ({leaf.dtype}{list(leaf.shape)}){more} get an identically zero gradient at this point, though the "
+        "output reads them: what they compute is multiplied by zero further on (a layer after them initialised to "
+        "zero, such as a zero-initialised classifier head or LoRA's B matrix), so they start moving once that "
         "layer does",
         "nothing to do when a later layer starts at zero on purpose; otherwise look for units that are all off "
-        "on this batch or a mask that zeroes its path",
+        "on this batch or a mask that zeroes their path",
         severity="info",
         path=path,
-        extra={"finite_diff": 0.0, "depends": False, "zeroed_downstream": True},
+        extra={"finite_diff": 0.0, "depends": False, "zeroed_downstream": [p for p, _ in leaves]},
     )
 
 

@@ -39,6 +39,7 @@ class Tally:
     backward: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # autodiff non-finite, loss finite
     nearby: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # non-finite within a step
     kinked: list[tuple[str, KinkVerdict]] = dataclasses.field(default_factory=list)  # not judged: a kink
+    zeroed: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # zero gradient, read by the output
 
     def findings_at(self, v0: np.ndarray, eps: float) -> list[Finding]:
         findings = list(self.findings)
@@ -48,6 +49,8 @@ class Tally:
             findings.append(nonfinite_nearby_finding(self.nearby, float(v0.sum()), eps))
         if self.kinked:
             findings.append(kink_finding(self.kinked))
+        if self.zeroed:
+            findings.append(zeroed_here_finding(self.zeroed))
         return findings
 
 
@@ -168,7 +171,7 @@ class LeafJudge:
         ends = (tol.ladder[0], tol.ladder[-1])  # the steps of the kink test
         kink = fd != 0.0 and self.kinks and kink_at_every_step(g, ends, 0.0, tol.atol, tol.kink_rtol)[0]
         if fd == 0.0 and self.reaches is not None and self.reaches[j]:  # used, zeroed further on at this point
-            tally.findings.append(zeroed_here_finding(path, self.values[j]))
+            tally.zeroed.append((path, self.values[j]))
             return
         tally.findings.append(missing_finding(path, fd, fd != 0.0, self.values[j], kink))
 
