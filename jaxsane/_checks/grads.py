@@ -334,10 +334,7 @@ def _programs(leaves: _Leaves, cots: list, n: int, tdtype: np.dtype) -> tuple[An
     reverse-mode gradients and the forward-mode JVPs (see ``autodiff``)."""
 
     operands = leaves.operands()
-
-    def scalar(vals, ops):
-        outs = jax.tree_util.tree_leaves(leaves.call(vals, ops))
-        return sum(jnp.sum(c * o) for c, o in zip(cots, outs) if c is not None)
+    scalar = _projected(leaves, cots)
 
     def perturbed(vals, directions, t, ops):
         return scalar([v + t[j].astype(v.dtype) * d for j, (v, d) in enumerate(zip(vals, directions))], ops)
@@ -421,6 +418,35 @@ def _autodiff(
     return grads, directional, jvps, modes
 
 
+def _projected(leaves: _Leaves, cots: list) -> Callable:
+    """``(vals, ops) -> scalar``: the function's outputs projected on the cotangents ``cots``. Jit-safe."""
+
+    def scalar(vals, ops):
+        outs = jax.tree_util.tree_leaves(leaves.call(vals, ops))
+        return sum(jnp.sum(c * o) for c, o in zip(cots, outs) if c is not None)
+
+    return scalar
+
+
+def _nearby_gradient(leaves: _Leaves, cots: list, values: list, rng: np.random.Generator) -> list | None:
+    """The checked leaves' gradient at a point near this one (every float array of the arguments moved at random by
+    a thousandth of its scale): a leaf whose gradient vanishes here only because a later weight is zero (a
+    zero-initialised head) gets one there; a leaf multiplied by a constant zero (an RNN carry reset to zeros) does
+    not. None when it cannot be taken. One more compile, only when a leaf's gradient is identically zero."""
+
+    def nudged(x: Any) -> Any:
+        a = np.asarray(x)
+        if a.dtype.kind != "f":
+            return x
+        return jax.device_put((a + 1e-3 * (np.abs(a).mean() + 1e-3) * rng.standard_normal(a.shape)).astype(a.dtype))
+
+    try:
+        grad = quick_jit(jax.grad(_projected(leaves, cots)), runs=1)
+        return [np.asarray(g) for g in grad([nudged(v) for v in values], [nudged(o) for o in leaves.operands()])]
+    except Exception:  # noqa: BLE001 - a function that refuses moved arguments (shardings, dtypes): cannot tell
+        return None
+
+
 def _reaching(jaxpr: Any, cots: list, n: int) -> list[bool] | None:
     """Per checked leaf (the jaxpr's first ``n`` inputs), whether a path of the function's jaxpr leads from it to
     a differentiated output (dead-code elimination keeps it); None when that cannot be told. A leaf that reaches
@@ -459,6 +485,9 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
     value_at, derivatives = _programs(leaves, cots, n, tdtype)
     grads, directional, jvps, modes = _autodiff(derivatives, values, dirs, plan.modes, tol, tdtype)
     reaches = _reaching(jaxpr, cots, n) if not all(np.any(g) for g in grads) else None
+    if reaches is not None and any(reaches):  # zeroed further on here, or by a constant zero (then no nearby point)
+        nearby = _nearby_gradient(leaves, cots, values, rng)
+        reaches = [bool(r and nearby is not None and np.any(nearby[j])) for j, r in enumerate(reaches)]
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
         return [nonfinite_loss_finding(v0, n)]

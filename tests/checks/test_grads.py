@@ -456,6 +456,11 @@ def test_a_layer_zeroed_further_on_is_said_not_blamed_but_an_unused_one_is_grad_
     unused = check_grads(lambda p, x: jnp.sum((jnp.tanh(x @ p["body"]) + 1.0) ** 2), params, x)
     (f,) = [f for f in unused if f.code == "grad.missing" and f.path == "params['head']"]
     assert f.severity == "error" and "unused" in f.hint, unused
+    # read, but always through a constant zero (an RNN whose carry is reset to zeros): no point nearby moves it
+    reset = check_grads(lambda p, x: jnp.sum((jnp.zeros((6, 4)) @ p["head"] + jnp.tanh(x @ p["body"])[:, :2]) ** 2),
+                        params, x)  # fmt: skip
+    (f,) = [f for f in reset if f.code == "grad.missing"]
+    assert f.path == "params['head']" and f.severity == "error", reset
 
 
 def test_kink_options_are_validated():
