@@ -75,7 +75,9 @@ def classification_of(adapted: PureExperiment, state: Any, batch: Any) -> tuple[
     one axis less (:func:`_classifier_width`), and the loss at init must be their mean cross-entropy (over
     every position or the masked ones, :func:`_is_mean_cross_entropy`). A path likelihood (CTC), a sequence
     log-likelihood summed over time, a label-smoothed or weighted loss is none, and ln C is not its chance
-    level. Without apply, ``Experiment.num_classes`` is taken at its word. Not jit-safe."""
+    level. A batch of token ids alone (a language model whose loss shifts them) is judged against its next
+    tokens: apply's output at position t against token t + 1. Without apply, ``Experiment.num_classes`` is taken
+    at its word. Not jit-safe."""
     exp = adapted.experiment
     if adapted.apply_fn is None:
         if exp.num_classes is not None:
@@ -100,21 +102,46 @@ def _is_mean_cross_entropy(adapted: PureExperiment, state: Any, batch: Any, rtol
         apply_fn = adapted.jitted("apply")
         assert apply_fn is not None
         logits = apply_fn(adapted.params(state), get_inputs(exp, batch))
-        labels = get_labels(exp, batch)
+        labels, next_token = _targets(exp, batch, logits.shape)
         mask = get_mask(exp, batch)
     except Exception:  # noqa: BLE001 - the handles fail here: the loss stage reports that, not this check
         return ""
     if loss is None or not math.isfinite(loss) or source.startswith("cross-entropy of"):
         return ""
+    if next_token:  # position t predicts token t + 1 (the mask says which targets are real)
+        logits, mask = logits[:, :-1], None if mask is None or np.ndim(mask) < 2 else np.asarray(mask)[:, 1:]
     candidates = mean_cross_entropies(logits, labels, mask)
     if is_one_of(loss, candidates, rtol):
         return ""
+    if next_token:
+        return (
+            f"the batch has no labels, and the loss at init ({source}: {loss:.4g}) is not the mean cross-entropy "
+            f"of apply's outputs at each position against the next input token ({candidates[0]:.4g}): it is not a "
+            "next-token loss over apply's outputs (a masked-token or a sequence-level loss), so ln C is not its "
+            "chance level"
+        )
     return (
         f"the loss at init ({source}: {loss:.4g}) is not the mean cross-entropy of apply's outputs over their "
         f"class axis against the labels ({candidates[0]:.4g}): the loss runs the model in another mode than apply "
         "(dropout, batch statistics), or it is another loss (a path likelihood such as CTC, a log-likelihood summed "
         "over time, label smoothing or weights), whose chance level is not ln C"
     )
+
+
+def _targets(exp: Any, batch: Any, out_shape: tuple) -> tuple[Any, bool]:
+    """``(labels, next_token)``: the batch's labels; else, for a batch of token ids alone whose ``[B, T]`` shape
+    apply's ``[B, T, C]`` outputs share (a language model whose loss shifts them), the next tokens
+    ``inputs[:, 1:]`` and True. Raises what ``get_labels`` raises when neither. Not jit-safe."""
+    try:
+        return get_labels(exp, batch), False
+    except Exception:
+        tokens = get_inputs(exp, batch)
+        shape, dtype = tuple(np.shape(tokens)), getattr(tokens, "dtype", None)
+        if len(shape) != 2 or shape[1] < 2 or dtype is None or not np.issubdtype(dtype, np.integer):
+            raise
+        if shape != tuple(out_shape[:-1]):
+            raise
+        return np.asarray(tokens)[:, 1:], True
 
 
 def mean_cross_entropies(logits: Any, labels: Any, mask: Any = None) -> list[float]:
@@ -153,11 +180,15 @@ def _classifier_width(adapted: PureExperiment, state: Any, batch: Any) -> tuple[
             "not a C-way cross-entropy"
         )
     try:
-        labels = get_labels(exp, batch)
+        labels, next_token = _targets(exp, batch, out.shape)
     except Exception:
-        return None, "the batch has no labels, so the loss is not a cross-entropy over integer labels"
+        return None, (
+            "the batch has no labels, nor token ids of apply's output shape to predict, so the loss is not a "
+            "cross-entropy over integer labels"
+        )
     shape, dtype = tuple(np.shape(labels)), getattr(labels, "dtype", np.asarray(labels).dtype)
-    if not np.issubdtype(dtype, np.integer) or shape != tuple(out.shape[:-1]):
+    expected = (out.shape[0], out.shape[1] - 1, *out.shape[2:-1]) if next_token else tuple(out.shape[:-1])
+    if not np.issubdtype(dtype, np.integer) or shape != expected:
         return None, (
             f"apply's output {tuple(out.shape)} against labels {shape} of dtype {dtype} is not a "
             "C-way classification over integer labels (regression, sigmoid/multi-label outputs or a "

@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -239,6 +240,28 @@ def _recorded(
     return Carry(i + 1, states, losses, acc, reached_at)
 
 
+class CompiledAhead:
+    """``jax.jit(fn)`` compiled ahead for ``abstract`` arguments (on the default device), called like ``fn``. The
+    arguments of a later call may live elsewhere: a user's step jitted with ``out_shardings`` returns its states
+    replicated or sharded over a mesh, which the program compiled ahead refuses before it runs (jax checks the
+    shardings first, so nothing is donated then); from that call on ``fn`` is jitted for the shardings it is
+    given. Not jit-safe (host side)."""
+
+    def __init__(self, fn: Callable, abstract: tuple, *, donate: bool = False):
+        self.jitted = jax.jit(fn, donate_argnums=(0,) if donate else ())
+        self.compiled: Any = self.jitted.lower(*abstract).compile()
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except ValueError as e:
+                if "sharding" not in str(e):
+                    raise
+                self.compiled = None  # arguments placed otherwise than compiled for: jit for theirs
+        return self.jitted(*args)
+
+
 class HostLooped:
     """The group program for a step with convolutions on XLA:CPU, which runs a convolution inside any loop body
     (``while_loop``, ``scan``) several times slower than outside one (jax-ml/jax#12868: 127 ms against 15 ms a
@@ -252,13 +275,12 @@ class HostLooped:
         carry, batches, lrs, scales, real = abstract[:5]
         target_accuracy = abstract[-1]
         self.spec = spec
-        self.step = jax.jit(per_configuration(spec.step), donate_argnums=(0,)).lower(carry.states, batches).compile()
+        self.step = CompiledAhead(per_configuration(spec.step), (carry.states, batches), donate=True)
         losses = jax.ShapeDtypeStruct((spec.chunk, lrs.shape[0]), jnp.float32)
         record = lambda c, chunk_losses, b, t: _recorded(spec, c, c.states, chunk_losses, b, t)  # noqa: E731
-        self.record = jax.jit(record, donate_argnums=(0,)).lower(carry, losses, batches, target_accuracy).compile()
-        prepare = functools.partial(_prepared, spec)
-        self.prepare = jax.jit(prepare, donate_argnums=(0,)).lower(carry, lrs, scales).compile()
-        self.done = jax.jit(functools.partial(_done, spec)).lower(carry, real).compile()
+        self.record = CompiledAhead(record, (carry, losses, batches, target_accuracy), donate=True)
+        self.prepare = CompiledAhead(functools.partial(_prepared, spec), (carry, lrs, scales), donate=True)
+        self.done = CompiledAhead(functools.partial(_done, spec), (carry, real))
 
     def __call__(self, carry: Carry, batches, lrs, scales, real, limit, early_exit, target_accuracy) -> Carry:
         carry = self.prepare(carry, lrs, scales)
@@ -269,6 +291,32 @@ class HostLooped:
                 losses.append(loss)
             carry = self.record(carry._replace(states=states), jnp.stack(losses), batches, target_accuracy)
         return carry
+
+
+def _spans_devices(tree: Any) -> bool:
+    """Whether an array (or a sharding) of ``tree`` lives on several devices."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = leaf if isinstance(leaf, jax.sharding.Sharding) else getattr(leaf, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            return True
+    return False
+
+
+def _one_call_at_a_time(program: Any, example_state: PyTree) -> Any:
+    """The group program, called by one group's thread at a time when it spans several devices (the user's state
+    is replicated or sharded over a mesh, or the program's outputs are): two threads launching one multi-device
+    program at once can interleave its collectives across the devices, and XLA aborts the process. Not jit-safe."""
+    inner = getattr(program, "step", None)  # HostLooped: its step program holds the user's shardings
+    outputs = getattr(getattr(inner, "compiled", None) or program, "output_shardings", None)
+    if not _spans_devices(example_state) and not _spans_devices(outputs):
+        return program
+    lock = threading.Lock()
+
+    def serial(*args: Any) -> Any:
+        with lock:  # until its outputs are ready: jax returns before the devices have run it
+            return jax.block_until_ready(program(*args))
+
+    return serial
 
 
 def has_convolutions(jaxpr: Any) -> bool:
@@ -317,7 +365,8 @@ def compile_sweep(
 ) -> tuple[Any, float]:
     """``(compiled group program, seconds)``: traced and compiled ahead of time (at the optimization level
     ``compiler_options`` in ``_jaxpr/compile_level.py`` picks for its chunks) for the abstract shapes of
-    ``layout.size`` stacked states and batches. Safe to call in a background thread. Not jit-safe."""
+    ``layout.size`` stacked states and batches. Safe to call in a background thread. A program spanning
+    several devices runs one group at a time (:func:`_one_call_at_a_time`). Not jit-safe."""
     t = time.perf_counter()
     size, total = layout.size, spec.n_chunks * spec.chunk
     f32, i32 = jnp.float32, jnp.int32
@@ -339,9 +388,9 @@ def compile_sweep(
     )
     traced = jax.jit(sweep_program(spec, traces), donate_argnums=(0,)).trace(*abstract)
     if jax.default_backend() == "cpu" and has_convolutions(traced.jaxpr):  # (the trace counted: one program)
-        return HostLooped(spec, abstract), time.perf_counter() - t
+        return _one_call_at_a_time(HostLooped(spec, abstract), example_state), time.perf_counter() - t
     compiled = traced.lower().compile(compiler_options(traced.jaxpr, runs=spec.n_chunks))
-    return compiled, time.perf_counter() - t
+    return _one_call_at_a_time(compiled, example_state), time.perf_counter() - t
 
 
 def run_sweep(

@@ -12,6 +12,8 @@ from flax import nnx
 
 import jaxsane
 from jaxsane import activation_stats, check_init
+from jaxsane._checks.init_loss import classification_of
+from jaxsane._experiment.contract import PureExperiment
 from jaxsane.testing import CheckFailed, assert_init_ok
 
 X = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)
@@ -271,6 +273,55 @@ def test_init_loss_still_judges_a_per_token_cross_entropy_against_ln_c():
     assert "init.loss" not in [f.code for f in healthy] and healthy.artifacts["init_loss"]["num_classes"] == _V
     overconfident = jaxsane.doctor(_sequence_experiment("mean_xent", scale=40.0), stages=["init"], progress=False)
     assert "init.loss" in [f.code for f in overconfident], [str(f) for f in overconfident]
+
+
+def _token_lm_experiment(target="next", scale=1.0):
+    """A causal bigram LM over a batch of token ids alone (no labels): the loss predicts token t + 1 from position
+    t ("next"), as a language model's does, or token t itself ("same", an autoencoder's objective); padding
+    (id 0) at the rows' ends is masked out of the loss."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, _V, size=(16, _T)).astype(np.int32)
+    tokens[::2, -3:] = 0  # trailing padding on half the rows
+    params = {"emb": jnp.asarray(rng.normal(size=(_V, 8)) * 0.3, jnp.float32),
+              "w": jnp.asarray(rng.normal(size=(8, _V)) * 0.3 * scale, jnp.float32)}
+
+    def apply(p, ids):
+        return p["emb"][ids] @ p["w"]
+
+    def loss(p, b):
+        ids = b["tokens"]
+        inputs, targets = (ids[:, :-1], ids[:, 1:]) if target == "next" else (ids, ids)
+        weights = (targets != 0).astype(jnp.float32)
+        per_token = optax.softmax_cross_entropy_with_integer_labels(apply(p, inputs), targets)
+        return (per_token * weights).sum() / weights.sum()
+
+    tx = optax.sgd(1e-2)
+
+    def step(state, b):
+        p, o = state
+        value, g = jax.value_and_grad(loss)(p, b)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), {"loss": value}
+
+    return jaxsane.Experiment(init=lambda k: (params, tx.init(params)), step=step, train={"tokens": tokens},
+                              loss=loss, apply=apply, inputs=lambda b: b["tokens"], mask=lambda b: b["tokens"] != 0)
+
+
+def test_a_language_models_loss_at_init_is_judged_against_ln_vocabulary_through_its_next_tokens():
+    healthy = jaxsane.doctor(_token_lm_experiment(), stages=["init"], progress=False)
+    assert healthy.artifacts["init_loss"]["num_classes"] == _V, [str(f) for f in healthy]
+    assert "init.loss" not in [f.code for f in healthy], [str(f) for f in healthy]
+    overconfident = jaxsane.doctor(_token_lm_experiment(scale=40.0), stages=["init"], progress=False)
+    assert "init.loss" in [f.code for f in overconfident], [str(f) for f in overconfident]
+    # a loss on the token itself is no next-token loss: ln V is not claimed as its chance level
+    # (near-uniform logits give every mean cross-entropy over V classes about ln V, its chance level too: told
+    # apart only where the logits are not)
+    same = _token_lm_experiment("same", scale=40.0)
+    adapted = PureExperiment(same)
+    c, why = classification_of(adapted, adapted.init(jax.random.key(0)), same.train)
+    assert c is None and "next input token" in why, why
 
 
 # ----------------------------------------------------------------------------- init.loss: where the loss comes from
