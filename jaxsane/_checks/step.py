@@ -340,7 +340,8 @@ def _update_findings(snapshots: list, kinds: list[str], accumulating: bool = Fal
                 f"step.no_update not judged: the parameters are bitwise unchanged after {n} calls, and the optimizer "
                 "accumulates gradients (optax.MultiSteps: the parameters move once every k calls)",
                 f"run the step more than k times to check that its update is applied (jaxsane doctor -o "
-                f"step_calls=K+1, check_step(calls=K+1)); {n} calls were made",
+                f"step_calls=K+1, check_step(calls=K+1); 2K+1 under a learning rate that warms up from 0, whose "
+                f"first update is scaled by 0); {n} calls were made",
                 extra={"calls": n},
             )
         ]
