@@ -266,7 +266,10 @@ def _ignore_index(lo: float, hi: float, classes: int | None, some_valid: bool) -
 def _label_range(j: _Judge) -> list[Finding]:
     split, w, n, C = j.split, j.w, j.split.rows, j.num_classes
     out: list[Finding] = []
-    if split.label_bad.count and _ignore_index(split.label_lo, split.label_hi, C, split.label_bad.count < n):
+    # valid labels beside the one value out of range: whole examples without it, or (sequence labels, an ignore
+    # index at every unlabelled position of every row) class ids within the same examples
+    some_valid = split.label_bad.count < n or split.label_in_range
+    if split.label_bad.count and _ignore_index(split.label_lo, split.label_hi, C, some_valid):
         v = split.label_lo
         out.append(
             Finding(

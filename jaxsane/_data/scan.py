@@ -329,6 +329,8 @@ def _scan_labels(split: Split, y: Any, m: Any, rows: int, offset: int, where: st
         bad |= lab_i >= C
     if valid is not None:
         bad &= np.broadcast_to(valid, bad.shape)
+    in_range = (lab_i >= 0) & (lab_i < C) if C is not None else lab_i >= 0
+    split.label_in_range |= bool(in_range.any())
     bad_rows = np.asarray(bad.reshape(rows, -1).any(axis=1))
     if bad_rows.any():
         split.label_bad.add(bad_rows, offset)

@@ -155,6 +155,7 @@ class Split:
         self.padding_batches = Flags(k)
         self.label_bad = Flags(k)
         self.label_lo, self.label_hi = math.inf, -math.inf
+        self.label_in_range = False  # some integer label is a class id (beside any out of range)
         self.label_float = Flags(k)
         self.label_soft_bad = Flags(k)
         self.label_column: tuple[int, ...] | None = None  # shape of (B, 1) class-id labels, when seen

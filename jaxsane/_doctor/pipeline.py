@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from .._checks.batch import check_batch_independence, check_example_slices, loss_pairs_labels
+from .._checks.ignore_index import judged_ignore_index
 from .._checks.init import activation_stats, check_activations, traceable
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
@@ -184,6 +185,10 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             params = adapted.params(adapted.init(ctx.key))
         except Exception:  # init problems are the init stage's to report
             loss_fn = None
+    if loss_fn is not None and params is not None:  # an ignore index the loss masks out is no finding
+        found = judged_ignore_index(
+            found, lambda: (_traceable(ctx.pure, "loss"), params, ctx.batch, get_labels(exp, ctx.batch))
+        )
     held = diagnosis.artifacts.get("nonfinite_batches", {})
     return judge_masked_nonfinite(found, loss_fn, params, {what: [batch] for what, batch in held.items()}, 1)
 

@@ -109,6 +109,19 @@ def test_one_ignore_value_out_of_range_is_a_warning_that_asks_for_the_mask():
     assert _only(check_data((x, y), num_classes=10), "data.label_range")[0].severity == "error"
 
 
+def test_an_ignore_index_in_every_row_beside_class_ids_is_the_ignore_index_warning():
+    """A masked LM's labels: -100 at every unmasked position of every row, class ids at the masked ones. No row is
+    free of it, but class ids stand beside it in the same rows: the ignore-index warning, not the error."""
+    data = _sequences()
+    rng = np.random.default_rng(0)
+    data["labels"] = np.where(rng.random(data["labels"].shape) < 0.15, data["labels"], -100)
+    data["labels"][:, 0] = -100  # (every row holds it)
+    f = _only(check_data(data, num_classes=50), "data.label_range")[0]
+    assert f.severity == "warning" and f.extra["ignore_index"] == -100, f
+    data["labels"][:] = -100  # nothing but the ignore value: no class id beside it
+    assert _only(check_data(data, num_classes=50), "data.label_range")[0].severity == "error"
+
+
 def test_float_labels_for_classification():
     x, y, _, _ = _digits()
     f = _only(check_data((x, y.astype(np.float32)), num_classes=10), "data.label_range")[0]
