@@ -32,6 +32,7 @@ from .._jaxpr.compile_level import quick_jit
 from .grads_findings import nonfinite_loss_finding, sampled_finding
 from .grads_leaf import LeafJudge, Tally
 from .grads_precision import GRAD_DEFAULTS as GRAD_DEFAULTS, Tolerance, is_real_float
+from .grads_stops import stop_gradient_crossings, unstopped_directional
 
 
 def _display(path: str) -> str:
@@ -506,6 +507,8 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
         directional=directional,
         jvps=jvps,
         reaches=reaches,
+        stops=stop_gradient_crossings(jaxpr, n),
+        unstopped=unstopped_directional(_projected(leaves, cots), values, leaves.operands(), dirs),
     )
     tally = Tally()
     for j, (a, k) in enumerate(leaves.checked):

@@ -171,3 +171,25 @@ def mismatch_finding(
             **({"kink": kink} if kink else {}),
         },
     )
+
+
+def stopped_gradient_finding(leaves: list[tuple[str, float, float, tuple[str, ...]]]) -> Finding:
+    """The one ``grad.mismatch`` warning of the leaves (path, autodiff, finite differences, stop_gradient lines)
+    whose value flows into a ``lax.stop_gradient``: autodiff takes it as a constant there while finite differences
+    see it move, so the two differ by design (a straight-through estimator, a commitment loss, a target network),
+    unless the stop is the bug (a router, an encoder cut off from its loss)."""
+    path, ad, fd, stops = leaves[0]
+    where = sorted({w for *_, s in leaves for w in s})
+    more = f" and {len(leaves) - 1} more leaves" if len(leaves) > 1 else ""
+    return Finding(
+        "grad.mismatch",
+        f"{path}{more}: autodiff and finite differences differ (autodiff {ad:.6g} vs {fd:.6g} on the first) where "
+        f"their values flow into lax.stop_gradient ({', '.join(where)}): there autodiff takes the value as a "
+        "constant and finite differences see it move, so the gradient is not the function's derivative by design "
+        "(a straight-through estimator, a commitment loss, a target network)",
+        "nothing to do where the stop_gradient is meant; if the gradient should flow through it (a router, an "
+        "encoder or a layer cut off from its loss), remove it",
+        severity="warning",
+        path=path,
+        extra={"stop_gradient": where, "leaves": [p for p, *_ in leaves], "autodiff": ad, "finite_diff": fd},
+    )

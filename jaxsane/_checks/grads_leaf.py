@@ -21,6 +21,7 @@ from .grads_findings import (
     missing_finding,
     nonfinite_gradient_finding,
     nonfinite_nearby_finding,
+    stopped_gradient_finding,
     zeroed_here_finding,
 )
 from .grads_kink import ROUNDING_ULPS, KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
@@ -40,6 +41,7 @@ class Tally:
     nearby: list[tuple[str, float]] = dataclasses.field(default_factory=list)  # non-finite within a step
     kinked: list[tuple[str, KinkVerdict]] = dataclasses.field(default_factory=list)  # not judged: a kink
     zeroed: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # zero gradient, read by the output
+    stopped: list[tuple[str, float, float, tuple[str, ...]]] = dataclasses.field(default_factory=list)  # by design
 
     def findings_at(self, v0: np.ndarray, eps: float) -> list[Finding]:
         findings = list(self.findings)
@@ -51,6 +53,8 @@ class Tally:
             findings.append(kink_finding(self.kinked))
         if self.zeroed:
             findings.append(zeroed_here_finding(self.zeroed))
+        if self.stopped:
+            findings.append(stopped_gradient_finding(self.stopped))
         return findings
 
 
@@ -74,6 +78,8 @@ class LeafJudge:
     directional: list[float]
     jvps: np.ndarray | None
     reaches: list[bool] | None = None  # per leaf: a path of the function leads from it to the output (_reaching)
+    stops: list[tuple[str, ...]] | None = None  # per leaf: the stop_gradients its value flows into (grads_stops)
+    unstopped: Callable[[int], float | None] | None = None  # per leaf: the derivative through them (grads_stops)
 
     @property
     def n(self) -> int:
@@ -175,6 +181,15 @@ class LeafJudge:
             return
         tally.findings.append(missing_finding(path, fd, fd != 0.0, self.values[j], kink))
 
+    def stopped_by_design(self, j: int, fd: float) -> bool:
+        """Whether leaf ``j`` flows into a ``stop_gradient`` and its derivative with the gradient passed through
+        there agrees with finite differences: the gap is the stop_gradient's, not a wrong rule's."""
+        if not (self.stops and self.stops[j]) or self.unstopped is None:
+            return False
+        through = self.unstopped(j)
+        tol = self.tol
+        return through is not None and abs(through - fd) <= tol.atol + tol.rtol * max(abs(through), abs(fd))
+
     def mismatch(self, j: int, path: str, g: Callable, ad: float, fd: float, failure: str, tally: Tally) -> None:
         """A leaf that fails at every step: ``grad.mismatch``, unless the point is a kink along its direction
         and no sub-direction off the kink disagrees (then it is not judged)."""
@@ -205,6 +220,9 @@ class LeafJudge:
                     f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
                     f"{np.size(self.values[j])} coordinates; {verdict.summary()})"
                 )
+        if self.stopped_by_design(j, fd):  # autodiff stops there, finite differences do not
+            tally.stopped.append((path, ad, fd, self.stops[j] if self.stops else ()))
+            return
         forward = float(self.jvps[j]) if self.jvps is not None and not where else None
         finding = mismatch_finding(
             path,

@@ -1,0 +1,112 @@
+"""Which checked leaves flow into a ``lax.stop_gradient``: there autodiff takes the value as a constant while
+finite differences see it move, so the two differ by design (a straight-through estimator ``z + stop_gradient(q -
+z)``, a commitment loss, a target network). A ``grad.mismatch`` on such a leaf is that, not a wrong rule.
+
+Read off the checked function's jaxpr: each value carries the set of checked leaves it depends on, through every
+equation and into the jaxprs that calls run (``pjit``, ``custom_jvp_call``, ``remat``, a ``scan`` body); a
+``stop_gradient`` records the leaves of its operand and passes none on. Loops whose bodies are not called on the
+equation's own operands (``while``, ``cond``) pass their operands' leaves on without looking inside.
+
+Not jit-safe (host-side, on a traced jaxpr).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core as jcore
+
+from .._core.frames import user_location
+from .._jaxpr.compile_level import quick_jit
+from .._jaxpr.interpret import Interpreter
+
+
+def stop_gradient_crossings(jaxpr: Any, n: int) -> list[tuple[str, ...]]:
+    """Per checked leaf (the jaxpr's first ``n`` inputs), the ``file:line`` of each ``stop_gradient`` its value
+    flows into, in program order (empty when none). Not jit-safe."""
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jaxpr
+    found: dict[int, list[str]] = {}
+    env = {v: 1 << i for i, v in enumerate(jaxpr.invars[:n])}
+    _walk(jaxpr, env, found, ())
+    return [tuple(found.get(i, ())) for i in range(n)]
+
+
+def _leaves(env: dict, v: Any) -> int:
+    return 0 if isinstance(v, jcore.Literal) else env.get(v, 0)
+
+
+def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], enclosing: tuple) -> None:
+    for eqn in jaxpr.eqns:
+        ins = [_leaves(env, v) for v in eqn.invars]
+        if eqn.primitive.name == "stop_gradient":
+            where = user_location(eqn, enclosing) or "a stop_gradient"
+            for i in range(max(ins, default=0).bit_length()):
+                if any(m >> i & 1 for m in ins) and where not in found.setdefault(i, []):
+                    found[i].append(where)
+            continue  # what comes out carries no gradient
+        inner = _called(eqn)
+        if inner is not None and len(inner.invars) == len(eqn.invars):
+            inner_env = {v: m for v, m in zip(inner.invars, ins) if m}
+            _walk(inner, inner_env, found, (*enclosing, eqn))
+            for o, v in zip(eqn.outvars, inner.outvars):
+                if _leaves(inner_env, v):
+                    env[o] = _leaves(inner_env, v)
+            continue
+        union = 0
+        for m in ins:
+            union |= m
+        if union:
+            for o in eqn.outvars:
+                env[o] = union
+
+
+def _called(eqn: Any) -> Any:
+    """The jaxpr a call-like equation runs on its own operands, else None."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        value = eqn.params.get(key)
+        if isinstance(value, jcore.ClosedJaxpr):
+            return value.jaxpr
+        if isinstance(value, jcore.Jaxpr):
+            return value
+    return None
+
+
+class _ThroughStops(Interpreter):
+    """Evaluates a jaxpr with every ``stop_gradient`` passing its gradient through; the ``custom_jvp``/``custom_vjp``
+    calls run as written (their rules are what the check judges), every other call is entered."""
+
+    def before(self, eqn: Any, invals: list, tags: list, ectx: Any) -> tuple[list, list] | None:
+        if eqn.primitive.name == "stop_gradient":
+            return list(invals), [None] * len(invals)
+        return None
+
+    def enters(self, eqn: Any, ectx: Any) -> bool:
+        return not eqn.primitive.name.startswith("custom_")
+
+
+def unstopped_directional(scalar: Callable, values: list, ops: Any, dirs: list) -> Callable[[int], float | None]:
+    """``j -> `` leaf ``j``'s directional derivative of ``scalar(values, ops)`` with its ``stop_gradient``s passing
+    the gradient through (None when it cannot be taken): one compile, on the first call. A leaf whose mismatch
+    this closes differs from finite differences only through the stop_gradient. Not jit-safe."""
+    cache: dict[str, list | None] = {}
+
+    def directional(j: int) -> float | None:
+        if "grads" not in cache:
+            try:
+                closed = jax.make_jaxpr(scalar)(values, ops)
+
+                def through(vals: list, operands: Any) -> Any:
+                    flat = jax.tree_util.tree_leaves((vals, operands))
+                    return _ThroughStops().run(closed.jaxpr, closed.consts, flat)[0][0]
+
+                grads = quick_jit(jax.grad(through), runs=1)(values, ops)
+                cache["grads"] = [np.asarray(g) for g in grads]
+            except Exception:  # noqa: BLE001 - a program the interpreter cannot run: the mismatch stays an error
+                cache["grads"] = None
+        grads = cache["grads"]
+        return None if grads is None else float(np.vdot(grads[j].ravel(), np.asarray(dirs[j]).ravel()))
+
+    return directional
