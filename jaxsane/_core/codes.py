@@ -42,7 +42,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "grad.mismatch": (
         ERROR,
         "autodiff gradient disagrees with finite differences",
-        "wrong custom_vjp/custom_jvp rule, wrong sign, missing cotangent factor",
+        "wrong custom_vjp/custom_jvp rule, wrong sign, missing cotangent factor (a warning where the gap is a "
+        "lax.stop_gradient's: a straight-through estimator, a target network)",
     ),
     "grad.missing": (
         ERROR,
