@@ -247,6 +247,7 @@ def check_example_slices(
     unit = "row" if per_row else "example"
     scale = max(float(np.max(np.abs(o))) for o in full) + 1e-30
     moved: dict[int, float] = {}
+    severed: dict[int, int] = {}  # cut -> edges it cuts between kept and removed nodes (one graph: not judged)
     for k in cuts:
         cut = take(batch, k)
         part = [np.asarray(o, np.float64) for o in jax.tree_util.tree_leaves(run(params, inputs(cut))) if _is_float(o)]
@@ -262,11 +263,17 @@ def check_example_slices(
                 f"check_example_slices: apply's outputs on the first {k} examples have shapes "
                 f"{[p.shape for p in part]}, not the first {k} {unit}s' rows of {[f.shape for f in full]}."
             )
+        across = _edges_across(inputs(batch), inputs(cut))
+        if across:
+            severed[k] = across
+            continue  # its kept nodes read removed neighbours by design: no independence to judge at this cut
         real = _real_rows(real_rows, cut, rows) if per_row else np.ones(rows, bool)
         for p, f in zip(part, full):
             diff = np.abs(p - f[:rows]).reshape(rows, -1).max(axis=1) / scale
             for i in np.flatnonzero((diff > rtol) & real):
                 moved[int(i)] = max(moved.get(int(i), 0.0), float(diff[i]))
+    if not moved and severed and len(severed) == len(cuts):
+        return [_one_graph(severed)]
     if not moved:
         return []
     shown = ", ".join(f"{unit} {i} ({r:.2g})" for i, r in sorted(moved.items(), key=lambda t: -t[1])[:max_examples])
@@ -333,6 +340,49 @@ def loss_pairs_labels(loss: Callable, params: PyTree, batch: PyTree, labels: Any
         return None
     change = abs(value - base) / max(abs(base), 1e-12)
     return True if change > 1e-4 else False if change <= 1e-6 else None
+
+
+def _edges_across(whole: Any, cut: Any) -> int:
+    """The edges of a graph batch that a cut severs: integer arrays of node ids (``[E]`` each, or ``[2, E]``) of the
+    whole batch's inputs, against a float leaf of its node rows, that join one of the nodes the cut keeps (that
+    leaf's rows in ``cut``) to one it removes. 0 when none (whole graphs kept, no edge arrays, or the cut's inputs
+    are not the batch's in structure). Host-side."""
+    leaves, kept_leaves = jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(cut)
+    if len(leaves) != len(kept_leaves):
+        return 0
+    arrays = [np.asarray(x) for x in leaves]
+    across = 0
+    for node, kept in zip(arrays, kept_leaves):
+        if node.dtype.kind != "f" or node.ndim < 1 or np.ndim(kept) < 1:
+            continue
+        nodes, keep = node.shape[0], np.shape(kept)[0]
+        groups: dict[int, list[np.ndarray]] = {}
+        for a in arrays:
+            if a.dtype.kind not in "iu" or a.ndim not in (1, 2) or not a.size or a.min() < 0 or a.max() >= nodes:
+                continue
+            if a.shape[-1] < nodes // 2 or np.unique(a).size < min(a.shape[-1], nodes) // 4:
+                continue  # per-graph counts (n_node, n_edge), not the node ids of edges
+            if a.ndim == 2 and a.shape[0] == 2 and a.shape[1] != nodes:
+                groups.setdefault(a.shape[1], []).extend([a[0], a[1]])
+            elif a.ndim == 1 and a.shape[0] != nodes:
+                groups.setdefault(a.shape[0], []).append(a)
+        for ends in groups.values():
+            if len(ends) >= 2 and keep < nodes:
+                e = np.stack(ends, axis=1)
+                across = max(across, int(np.sum((e.min(axis=1) < keep) & (e.max(axis=1) >= keep))))
+    return across
+
+
+def _one_graph(severed: dict[int, int]) -> Finding:
+    cuts = ", ".join(f"{n} at the cut of {k}" for k, n in sorted(severed.items()))
+    return Finding(
+        "doctor.skipped",
+        f"batch independence not judged: the first examples Experiment.examples cuts keep nodes joined by edges to "
+        f"the nodes it removes ({cuts}): one graph, whose nodes read their neighbours by design, not independent "
+        "examples",
+        "nothing to do for a single graph (node classification on one graph); give examples= that cut whole graphs "
+        "to check a batch of several",
+    )
 
 
 def _jittered(params: PyTree) -> PyTree:

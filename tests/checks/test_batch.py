@@ -70,8 +70,9 @@ def test_linen_batchnorm_eval_mode_is_silent_train_mode_is_not():
         (variables, opt_state) = state
 
         def loss(p):
-            logits, upd = model.apply({"params": p, "batch_stats": variables["batch_stats"]}, batch["x"],
-                                      train=True, mutable=["batch_stats"])
+            logits, upd = model.apply(
+                {"params": p, "batch_stats": variables["batch_stats"]}, batch["x"], train=True, mutable=["batch_stats"]
+            )
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), upd
 
         (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(variables["params"])
@@ -81,14 +82,16 @@ def test_linen_batchnorm_eval_mode_is_silent_train_mode_is_not():
     def apply_eval(params, x):
         return model.apply({"params": params, "batch_stats": variables["batch_stats"]}, x, train=False)
 
-    exp = jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, apply=apply_eval,
-                             params=lambda s: s[0]["params"], num_classes=3)
+    exp = jaxsane.Experiment(
+        init=init, step=step, train={"x": X, "y": Y}, apply=apply_eval, params=lambda s: s[0]["params"], num_classes=3
+    )
     diagnosis = jaxsane.doctor(exp, stages=["batch"], progress=False)
     assert list(diagnosis) == []
 
     def apply_train(params, x):  # BUG: batch statistics at evaluation
-        return model.apply({"params": params, "batch_stats": variables["batch_stats"]}, x, train=True,
-                           mutable=["batch_stats"])[0]
+        return model.apply(
+            {"params": params, "batch_stats": variables["batch_stats"]}, x, train=True, mutable=["batch_stats"]
+        )[0]
 
     assert [f.code for f in check_batch_independence(apply_train, variables["params"], X)] == ["batch.cross_talk"]
 
@@ -242,3 +245,43 @@ def test_doctors_batch_stage_on_a_node_classification_graph_batch(model):
     else:
         assert status == ["not applicable"] and not [f for f in d if f.severity != "info"], [str(f) for f in d]
         assert any(f.code == "doctor.skipped" and "batch independence not checked" in f.message for f in d)
+
+
+def _one_graph(n=60, e=240, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.normal(size=(n, 4)).astype(np.float32),
+        "senders": rng.integers(0, n, e).astype(np.int32),
+        "receivers": rng.integers(0, n, e).astype(np.int32),
+    }
+
+
+def _mean_neighbours(params, g):
+    n = g["x"].shape[0]
+    msg = jax.ops.segment_sum(g["x"][g["senders"]], g["receivers"], n)
+    deg = jax.ops.segment_sum(jnp.ones_like(g["receivers"], jnp.float32), g["receivers"], n)
+    return (g["x"] + msg / jnp.maximum(deg, 1.0)[:, None]) @ params["w"]
+
+
+def _first_nodes(g, k):
+    keep = (g["senders"] < k) & (g["receivers"] < k)  # the subgraph the first k nodes induce
+    return {"x": g["x"][:k], "senders": g["senders"][keep], "receivers": g["receivers"][keep]}
+
+
+def test_the_nodes_of_one_graph_are_not_judged_as_independent_examples():
+    """Node regression on one graph, examples= cutting the subgraph of the first k nodes: the kept nodes read
+    removed neighbours by design (message passing), so batch independence is not judged; a batch of separate
+    graphs cut whole is still judged (the zoo's wrong segment ids, f65)."""
+    from jaxsane._checks.batch import check_example_slices
+
+    params = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)), jnp.float32)}
+    g = _one_graph()
+    found = check_example_slices(_mean_neighbours, params, g, _first_nodes, lambda b: b, 60)
+    assert [f.code for f in found] == ["doctor.skipped"] and "one graph" in found[0].message, found
+    # the same nodes with no edge leaving the first 30 (two graphs, cut whole at 30): judged, and nothing moves
+    two = dict(
+        g,
+        senders=np.where(g["senders"] < 30, g["senders"], g["senders"]),
+        receivers=np.where((g["senders"] < 30) != (g["receivers"] < 30), g["senders"], g["receivers"]),
+    )
+    assert check_example_slices(_mean_neighbours, params, two, _first_nodes, lambda b: b, 60, cuts=[30]) == []
