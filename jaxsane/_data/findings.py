@@ -398,7 +398,8 @@ _SHIFT_PROBLEMS = (  # (the split's flags, what the targets do, the fix)
     (
         "seq_same",
         "equal the inputs at every position (next-token targets not shifted: the model is trained to copy its input)",
-        "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] (and the mask likewise)",
+        "shift them: inputs = tokens[:, :-1], targets = tokens[:, 1:] (and the mask likewise); a decoder's "
+        "teacher-forced inputs are the targets shifted right behind a BOS id: [BOS, y[:, :-1]]",
     ),
     (
         "seq_lag",
