@@ -319,22 +319,18 @@ def loss_pairs_labels(loss: Callable, params: PyTree, batch: PyTree, labels: Any
 
     Not jit-safe (compiles ``loss`` once, calls it twice).
     """
-    lab = jax.tree_util.tree_leaves(labels)
-    if len(lab) != 1 or np.ndim(lab[0]) < 1 or np.shape(lab[0])[0] < 2:
+    found = labels_leaf(batch, labels)
+    if found is None or np.ndim(found[0][found[2]]) < 1 or np.shape(found[0][found[2]])[0] < 2:
         return None
-    leaves, treedef = jax.tree_util.tree_flatten(batch)
-    at = [i for i, x in enumerate(leaves) if x is lab[0]]
-    if len(at) != 1:
-        return None
-    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
-    rolled = np.roll(host[at[0]], 1, axis=0)
-    if np.array_equal(rolled, host[at[0]]):
+    host, treedef, at = found
+    rolled = np.roll(host[at], 1, axis=0)
+    if np.array_equal(rolled, host[at]):
         return None
     run = quick_jit(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), runs=2)
     params = _jittered(params)
     base = float(run(params, host))
     moved = list(host)
-    moved[at[0]] = rolled
+    moved[at] = rolled
     value = float(run(params, moved))
     if not (np.isfinite(base) and np.isfinite(value)):
         return None
@@ -383,6 +379,19 @@ def _one_graph(severed: dict[int, int]) -> Finding:
         "nothing to do for a single graph (node classification on one graph); give examples= that cut whole graphs "
         "to check a batch of several",
     )
+
+
+def labels_leaf(batch: PyTree, labels: Any) -> tuple[list, Any, int] | None:
+    """``(the batch's leaves on the host, its treedef, the index of the labels leaf)``: the one leaf of ``batch``
+    that is ``labels`` (by identity), else None. Host-side."""
+    lab = jax.tree_util.tree_leaves(labels)
+    if len(lab) != 1:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    at = [i for i, x in enumerate(leaves) if x is lab[0]]
+    if len(at) != 1:
+        return None
+    return [np.asarray(x) if np.ndim(x) else x for x in leaves], treedef, at[0]
 
 
 def _jittered(params: PyTree) -> PyTree:

@@ -47,7 +47,7 @@ def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], enclosing: tuple) 
                 if any(m >> i & 1 for m in ins) and where not in found.setdefault(i, []):
                     found[i].append(where)
             continue  # what comes out carries no gradient
-        inner = _called(eqn)
+        inner = called_jaxpr(eqn)
         if inner is not None and len(inner.invars) == len(eqn.invars):
             inner_env = {v: m for v, m in zip(inner.invars, ins) if m}
             _walk(inner, inner_env, found, (*enclosing, eqn))
@@ -63,8 +63,9 @@ def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], enclosing: tuple) 
                 env[o] = union
 
 
-def _called(eqn: Any) -> Any:
-    """The jaxpr a call-like equation runs on its own operands, else None."""
+def called_jaxpr(eqn: Any) -> Any:
+    """The open jaxpr a call-like equation (``pjit``, ``custom_jvp_call``, ``remat``, a ``scan``) runs on its own
+    operands, else None. Host-side."""
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         value = eqn.params.get(key)
         if isinstance(value, jcore.ClosedJaxpr):

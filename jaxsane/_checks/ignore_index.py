@@ -22,6 +22,8 @@ from jax._src import core as jcore
 
 from .._core.finding import Finding
 from .._core.tree import PyTree
+from .batch import labels_leaf
+from .grads_stops import called_jaxpr
 
 _COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 _MOVES = {"convert_element_type", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "slice", "transpose", "copy"}
@@ -37,21 +39,17 @@ _INDEXES = {
 def loss_masks_labels(loss: Callable, params: PyTree, batch: PyTree, labels: Any) -> bool | None:
     """Whether ``loss`` weighs its floats by a test of its labels against a constant (see the module docstring).
     None when the labels leaf is not found in ``batch`` by identity, or the loss does not trace. Not jit-safe."""
-    lab = jax.tree_util.tree_leaves(labels)
-    if len(lab) != 1:
+    found = labels_leaf(batch, labels)
+    if found is None:
         return None
-    leaves, treedef = jax.tree_util.tree_flatten(batch)
-    at = [i for i, x in enumerate(leaves) if x is lab[0]]
-    if len(at) != 1:
-        return None
-    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    host, treedef, at = found
     try:
         closed = jax.make_jaxpr(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)))(params, host)
     except Exception:  # noqa: BLE001 - a loss that does not trace here: the later stages report it
         return None
     n_params = len(jax.tree_util.tree_leaves(params))
     jaxpr = closed.jaxpr
-    return _Flow({jaxpr.invars[n_params + at[0]]}, set(jaxpr.constvars)).weighs(jaxpr)
+    return _Flow({jaxpr.invars[n_params + at]}, set(jaxpr.constvars)).weighs(jaxpr)
 
 
 def judged_ignore_index(findings: list[Finding], probe: Callable[[], tuple]) -> list[Finding]:
@@ -83,7 +81,7 @@ class _Flow:
     def weighs(self, jaxpr: Any) -> bool:
         """Whether a mask reaches a float of ``jaxpr`` (nested jaxprs followed through their calls)."""
         for eqn in jaxpr.eqns:
-            inner = _sub_jaxpr(eqn)
+            inner = called_jaxpr(eqn)
             if inner is not None and len(inner.invars) == len(eqn.invars):
                 for kind in (self.labels, self.masks, self.consts):
                     kind.update(i for i, o in zip(inner.invars, eqn.invars) if self._is(kind, o))
@@ -117,15 +115,3 @@ class _Flow:
             self.masks.update(outs)
             return any(np.issubdtype(np.dtype(o.aval.dtype), np.floating) for o in outs if hasattr(o.aval, "dtype"))
         return False
-
-
-def _sub_jaxpr(eqn: Any) -> Any:
-    """The jaxpr a call-like equation runs on its own operands (``pjit``, ``closed_call``, ``custom_jvp_call``,
-    ``custom_vjp_call``, ``remat``), else None."""
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        value = eqn.params.get(key)
-        if isinstance(value, jcore.ClosedJaxpr):
-            return value.jaxpr
-        if isinstance(value, jcore.Jaxpr):
-            return value
-    return None
