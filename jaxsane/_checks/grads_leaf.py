@@ -181,14 +181,18 @@ class LeafJudge:
             return
         tally.findings.append(missing_finding(path, fd, fd != 0.0, self.values[j], kink))
 
-    def stopped_by_design(self, j: int, fd: float) -> bool:
+    def stopped_by_design(self, j: int, g: Callable) -> bool:
         """Whether leaf ``j`` flows into a ``stop_gradient`` and its derivative with the gradient passed through
-        there agrees with finite differences: the gap is the stop_gradient's, not a wrong rule's."""
+        there agrees with finite differences at a step of the ladder: the gap is the stop_gradient's, not a wrong
+        rule's."""
         if not (self.stops and self.stops[j]) or self.unstopped is None:
             return False
-        through = self.unstopped(j)
-        tol = self.tol
-        return through is not None and abs(through - fd) <= tol.atol + tol.rtol * max(abs(through), abs(fd))
+        through, tol = self.unstopped(j), self.tol
+        if through is None:
+            return False
+        t0 = np.asarray(0.0, self.tdtype)
+        fds = [directional_quotient(g, t0, h) for h in tol.ladder]  # (the judge's points: evaluated already)
+        return any(np.isfinite(f) and abs(through - f) <= tol.atol + tol.rtol * max(abs(through), abs(f)) for f in fds)
 
     def mismatch(self, j: int, path: str, g: Callable, ad: float, fd: float, failure: str, tally: Tally) -> None:
         """A leaf that fails at every step: ``grad.mismatch``, unless the point is a kink along its direction
@@ -220,7 +224,7 @@ class LeafJudge:
                     f" along a sub-direction off a kink at the point ({verdict.wrong['coordinates']} of its "
                     f"{np.size(self.values[j])} coordinates; {verdict.summary()})"
                 )
-        if self.stopped_by_design(j, fd):  # autodiff stops there, finite differences do not
+        if self.stopped_by_design(j, g):  # autodiff stops there, finite differences do not
             tally.stopped.append((path, ad, fd, self.stops[j] if self.stops else ()))
             return
         forward = float(self.jvps[j]) if self.jvps is not None and not where else None

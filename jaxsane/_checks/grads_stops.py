@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax._src import core as jcore
 
-from .._core.frames import user_location
+from .._core.frames import frames_of, is_library_file, user_location
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter
 
@@ -29,28 +29,45 @@ def stop_gradient_crossings(jaxpr: Any, n: int) -> list[tuple[str, ...]]:
     flows into, in program order (empty when none). Not jit-safe."""
     jaxpr = jaxpr.jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jaxpr
     found: dict[int, list[str]] = {}
+    inside: dict[int, list[str]] = {}  # those a library wrote (softmax's max shift): named only when no other is
     env = {v: 1 << i for i, v in enumerate(jaxpr.invars[:n])}
-    _walk(jaxpr, env, found, ())
-    return [tuple(found.get(i, ())) for i in range(n)]
+    _walk(jaxpr, env, found, inside, ())
+    return [tuple(found.get(i) or inside.get(i) or ()) for i in range(n)]
+
+
+_LIBRARIES = ("/jax/_src/nn/", "/jax/_src/numpy/", "/jax/_src/scipy/", "/optax/", "/flax/", "/equinox/")
+
+
+def _written_by_a_library(eqn: Any) -> bool:
+    """Whether a library function the user called wrote this equation (``jax.nn.softmax``'s max shift, optax's
+    losses), rather than the user calling ``lax.stop_gradient`` itself: a library frame between jax's core and the
+    user's innermost frame."""
+    for frame in frames_of(eqn):
+        if not is_library_file(frame.file_name):
+            return False
+        if any(lib in frame.file_name.replace("\\", "/") for lib in _LIBRARIES):
+            return True
+    return False
 
 
 def _leaves(env: dict, v: Any) -> int:
     return 0 if isinstance(v, jcore.Literal) else env.get(v, 0)
 
 
-def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], enclosing: tuple) -> None:
+def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], inside: dict[int, list[str]], enclosing: tuple) -> None:
     for eqn in jaxpr.eqns:
         ins = [_leaves(env, v) for v in eqn.invars]
         if eqn.primitive.name == "stop_gradient":
             where = user_location(eqn, enclosing) or "a stop_gradient"
+            into = inside if _written_by_a_library(eqn) else found
             for i in range(max(ins, default=0).bit_length()):
-                if any(m >> i & 1 for m in ins) and where not in found.setdefault(i, []):
-                    found[i].append(where)
+                if any(m >> i & 1 for m in ins) and where not in into.setdefault(i, []):
+                    into[i].append(where)
             continue  # what comes out carries no gradient
         inner = called_jaxpr(eqn)
         if inner is not None and len(inner.invars) == len(eqn.invars):
             inner_env = {v: m for v, m in zip(inner.invars, ins) if m}
-            _walk(inner, inner_env, found, (*enclosing, eqn))
+            _walk(inner, inner_env, found, inside, (*enclosing, eqn))
             for o, v in zip(eqn.outvars, inner.outvars):
                 if _leaves(inner_env, v):
                     env[o] = _leaves(inner_env, v)
