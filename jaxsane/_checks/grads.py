@@ -245,6 +245,16 @@ def _cast_host(x: Any, dtype: Any) -> Any:
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
 
+RUNNING_STATISTICS = ("['batch_stats']",)
+"""Path parts of the leaves no gradient trains: Flax's BatchNorm running means and variances (a variables dict
+``{"params": ..., "batch_stats": ...}`` passed as the parameters), which the step updates by their own rule."""
+
+
+def running_statistic(path: str) -> bool:
+    """Whether the leaf at ``path`` is a running statistic (:data:`RUNNING_STATISTICS`), not a trained weight."""
+    return any(part in path for part in RUNNING_STATISTICS)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Leaves:
     """The float leaves under check: the (cast) arguments flattened, each leaf's path, which leaves are
@@ -270,7 +280,7 @@ class _Leaves:
             (a, k)
             for a, leaves in enumerate(flat)
             for k, leaf in enumerate(leaves)
-            if is_real_float(leaf) and hasattr(leaf, "shape")
+            if is_real_float(leaf) and hasattr(leaf, "shape") and not running_statistic(paths[a][k])
         ]
         sampled = []
         max_leaves, seed = plan.max_leaves, plan.seed

@@ -20,8 +20,10 @@ Y = (np.arange(8) % 3).astype(np.int32)
 
 def _mlp_params(seed=0):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    return {"l1": {"w": jax.random.normal(k1, (5, 6)) * 0.5, "b": jnp.zeros(6) + 0.1},
-            "l2": {"w": jax.random.normal(k2, (6, 3)) * 0.5, "b": jnp.zeros(3)}}
+    return {
+        "l1": {"w": jax.random.normal(k1, (5, 6)) * 0.5, "b": jnp.zeros(6) + 0.1},
+        "l2": {"w": jax.random.normal(k2, (6, 3)) * 0.5, "b": jnp.zeros(3)},
+    }
 
 
 def _tanh_vjp(bug):
@@ -37,10 +39,10 @@ def _tanh_vjp(bug):
 
     def bwd(r, g):
         if bug == "sign":
-            return (-(1 - r ** 2) * g,)  # BUG: wrong sign
+            return (-(1 - r**2) * g,)  # BUG: wrong sign
         if bug == "factor":
-            return ((1 - r ** 2),)  # BUG: the cotangent g is dropped
-        return ((1 - r ** 2) * g,)
+            return ((1 - r**2),)  # BUG: the cotangent g is dropped
+        return ((1 - r**2) * g,)
 
     act.defvjp(fwd, bwd)
     return act
@@ -51,6 +53,7 @@ def _loss_with(act):
         h = act(batch["x"] @ params["l1"]["w"] + params["l1"]["b"])
         logits = h @ params["l2"]["w"] + params["l2"]["b"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
     return loss
 
 
@@ -105,8 +108,9 @@ def test_stop_gradient_on_a_linen_layer_is_grad_missing():
     params = model.init(jax.random.key(0), X)["params"]
 
     def loss(p, batch):
-        return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, batch["x"]),
-                                                               batch["y"]).mean()
+        return optax.softmax_cross_entropy_with_integer_labels(
+            model.apply({"params": p}, batch["x"]), batch["y"]
+        ).mean()
 
     findings = check_grads(loss, params, {"x": X, "y": Y})
     missing = {f.path: f for f in findings if f.code == "grad.missing"}
@@ -151,8 +155,9 @@ def _nnx_experiment(**kw):
         optimizer.update(model, grads)
         return value
 
-    return jaxsane.Experiment(init=init, step=step, train={"x": X, "y": Y}, loss=loss,
-                              apply=lambda m, x: m(x), num_classes=3, name="nnx-test")
+    return jaxsane.Experiment(
+        init=init, step=step, train={"x": X, "y": Y}, loss=loss, apply=lambda m, x: m(x), num_classes=3, name="nnx-test"
+    )
 
 
 @pytest.mark.slow
@@ -183,8 +188,9 @@ def test_clean_linen_batchnorm_train_mode_is_silent():
     variables = model.init(jax.random.key(0), X, train=False)
 
     def loss(params, batch):
-        logits, _ = model.apply({"params": params, "batch_stats": variables["batch_stats"]}, batch["x"],
-                                train=True, mutable=["batch_stats"])
+        logits, _ = model.apply(
+            {"params": params, "batch_stats": variables["batch_stats"]}, batch["x"], train=True, mutable=["batch_stats"]
+        )
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
     findings = check_grads(loss, variables["params"], {"x": X, "y": Y})
@@ -200,7 +206,8 @@ def test_doctor_model_and_step_stages_silent_on_examples(name):
     diagnosis = jaxsane.doctor(load(name), stages=["init", "grads", "step", "batch"], progress=False)
     assert list(diagnosis) == [], diagnosis
     assert [layer["name"] for layer in diagnosis.artifacts["init_activations"]][-1].endswith(
-        ("[2]", "['Dense_2']", "['out']"))
+        ("[2]", "['Dense_2']", "['out']")
+    )
 
 
 def test_bfloat16_params_are_upcast():
@@ -247,8 +254,9 @@ def test_assert_grads_match():
     assert {f.code for f in info.value.findings} == {"grad.mismatch"}
     with pytest.raises(AssertionError):  # GradCheckError is an AssertionError, as pytest expects
         assert_grads_match(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((5, 2)), "unused": jnp.ones(2)}, X)
-    assert_grads_match(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((5, 2)), "unused": jnp.ones(2)}, X,
-                       allow_missing=True)
+    assert_grads_match(
+        lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((5, 2)), "unused": jnp.ones(2)}, X, allow_missing=True
+    )
 
 
 def test_grads_stage_skipped_without_loss():
@@ -324,21 +332,28 @@ def _padded_graphs():
     pad_nodes, pad_edges = 4, 6
     senders = np.concatenate(senders + [np.full(pad_edges, offset)])
     receivers = np.concatenate(receivers + [np.full(pad_edges, offset)])
-    return {"nodes": np.concatenate([nodes, np.zeros((pad_nodes, 3))]).astype(np.float32),
-            "senders": senders.astype(np.int32), "receivers": receivers.astype(np.int32),
-            "n_node": np.array(sizes + [pad_nodes], np.int32), "labels": np.array([0, 1, 0, 0], np.int32),
-            "graph_mask": np.array([1, 1, 1, 0], np.float32)}
+    return {
+        "nodes": np.concatenate([nodes, np.zeros((pad_nodes, 3))]).astype(np.float32),
+        "senders": senders.astype(np.int32),
+        "receivers": receivers.astype(np.int32),
+        "n_node": np.array(sizes + [pad_nodes], np.int32),
+        "labels": np.array([0, 1, 0, 0], np.int32),
+        "graph_mask": np.array([1, 1, 1, 0], np.float32),
+    }
 
 
 def _graph_params():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    return {"encoder": {"w": jax.random.normal(k1, (3, 8)), "b": jnp.zeros(8)},  # zero-initialised biases
-            "mp": {"w": jax.random.normal(k2, (16, 8)) * 0.3, "b": jnp.zeros(8)},
-            "out": {"w": jax.random.normal(k3, (8, 2)) * 0.3, "b": jnp.zeros(2)}}
+    return {
+        "encoder": {"w": jax.random.normal(k1, (3, 8)), "b": jnp.zeros(8)},  # zero-initialised biases
+        "mp": {"w": jax.random.normal(k2, (16, 8)) * 0.3, "b": jnp.zeros(8)},
+        "out": {"w": jax.random.normal(k3, (8, 2)) * 0.3, "b": jnp.zeros(2)},
+    }
 
 
 def _graph_loss(act, mp_act=jax.nn.relu):
     """Masked per-graph cross-entropy of a ReLU encoder (``act``) + one sum message-passing layer + mean readout."""
+
     def loss(params, g):
         num_nodes, num_graphs = g["nodes"].shape[0], g["n_node"].shape[0]
         h = act(g["nodes"] @ params["encoder"]["w"] + params["encoder"]["b"])  # zero rows: exactly relu(0)
@@ -349,6 +364,7 @@ def _graph_loss(act, mp_act=jax.nn.relu):
         logits = pooled @ params["out"]["w"] + params["out"]["b"]
         per_graph = optax.softmax_cross_entropy_with_integer_labels(logits, g["labels"])
         return jnp.sum(per_graph * g["graph_mask"]) / jnp.sum(g["graph_mask"])
+
     return loss
 
 
@@ -407,9 +423,11 @@ def test_kinks_at_the_point_are_not_judged(case):
     x = np.random.default_rng(0).normal(size=(6, 3))
     x[3:] = 0.0  # zero-filled rows
     params = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(3, 4))), "b": jnp.zeros(4)}
-    loss = {"relu": lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"])),
-            "max_tie": lambda p, x: jnp.sum(jnp.max(x @ p["w"] + p["b"], axis=1)),
-            "abs": lambda p, x: jnp.sum(jnp.abs(p["b"]) + 2.0 * p["b"]) + jnp.sum(jnp.tanh(x @ p["w"]))}[case]
+    loss = {
+        "relu": lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"])),
+        "max_tie": lambda p, x: jnp.sum(jnp.max(x @ p["w"] + p["b"], axis=1)),
+        "abs": lambda p, x: jnp.sum(jnp.abs(p["b"]) + 2.0 * p["b"]) + jnp.sum(jnp.tanh(x @ p["w"])),
+    }[case]
     assert [f.path for f in check_grads(loss, params, x, kinks=False)] == ["params['b']"]
     findings = check_grads(loss, params, x)
     assert [(f.code, f.path) for f in findings] == [("grad.kink", "params['b']")], findings
@@ -421,6 +439,7 @@ def test_kinks_at_the_point_are_not_judged(case):
 def test_a_wrong_rule_beside_a_kink_in_the_same_leaf_is_found_on_a_sub_direction():
     """Half of a leaf sits on a ReLU kink, the other half goes through a wrong VJP: the whole direction
     crosses the kink, its sub-directions off the kink still show the wrong rule."""
+
     def loss(p):
         return jnp.sum(jax.nn.relu(p["b"][:4])) * 3.0 + jnp.sum(_tanh_vjp("sign")(p["b"][4:] + 0.5))
 
@@ -437,8 +456,9 @@ def test_zero_initialised_relu_layer_is_grad_missing_across_a_kink():
     while the output moves on one side: still grad.missing, said to be a kink rather than a stop_gradient."""
     x = np.random.default_rng(0).normal(size=(6, 3))
     v = jnp.asarray(np.random.default_rng(1).normal(size=(4,)))
-    findings = check_grads(lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"]) @ v),
-                           {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}, x)
+    findings = check_grads(
+        lambda p, x: jnp.sum(jax.nn.relu(x @ p["w"] + p["b"]) @ v), {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}, x
+    )
     assert {f.path for f in findings if f.code == "grad.missing"} == {"params['w']", "params['b']"}, findings
     assert all(f.extra.get("kink") for f in findings) and "kink" in findings[0].hint
     assert "stop_gradient" not in findings[0].hint
@@ -484,6 +504,7 @@ def test_big_models_are_sampled_and_say_so():
     @jax.custom_vjp
     def wrong_sin(x):
         return jnp.sin(x)
+
     wrong_sin.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (2.0 * g * jnp.cos(x),))  # a factor 2 too many
 
     def bad_loss(p):
@@ -491,8 +512,9 @@ def test_big_models_are_sampled_and_say_so():
 
     codes = [f.code for f in check_grads(bad_loss, params, max_leaves=16, modes=("rev",))]
     assert codes.count("grad.mismatch") == 16 and codes[-1] == "grad.sampled"
-    assert [f.code for f in check_grads(loss, {k: params[k] for k in list(params)[:20]}, max_leaves=16)] == \
-        ["grad.sampled"]
+    assert [f.code for f in check_grads(loss, {k: params[k] for k in list(params)[:20]}, max_leaves=16)] == [
+        "grad.sampled"
+    ]
     assert check_grads(loss, {k: params[k] for k in list(params)[:20]}, max_leaves=None) == []
 
 
@@ -576,3 +598,30 @@ def test_a_sub_direction_off_a_kink_disagrees_only_beyond_its_round_off():
 
     assert probe(float(np.finfo(np.float64).eps)).wrong is None
     assert probe(0.0).wrong is not None, "the round-off is what keeps them apart"
+
+
+def test_batchnorm_running_statistics_passed_with_the_params_are_not_checked():
+    """Flax's variables dict as the parameters ({"params", "batch_stats"}): the training-mode loss never reads the
+    running means and variances (the step updates them by their own rule), so they are no grad.missing."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            x = nn.Dense(8)(x)
+            x = nn.BatchNorm(use_running_average=not train)(x)
+            return nn.Dense(3)(nn.relu(x))
+
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    variables = Net().init(jax.random.key(0), x, train=False)
+
+    def loss(v, x):
+        out, _ = Net().apply(v, x, train=True, mutable=["batch_stats"])
+        return jnp.mean(out**2)
+
+    found = jaxsane.check_grads(loss, dict(variables), x)
+    assert not [f for f in found if f.code == "grad.missing"], [str(f) for f in found]
+    unused = dict(variables, params={**variables["params"], "unused": jnp.ones(3)})
+    assert [f.path for f in jaxsane.check_grads(loss, unused, x) if f.code == "grad.missing"] == [
+        "params['params']['unused']"
+    ]
