@@ -21,7 +21,7 @@ from jax._src import core as jcore
 
 from .._core.frames import frames_of, is_library_file, user_location
 from .._jaxpr.compile_level import quick_jit
-from .._jaxpr.interpret import Interpreter
+from .._jaxpr.interpret import Interpreter, bodies
 
 
 def stop_gradient_crossings(jaxpr: Any, n: int) -> list[tuple[str, ...]]:
@@ -64,9 +64,10 @@ def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], inside: dict[int, 
                 if any(m >> i & 1 for m in ins) and where not in into.setdefault(i, []):
                     into[i].append(where)
             continue  # what comes out carries no gradient
-        inner = called_jaxpr(eqn)
-        if inner is not None and len(inner.invars) == len(eqn.invars):
-            inner_env = {v: m for v, m in zip(inner.invars, ins) if m}
+        called = called_jaxpr(eqn)
+        if called is not None:
+            inner, operands = called
+            inner_env = {v: m for v, m in zip(inner.invars, (_leaves(env, o) for o in operands)) if m}
             _walk(inner, inner_env, found, inside, (*enclosing, eqn))
             for o, v in zip(eqn.outvars, inner.outvars):
                 if _leaves(inner_env, v):
@@ -80,16 +81,16 @@ def _walk(jaxpr: Any, env: dict, found: dict[int, list[str]], inside: dict[int, 
                 env[o] = union
 
 
-def called_jaxpr(eqn: Any) -> Any:
-    """The open jaxpr a call-like equation (``pjit``, ``custom_jvp_call``, ``remat``, a ``scan``) runs on its own
-    operands, else None. Host-side."""
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        value = eqn.params.get(key)
-        if isinstance(value, jcore.ClosedJaxpr):
-            return value.jaxpr
-        if isinstance(value, jcore.Jaxpr):
-            return value
-    return None
+def called_jaxpr(eqn: Any) -> tuple[Any, list] | None:
+    """``(body, its operands)`` of a call-like equation or a ``scan`` (its body's outputs are the equation's), from
+    jaxsane's one table of sub-jaxprs (:func:`~jaxsane._jaxpr.interpret.bodies`), else None. Host-side."""
+    if eqn.primitive.name in ("while", "cond"):  # bodies whose outputs are not the equation's one for one
+        return None
+    found = bodies(eqn)
+    if len(found) != 1:
+        return None
+    body, index = found[0]
+    return body, [eqn.invars[k] for k in index]
 
 
 class _ThroughStops(Interpreter):

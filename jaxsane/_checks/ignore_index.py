@@ -81,11 +81,12 @@ class _Flow:
     def weighs(self, jaxpr: Any) -> bool:
         """Whether a mask reaches a float of ``jaxpr`` (nested jaxprs followed through their calls)."""
         for eqn in jaxpr.eqns:
-            inner = called_jaxpr(eqn)
-            if inner is not None and len(inner.invars) == len(eqn.invars):
+            called = called_jaxpr(eqn)
+            if called is not None:
+                inner, operands = called
                 for kind in (self.labels, self.masks, self.consts):
-                    kind.update(i for i, o in zip(inner.invars, eqn.invars) if self._is(kind, o))
-                self.consts.update(i for i, o in zip(inner.invars, eqn.invars) if isinstance(o, jcore.Literal))
+                    kind.update(i for i, o in zip(inner.invars, operands) if self._is(kind, o))
+                self.consts.update(i for i, o in zip(inner.invars, operands) if isinstance(o, jcore.Literal))
                 self.consts.update(inner.constvars)
                 if self.weighs(inner):
                     return True
