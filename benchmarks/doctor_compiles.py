@@ -3,9 +3,10 @@
 Runs ``jaxsane doctor TARGET -q`` in this process, with an empty JAXSANE cache directory and jax's compile log
 on (``jax_log_compiles``, captured, not printed), and prints each compile: when it started (seconds from the
 run's start), the thread (``MainThread``: the stage running; ``jaxsane-precompile_*``: doctor's work ahead in the
-background), its seconds and the program's name and argument shapes (shortened), longest first; then the
-seconds per thread and the run's wall time. Compiling is most of doctor's cost on a GPU and much of it on a
-CPU: this says which programs, and whether the background threads were busy while the stage thread waited.
+background), its seconds, the program's name, the jaxsane line that asked for it and its argument shapes
+(shortened), longest first; then the seconds per thread and the run's wall time. Compiling is most of doctor's
+cost on a GPU and much of it on a CPU: this says which programs, and whether the background threads were busy
+while the stage thread waited.
 Asserts nothing.
 
     python benchmarks/doctor_compiles.py benchmarks/programs/scaling.py:lm_1m [--top 25] [--json FILE]
@@ -21,10 +22,20 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _COMPILING = re.compile(r"Compiling (\S+) with global shapes and types (.*?)\. Argument mapping")
 _FINISHED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.eE+-]+) sec")
+
+
+def _caller() -> str:
+    """The innermost jaxsane function outside its jaxpr helpers that asked for this compile (file:line)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace(os.sep, "/")
+        if "/jaxsane/" in path and "/_jaxpr/" not in path:
+            return f"{path.split('/jaxsane/')[-1]}:{frame.lineno}"
+    return ""
 
 
 class CompileLog(logging.Handler):
@@ -38,11 +49,11 @@ class CompileLog(logging.Handler):
         message = record.getMessage()
         started = _COMPILING.search(message)
         if started:
-            self.pending[record.threadName] = (record.created - self.t0, started.group(2))
+            self.pending[record.threadName] = (record.created - self.t0, started.group(2), _caller())
             return
         finished = _FINISHED.search(message)
         if finished:
-            start, shapes = self.pending.pop(record.threadName, (record.created - self.t0, ""))
+            start, shapes, caller = self.pending.pop(record.threadName, (record.created - self.t0, "", ""))
             self.rows.append(
                 {
                     "start": round(start, 2),
@@ -50,6 +61,7 @@ class CompileLog(logging.Handler):
                     "seconds": float(finished.group(2)),
                     "program": finished.group(1),
                     "shapes": shapes,
+                    "caller": caller,
                 }
             )
 
@@ -80,7 +92,8 @@ def main() -> None:
     print(f"doctor {args.target}: exit {code}, {wall:.1f} s wall, {len(rows)} compiles on {jax.default_backend()}")
     print(f"{'start s':>8} {'thread':<22} {'seconds':>8}  program (argument shapes)")
     for r in rows[: args.top]:
-        print(f"{r['start']:8.1f} {r['thread'][:22]:<22} {r['seconds']:8.2f}  {r['program']} {r['shapes'][:90]}")
+        where = f"{r['program']:<18} {r['caller'][:40]:<40} {r['shapes'][:50]}"
+        print(f"{r['start']:8.1f} {r['thread'][:22]:<22} {r['seconds']:8.2f}  {where}")
     per_thread: dict[str, float] = {}
     for r in rows:
         per_thread[r["thread"]] = per_thread.get(r["thread"], 0.0) + r["seconds"]

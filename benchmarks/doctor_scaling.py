@@ -9,13 +9,17 @@ its loop over time) this runs, as fresh processes:
 * ``jaxsane doctor`` on the same program (``python -m jaxsane.cli doctor benchmarks/programs/scaling.py:RUNG``)
   with an empty JAXSANE cache directory;
 
-and reports each one's wall seconds and peak RSS (``ru_maxrss`` of the child from ``os.wait4``: the largest
+in the order user, doctor, user (``--reps N``: user, then N times doctor and user), and reports each one's wall
+seconds and peak RSS (``ru_maxrss`` of the child from ``os.wait4``: the largest
 resident set of the process; jax runs in one process, so that is the process tree's peak), on a GPU or TPU also
 each one's peak device memory (``memory_stats()['peak_bytes_in_use']``, read by the child at its end), the ratios
-doctor/user, doctor's own per-stage seconds from its JSON summary, and the load average (on a shared machine
-absolute times inflate, the ratio much less: both sides run in the same window). Asserts nothing.
+doctor/user, doctor's own per-stage seconds from its JSON summary, and the load average. Each doctor run is
+compared with the mean of the user's runs just before and after it: the speed of a shared or virtual machine
+drifts (on the 2-core development VM the same user run took 14 to 21 s within five minutes, idle), and a drift
+inside the window moves both sides alike. With ``--reps N`` the row gives the median run of each side and the
+median of the N ratios, and lists every ratio. Asserts nothing.
 
-  python benchmarks/doctor_scaling.py [--rungs lm_1m,cnn_small] [--markdown FILE] [--budget SECONDS]
+  python benchmarks/doctor_scaling.py [--rungs lm_1m,cnn_small] [--reps 3] [--markdown FILE] [--budget SECONDS]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,9 +104,29 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def bracketed(rung: str, users: list[dict], doctors: list[dict], load_window: str) -> dict:
+    """One rung's row from ``users`` (N + 1 runs) and ``doctors`` (N runs, doctor i between user i and i + 1): each
+    doctor run against the mean of the user runs around it; the median run of each side and the median ratios."""
+    around = [(users[i]["wall"] + users[i + 1]["wall"]) / 2 for i in range(len(doctors))]
+    rss_around = [(users[i]["rss"] + users[i + 1]["rss"]) / 2 for i in range(len(doctors))]
+    ratios = [d["wall"] / u for d, u in zip(doctors, around)]
+    by_wall = lambda runs: sorted(runs, key=lambda r: r["wall"])[(len(runs) - 1) // 2]  # noqa: E731
+    return {
+        "rung": rung,
+        "user": by_wall(users),
+        "doctor": by_wall(doctors),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "rss_ratio": statistics.median(d["rss"] / u for d, u in zip(doctors, rss_around)),
+        "users": users,
+        "doctors": doctors,
+        "load": load_window,
+    }
+
+
 def table(rows: list[dict]) -> str:
     head = (
-        "| rung | params | user s | doctor s | time ratio | user RSS MB | doctor RSS MB | RSS ratio | "
+        "| rung | params | user s | doctor s | time ratio | each run | user RSS MB | doctor RSS MB | RSS ratio | "
         + " | ".join(STAGES)
         + " | load (1/5/15 min) | errors |"
     )
@@ -112,13 +137,14 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         u, d = r["user"], r["doctor"]
         stages = " | ".join(f"{d['timings'][s]:.1f}" if s in d["timings"] else "-" for s in STAGES)
-        memory = f"{u['rss']:.0f} | {d['rss']:.0f} | {d['rss'] / u['rss']:.2f}x | "
+        memory = f"{u['rss']:.0f} | {d['rss']:.0f} | {r['rss_ratio']:.2f}x | "
         if device:
             ud, dd = u.get("device_peak_mb") or 0.0, d.get("device_peak_mb") or 0.0
             memory += f"{ud:.0f} | {dd:.0f} | {dd / ud if ud else float('nan'):.2f}x | "
         lines.append(
             f"| {r['rung']} | {u.get('params', 0) / 1e6:.2f}M | {u['wall']:.1f} | {d['wall']:.1f} | "
-            f"{d['wall'] / u['wall']:.2f}x | {memory}{stages} | {r['load']} | {', '.join(d['errors']) or 'none'} |"
+            f"{r['ratio']:.2f}x | {' '.join(f'{x:.2f}' for x in r['ratios'])} | {memory}{stages} | {r['load']} | "
+            f"{', '.join(d['errors']) or 'none'} |"
         )
     return "\n".join(lines)
 
@@ -129,7 +155,10 @@ def main() -> None:
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as markdown")
     parser.add_argument("--budget", type=float, help="run doctor with --budget SECONDS")
     parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
+    parser.add_argument("--reps", type=int, default=1, help="doctor runs per rung, each between two user runs")
     args = parser.parse_args()
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
     unknown = [r for r in rungs if r not in RUNGS]
     if unknown:
@@ -137,18 +166,20 @@ def main() -> None:
     rows = []
     for rung in rungs:
         before = load()
-        user = user_run(rung)
-        doc = doctor_run(rung, args.budget)
-        row = {"rung": rung, "user": user, "doctor": doc, "load": f"{before} -> {load()}"}
-        rows.append(row)
-        print(
-            f"{rung}: user {user['wall']:.1f} s {user['rss']:.0f} MB; doctor {doc['wall']:.1f} s {doc['rss']:.0f} MB "
-            f"({doc['wall'] / user['wall']:.2f}x time, {doc['rss'] / user['rss']:.2f}x memory); "
-            f"stages {json.dumps({k: round(v, 1) for k, v in doc['timings'].items()})}; errors {doc['errors']}; "
-            f"plan {doc['plan']}; device peak MB user {user.get('device_peak_mb')} doctor {doc['device_peak_mb']}; "
-            f"load {row['load']}",
-            flush=True,
-        )
+        users, doctors = [user_run(rung)], []
+        for _ in range(args.reps):
+            doctors.append(doctor_run(rung, args.budget))
+            users.append(user_run(rung))
+            user, doc = users[-1], doctors[-1]
+            print(
+                f"{rung}: user {users[-2]['wall']:.1f} s / {user['wall']:.1f} s {user['rss']:.0f} MB; doctor "
+                f"{doc['wall']:.1f} s {doc['rss']:.0f} MB ({doc['wall'] * 2 / (users[-2]['wall'] + user['wall']):.2f}x "
+                f"time); stages {json.dumps({k: round(v, 1) for k, v in doc['timings'].items()})}; errors "
+                f"{doc['errors']}; plan {doc['plan']}; device peak MB user {user.get('device_peak_mb')} doctor "
+                f"{doc['device_peak_mb']}; load {load()}",
+                flush=True,
+            )
+        rows.append(bracketed(rung, users, doctors, f"{before} -> {load()}"))
     text = table(rows)
     print(text)
     if args.markdown:
