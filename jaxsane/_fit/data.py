@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core.accuracy import class_accuracy
 from .._core.errors import DataError
 from .._core.tree import PyTree
 from .._data.check import check_data
-from .._experiment.batches import get_inputs, get_labels, is_batch, iter_batches
+from .._experiment.batches import get_inputs, get_labels, get_mask, is_batch, iter_batches
 from .._experiment.contract import Experiment, PureExperiment
 
 # ----------------------------------------------------------------------------- data and eval
@@ -85,9 +86,10 @@ class Evaluator:
         if apply is not None:
             exp = adapted.experiment
 
-            def accuracy(params, batch):
-                logits, labels = apply(params, get_inputs(exp, batch)), get_labels(exp, batch)
-                return jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
+            def accuracy(params, batch):  # an ignored label (-100) or a padded position is not scored
+                return class_accuracy(
+                    apply(params, get_inputs(exp, batch)), get_labels(exp, batch), get_mask(exp, batch)
+                )
 
             try:
                 b = self.batches[0]

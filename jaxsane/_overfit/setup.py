@@ -20,6 +20,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .._checks.init_loss import is_one_of, mean_cross_entropies
+from .._core.accuracy import class_accuracy
 from .._core.errors import DataError
 from .._core.finding import Finding
 from .._core.tree import PyTree, host_leaf, is_inexact, path_str
@@ -133,14 +134,8 @@ def accuracy_fn(adapted: PureExperiment, params: PyTree, batch: PyTree) -> Calla
     ):
         return None
 
-    def accuracy(p, b):
-        logits = apply(p, get_inputs(exp, b))
-        correct = (jnp.argmax(logits, axis=-1) == get_labels(exp, b)).astype(jnp.float32)
-        mask = get_mask(exp, b)
-        if mask is not None and np.shape(mask) == np.shape(correct):
-            m = jnp.asarray(mask).astype(jnp.float32)
-            return jnp.sum(correct * m) / jnp.maximum(jnp.sum(m), 1.0)
-        return jnp.mean(correct)
+    def accuracy(p, b):  # an ignored label (-100) or a padded position is not scored
+        return class_accuracy(apply(p, get_inputs(exp, b)), get_labels(exp, b), get_mask(exp, b))
 
     return accuracy
 
