@@ -8,12 +8,13 @@ side (``relu'(0) = 0``) or a mix of them, and no smaller step closes the gap.
 
 Rule. With ``g(t) = f(leaf + t d)``, the one-sided quotients are ``R(h) = (g(h) - g(0)) / h`` and
 ``L(h) = (g(0) - g(-h)) / h``. ``g`` has a *kink along d* when ``|R(h) - L(h)| > atol +
-kink_rtol * max(|R|, |L|, |autodiff|)`` plus the quotients' round-off (:func:`round_off`) at both the largest
-and the smallest step of the ladder (a jump that does not shrink with the step: curvature makes ``R - L = h
-g''`` shrink, round-off grows as the step shrinks, so neither passes at both ends; a jump that grows by more than
-``1 / KEEPS`` from the largest step to the smallest is round-off too: a float32 VAE's loss of 550, a sum over its
-pixels, carried jumps of 0.55 at a step of 1e-3 and 10.4 at 1e-4, and 11 of its leaves were "kinks"). A wrong derivative
-on a differentiable path has ``R ≈ L`` and both disagree with autodiff: it stays a ``grad.mismatch``.
+kink_rtol * max(|R|, |L|, |autodiff|)`` plus twice a quotient's round-off (:func:`quotient_round_off`) at both
+the largest and the smallest step of the ladder (a jump that does not shrink with the step: curvature makes
+``R - L = h g''`` shrink, round-off grows as the step shrinks, so neither passes at both ends; a jump that grows
+by more than ``1 / KEEPS`` from the largest step to the smallest is round-off too: a float32 VAE's loss of 550, a
+sum over its pixels, carried jumps of 0.55 at a step of 1e-3 and 10.4 at 1e-4, and 11 of its leaves were
+"kinks"). A wrong derivative on a differentiable path has ``R ≈ L`` and both disagree with autodiff: it
+stays a ``grad.mismatch``.
 
 Where ``d`` crosses a kink, the leaf's coordinates are split at random into at most
 :data:`KINK_BLOCKS` blocks and each block's sub-direction ``d_b`` (``d`` on the block, 0 elsewhere)
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,15 +57,12 @@ def one_sided(g: Callable[[float], float], h: float) -> tuple[float, float]:
     return (float(g(h)) - g0) / h, (g0 - float(g(-h))) / h
 
 
-def round_off(g: Callable[[float], float], h: float) -> float:
-    """The round-off that ``R(h) - L(h)`` can carry: twice a quotient's ``ROUNDING_ULPS * eps * |g| / h``, with
-    ``g``'s own dtype's epsilon (no round-off for a value that is not a float)."""
-    values = [np.asarray(g(t)) for t in (0.0, h, -h)]
-    dtype = values[0].dtype
-    if not np.issubdtype(dtype, np.floating):
-        return 0.0
-    size = max(abs(float(np.sum(v))) for v in values)
-    return 2.0 * ROUNDING_ULPS * float(np.finfo(dtype).eps) * size / h
+def quotient_round_off(g: Callable[[Any], Any], h: float, dtype: Any) -> float:
+    """The round-off of one difference quotient of ``g`` with step ``h``: ``ROUNDING_ULPS * eps * max|g| / h``
+    over ``g(0), g(h), g(-h)``, with ``dtype``'s epsilon (1e-16 for a dtype that is not a float). Host-side."""
+    machine = float(np.finfo(np.dtype(dtype)).eps) if np.issubdtype(np.dtype(dtype), np.floating) else 1e-16
+    size = max(abs(float(np.sum(g(np.asarray(t, dtype))))) for t in (0.0, h, -h))
+    return ROUNDING_ULPS * machine * size / h
 
 
 def jumps(right: float, left: float, autodiff: float, atol: float, kink_rtol: float) -> bool:
@@ -91,9 +90,10 @@ def kink_at_every_step(
     round-off one that grows as ``1 / h``; a kink *at* the point makes the same jump at every step), and ``R, L``
     at the smallest."""
     kinked, right, left, sizes = True, 0.0, 0.0, []
+    dtype = np.asarray(g(0.0)).dtype  # the loss's own precision
     for h in steps:
         right, left = one_sided(g, h)
-        kinked = kinked and jumps(right, left, autodiff, atol + round_off(g, h), kink_rtol)
+        kinked = kinked and jumps(right, left, autodiff, atol + 2.0 * quotient_round_off(g, h, dtype), kink_rtol)
         sizes.append(abs(right - left))
     return kinked and KEEPS * sizes[0] <= sizes[-1] <= sizes[0] / KEEPS, right, left
 

@@ -24,7 +24,13 @@ from .grads_findings import (
     stopped_gradient_finding,
     zeroed_here_finding,
 )
-from .grads_kink import ROUNDING_ULPS, KinkVerdict, kink_at_every_step, kink_finding, probe_sub_directions
+from .grads_kink import (
+    KinkVerdict,
+    kink_at_every_step,
+    kink_finding,
+    probe_sub_directions,
+    quotient_round_off,
+)
 from .grads_precision import Tolerance
 
 
@@ -250,13 +256,7 @@ def quotient_error(g: Callable, steps: Sequence[float], fds: Sequence[float], dt
     """The error estimate of the central quotient at each step after the first: how much it moved from the
     previous step (truncation and kinks crossed by the step shrink with it, so the change bounds what is left:
     a Richardson estimate), plus its round-off ``ROUNDING_ULPS * eps * max|g| / h``. Host-side."""
-    machine = float(np.finfo(np.dtype(dtype)).eps) if np.issubdtype(np.dtype(dtype), np.floating) else 1e-16
-    out = []
-    for k in range(1, len(fds)):
-        h = float(steps[k])
-        size = max(abs(float(np.sum(g(np.asarray(t, dtype))))) for t in (0.0, h, -h))
-        out.append(abs(fds[k] - fds[k - 1]) + ROUNDING_ULPS * machine * size / h)
-    return out
+    return [abs(fds[k] - fds[k - 1]) + quotient_round_off(g, float(steps[k]), dtype) for k in range(1, len(fds))]
 
 
 def within_own_error(
