@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core as jcore
 
 from .._core.errors import ExperimentError
 from .._core.finding import Finding
@@ -127,7 +128,13 @@ class LayerStats:
     chain: int = 0
     """Which chain of layers this one is on, an id that the layers of one chain share: a chain starts at a layer
     that reads the model's inputs (or anything but another layer's output) and goes on through the layers that
-    read its outputs. The towers of a CLIP-style model are separate chains; their scales are never compared."""
+    read its outputs. The towers of a CLIP-style model are separate chains; their scales are never compared.
+    A normalization (LayerNorm, RMSNorm, BatchNorm on the batch's statistics) resets the scale: a layer fed
+    through one starts a chain."""
+    merged: bool = False
+    """Whether this layer ends a residual branch: its output is added back into a stream that skipped it
+    (``x + W2 f(W1 x)``: W2). Its scale is set on purpose (zero init, GPT-2's 1/sqrt(2 n_layers)) and is not a
+    step down the chain, so :func:`check_activations` leaves it out of the chain's scale."""
 
 
 def _layer_name(path: str) -> str:
@@ -176,49 +183,101 @@ def _symmetry(x, axes: tuple[int, ...]):
     return jnp.max(jnp.abs(a - a[:, :1])) / (jnp.max(jnp.abs(a)) + 1e-30)
 
 
+_LAYERISH = ("layer", "act", "nlayer", "nact")
+"""Tags of a value computed from a layer's output: ``("layer", site)``, ``("act", site, activation)``, and the
+same after a normalization (``"nlayer"``, ``"nact"``): a layer fed such a value starts a chain of its own."""
+
+_REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min"}
+_ROOTS = {"sqrt", "rsqrt", "pow"}
+_STAT_PASS = _PASS_LAYER | _ROOTS | {"max", "min", "abs", "stop_gradient"}
+
+
+def _normed(tag: tuple) -> bool:
+    return tag[0] in ("nlayer", "nact")
+
+
+def _layer_tag(site: tuple, normed: bool) -> tuple:
+    return ("nlayer" if normed else "layer", site)
+
+
+def _act_tag(site: tuple, name: str, normed: bool) -> tuple:
+    return ("nact" if normed else "act", site, name)
+
+
 class _Capture(Interpreter):
     """Hooks that find the layers of ``apply`` and record their outputs and activations. Jit-safe.
 
     Tags: ``("param", path)`` | ``("layer", site)`` = a layer's output (+ bias, reshapes...) |
-    ``("act", site, name)`` = a layer's output after a nonlinearity. Sites are the interpreter's.
+    ``("act", site, name)`` = a layer's output after a nonlinearity | ``"nlayer"``/``"nact"``: the same after a
+    normalization (the value multiplied or divided by a root of its own statistics: LayerNorm, RMSNorm,
+    BatchNorm on the batch's statistics, L2 normalization), which resets its scale | ``("stat", site)`` = a
+    reduction of a layer's output | ``("root", site)`` = a square root (or power) of one. Sites are the
+    interpreter's.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.meta: dict[tuple, dict] = {}  # layer site -> what the layer is, in first-seen order
         self.act_of: dict[tuple, tuple] = {}  # layer site -> (activation name, site recording its activation)
+        self.merged: set[tuple] = set()  # layers that end a branch added back into a stream that skipped them
 
     def _ordinal(self, tag) -> int:
         return list(self.meta).index(tag[1])
 
+    def _layer(self, eqn, invals, in_tags, ectx):
+        """A ``dot_general``/``conv_general_dilated``: a layer when an operand comes from a parameter."""
+        name = eqn.primitive.name
+        outs = self.bind(eqn, invals, ectx)
+        sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
+        if not sides:
+            return outs, [None]
+        side = 1 if 1 in sides else sides[0]
+        feeding = in_tags[1 - side]
+        from_layer = feeding is not None and feeding[0] in _LAYERISH
+        if from_layer and feeding[1] not in self.act_of:
+            # what enters this layer is the previous layer's activation
+            where = self.emit(eqn, invals[1 - side], "input")
+            self.act_of[feeding[1]] = (feeding[2] if feeding[0] in ("act", "nact") else None, where)
+        site = self.emit(eqn, outs[0], "pre")
+        after = from_layer and feeding[1] in self.meta and not _normed(feeding)
+        self.meta.setdefault(
+            site,
+            {
+                "head": self.meta[feeding[1]]["head"] if after else site,  # the first layer of its chain
+                "fed_by": feeding[1] if from_layer else None,
+                "name": _layer_name(_display(in_tags[side][1])),
+                "kind": "conv" if name.startswith("conv") else "dense",
+                "location": user_location(eqn, self.path),
+                "shape": tuple(eqn.outvars[0].aval.shape),
+                "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim),
+            },
+        )
+        return outs, [("layer", site)]
+
+    def _statistic(self, eqn, invals, in_tags, derived, ectx):
+        """A reduction of a layer's output, or arithmetic on such reductions only (a mean, a variance, its
+        root): tagged, so that multiplying a layer's output by the root marks a normalization; else None."""
+        name = eqn.primitive.name
+        if derived:
+            if name not in _REDUCTIONS:
+                return None
+            top = max(derived, key=self._ordinal)
+            return self.bind(eqn, invals, ectx), [("stat", top[1])]
+        stats = [t for t in in_tags if t is not None and t[0] in ("stat", "root")]
+        if not stats or name not in _STAT_PASS:
+            return None
+        outs = self.bind(eqn, invals, ectx)
+        kind = "root" if name in _ROOTS or any(t[0] == "root" for t in stats) else "stat"
+        return outs, [(kind, stats[0][1])] * len(outs)
+
     def before(self, eqn, invals, in_tags, ectx):
         name = eqn.primitive.name
-        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        derived = [t for t in in_tags if t is not None and t[0] in _LAYERISH]
         if name in ("dot_general", "conv_general_dilated"):
-            outs = self.bind(eqn, invals, ectx)
-            sides = [i for i, t in enumerate(in_tags[:2]) if t is not None and t[0] == "param"]
-            if not sides:
-                return outs, [None]
-            side = 1 if 1 in sides else sides[0]
-            feeding = in_tags[1 - side]
-            if feeding is not None and feeding[0] in ("layer", "act") and feeding[1] not in self.act_of:
-                # what enters this layer is the previous layer's activation
-                where = self.emit(eqn, invals[1 - side], "input")
-                self.act_of[feeding[1]] = (feeding[2] if feeding[0] == "act" else None, where)
-            site = self.emit(eqn, outs[0], "pre")
-            after = feeding is not None and feeding[0] in ("layer", "act") and feeding[1] in self.meta
-            self.meta.setdefault(
-                site,
-                {
-                    "head": self.meta[feeding[1]]["head"] if after else site,  # the first layer of its chain
-                    "name": _layer_name(_display(in_tags[side][1])),
-                    "kind": "conv" if name.startswith("conv") else "dense",
-                    "location": user_location(eqn, self.path),
-                    "shape": tuple(eqn.outvars[0].aval.shape),
-                    "axes": _unit_axes(eqn, side, eqn.outvars[0].aval.ndim),
-                },
-            )
-            return outs, [("layer", site)]
+            return self._layer(eqn, invals, in_tags, ectx)
+        statistic = self._statistic(eqn, invals, in_tags, derived, ectx)
+        if statistic is not None:
+            return statistic
         if not derived:
             if name in _PASS_PARAM:
                 params_in = [t for t in in_tags if t is not None and t[0] == "param"]
@@ -227,30 +286,50 @@ class _Capture(Interpreter):
                     return outs, [params_in[0]] * len(outs)
             return None
         top = max(derived, key=self._ordinal)
-        acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
+        normed = _normed(top)
+        acts = [t for t in derived if t[0] in ("act", "nact") and t[1] == top[1]]
         if name in _ACTIVATION_PRIMS:
             if name == "max" and not any(getattr(v, "ndim", 0) == 0 or not hasattr(v, "aval") for v in eqn.invars):
                 return None
             outs = self.bind(eqn, invals, ectx)
-            return outs, [("act", top[1], acts[0][2] if acts else _ACTIVATION_PRIMS[name])] * len(outs)
+            return outs, [_act_tag(top[1], acts[0][2] if acts else _ACTIVATION_PRIMS[name], normed)] * len(outs)
         if name in _PASS_LAYER:
             outs = self.bind(eqn, invals, ectx)
-            if acts and name == "mul" and any(t[0] == "layer" and t[1] == top[1] for t in derived):
-                tag = ("act", top[1], "gated")  # x * f(x): inlined gelu, swish, mish — unbounded
+            if name in ("mul", "div") and any(t is not None and t[0] == "root" for t in in_tags):
+                normed = True  # scaled by a root of its own statistics: a normalization
+            if name in ("add", "add_any"):
+                self._merge(eqn, in_tags, top)
+            if acts and name == "mul" and any(t[0] in ("layer", "nlayer") and t[1] == top[1] for t in derived):
+                tag = _act_tag(top[1], "gated", normed)  # x * f(x): inlined gelu, swish, mish — unbounded
             elif acts:
-                tag = acts[0]
+                tag = _act_tag(top[1], acts[0][2], normed)
             else:
-                tag = ("layer", top[1])
+                tag = _layer_tag(top[1], normed)
             return outs, [tag] * len(outs)
         return None
 
+    def _merge(self, eqn, in_tags: list, top: tuple) -> None:
+        """An ``add`` of a layer's output and another value of its shape (not a bias): the layer ends a branch
+        added back into a stream when what it adds to is not what it was fed (``x + W2 f(W1 x)``: W2, not the
+        ``W`` of ``x + f(W x)``). A residual branch's last layer is scaled on purpose (zero init, GPT-2's
+        1/sqrt(2 n_layers), LayerScale): its scale is no step down the chain."""
+        shape = tuple(eqn.outvars[0].aval.shape)
+        fed_by = self.meta[top[1]]["fed_by"]
+        for var, tag in zip(eqn.invars, in_tags):
+            if isinstance(var, jcore.Literal) or tuple(getattr(var.aval, "shape", ())) != shape or not shape:
+                continue
+            if tag is not None and (tag[0] not in _LAYERISH or tag[1] == top[1]):
+                continue  # a parameter (a bias, a position embedding), a statistic, or the branch itself
+            if (None if tag is None else tag[1]) != fed_by:
+                self.merged.add(top[1])
+
     def after(self, eqn, invals, outs, in_tags, out_tags, ectx):
         # a jitted activation (jax.nn.relu, gelu...) applied to a layer's output
-        derived = [t for t in in_tags if t is not None and t[0] in ("layer", "act")]
+        derived = [t for t in in_tags if t is not None and t[0] in _LAYERISH]
         if derived and eqn.primitive.name in ("jit", "pjit") and eqn.params.get("name") in _ACTIVATION_NAMES:
             top = max(derived, key=self._ordinal)
-            acts = [t for t in derived if t[0] == "act" and t[1] == top[1]]
-            return outs, [("act", top[1], acts[0][2] if acts else eqn.params["name"])] * len(outs)
+            acts = [t for t in derived if t[0] in ("act", "nact") and t[1] == top[1]]
+            return outs, [_act_tag(top[1], acts[0][2] if acts else eqn.params["name"], _normed(top))] * len(outs)
         return outs, out_tags
 
 
@@ -339,6 +418,7 @@ def activation_stats(apply: Callable, params: PyTree, inputs: Any) -> list[Layer
                 act_saturated,
                 symmetry,
                 chain=heads.index(m["head"]),
+                merged=site in cap.merged,
             )
         )
     return layers
@@ -367,7 +447,7 @@ def _scale_findings(hidden: Sequence[LayerStats], scale_ratio: float, per_layer_
     the first chain whose scale grows or shrinks past the limits. Not jit-safe."""
     chains: dict[int, list[LayerStats]] = {}
     for lay in hidden:
-        if np.isfinite(lay.pre_rms) and lay.pre_rms > 0:
+        if np.isfinite(lay.pre_rms) and lay.pre_rms > 0 and not lay.merged:
             chains.setdefault(lay.chain, []).append(lay)
     for scaled in chains.values():
         if len(scaled) < 2:
@@ -423,7 +503,8 @@ def check_activations(
       (``symmetry <= symmetric_tol``, default 1e-6) — constant or zero init never breaks symmetry.
     * ``init.scale`` (warning): the RMS of the pre-activations changes by more than ``scale_ratio``
       (default 10) from the first to the last hidden layer of a chain (layers that feed each other:
-      :attr:`LayerStats.chain`; the two towers of a two-input model are two chains) AND by more than
+      :attr:`LayerStats.chain`; the two towers of a two-input model are two chains, a normalization starts
+      one, the last layer of a residual branch is left out: :attr:`LayerStats.merged`) AND by more than
       ``per_layer_factor`` (default 2) per layer on average — variance-preserving inits keep it about constant
       (Glorot & Bengio 2010; He et al. 2015: a 0.7x/layer drift of LeCun init under ReLU is fine);
       or more than ``max_saturated`` (default 50%) of a bounded activation (tanh, sigmoid) is within

@@ -1,6 +1,8 @@
 """Init checks: per-layer activation statistics read from the jaxpr (NNX, linen, plain functions),
 init.scale through depth and saturation, init.symmetric units, init.loss."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -102,6 +104,106 @@ def test_two_towers_are_two_chains_and_their_input_scales_are_not_compared():
     params, apply, inputs = _two_towers(1e-3)  # BUG: one layer of the text tower at std 1e-3
     (f,) = [f for f in check_init(apply, params, inputs) if f.code == "init.scale"]
     assert "shrinks" in f.message and "text" in f.path, f
+
+
+class _PreNormTransformer(nn.Module):
+    """A pre-norm transformer in GPT-2's init: every kernel at std 0.02, the last layer of each branch (the
+    attention's output projection, the MLP's second layer) at 0.02 / sqrt(2 n_layers), added back into the
+    stream that skipped the branch."""
+
+    depth: int = 4
+    width: int = 64
+
+    @nn.compact
+    def __call__(self, x):
+        dense = functools.partial(nn.Dense, self.width, kernel_init=nn.initializers.normal(0.02))
+        branch_end = functools.partial(
+            nn.Dense, self.width, kernel_init=nn.initializers.normal(0.02 / np.sqrt(2 * self.depth))
+        )
+        x = dense()(x)
+        for _ in range(self.depth):
+            h = nn.LayerNorm()(x)
+            q, k, v = dense()(h), dense()(h), dense()(h)
+            att = jax.nn.softmax(q @ k.swapaxes(-1, -2) / np.sqrt(self.width), axis=-1)
+            x = x + branch_end()(att @ v)
+            h = nn.Dense(4 * self.width, kernel_init=nn.initializers.normal(0.02))(nn.LayerNorm()(x))
+            x = x + branch_end()(nn.gelu(h))
+        return nn.Dense(4)(nn.LayerNorm()(x))
+
+
+@pytest.mark.slow
+def test_a_pre_norm_transformer_with_down_scaled_branch_ends_is_not_init_scale():
+    """The attention's output projection and the MLP's second layer are ~10x below the layers fed by a
+    LayerNorm, on purpose (GPT-2's residual scaling): neither a branch's last layer nor a chain across a
+    LayerNorm is judged (it read a block's output projection, MLP and the next block's query, key and value as
+    one chain and said the scale grows 30x)."""
+    model = _PreNormTransformer()
+    tokens = X.reshape(4, 8, 16)
+    params = model.init(jax.random.key(0), tokens)
+    layers = activation_stats(model.apply, params, tokens)
+    ends = [lay for lay in layers if lay.merged]
+    assert len(ends) == 2 * model.depth and all(lay.shape[-1] == model.width for lay in ends), layers
+    firsts = [lay for lay in layers if lay.shape[-1] == 4 * model.width]
+    assert len({lay.chain for lay in firsts}) == model.depth  # each fed through its own LayerNorm
+    assert [f for f in check_init(model.apply, params, tokens) if f.code == "init.scale"] == []
+
+
+def _normalized_mlp(key, norm, input_scale):
+    """An MLP with a normalization after every hidden activation, on inputs ``input_scale`` times too small."""
+    params, _ = _mlp(key, (16, 64, 64, 64, 64, 4), lambda n: np.sqrt(2.0 / n))
+
+    def apply(params, x):
+        x = x * input_scale
+        for layer in params[:-1]:
+            x = norm(jax.nn.relu(x @ layer["w"] + layer["b"]))
+        return x @ params[-1]["w"] + params[-1]["b"]
+
+    return params, apply
+
+
+def _rms_norm(x):
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def _standardize(x):
+    return (x - jnp.mean(x, -1, keepdims=True)) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", [_rms_norm, _standardize], ids=["rms_norm", "standardize"])
+def test_a_normalization_starts_a_chain(norm):
+    """Inputs 1000x too small make the first layer's outputs tiny, and the normalization after it restores the
+    scale: the layers after it start a chain of their own (it said the scale grows 1000x); the layers between two
+    normalizations still form one, so a layer that blows up the scale inside it is still found."""
+    params, apply = _normalized_mlp(jax.random.key(0), norm, 1e-3)
+    layers = activation_stats(apply, params, X)
+    assert len({lay.chain for lay in layers}) == len(layers)
+    assert [f for f in check_init(apply, params, X) if f.code == "init.scale"] == []
+
+    params, apply = _mlp(jax.random.key(0), (16, 64, 64, 64, 4), lambda n: 1.0)  # BUG: std 1, no norm between
+
+    def normed_input(params, x):
+        return apply(params, norm(x))
+
+    (f,) = [f for f in check_init(normed_input, params, X) if f.code == "init.scale"]
+    assert "grows" in f.message
+
+
+@pytest.mark.slow
+def test_a_residual_mlp_with_a_huge_init_is_still_init_scale():
+    """``x + relu(W x)``: each branch is one layer, fed by the stream it is added to, so it stays on the chain,
+    and a std-1 init that grows the stream 8x per block is still found."""
+    params, _ = _mlp(jax.random.key(0), (16, 64, 64, 64, 64, 4), lambda n: 1.0)  # BUG: std 1, not sqrt(2/n)
+
+    def apply(params, x):
+        x = x @ params[0]["w"]
+        for layer in params[1:-1]:
+            x = x + jax.nn.relu(x @ layer["w"] + layer["b"])
+        return x @ params[-1]["w"]
+
+    assert not [lay for lay in activation_stats(apply, params, X) if lay.merged]
+    (f,) = [f for f in check_init(apply, params, X) if f.code == "init.scale"]
+    assert "grows" in f.message
 
 
 def test_saturated_tanh_is_init_scale():
