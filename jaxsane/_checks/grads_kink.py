@@ -27,6 +27,7 @@ is probed the same way at both steps, against the autodiff derivative ``grad . d
   *consistent*; outside them it may still be a legitimate choice of subgradient, e.g. relu(x) - relu(-x));
 * otherwise (smooth and agreeing, or mixed between the steps): agrees / not judged.
 
+The probe stops at the first wrong sub-direction, or when the first :data:`KINK_SETTLE` all sit on the kink.
 A leaf without a wrong sub-direction is reported in one ``grad.kink`` (info) finding, never as an
 error: at a kink the check cannot tell a wrong rule from a choice of one-sided derivative. Host-side numpy,
 not jit-safe.
@@ -43,6 +44,13 @@ import numpy as np
 from .._core.finding import Finding
 
 KINK_BLOCKS = 32  # sub-directions probed per kinked leaf (4 evaluations each)
+KINK_SETTLE = 6
+"""Probing a leaf stops when its first this many sub-directions all sit on the kink: the kink then runs through
+most of its coordinates (a conv kernel or a BatchNorm scale feeds every position, zero-padded borders included),
+the other sub-directions would sit on it too, and there is nothing off it to judge. A healthy NNX ResNet's
+float64 check probed 8 such leaves in 32 sub-directions each, 1024 evaluations of its loss: 176 s of its
+gradient check. Where the kink holds a few coordinates (the ones a wrong rule beside it can be told on), the
+first sub-directions are mostly off it and the probe goes on."""
 KEEPS = 0.3  # a kink at the point keeps its jump within this factor (either way) from the largest step to the smallest
 
 
@@ -104,7 +112,7 @@ class KinkVerdict:
 
     right: float  # one-sided slopes along the whole direction (smallest step)
     left: float
-    blocks: int  # sub-directions probed
+    blocks: int  # sub-directions probed (fewer than split once settled: KINK_SETTLE)
     agree: int = 0  # smooth and agreeing with autodiff
     kinked: int = 0  # on a kink at both steps (not judged)
     consistent: int = 0  # ... of which autodiff lies between the one-sided slopes
@@ -138,9 +146,12 @@ def probe_sub_directions(
     d = np.asarray(direction).ravel()
     gflat = np.asarray(grad).ravel()
     groups = np.array_split(rng.permutation(d.size), min(blocks, d.size))
-    agree = kinked = consistent = 0
+    agree = kinked = consistent = probed = 0
     wrong = None
     for b, index in enumerate(groups):
+        if wrong is not None or (probed == kinked >= KINK_SETTLE):
+            break  # settled: a wrong sub-direction found, or the kink runs through the whole leaf
+        probed += 1
         sub = np.zeros_like(d)
         sub[index] = d[index]
         ad = float(np.vdot(gflat, sub))
@@ -167,7 +178,7 @@ def probe_sub_directions(
                     wrong = {"block": b, "coordinates": int(index.size), "autodiff": ad, "finite_diff": fd}
                 continue
             agree += 1
-    return KinkVerdict(right, left, len(groups), agree, kinked, consistent, wrong)
+    return KinkVerdict(right, left, probed, agree, kinked, consistent, wrong)
 
 
 def kink_finding(items: Sequence[tuple[str, KinkVerdict]]) -> Finding:

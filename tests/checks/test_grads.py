@@ -11,6 +11,7 @@ from flax import nnx
 
 import jaxsane
 from jaxsane import check_grads
+from jaxsane._checks.grads_kink import KINK_BLOCKS, KINK_SETTLE
 from jaxsane.examples import load
 from jaxsane.testing import assert_grads_match
 
@@ -434,6 +435,16 @@ def test_kinks_at_the_point_are_not_judged(case):
     if case == "abs":  # abs'(0) = 0 plus 2 lies between the one-sided slopes 1 and 3 of every coordinate
         verdict = findings[0].extra["kinks"]["params['b']"]
         assert verdict["kinked"] == verdict["consistent"] == verdict["blocks"] == 4
+
+
+def test_a_kink_through_every_coordinate_of_a_leaf_settles_after_a_few_sub_directions():
+    """Every unit of a 64-wide ReLU layer sits at 0 (its pre-activation is a zero bias): each sub-direction of the
+    bias crosses the kink, so probing stops after KINK_SETTLE of them, not 32 (a healthy NNX ResNet's BatchNorm
+    leaves took 1024 evaluations of its loss that way); the leaf is still a grad.kink info, not judged."""
+    findings = check_grads(lambda p: jnp.sum(jax.nn.relu(p["b"])) * 3.0 + 2.0 * jnp.sum(p["b"]), {"b": jnp.zeros(64)})
+    assert [(f.code, f.path) for f in findings] == [("grad.kink", "params['b']")], findings
+    verdict = findings[0].extra["kinks"]["params['b']"]
+    assert verdict["blocks"] == verdict["kinked"] == KINK_SETTLE < KINK_BLOCKS
 
 
 def test_a_wrong_rule_beside_a_kink_in_the_same_leaf_is_found_on_a_sub_direction():
