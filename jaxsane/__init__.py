@@ -57,10 +57,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "InitScaleSweep",
         "init_scale_sweep",
     ),
-    "_checks.sequence": (
-        "check_causal",
-        "check_padding_in_loss",
-    ),
+    "_checks.causal": ("check_causal",),
+    "_checks.sequence": ("check_padding_in_loss",),
     "_checks.step": (
         "check_step",
         "count_compilations",
@@ -107,10 +105,11 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs; at run time they load on first use
     from ._checks.batch import check_batch_independence as check_batch_independence
+    from ._checks.causal import check_causal as check_causal
     from ._checks.grads import check_grads as check_grads
     from ._checks.init import LayerStats as LayerStats, activation_stats as activation_stats, check_init as check_init
     from ._checks.init_sweep import InitScaleSweep as InitScaleSweep, init_scale_sweep as init_scale_sweep
-    from ._checks.sequence import check_causal as check_causal, check_padding_in_loss as check_padding_in_loss
+    from ._checks.sequence import check_padding_in_loss as check_padding_in_loss
     from ._checks.step import check_step as check_step, count_compilations as count_compilations
     from ._core.codes import CODES as CODES
     from ._core.diagnosis import Diagnosis as Diagnosis

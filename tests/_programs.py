@@ -122,20 +122,26 @@ def nnx_step_tuple(state, b):
     return value
 
 
-def nnx_classifier_experiment(module, x, y, *, lr=1e-3, apply=lambda m, x: m(x), num_classes=None):
-    """An NNX ``module(rngs)`` classifier with Adam, a cross-entropy step returning the loss, one batch."""
+def nnx_classifier_experiment(module, x, y, *, lr=1e-3, apply=lambda m, x: m(x), num_classes=None, loss=None):
+    """An NNX ``module(rngs)`` classifier with Adam (``lr`` a rate or a schedule), a cross-entropy step returning
+    the loss, one batch; ``loss=True`` declares the loss to doctor too."""
     def init(key):
         model = module(nnx.Rngs(params=key))
         return model, nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
 
+    def mean_loss(model, b):
+        return optax.softmax_cross_entropy_with_integer_labels(model(b["x"]), b["y"]).mean()
+
     @nnx.jit
     def step(model, optimizer, b):
-        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(b["x"]), b["y"]).mean()  # noqa: E731
-        value, grads = nnx.value_and_grad(loss)(model)
+        value, grads = nnx.value_and_grad(mean_loss)(model, b)
         optimizer.update(model, grads)
         return value
 
-    return jaxsane.Experiment(init=init, step=step, train={"x": x, "y": y}, apply=apply, num_classes=num_classes)
+    return jaxsane.Experiment(
+        init=init, step=step, train={"x": x, "y": y}, apply=apply, num_classes=num_classes,
+        loss=mean_loss if loss else None,
+    )
 
 
 # ---- an NNX step whose forward pass makes a NaN (log of a negative activation), as a user's module file

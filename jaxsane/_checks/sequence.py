@@ -1,11 +1,10 @@
-"""Sequence-model checks: ``seq.future_leakage`` and ``seq.padding_in_loss``.
+"""Sequence-model checks along the time axis: ``seq.padding_in_loss`` and whether the targets are fed as the
+model's input (``seq.future_leakage`` is ``causal.py``'s).
 
 Both chart dependencies along the time axis (axis 1 of ``[B, T, ...]`` inputs), as
 ``batch.cross_talk`` does along the batch axis ("use backprop to chart dependencies"): token
 inputs are integers and have no gradient, so the probes are forward ones, exact in the same way:
 
-* future leakage: in a model declared causal, replace every input at positions ``> t``; the
-  outputs at positions ``<= t`` must not move (a causal mask makes them bitwise equal);
 * padding in the loss: replace the inputs, and separately the targets, at the positions the mask
   marks as padding; the loss must not move (a masked loss multiplies them by exactly 0). Leaves whose
   padding is their pad id (a loss may weight by ``ids > 0``) are probed by cutting off the trailing
@@ -18,7 +17,7 @@ Nothing here is jit-safe: each check compiles its function once and calls it a f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,178 +25,11 @@ import numpy as np
 
 from .._core.errors import ExperimentError
 from .._core.finding import Finding
-from .._core.validate import require_callable, require_count_or_list, require_float, require_int
+from .._core.validate import require_callable, require_float, require_int
 from .._jaxpr.compile_level import quick_jit
+from .time_axis import _binary, _perturb
 
 PyTree = Any
-
-
-def _binary(a: np.ndarray) -> bool:
-    """A mask-like leaf: bool, or only the values 0 and 1."""
-    return a.dtype.kind == "b" or (a.size > 0 and bool(np.isin(a, (0, 1)).all()))
-
-
-def _perturb(a: np.ndarray, where: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``a`` with the entries at ``where`` (a ``[B, T]`` boolean) changed: integers to another id in
-    the observed range, floats by unit-scale noise. Entries elsewhere are untouched (bitwise)."""
-    w = where.reshape(where.shape + (1,) * (a.ndim - where.ndim))
-    if a.dtype.kind in "iu":
-        top = int(a.max()) if a.size else 0
-        if top < 1:
-            return a
-        changed = np.where(a >= 0, (a + 1) % (top + 1), a).astype(a.dtype)  # negatives are ignore indices
-        return np.where(w, changed, a)
-    if a.dtype.kind in "fc":
-        scale = float(np.std(a)) + 1.0
-        noise = (rng.standard_normal(a.shape) * scale).astype(a.dtype)
-        return np.where(w, a + noise, a)
-    return a
-
-
-def _time_leaves(leaves: list, n: int) -> tuple[int | None, list[int]]:
-    """(T, indices of the non-mask leaves shaped ``[n, T, ...]``) for the first such leaf's T."""
-    T, idx = None, []
-    for i, x in enumerate(leaves):
-        if np.ndim(x) < 2 or x.shape[0] != n or x.dtype.kind not in "iufc" or _binary(np.asarray(x)):
-            continue
-        if T is None:
-            T = x.shape[1]
-        if x.shape[1] == T:
-            idx.append(i)
-    return T, idx
-
-
-def _decoder_leaves(host: list, idx: list[int], labels: Any) -> list[int]:
-    """Of several time leaves, the decoder's: those equal to the targets or to the targets shifted right by one
-    (empty when there is one leaf, no targets, or none matches)."""
-    lab = jax.tree_util.tree_leaves(labels)
-    if len(idx) < 2 or len(lab) != 1 or np.ndim(lab[0]) != 2:
-        return []
-    y = np.asarray(lab[0])
-    return [
-        i
-        for i in idx
-        if host[i].shape == y.shape and (np.array_equal(host[i], y) or np.array_equal(host[i][:, 1:], y[:, :-1]))
-    ]
-
-
-def _probe_positions(T: int, probes: int | Sequence[int]) -> list[int]:
-    if not isinstance(probes, int):
-        return sorted({int(t) for t in probes if 0 <= int(t) < T - 1})
-    picks = [0, T // 2 - 1, T - 2, T // 4, (3 * T) // 4]
-    return sorted(dict.fromkeys(t for t in picks if 0 <= t < T - 1))[: max(1, probes)] if T >= 2 else []
-
-
-def check_causal(
-    apply: Callable,
-    params: PyTree,
-    inputs: Any,
-    *,
-    labels: Any = None,
-    probes: int | Sequence[int] = 3,
-    rtol: float = 1e-5,
-    seed: int = 0,
-) -> list[Finding]:
-    """``seq.future_leakage`` when a causal model's output at position t depends on inputs after t.
-
-    For each probe position t, every input at positions ``> t`` (of each non-mask input leaf shaped
-    ``[B, T, ...]``: token ids get another id, float inputs noise) is replaced; the outputs shaped
-    ``[B, T, ...]`` at positions ``<= t`` must not move. A causal mask makes them bitwise equal; a
-    missing mask, a mask on the wrong axis (transposed, ``triu`` for ``tril``) or a bidirectional
-    layer moves them.
-
-    Args:
-      apply: ``(params, inputs) -> outputs`` in eval mode, outputs ``[B, T, ...]`` per position.
-      params: parameters.
-      inputs: a batch of inputs (an array or pytree; padding masks among them are left unchanged).
-      labels: the targets ``[B, T]``, optional. In an encoder-decoder the source legitimately reaches every
-        decoder position; when some input leaves are the decoder's (equal to the targets, or to the targets
-        shifted right by one), only those are changed.
-      probes: how many positions t to probe (default 3: the first, the middle and the last but one),
-        or the positions.
-      rtol: relative change allowed, ``max |out' - out| / max |out|`` over positions ``<= t``.
-      seed: seed of the float perturbation.
-
-    Returns:
-      One ``seq.future_leakage`` finding, or nothing.
-
-    Raises:
-      ExperimentError: no input or output leaf has a time axis ``[B, T, ...]`` to probe.
-
-    Not jit-safe (compiles ``apply`` once and calls it ``1 + probes`` times).
-    """
-    fn = "check_causal"
-    require_callable(fn, "apply", apply, signature="(params, inputs) -> outputs")
-    require_count_or_list(fn, "probes", probes)
-    require_float(fn, "rtol", rtol, min=0.0)
-    require_int(fn, "seed", seed)
-    leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    host = [np.asarray(x) for x in leaves]
-    if not host or np.ndim(host[0]) < 1:
-        raise ExperimentError("check_causal: the inputs have no leading batch axis.")
-    n = host[0].shape[0]
-    T, idx = _time_leaves(host, n)
-    if T is None or T < 2:
-        raise ExperimentError(
-            f"check_causal: no input has a time axis [B, T, ...] with T >= 2 (input shapes "
-            f"{[x.shape for x in host]}); the causal check needs sequence inputs."
-        )
-    idx = _decoder_leaves(host, idx, labels) or idx
-    run = quick_jit(
-        lambda p, xs: jax.tree_util.tree_leaves(apply(p, jax.tree_util.tree_unflatten(treedef, xs))),
-        runs=1 + len(_probe_positions(T, probes)),
-    )
-    base = [np.asarray(o) for o in run(params, host)]
-    outs = [k for k, o in enumerate(base) if o.ndim >= 2 and o.shape[:2] == (n, T) and o.dtype.kind in "fc"]
-    if not outs:
-        raise ExperimentError(
-            f"check_causal: apply's outputs have no per-position axis [B={n}, T={T}, ...] "
-            f"(shapes {[o.shape for o in base]}); the causal check needs one output per position."
-        )
-    rng = np.random.default_rng(seed)
-    leaks: list[tuple[int, float, list[int]]] = []
-    for t in _probe_positions(T, probes):
-        future = np.zeros((n, T), bool)
-        future[:, t + 1 :] = True
-        moved = list(host)
-        for i in idx:
-            moved[i] = _perturb(host[i], future, rng)
-        new = [np.asarray(o) for o in run(params, moved)]
-        worst, seen = 0.0, set()
-        for k in outs:
-            wide = np.promote_types(base[k].dtype, np.float32)  # float32 suffices against rtol: no 64-bit copies
-            a, b = base[k][:, : t + 1].astype(wide, copy=False), new[k][:, : t + 1].astype(wide, copy=False)
-            diff = np.abs(a - b).reshape(n, t + 1, -1).max(axis=(0, 2))
-            ref = float(np.abs(a).max()) + 1e-30
-            worst = max(worst, float(diff.max()) / ref)
-            seen |= {int(p) for p in np.flatnonzero(diff / ref > rtol)}
-        if worst > rtol:
-            leaks.append((t, worst, sorted(seen)))
-    return _leak_finding(leaks, T)
-
-
-def _leak_finding(leaks: list[tuple[int, float, list[int]]], T: int) -> list[Finding]:
-    """The ``seq.future_leakage`` finding of the probes that leaked (none: nothing)."""
-    if not leaks:
-        return []
-    shown = "; ".join(
-        f"inputs after t={t} moved outputs at positions {pos[:6]}{'...' if len(pos) > 6 else ''} "
-        f"(relative change {r:.2g})"
-        for t, r, pos in leaks
-    )
-    return [
-        Finding(
-            "seq.future_leakage",
-            f"the model is declared causal, but its output at a position depends on inputs at later positions "
-            f"(forward probe over T={T}): {shown}",
-            "mask attention causally: scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -jnp.inf) with "
-            "queries on axis -2 and keys on axis -1 (a transposed mask or jnp.triu lets each position see the "
-            "future); in Flax pass mask=nnx.make_causal_mask(tokens) (linen: nn.make_causal_mask); no bidirectional "
-            "layer, future-looking convolution or pooling over the time axis",
-            path=f"position {leaks[0][2][0] if leaks[0][2] else 0} <- positions > {leaks[0][0]}",
-            extra={"probes": [(t, float(r), pos) for t, r, pos in leaks], "T": T},
-        )
-    ]
 
 
 def check_padding_in_loss(

@@ -152,7 +152,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "data.epoch": (INFO, "a stream starts over after k examples: read as one epoch, not as duplicates", "-"),
     "seq.future_leakage": (
         ERROR,
-        "in a causal model, the output at position t depends on inputs after t",
+        "in a causal model (declared, or trained by teacher forcing), the output at position t depends on inputs "
+        "after t",
         "missing causal mask, mask on the wrong axis (triu for tril, transposed), bidirectional layer",
     ),
     "seq.padding_in_loss": (

@@ -22,14 +22,12 @@ import jax
 
 from .._checks.batch import check_batch_independence, check_example_slices, loss_pairs_labels
 from .._checks.ignore_index import judged_ignore_index
-from .._checks.init import activation_stats, check_activations, traceable
+from .._checks.init import activation_stats, check_activations
 from .._checks.init_baseline import CannotCompare, check_init_loss_vs_constant, constant_loss
 from .._checks.init_loss import check_init_loss, classification_of, initial_loss
 from .._checks.init_sweep import init_scale_sweep, plan_init_scale_sweep
-from .._checks.init_symmetry import judge_by_gradient
+from .._checks.init_symmetry import judge_by_gradient, moving_updates, sign_step
 from .._checks.sequence import (
-    check_causal,
-    check_padding_in_loss,
     loss_reads_first_target,
     output_sees_own_target,
 )
@@ -56,6 +54,7 @@ from .._overfit.overfit import plan_overfit
 from .._precision.step_check import check_step_underflow
 from .budget import sweep_seconds
 from .grads_stage import grads_stage, prepare_grads
+from .handles import traceable_handle
 from .options import (
     OPTION_CLASSES,
     BatchOptions,
@@ -68,6 +67,7 @@ from .options import (
     StepOptions,
 )
 from .run_stage import prepare_run, run_stage
+from .sequence_stage import sequence_checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +187,7 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
             loss_fn = None
     if loss_fn is not None and params is not None:  # an ignore index the loss masks out is no finding
         found = judged_ignore_index(
-            found, lambda: (_traceable(ctx.pure, "loss"), params, ctx.batch, get_labels(exp, ctx.batch))
+            found, lambda: (traceable_handle(ctx.pure, "loss"), params, ctx.batch, get_labels(exp, ctx.batch))
         )
     held = diagnosis.artifacts.get("nonfinite_batches", {})
     return judge_masked_nonfinite(found, loss_fn, params, {what: [batch] for what, batch in held.items()}, 1)
@@ -210,11 +210,11 @@ def _shifts_inside(ctx: StageContext, params: Any, finding: Finding) -> bool:
         labels = get_labels(ctx.experiment, ctx.batch)
         inputs = get_inputs(ctx.experiment, ctx.batch)
         if adapted.apply_fn is not None:
-            if output_sees_own_target(_traceable(adapted, "apply"), params, inputs, labels) is False:
+            if output_sees_own_target(traceable_handle(adapted, "apply"), params, inputs, labels) is False:
                 return True
         if adapted.loss_fn is None:
             return False
-        return loss_reads_first_target(_traceable(adapted, "loss"), params, ctx.batch, labels, inputs) is False
+        return loss_reads_first_target(traceable_handle(adapted, "loss"), params, ctx.batch, labels, inputs) is False
     except Exception:  # the model's or loss's own problems are the later stages' to report
         return False
 
@@ -228,7 +228,7 @@ def _pairs_labels(ctx: StageContext, params: Any) -> bool:
     try:
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
         labels = get_labels(ctx.experiment, ctx.batch)
-        return loss_pairs_labels(_traceable(adapted, "loss"), params, ctx.batch, labels) is True
+        return loss_pairs_labels(traceable_handle(adapted, "loss"), params, ctx.batch, labels) is True
     except Exception:  # the loss's own problems are the later stages' to report
         return False
 
@@ -265,7 +265,7 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         )
         return findings
     layers = activation_stats(
-        _traceable(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
+        traceable_handle(adapted, "apply"), adapted.params(state), get_inputs(ctx.experiment, ctx.batch)
     )
     ctx.artifacts["init_activations"] = [dataclasses.asdict(layer) for layer in layers]
     findings = [ran_beside(f) for f in findings]
@@ -276,16 +276,15 @@ def init_stage(ctx: StageContext) -> Iterable[Finding]:
         max_saturated=opts.init_max_saturated,
         symmetric_tol=opts.init_symmetric_tol,
     )
-    # symmetric units are stuck only when the first update moves them alike too: the loss's gradient, else the
-    # first update itself (of a copy: a donating step deletes its inputs)
-    grad = quick_jit(jax.grad(adapted.loss_fn), runs=1) if adapted.loss_fn is not None else None
+    # symmetric units are stuck only when the first update moves them alike too: the loss's gradient (and after a
+    # synthetic first update, where it is zero), else the step's first moving updates (of copies: a donating step
+    # deletes its inputs)
+    if adapted.loss_fn is None:
+        updates = moving_updates(lambda s: adapted.step(copy_arrays(s), ctx.batch)[0], adapted.params, state)
+        return judge_by_gradient(findings, lambda: next(updates), lambda _: next(updates))
+    grad, params = quick_jit(jax.grad(adapted.loss_fn), runs=2), adapted.params(state)
     return judge_by_gradient(
-        findings,
-        lambda: (
-            grad(adapted.params(state), ctx.batch)
-            if grad is not None
-            else adapted.params(adapted.step(copy_arrays(state), ctx.batch)[0])
-        ),
+        findings, lambda: grad(params, ctx.batch), lambda first: grad(sign_step(params, first), ctx.batch)
     )
 
 
@@ -312,8 +311,8 @@ def _init_loss_vs_constant(
         labels = None
     try:
         base = constant_loss(
-            _traceable(adapted, "loss"),
-            _traceable(adapted, "apply"),
+            traceable_handle(adapted, "loss"),
+            traceable_handle(adapted, "apply"),
             adapted.params(state),
             ctx.batch,
             get_inputs(exp, ctx.batch),
@@ -357,7 +356,7 @@ def step_stage(ctx: StageContext) -> Iterable[Finding]:
 def batch_stage(ctx: StageContext) -> Iterable[Finding]:
     """doctor stage: :func:`check_batch_independence` of ``Experiment.apply`` at init (:class:`BatchOptions`)."""
     adapted = ctx.pure
-    findings = list(_sequence_checks(ctx))
+    findings = list(sequence_checks(ctx))
     if adapted.apply_fn is None:
         return findings + [
             Finding(
@@ -373,7 +372,7 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
             state = adapted.init(ctx.key)
             try:
                 return findings + check_example_slices(
-                    _traceable(adapted, "apply"), adapted.params(state), ctx.batch, exp.examples,
+                    traceable_handle(adapted, "apply"), adapted.params(state), ctx.batch, exp.examples,
                     lambda b: get_inputs(exp, b), count_examples(exp, ctx.batch), real_rows=lambda b: get_mask(exp, b),
                 )  # fmt: skip
             except ExperimentError as e:  # outputs that match neither the examples nor the rows: no judgement
@@ -389,64 +388,11 @@ def batch_stage(ctx: StageContext) -> Iterable[Finding]:
         ]
     state = adapted.init(ctx.key)
     return findings + check_batch_independence(
-        _traceable(adapted, "apply"),
+        traceable_handle(adapted, "apply"),
         adapted.params(state),
         get_inputs(ctx.experiment, ctx.batch),
         probes=ctx.options.batch_probes,
     )
-
-
-def _sequence_checks(ctx: StageContext) -> list[Finding]:
-    """The batch stage's time-axis probes: ``seq.future_leakage`` (Experiment(causal=True) with apply)
-    and ``seq.padding_in_loss`` (a loss and a ``[B, T]`` padding mask in the batch)."""
-    exp, adapted = ctx.experiment, ctx.pure
-    out: list[Finding] = []
-    params = None
-    if exp.causal:
-        if adapted.apply_fn is None:
-            out.append(
-                Finding(
-                    "doctor.skipped",
-                    "causal check not run: Experiment(causal=True) needs "
-                    "Experiment.apply ((params, inputs) -> per-position outputs)",
-                    "pass apply=...",
-                )
-            )
-        else:
-            params = adapted.params(adapted.init(ctx.key))
-            try:
-                out += check_causal(
-                    _traceable(adapted, "apply"),
-                    params,
-                    get_inputs(exp, ctx.batch),
-                    labels=_labels_or_none(exp, ctx.batch),
-                )
-            except ExperimentError as e:
-                out.append(Finding("doctor.skipped", f"causal check not run: {e}", ""))
-    mask = get_mask(exp, ctx.batch)
-    if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
-        params = adapted.params(adapted.init(ctx.key)) if params is None else params
-        labels = _labels_or_none(exp, ctx.batch)
-        probe = functools.partial(
-            check_padding_in_loss, params=params, batch=ctx.batch, mask=mask, inputs=get_inputs(exp, ctx.batch),
-            labels=labels,
-        )  # fmt: skip
-        shared = adapted.jitted("loss")
-        assert shared is not None, "Experiment.loss is present (checked above)"
-        try:  # at the train batch's shape, the loss program the init stage compiled (the run's eval uses it too)
-            out += probe(shared)
-        except ExperimentError:
-            raise
-        except Exception:  # a loss that jit cannot take as it is (an NNX model updating its statistics)
-            out += probe(_traceable(adapted, "loss"))
-    return out
-
-
-def _labels_or_none(exp: Experiment, batch: Any) -> Any:
-    try:
-        return get_labels(exp, batch)
-    except JaxsaneError:
-        return None
 
 
 def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
@@ -504,13 +450,6 @@ def _plan_limits(ctx: StageContext) -> dict[str, Any]:
     plan = ctx.artifacts.get("plan") or {}
     chunk = {"chunk": plan["sweep_chunk"]} if plan.get("sweep_chunk") else {}
     return dict(budget_flops=plan.get("overfit_budget_flops"), memory_bytes=plan.get("sweep_memory_bytes"), **chunk)
-
-
-def _traceable(adapted: PureExperiment, which: str) -> Callable:
-    """:func:`traceable` of a handle (``"apply"`` or ``"loss"``) that the caller found present."""
-    fn = traceable(adapted, which)
-    assert fn is not None, f"Experiment.{which} is missing"
-    return fn
 
 
 def _prepared_result(future: concurrent.futures.Future | None) -> Any:

@@ -72,7 +72,8 @@ class Experiment:
       num_classes: number of classes, for label-range and init-loss checks.
       name: shown in reports.
       causal: the model is causal (an autoregressive LM): ``apply``'s output at position t must not
-        depend on inputs after t; the batch stage then checks it (``seq.future_leakage``).
+        depend on inputs after t, checked in the batch stage (``seq.future_leakage``). None: checked on the inputs
+        the targets are one position ahead of (teacher forcing); False: the model may see the whole sequence.
       examples: what one example is, for batches whose leaves disagree on the leading axis (a graph
         batch: nodes ``[N, F]``, edges ``[E, F]``, labels ``[G]``; packed sequences): either
         ``(batch, n) -> batch`` holding the first ``n`` examples, or ``batch -> int`` counting them
@@ -92,7 +93,7 @@ class Experiment:
     mask: Callable | None = None
     num_classes: int | None = None
     name: str = "experiment"
-    causal: bool = False
+    causal: bool | None = None
     examples: Callable | None = None
 
     def __post_init__(self):
@@ -165,10 +166,10 @@ class Experiment:
                 + ". Fix: pass num_classes=C (the number of class ids, labels in [0, C)), or None to skip the "
                 "label-range and init-loss checks."
             )
-        if not isinstance(self.causal, bool):
+        if self.causal is not None and not isinstance(self.causal, bool):
             raise ExperimentError(
-                f"Experiment.causal must be True or False, got {show(self.causal)}. Fix: pass "
-                "causal=True for an autoregressive model (output at t sees inputs <= t only)."
+                f"Experiment.causal must be True, False or None, got {show(self.causal)}. Fix: pass True for an "
+                "autoregressive model (output at t sees inputs <= t only), False for one that sees it all, or None."
             )
         if not isinstance(self.name, str):
             raise ExperimentError(

@@ -245,8 +245,8 @@ class _ZeroHidden(nnx.Module):
         return self.out(nnx.tanh(self.hidden(x)))
 
 
-def _nnx_experiment(module):
-    return nnx_classifier_experiment(module, X, Y, lr=1e-3, num_classes=4)
+def _nnx_experiment(module, lr=1e-3, loss=False):
+    return nnx_classifier_experiment(module, X, Y, lr=lr, num_classes=4, loss=loss)
 
 
 @pytest.mark.slow
@@ -288,6 +288,38 @@ def test_symmetric_units_are_judged_by_their_first_gradient_in_doctor():
     stuck = _nnx_experiment(lambda rngs: _LoRA(rngs, b_init=const, hidden_init=const))
     found = jaxsane.doctor(stuck, stages=["init"], progress=False).by_code("init.symmetric")
     assert found and all(f.severity == "error" for f in found), found
+
+
+class _ZeroOutResidual(nnx.Module):
+    """A diffusion U-Net's recipe in small: the residual branch's last layer and the output layer start at zero, so
+    at init the zero output layer blocks every gradient behind it (the residual layer's is identically zero)."""
+
+    def __init__(self, rngs, zero=nnx.initializers.zeros):
+        self.inp = nnx.Linear(16, 16, rngs=rngs)
+        self.branch = nnx.Linear(16, 16, rngs=rngs)
+        self.merge = nnx.Linear(16, 16, kernel_init=zero, rngs=rngs)  # the residual branch's last layer
+        self.out = nnx.Linear(16, 4, kernel_init=zero, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.inp(x)
+        h = h + self.merge(nnx.tanh(self.branch(h)))
+        return self.out(nnx.tanh(h))
+
+
+@pytest.mark.slow
+def test_a_layer_blocked_by_a_zero_layer_further_on_is_judged_after_a_synthetic_update():
+    """A zero gradient at init is no evidence: the zero residual layer parts once the zero output layer moves (no
+    finding), judged by the loss after a synthetic update, or with no loss by the step's first updates that move
+    something (a warmup from a rate of 0 moves nothing at first); in an all-zero network the gradient stays zero
+    after that update too: still the error."""
+    warmup, zero = optax.linear_schedule(0.0, 1e-3, 10), nnx.initializers.zeros
+    for loss in (True, False):
+        blocked = _nnx_experiment(_ZeroOutResidual, lr=warmup, loss=loss)
+        found = jaxsane.doctor(blocked, stages=["init"], progress=False)
+        assert not found.by_code("init.symmetric"), (loss, found)
+        stuck = _nnx_experiment(lambda rngs: _LoRA(rngs, b_init=zero, hidden_init=zero), lr=warmup, loss=loss)
+        found = jaxsane.doctor(stuck, stages=["init"], progress=False).by_code("init.symmetric")
+        assert found and all(f.severity == "error" for f in found), (loss, found)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 
 import jaxsane
 from jaxsane import ExperimentError, check_causal, check_padding_in_loss
+from jaxsane._checks.causal import check_teacher_forced, teacher_forced_leaves
 
 V, D, T, B = 11, 8, 7, 4
 rng = np.random.default_rng(0)
@@ -56,6 +57,27 @@ def test_a_missing_causal_mask_is_future_leakage():
 def test_a_mask_on_the_wrong_axis_or_direction_is_future_leakage(wrong):
     [f] = check_causal(attention_lm(wrong), PARAMS, TOKENS)
     assert f.code == "seq.future_leakage"
+
+
+def test_padding_queries_that_attend_to_every_key_are_not_leakage():
+    """Flax's combine_masks(causal, padding x padding) masks a padding query from every key: softmax then spreads
+    it over all of them alike, the future too. The loss never reads that position, so with the mask it is not
+    compared; without it, it is the only thing that moved."""
+    def flax_style(p, tokens):
+        h = p["emb"][tokens]
+        valid = tokens != 0
+        allowed = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None] & valid[:, :, None] & valid[:, None, :]
+        scores = jnp.where(allowed, (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2), -1e9)
+        return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
+
+    late = [4, 5]  # rows of 4 and 5 tokens: padding queries at t <= 5
+    assert check_causal(flax_style, PARAMS, TOKENS, mask=MASK, probes=late) == []
+    targets = np.roll(TOKENS, -1, 1) * (MASK > 0)
+    assert check_teacher_forced(flax_style, PARAMS, TOKENS, targets, mask=MASK, probes=late) == []
+    # undeclared and no mask: a row's trailing run of one id is read as its padding
+    assert check_teacher_forced(flax_style, PARAMS, TOKENS, targets, probes=late) == []
+    [f] = check_causal(flax_style, PARAMS, TOKENS, probes=late)
+    assert min(f.extra["probes"][0][2]) >= LENGTHS.min()  # only padding positions moved
 
 
 def test_float_inputs_and_a_future_looking_convolution():
@@ -138,13 +160,37 @@ def test_doctor_batch_stage_runs_the_sequence_checks():
     assert not [f for f in ok if f.severity == "error"], [f.code for f in ok]
     bad = jaxsane.doctor(_experiment(leaky, plain), stages=["batch"])
     assert {"seq.future_leakage", "seq.padding_in_loss"} <= set(bad.codes)
-    # not declared causal: a bidirectional model is allowed to see the future
+    # declared not causal: a bidirectional model is allowed to see the future
     assert "seq.future_leakage" not in jaxsane.doctor(_experiment(leaky, masked, causal_flag=False),
+                                                      stages=["batch"]).codes
+    # not declared: its targets are its inputs one position ahead, so reading the next input is copying the answer
+    undeclared = jaxsane.doctor(_experiment(leaky, masked, causal_flag=None), stages=["batch"])
+    assert "teacher forcing" in undeclared.by_code("seq.future_leakage")[0].message, undeclared
+    assert "seq.future_leakage" not in jaxsane.doctor(_experiment(causal, masked, causal_flag=None),
                                                       stages=["batch"]).codes
 
 
+def test_teacher_forcing_makes_a_model_that_reads_the_next_input_leak():
+    """Undeclared models are probed only on the inputs their targets are one position ahead of: an LM (tokens
+    against next tokens) and a decoder ([BOS, y[:, :-1]] against y) must be causal in them; a tagger (a label
+    per token, not shifted) and an encoder's source may be read whole."""
+    leaky = attention_lm(lambda t: jnp.ones((t, t), bool))
+    targets = batch_of()["targets"]
+    [f] = check_teacher_forced(leaky, PARAMS, TOKENS, targets)
+    assert f.code == "seq.future_leakage" and "teacher forcing" in f.message and "causal=False" in f.hint
+    assert check_teacher_forced(causal, PARAMS, TOKENS, targets) == []
+    tags = np.random.default_rng(3).integers(0, V, TOKENS.shape).astype(np.int32)
+    assert teacher_forced_leaves([TOKENS], tags) == [] and check_teacher_forced(leaky, PARAMS, TOKENS, tags) == []
+    src = np.random.default_rng(5).integers(1, V, (B, T)).astype(np.int32)
+    dec_in = np.asarray(_shift_right(TOKENS))
+    assert teacher_forced_leaves([src, dec_in], TOKENS) == [1]
+    assert check_teacher_forced(encoder_decoder(False), PARAMS, (src, dec_in), TOKENS) == []
+    [f] = check_teacher_forced(_no_causal_mask, PARAMS, (src, dec_in), TOKENS)
+    assert f.code == "seq.future_leakage"
+
+
 def test_experiment_causal_must_be_a_bool():
-    with pytest.raises(ExperimentError, match="causal must be True or False"):
+    with pytest.raises(ExperimentError, match="causal must be True, False or None"):
         jaxsane.Experiment(init=lambda k: 0, step=lambda s, b: s, train=np.ones((2, 2)), causal="yes")
 
 
@@ -337,20 +383,21 @@ def test_an_encoder_decoder_with_an_unshifted_decoder_input_is_found():
         assert ("data.unshifted_targets" in d.codes) is expected, (shift, d)
 
 
+def _no_causal_mask(p, inputs):  # BUG: decoder self-attention sees every position
+    src_, tgt = inputs
+    h = p["emb"][tgt] + p["emb"][src_].mean(axis=1, keepdims=True)
+    scores = (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2)
+    return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
+
+
 def test_causal_probe_of_an_encoder_decoder_changes_only_the_decoder_input():
     src = np.random.default_rng(5).integers(1, V, (B, T)).astype(np.int32)
     dec_in = np.asarray(_shift_right(TOKENS))
     wmt_like = lambda p, inputs: encoder_decoder(False)(p, inputs)  # decoder input given pre-shifted
 
-    def no_causal_mask(p, inputs):  # BUG: decoder self-attention sees every position
-        src_, tgt = inputs
-        h = p["emb"][tgt] + p["emb"][src_].mean(axis=1, keepdims=True)
-        scores = (h @ p["q"]) @ (h @ p["k"]).swapaxes(-1, -2)
-        return (h + jax.nn.softmax(scores, -1) @ h) @ p["out"]
-
     # without the targets, the source (read whole by every position) looks like future leakage
     assert check_causal(wmt_like, PARAMS, (src, dec_in))[0].code == "seq.future_leakage"
     assert check_causal(wmt_like, PARAMS, (src, dec_in), labels=TOKENS) == []
     assert check_causal(encoder_decoder(True), PARAMS, (src, TOKENS), labels=TOKENS) == []
-    [f] = check_causal(no_causal_mask, PARAMS, (src, dec_in), labels=TOKENS)
+    [f] = check_causal(_no_causal_mask, PARAMS, (src, dec_in), labels=TOKENS)
     assert f.code == "seq.future_leakage"
