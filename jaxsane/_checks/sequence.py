@@ -64,7 +64,9 @@ def check_padding_in_loss(
       loss: ``(params, batch) -> scalar``.
       params: parameters.
       batch: one batch (a pytree).
-      mask: the padding mask ``[B, T]`` (1 or True = real position), e.g. ``batch["mask"]``.
+      mask: the padding mask ``[B, T]`` (1 or True = real position), e.g. ``batch["mask"]``; or ``[B]``, one
+        per example (a batch padded to a fixed size, a graph batch's padding slots): then only the targets of
+        the padding examples are changed, and a loss that masks them does not move at all.
       inputs, labels: the batch's inputs and targets (subtrees of ``batch``, as the Experiment's
         handles return them); leaves are matched by identity. Leaves of neither count as both.
       rtol: relative change of the loss allowed; a change must also exceed 30 times the noise floor.
@@ -82,14 +84,17 @@ def check_padding_in_loss(
     require_float(fn, "rtol", rtol, min=0.0)
     require_int(fn, "seed", seed)
     m = np.asarray(mask)
-    if m.ndim != 2:
+    if m.ndim not in (1, 2):
         raise ExperimentError(
-            f"check_padding_in_loss: the mask has shape {m.shape}; expected [B, T] (1 = real position, 0 = padding)."
+            f"check_padding_in_loss: the mask has shape {m.shape}; expected [B, T] (1 = real position, 0 = padding) "
+            "or [B] (1 = real example, 0 = a padding slot)."
         )
     pad = ~m.astype(bool)
     if not pad.any():
         return []
     leaves, treedef = jax.tree_util.tree_flatten(batch)
+    if m.ndim == 1:
+        return _padded_examples_in_loss(loss, params, leaves, treedef, pad, labels, rtol, seed)
     groups, pad_ids = _padding_groups(leaves, mask, pad, inputs, labels)
     if not groups and not pad_ids:
         return []
@@ -120,28 +125,84 @@ def check_padding_in_loss(
     return _padding_finding(moved_by, pad_only, max(rtol, 30 * floor), pad, floor)
 
 
+def _padded_examples_in_loss(
+    loss: Callable, params: PyTree, leaves: list, treedef: Any, pad: np.ndarray, labels: Any, rtol: float, seed: int
+) -> list[Finding]:
+    """:func:`check_padding_in_loss` for a per-example mask (``pad`` is ``[B]``): the target leaves with ``B``
+    rows changed at the padding examples, the loss and its gradient compared. A masked loss multiplies their
+    terms by exactly 0, so there is no float noise to allow for; the gradient, because at init a padding slot's
+    prediction is often uniform over the classes (an empty graph pools to the bias), so its loss term is the same
+    whatever its target, but never its gradient. A loss that cannot be judged (not finite, no such target) is
+    nothing."""
+    lab_ids = {id(x) for x in jax.tree_util.tree_leaves(labels)} if labels is not None else set()
+    host = [np.asarray(x) if np.ndim(x) else x for x in leaves]
+    idx = [
+        i
+        for i, x in enumerate(leaves)
+        if id(x) in lab_ids and np.ndim(x) >= 1 and np.shape(x)[0] == pad.shape[0] and host[i].dtype.kind in "iuf"
+    ]
+    if not idx:
+        return []
+    run = quick_jit(
+        jax.value_and_grad(lambda p, xs: loss(p, jax.tree_util.tree_unflatten(treedef, xs)), allow_int=True), runs=2
+    )
+    base, grads = run(params, host)
+    if not np.isfinite(float(base)):
+        return []
+    changed, rng = list(host), np.random.default_rng(seed)
+    for i in idx:
+        changed[i] = _perturb(host[i], pad, rng)
+    value, new_grads = run(params, changed)
+    moved = max(_relative(float(value), float(base)), _gradient_change(grads, new_grads))
+    return _padding_finding({"targets": moved}, [], rtol, pad, 0.0, unit="examples")
+
+
+def _gradient_change(grads: PyTree, new: PyTree) -> float:
+    """``max |new - grads| / max |grads|`` over the float leaves (0 when the gradient is zero). Host-side."""
+    pairs = [
+        (np.asarray(g, np.float64), np.asarray(h, np.float64))
+        for g, h in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(new))
+        if np.asarray(g).dtype.kind == "f"
+    ]
+    scale = max((float(np.abs(g).max(initial=0.0)) for g, _ in pairs), default=0.0)
+    change = max((float(np.abs(h - g).max(initial=0.0)) for g, h in pairs), default=0.0)
+    return change / scale if scale > 0 else 0.0
+
+
 def _padding_finding(
-    moved_by: dict[str, float], pad_only: list[str], clear: float, pad: np.ndarray, floor: float
+    moved_by: dict[str, float],
+    pad_only: list[str],
+    clear: float,
+    pad: np.ndarray,
+    floor: float,
+    unit: str = "positions",
 ) -> list[Finding]:
     """``seq.padding_in_loss`` when every group (``inputs``, ``targets``) moved the loss by more than ``clear``
-    (those in ``pad_only`` by cutting off the trailing padding)."""
+    (those in ``pad_only`` by cutting off the trailing padding); ``unit``: what the mask marks, ``"positions"`` or
+    ``"examples"``."""
     if not moved_by or not all(r > clear for r in moved_by.values()):
         return []
     what = " and ".join(
         f"the trailing padding of the {k} (pad ids) is cut off (relative change {r:.2g})"
         if k in pad_only
-        else f"the {k} at padded positions change (relative change {r:.2g})"
+        else f"the {k} at padded {unit} change (relative change {r:.2g})"
         for k, r in moved_by.items()
     )
+    per = "position" if unit == "positions" else "example"
     return [
         Finding(
             "seq.padding_in_loss",
-            f"the loss changes when only {what}: padding reaches the loss ({int(pad.sum())} of {pad.size} "
-            f"positions are padding in this batch; float noise floor {floor:.2g})",
-            "weight the per-position loss by the mask and divide by the number of real positions: "
-            "(per_token * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_token.mean()); and mask padded keys "
-            "in attention so real positions never attend to padding",
-            path="loss <- padded positions",
+            f"the loss{'' if per == 'position' else ' (or its gradient)'} changes when only {what}: padding reaches "
+            f"the loss ({int(pad.sum())} of {pad.size} "
+            f"{unit} are padding in this batch; float noise floor {floor:.2g})",
+            f"weight the per-{per} loss by the mask and divide by the number of real {unit}: "
+            f"(per_{per} * mask).sum() / jnp.maximum(mask.sum(), 1) (not per_{per}.mean())"
+            + (
+                "; and mask padded keys in attention so real positions never attend to padding"
+                if per == "position"
+                else ""
+            ),
+            path=f"loss <- padded {unit}",
             extra={"relative_change": moved_by, "padded": int(pad.sum()), "noise_floor": floor},
         )
     ]

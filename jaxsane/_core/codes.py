@@ -158,8 +158,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     ),
     "seq.padding_in_loss": (
         ERROR,
-        "the loss depends on positions the mask marks as padding",
-        "a plain mean over all positions, the mask not applied to the loss, pads as targets",
+        "the loss depends on positions (or, with a per-example mask, examples) the mask marks as padding",
+        "a plain mean over all positions or slots, the mask not applied to the loss, pads as targets",
     ),
     "train.diverging": (ERROR, "loss rising without bound", "learning rate too high, gradient ascent"),
     "train.exploding_grads": (

@@ -1,7 +1,7 @@
 """The batch stage's time-axis probes (``_checks/causal.py``, ``_checks/sequence.py``): ``seq.future_leakage`` in
 a model declared causal, or, when ``Experiment.causal`` is left unset, in one whose targets are an input one
-position ahead (teacher forcing), and ``seq.padding_in_loss`` where the batch has a ``[B, T]`` padding mask.
-Not jit-safe."""
+position ahead (teacher forcing), and ``seq.padding_in_loss`` where the batch has a padding mask (``[B, T]``, or
+``[B]`` per example). Not jit-safe."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def sequence_checks(ctx: Any) -> list[Finding]:
         params = adapted.params(adapted.init(ctx.key))
         out += _future_leakage(ctx, params)
     mask = get_mask(exp, ctx.batch)
-    if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) == 2:
+    if adapted.loss_fn is not None and mask is not None and getattr(mask, "ndim", 0) in (1, 2):
         params = adapted.params(adapted.init(ctx.key)) if params is None else params
         probe = functools.partial(
             check_padding_in_loss, params=params, batch=ctx.batch, mask=mask, inputs=get_inputs(exp, ctx.batch),

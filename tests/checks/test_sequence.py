@@ -126,6 +126,23 @@ def test_a_plain_mean_over_padding_is_padding_in_loss():
     assert all(r > 1e-3 for r in f.extra["relative_change"].values()) and "mask" in f.hint
 
 
+def test_a_per_example_mask_judges_the_padding_slots_targets():
+    """A batch padded to a fixed size (a graph batch's empty slots, an eval batch's padding examples) with a mask
+    per example: a masked mean never reads the padding slots' targets; a plain mean does."""
+    r = np.random.default_rng(7)
+    batch = {"x": r.normal(size=(8, 4)).astype(np.float32), "y": r.integers(0, 3, 8).astype(np.int32),
+             "mask": np.array([1, 1, 1, 1, 1, 0, 0, 0], np.float32)}
+    batch["y"][5:] = 0  # padding slots hold label 0, as a padded batch does
+    batch["x"][5:] = 0.0  # and no input: their logits are uniform, their loss ln 3 whatever the label (not its gradient)
+    w = {"w": jnp.asarray(r.normal(size=(4, 3)).astype(np.float32)), "b": jnp.zeros(3)}
+    per_example = lambda p, b: optax.softmax_cross_entropy_with_integer_labels(b["x"] @ p["w"] + p["b"], b["y"])
+    masked = lambda p, b: jnp.sum(per_example(p, b) * b["mask"]) / jnp.maximum(jnp.sum(b["mask"]), 1.0)
+    plain = lambda p, b: jnp.mean(per_example(p, b))  # BUG: the padding slots counted
+    assert check_padding_in_loss(masked, w, batch, batch["mask"], labels=batch["y"]) == []
+    [f] = check_padding_in_loss(plain, w, batch, batch["mask"], labels=batch["y"])
+    assert f.code == "seq.padding_in_loss" and "3 of 8 examples" in f.message and "per_example" in f.hint
+
+
 def test_nothing_to_judge_without_padding_or_with_a_nan_loss():
     full = {"tokens": TOKENS, "targets": TOKENS, "mask": np.ones((B, T), np.float32)}
     plain = lambda p, b: jnp.mean(per_token(p, b))
