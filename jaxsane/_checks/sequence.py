@@ -235,8 +235,8 @@ def _padding_groups(
         if x is mask or np.ndim(x) < 2 or tuple(np.shape(x)[:2]) != pad.shape:
             continue
         a = np.asarray(x)
-        if a.dtype.kind not in "iufc" or (a.shape == pad.shape and np.array_equal(a.astype(bool), ~pad) and _binary(a)):
-            continue  # another copy of the mask
+        if a.dtype.kind not in "iufc" or (a.shape == pad.shape and _binary(a) and _marks_padding(a.astype(bool), pad)):
+            continue  # another copy of the mask, or its complement (a padding indicator: 1 = padded frame)
         into = pad_ids if _pads_are_ids(a, pad) else groups
         if id(x) in in_ids:
             into["inputs"].append(i)
@@ -246,6 +246,11 @@ def _padding_groups(
             into["inputs"].append(i)
             into["targets"].append(i)
     return {k: v for k, v in groups.items() if v}, {k: v for k, v in pad_ids.items() if v}
+
+
+def _marks_padding(a: np.ndarray, pad: np.ndarray) -> bool:
+    """Whether the boolean leaf ``a`` says what the mask says: real positions (``~pad``) or padded ones (``pad``)."""
+    return bool(np.array_equal(a, ~pad) or np.array_equal(a, pad))
 
 
 def _pads_are_ids(a: np.ndarray, pad: np.ndarray) -> bool:

@@ -177,6 +177,7 @@ def data_stage(ctx: StageContext) -> Iterable[Finding]:
         for f in diagnosis
         if not (f.code == "data.unshifted_targets" and _shifts_inside(ctx, params, f))
         and not (f.code == "data.shape" and "broadcast" in f.message and _pairs_labels(ctx, params))
+        and not (f.code == "data.shape" and "cannot be compared" in f.message and _takes_the_shapes(ctx))
     ]
     adapted = ctx.adapted
     loss_fn = adapted.loss_fn if adapted is not None else None
@@ -230,6 +231,23 @@ def _pairs_labels(ctx: StageContext, params: Any) -> bool:
         labels = get_labels(ctx.experiment, ctx.batch)
         return loss_pairs_labels(traceable_handle(adapted, "loss"), params, ctx.batch, labels) is True
     except Exception:  # the loss's own problems are the later stages' to report
+        return False
+
+
+def _takes_the_shapes(ctx: StageContext) -> bool:
+    """True when predictions and labels that no elementwise loss could compare go through the user's loss (else
+    step) as they are: the loss aligns them itself (CTC's frames against a shorter label sequence)."""
+    adapted = ctx.adapted
+    if adapted is None:
+        return False
+    try:
+        state = jax.eval_shape(adapted.init, ctx.key)
+        if adapted.loss_fn is not None:
+            jax.eval_shape(traceable_handle(adapted, "loss"), adapted.params(state), ctx.batch)
+        else:
+            jax.eval_shape(adapted.step, state, ctx.batch)
+        return True
+    except Exception:  # the shapes do not go through: the finding stands
         return False
 
 

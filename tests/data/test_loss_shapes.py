@@ -63,3 +63,36 @@ def test_a_missing_label_key_is_explained_with_the_callable_the_experiment_takes
     [f] = jaxsane.doctor(bad, stages=["data"], progress=False).by_code("doctor.skipped")
     assert "Experiment(labels=lambda batch: batch['answer'])" in f.message, f.message
     assert "labels='your_key'" not in f.message
+
+
+def test_an_alignment_loss_takes_frames_against_a_shorter_label_sequence():
+    """CTC: logits per frame [B, T, K] against label ids [B, L], L < T, which the loss aligns itself: no
+    elementwise comparison, so no data.shape; a loss that compares them elementwise cannot run: the error."""
+    B, T, L, K = 4, 12, 5, 6
+    x = rng.normal(size=(B, T, 3)).astype(np.float32)
+    labels = rng.integers(1, K, (B, L)).astype(np.int32)
+    w = {"w": jnp.asarray(rng.normal(size=(3, K)).astype(np.float32))}
+    ctc_apply = lambda p, x: x @ p["w"]  # noqa: E731
+
+    def ctc(p, b):
+        logits = ctc_apply(p, b["x"])
+        return optax.ctc_loss(logits, jnp.zeros(logits.shape[:2]), b["y"], jnp.zeros(b["y"].shape)).mean()
+
+    def elementwise(p, b):  # BUG: frames compared with labels position by position
+        return jnp.mean((ctc_apply(p, b["x"]).argmax(-1) - b["y"]) ** 2)
+
+    def experiment(loss):
+        tx = optax.sgd(0.01)
+
+        def step(state, batch):
+            p, s = state
+            u, s = tx.update(jax.grad(loss)(p, batch), s, p)
+            return (optax.apply_updates(p, u), s), {}
+
+        return jaxsane.Experiment(init=lambda key: (w, tx.init(w)), step=step, train={"x": x, "y": labels},
+                                  loss=loss, apply=ctc_apply)
+
+    clean = jaxsane.doctor(experiment(ctc), stages=["data"], progress=False)
+    assert "data.shape" not in clean.codes, clean
+    buggy = jaxsane.doctor(experiment(elementwise), stages=["data"], progress=False)
+    assert "cannot be compared" in buggy.by_code("data.shape")[0].message, buggy
