@@ -256,6 +256,12 @@ def judge(
     return verdicts, out
 
 
+STILL_AHEAD = 0.9
+"""A best real curve still falling at the end, or flat on a floor, below this fraction of the constant-input
+baseline's final loss uses its input: ``model.ignores_input`` is not claimed (a model that ignores its input ends
+where the baseline does, 1.0x on the fault zoo's)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _Judged:
     """A sweep's curves with their verdicts and best configuration, and the texts its findings share."""
@@ -348,7 +354,9 @@ class _Judged:
         )
 
     def ignores_input(self, ratio: float) -> list[Finding]:
-        """``model.ignores_input`` when the best real final loss is above ``ratio`` x the baseline's."""
+        """``model.ignores_input`` when the best real final loss is above ``ratio`` x the baseline's, unless that
+        best curve is still falling at the end or flattened on a floor, below ``STILL_AHEAD`` x the baseline's (a
+        loss whose floor is far above 0, softmax cross-entropy over multi-hot labels, never gets within ``ratio``)."""
         losses, real, b = self.result.losses, self.result.real, self.result.baseline
         finite = losses[real, -1][np.isfinite(losses[real, -1])]
         real_final = float(finite.min()) if finite.size else float("inf")
@@ -358,6 +366,9 @@ class _Judged:
         moved = rel.max() if rel.size else np.nan
         if not (np.isfinite(base_final) and real_final > ratio * base_final and moved > 1e-3):
             return []
+        best = [int(i) for i in np.arange(len(losses))[real] if losses[i, -1] == real_final]
+        if best and self.verdicts[best[0]] in ("unsettled", "high_floor") and real_final < STILL_AHEAD * base_final:
+            return []  # clearly ahead of the constant inputs, on a loss that has a floor or still falls: input matters
         return [
             Finding(
                 "model.ignores_input",
