@@ -11,10 +11,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._checks.grads import check_grads
 from .._checks.init import traceable
+from .._checks.init_capture import _display
 from .._core.finding import Finding
+from .._core.tree import copy_arrays, leaves_with_paths
 from .._experiment.batches import slice_examples
 from .._locate.locate import latent_nan_findings
 from .options import GradsOptions
@@ -28,15 +31,70 @@ def grads_stage(ctx: Any) -> Iterable[Finding]:
     doctor starts both in its background threads (:func:`prepare_grads`), so their compiles overlap the data and
     init stages; the stage then waits for those findings, and a crash there is the stage's crash."""
     if "check" in ctx.prepared:
-        findings = ctx.prepared["check"].result()
+        findings = updated_otherwise(ctx, ctx.prepared["check"].result())
         if any(f.code.startswith("nonfinite.") for f in findings):
             ctx.prepared["replay"].cancel()  # a non-finite gradient is its own story: no latent one to look for
             return findings
         return findings + ctx.prepared["replay"].result()
-    findings = _check(ctx)
+    findings = updated_otherwise(ctx, _check(ctx))
     if any(f.code.startswith("nonfinite.") for f in findings):
         return findings
     return findings + _replay(ctx)
+
+
+DECAY_ALIGNMENT = 0.99
+"""A zero-gradient leaf's update whose cosine with ``-leaf`` is at least this is weight decay shrinking it (adamw's
+decoupled decay moves a leaf cut off from the loss too), not an update of its own."""
+
+
+def updated_otherwise(ctx: Any, findings: list[Finding]) -> list[Finding]:
+    """``findings`` with each ``grad.missing`` error on a leaf the output reads through a ``stop_gradient`` made an
+    info when the user's step moves that leaf anyway, other than by weight decay: a target network updated as an
+    average of the online one (BYOL's, DINO's, MoCo's EMA, a mean teacher), left out of the gradient on purpose.
+    Runs the step once on a copy of the state at init, only when there is such an error. Not jit-safe."""
+    flagged = {
+        f.path
+        for f in findings
+        if f.code == "grad.missing" and f.severity == "error" and (f.extra or {}).get("depends")
+        and not (f.extra or {}).get("kink")
+    }  # fmt: skip
+    if not flagged:
+        return findings
+    try:
+        adapted = ctx.pure
+        state = adapted.init(ctx.key)
+        before = {_display(p): np.asarray(x) for p, x in leaves_with_paths(adapted.params(state), "params")}
+        moved = adapted.params(adapted.step(copy_arrays(state), ctx.batch)[0])
+        after = {_display(p): np.asarray(x) for p, x in leaves_with_paths(moved, "params")}
+    except Exception:  # noqa: BLE001 - the step's own problems are the step stage's to report
+        return findings
+    own = {p for p in flagged if p in before and p in after and _moved_by_itself(before[p], after[p])}
+    return [_averaged(f) if f.path in own and f.code == "grad.missing" else f for f in findings]
+
+
+def _moved_by_itself(before: np.ndarray, after: np.ndarray) -> bool:
+    """Whether a leaf changed other than by weight decay (an update along ``-before``). Host-side."""
+    if before.shape != after.shape or before.dtype.kind != "f":
+        return False
+    d, p = (after.astype(np.float64) - before).ravel(), before.astype(np.float64).ravel()
+    size = float(np.linalg.norm(d))
+    if size == 0 or not np.isfinite(size):
+        return False
+    norm = float(np.linalg.norm(p))
+    return norm == 0 or -float(d @ p) / (size * norm) < DECAY_ALIGNMENT
+
+
+def _averaged(f: Finding) -> Finding:
+    return Finding(
+        "grad.missing",
+        f"{f.path} gets no gradient (the output reads it through a stop_gradient), and the step updates it by other "
+        "means, not weight decay: a target network kept as an average of the online one (BYOL, DINO, MoCo, a mean "
+        "teacher), out of the gradient on purpose",
+        "-",
+        path=f.path,
+        severity="info",
+        extra={**(f.extra or {}), "updated_by_step": True},
+    )
 
 
 def _skipped() -> list[Finding]:

@@ -71,3 +71,41 @@ def test_the_leaves_that_flow_into_a_stop_gradient_are_found_inside_nested_jits(
     jaxpr = jax.make_jaxpr(lambda a, b, c: jnp.sum(inner(a) + b) + jnp.sum(c))(1.0, 2.0, 3.0)
     crossings = stop_gradient_crossings(jaxpr, 3)
     assert [bool(c) for c in crossings] == [True, False, False], crossings
+
+
+def _target_experiment(ema: bool):
+    """BYOL's shape in small: an online network regressed onto a target network's output through stop_gradient.
+    ``ema``: the step keeps the target as an average of the online weights (the recipe); else a layer of the
+    model is cut off by a misplaced stop_gradient and adamw's weight decay is all that moves it (a bug)."""
+    tx = optax.adamw(1e-2, weight_decay=1e-2)
+    online = {"w": jnp.asarray(RNG.normal(size=(4, 4)), jnp.float32)}
+    target = {"w": jnp.asarray(RNG.normal(size=(4, 4)), jnp.float32)}
+
+    def loss(params, x):
+        on, tg = params
+        return jnp.mean((x @ on["w"] - jnp.tanh(x @ jax.lax.stop_gradient(tg["w"]))) ** 2)
+
+    def step(state, x):
+        params, opt = state
+        g = jax.grad(loss)(params, x)
+        if ema:
+            upd, opt = tx.update(g[0], opt, params[0])
+            on = optax.apply_updates(params[0], upd)
+            tg = optax.incremental_update(on, params[1], 0.01)
+            return ((on, tg), opt), {}
+        upd, opt = tx.update(g, opt, params)
+        return (optax.apply_updates(params, upd), opt), {}
+
+    def init(key):
+        params = (online, target)
+        return params, tx.init(params[0] if ema else params)
+
+    return jaxsane.Experiment(init=init, step=jax.jit(step), train=X, loss=loss, params=lambda s: s[0])
+
+
+def test_a_target_network_the_step_averages_is_no_missing_gradient_error():
+    averaged = jaxsane.doctor(_target_experiment(ema=True), stages=["grads"], progress=False)
+    assert not [f for f in averaged.by_code("grad.missing") if f.severity == "error"], averaged
+    assert any(f.extra.get("updated_by_step") for f in averaged.by_code("grad.missing")), averaged
+    decayed = jaxsane.doctor(_target_experiment(ema=False), stages=["grads"], progress=False)
+    assert [f.severity for f in decayed.by_code("grad.missing")] == ["error"], decayed
