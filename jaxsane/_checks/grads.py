@@ -26,17 +26,13 @@ import numpy as np
 
 from .._core.errors import ArgumentError, JaxsaneError
 from .._core.finding import Finding
-from .._core.tree import leaves_with_paths
+from .._core.tree import leaves_with_paths, shown_path
 from .._core.validate import require_bool, require_callable, require_float, require_int
 from .._jaxpr.compile_level import quick_jit
 from .grads_findings import nonfinite_loss_finding, sampled_finding
 from .grads_leaf import LeafJudge, Tally
 from .grads_precision import GRAD_DEFAULTS as GRAD_DEFAULTS, Tolerance, is_real_float
 from .grads_stops import stop_gradient_crossings, unstopped_directional
-
-
-def _display(path: str) -> str:
-    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def check_grads(
@@ -522,5 +518,5 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
     )
     tally = Tally()
     for j, (a, k) in enumerate(leaves.checked):
-        judge.judge(j, _display(leaves.paths[a][k]), tally)
+        judge.judge(j, shown_path(leaves.paths[a][k]), tally)
     return tally.findings_at(v0, tol.eps) + leaves.sampled

@@ -18,7 +18,7 @@ from jax._src import core as jcore
 
 from .._core.errors import ExperimentError
 from .._core.frames import user_location
-from .._core.tree import PyTree, leaves_with_paths
+from .._core.tree import PyTree, leaves_with_paths, shown_path
 from .._core.validate import require_callable
 from .._jaxpr.compile_level import quick_jit
 from .._jaxpr.interpret import Interpreter
@@ -126,10 +126,6 @@ class LayerStats:
     """Whether this layer ends a residual branch: its output is added back into a stream that skipped it
     (``x + W2 f(W1 x)``: W2). Its scale is set on purpose (zero init, GPT-2's 1/sqrt(2 n_layers)) and is not a
     step down the chain, so :func:`check_activations` leaves it out of the chain's scale."""
-
-
-def _display(path: str) -> str:
-    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def _layer_name(path: str) -> str:
@@ -240,7 +236,7 @@ class _Capture(Interpreter):
             {
                 "head": self.meta[feeding[1]]["head"] if after else site,  # the first layer of its chain
                 "fed_by": feeding[1] if from_layer else None,
-                "name": _layer_name(_display(in_tags[side][1])),
+                "name": _layer_name(shown_path(in_tags[side][1])),
                 "kind": "conv" if name.startswith("conv") else "dense",
                 "location": user_location(eqn, self.path),
                 "shape": tuple(eqn.outvars[0].aval.shape),

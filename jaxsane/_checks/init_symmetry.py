@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.finding import Finding
-from .._core.tree import PyTree, leaves_with_paths
-from .init_capture import _display, _layer_name
+from .._core.tree import PyTree, leaves_with_paths, shown_path
+from .init_capture import _layer_name
 
 PARTED = 1e-6  # relative difference between two units' gradient columns from which they part on the first step
 SIGN_STEP = 1e-3  # the synthetic first update's size per parameter (Adam's first step is lr * sign(g))
@@ -46,7 +46,7 @@ def _kernel_gradient(grads: PyTree, layer: dict) -> np.ndarray | None:
     layer's units), or None when there is no such leaf."""
     for path, g in leaves_with_paths(grads, "params"):
         shape = np.shape(g)
-        if len(shape) >= 2 and shape[-1] == layer.get("units") and _layer_name(_display(path)) == layer.get("name"):
+        if len(shape) >= 2 and shape[-1] == layer.get("units") and _layer_name(shown_path(path)) == layer.get("name"):
             return np.asarray(g, np.float64)
     return None
 

@@ -26,7 +26,7 @@ import numpy as np
 from .._core.errors import ArgumentError, DataError
 from .._core.finding import Finding
 from .._core.frames import user_call_site, user_location
-from .._core.tree import PyTree, accumulates_gradients, copy_arrays, is_key, leaves_with_paths
+from .._core.tree import PyTree, accumulates_gradients, copy_arrays, is_key, leaves_with_paths, shown_path
 from .._core.validate import is_prng_key, require_batch, require_bool, require_int
 from .._experiment.batch_match import batch_mismatch, cause_text
 from .._experiment.batches import first_batch
@@ -147,10 +147,6 @@ def _is_float(x: Any) -> bool:
         return bool(jnp.issubdtype(dtype, jnp.floating))
     except TypeError:
         return False
-
-
-def _display(path: str) -> str:
-    return path[: -len(".value")] if path.endswith(".value") else path
 
 
 def _raw_key_path(path: str, leaf: Any) -> bool:
@@ -352,13 +348,13 @@ def _update_findings(snapshots: list, kinds: list[str], accumulating: bool = Fal
         return [
             Finding(
                 "step.no_update",
-                f"the parameters ({len(params)} leaves, e.g. {_display(snapshots[0][params[0]][0])}) are bitwise "
+                f"the parameters ({len(params)} leaves, e.g. {shown_path(snapshots[0][params[0]][0])}) are bitwise "
                 f"unchanged after {n} steps{opt_note}",
                 "the step does not apply its update: return the NEW state (e.g. state.apply_gradients(grads=...) or "
                 "optax.apply_updates(params, updates)), not the state it was given; for NNX call "
                 "optimizer.update(model, grads) inside the step; check the learning rate is not 0. "
                 "(Gradient accumulation with optax.MultiSteps(k) only updates every k steps: run with more calls.)",
-                path=_display(snapshots[0][params[0]][0]),
+                path=shown_path(snapshots[0][params[0]][0]),
                 extra={"calls": n},
             )
         ]
@@ -367,11 +363,11 @@ def _update_findings(snapshots: list, kinds: list[str], accumulating: bool = Fal
             Finding(
                 "step.opt_state_frozen",
                 f"the parameters change but the optimizer state ({len(opt)} float leaves, e.g. "
-                f"{_display(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
+                f"{shown_path(snapshots[0][opt[0]][0])}) is bitwise unchanged across {n} steps",
                 "the step returns the initial optimizer state: thread the new one, "
                 "`updates, opt_state = tx.update(grads, opt_state, params)` and return that opt_state with the new "
                 "params (momentum and Adam moments are lost otherwise)",
-                path=_display(snapshots[0][opt[0]][0]),
+                path=shown_path(snapshots[0][opt[0]][0]),
                 extra={"calls": n},
             )
         ]
@@ -427,7 +423,7 @@ def _frozen_state_findings(
     except Exception:  # noqa: BLE001 - a step that cannot be traced again here: judge nothing
         return []
     n_out = len(jax.tree_util.tree_leaves(out_shape[0]))
-    paths = [_display(p) for p, _ in snapshots[0]]
+    paths = [shown_path(p) for p, _ in snapshots[0]]
     return dropped_state_findings(closed, len(kinds), n_out, candidates, paths)
 
 
@@ -517,7 +513,7 @@ def _rng_findings(
     if not repeated:
         return []
     frozen_keys = [
-        _display(snapshots[0][i][0])
+        shown_path(snapshots[0][i][0])
         for i, k in enumerate(kinds)
         if k == "key" and bitwise_equal(snapshots[0][i][1], snapshots[1][i][1])
     ]
@@ -566,7 +562,7 @@ def _dead_code_eliminated(fn, flat_args):
 
 def _key_only_findings(snapshots: list, kinds: list[str]) -> list[Finding]:
     frozen = [
-        _display(snapshots[0][i][0])
+        shown_path(snapshots[0][i][0])
         for i, k in enumerate(kinds)
         if k == "key"
         and all(bitwise_equal(snapshots[c][i][1], snapshots[c + 1][i][1]) for c in range(len(snapshots) - 1))

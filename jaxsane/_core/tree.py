@@ -29,6 +29,11 @@ def leaves_with_paths(tree: PyTree, root: str = "", is_leaf: Callable | None = N
     return [(path_str(p, root), leaf) for p, leaf in flat]
 
 
+def shown_path(path: str) -> str:
+    """A leaf's path as findings show it: without NNX's ``.value``."""
+    return path[: -len(".value")] if path.endswith(".value") else path
+
+
 def accumulates_gradients(state: PyTree) -> bool:
     """Whether ``state`` holds a gradient accumulator (``optax.MultiSteps``: its ``mini_step`` counter and
     ``acc_grads``, found by path in any style of state, an NNX optimizer's too): the parameters then move once

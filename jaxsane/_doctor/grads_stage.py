@@ -15,9 +15,8 @@ import numpy as np
 
 from .._checks.grads import check_grads
 from .._checks.init import traceable
-from .._checks.init_capture import _display
 from .._core.finding import Finding
-from .._core.tree import copy_arrays, leaves_with_paths
+from .._core.tree import copy_arrays, leaves_with_paths, shown_path
 from .._experiment.batches import slice_examples
 from .._locate.locate import latent_nan_findings
 from .options import GradsOptions
@@ -63,9 +62,9 @@ def updated_otherwise(ctx: Any, findings: list[Finding]) -> list[Finding]:
     try:
         adapted = ctx.pure
         state = adapted.init(ctx.key)
-        before = {_display(p): np.asarray(x) for p, x in leaves_with_paths(adapted.params(state), "params")}
+        before = {shown_path(p): np.asarray(x) for p, x in leaves_with_paths(adapted.params(state), "params")}
         moved = adapted.params(adapted.step(copy_arrays(state), ctx.batch)[0])
-        after = {_display(p): np.asarray(x) for p, x in leaves_with_paths(moved, "params")}
+        after = {shown_path(p): np.asarray(x) for p, x in leaves_with_paths(moved, "params")}
     except Exception:  # noqa: BLE001 - the step's own problems are the step stage's to report
         return findings
     own = {p for p in flagged if p in before and p in after and _moved_by_itself(before[p], after[p])}

@@ -218,7 +218,7 @@ FIELDS = {
     "init": callable, "step": callable, "train": lambda v: _data_ok(v, True), "eval": lambda v: _data_ok(v, False),
     "loss": callable_or_none, "apply": callable_or_none, "params": callable_or_none, "inputs": callable_or_none,
     "labels": callable_or_none, "mask": callable_or_none, "examples": callable_or_none,
-    "num_classes": lambda v: v is None or int_ge(2)(v), "name": lambda v: isinstance(v, str), "causal": boolean,
+    "num_classes": lambda v: v is None or int_ge(2)(v), "name": lambda v: isinstance(v, str), "causal": lambda v: v is None or boolean(v),
 }
 
 
