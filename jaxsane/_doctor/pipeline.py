@@ -241,7 +241,7 @@ def _takes_the_shapes(ctx: StageContext) -> bool:
     if adapted is None:
         return False
     try:
-        state = jax.eval_shape(adapted.init, ctx.key)
+        state = adapted.init(ctx.key)  # the init stage's own (doctor reuses one init per key)
         if adapted.loss_fn is not None:
             jax.eval_shape(traceable_handle(adapted, "loss"), adapted.params(state), ctx.batch)
         else:
