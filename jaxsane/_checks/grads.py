@@ -32,7 +32,8 @@ from .._jaxpr.compile_level import quick_jit
 from .grads_findings import nonfinite_loss_finding, sampled_finding
 from .grads_leaf import LeafJudge, Tally
 from .grads_precision import GRAD_DEFAULTS as GRAD_DEFAULTS, Tolerance, is_real_float
-from .grads_stops import stop_gradient_crossings, unstopped_directional
+from .grads_stops import stop_gradient_crossings, unstopped_directional, user_stop_gradients
+from .grads_trust import foreign_rules, needs_differences
 
 
 def check_grads(
@@ -52,6 +53,7 @@ def check_grads(
     kink_rtol: float | None = None,
     max_leaves: int | None = 128,
     gradient: Callable | None = None,
+    trust_autodiff: bool = False,
 ) -> list[Finding]:
     """Compare ``f``'s autodiff gradients with finite differences, leaf by leaf.
 
@@ -96,6 +98,13 @@ def check_grads(
         as ``args[0]``, called on the arguments cast to ``dtype``). A reverse-mode-only check of order 1 on
         ``argnums=0`` with one scalar output takes its autodiff gradients from it instead of compiling ``f``'s
         backward pass itself (doctor shares the program of its run's gradient telemetry). None: compiled here.
+      trust_autodiff: compare with finite differences only the leaves where autodiff can be wrong or differ from
+        the function's slope: every leaf when the function uses a derivative rule that is not JAX's own (a
+        ``jax.custom_jvp``/``custom_vjp`` of the user's or a library's, Equinox's and Flax's wrappers of them),
+        else the leaves whose value reaches a ``stop_gradient`` the user wrote and those whose gradient is zero
+        or not finite; the others' autodiff gradients are JAX's exact rules (``_checks/grads_trust.py``). No
+        finite difference is computed when none is left. doctor sets it on a large step. Default False: every
+        checked leaf.
 
     Returns:
       Findings ``grad.mismatch`` (leaf, relative error, tolerance) and ``grad.missing`` (a float
@@ -119,6 +128,7 @@ def check_grads(
     """
     options = dict(order=order, eps=eps, atol=atol, rtol=rtol, dtype=dtype, has_aux=has_aux, seed=seed)
     options.update(kinks=kinks, kink_rtol=kink_rtol, max_leaves=max_leaves, gradient=gradient)
+    options.update(trust_autodiff=trust_autodiff)
     return _run(GradCheckPlan.build(f, args, argnums=argnums, modes=modes, root=root, **options))
 
 
@@ -144,6 +154,7 @@ class GradCheckPlan:
     kink_rtol: float | None
     max_leaves: int | None
     gradient: Callable | None = None
+    trust_autodiff: bool = False
 
     @classmethod
     def build(
@@ -164,6 +175,7 @@ class GradCheckPlan:
         require_bool("check_grads", "has_aux", options["has_aux"])
         require_int("check_grads", "seed", options["seed"])
         require_bool("check_grads", "kinks", options["kinks"])
+        require_bool("check_grads", "trust_autodiff", options["trust_autodiff"])
         require_float("check_grads", "kink_rtol", options["kink_rtol"], positive=True, optional=True)
         require_int("check_grads", "max_leaves", options["max_leaves"], min=0, optional=True)
         if options["gradient"] is not None:
@@ -495,6 +507,12 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
     if reaches is not None and any(reaches):  # zeroed further on here, or by a constant zero (then no nearby point)
         nearby = _nearby_gradient(leaves, cots, values, rng)
         reaches = [bool(r and nearby is not None and np.any(nearby[j])) for j, r in enumerate(reaches)]
+    stops = stop_gradient_crossings(jaxpr, n)
+    compared = [True] * n
+    if plan.trust_autodiff:
+        compared = needs_differences(grads, user_stop_gradients(jaxpr, n), foreign_rules(jaxpr))
+        if not any(compared):  # JAX's own rules on every leaf: nothing for finite differences to find
+            return leaves.sampled
     v0 = np.asarray(value_at(values, dirs, np.zeros((n,), tdtype)))
     if not np.all(np.isfinite(v0)):  # nothing to compare: a NaN loss is a forward fact, not n wrong rules
         return [nonfinite_loss_finding(v0, n)]
@@ -513,10 +531,11 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
         directional=directional,
         jvps=jvps,
         reaches=reaches,
-        stops=stop_gradient_crossings(jaxpr, n),
+        stops=stops,
         unstopped=unstopped_directional(_projected(leaves, cots), values, leaves.operands(), dirs),
     )
     tally = Tally()
     for j, (a, k) in enumerate(leaves.checked):
-        judge.judge(j, shown_path(leaves.paths[a][k]), tally)
+        if compared[j]:
+            judge.judge(j, shown_path(leaves.paths[a][k]), tally)
     return tally.findings_at(v0, tol.eps) + leaves.sampled

@@ -27,12 +27,25 @@ from .._jaxpr.interpret import Interpreter, bodies
 def stop_gradient_crossings(jaxpr: Any, n: int) -> list[tuple[str, ...]]:
     """Per checked leaf (the jaxpr's first ``n`` inputs), the ``file:line`` of each ``stop_gradient`` its value
     flows into, in program order (empty when none). Not jit-safe."""
+    found, inside = _crossings(jaxpr, n)
+    return [tuple(found.get(i) or inside.get(i) or ()) for i in range(n)]
+
+
+def user_stop_gradients(jaxpr: Any, n: int) -> list[bool]:
+    """Per checked leaf, whether its value flows into a ``stop_gradient`` the user wrote (not one a library function
+    wrote, such as softmax's max shift, which changes no derivative). Not jit-safe."""
+    found, _ = _crossings(jaxpr, n)
+    return [bool(found.get(i)) for i in range(n)]
+
+
+def _crossings(jaxpr: Any, n: int) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """``(the user's, the libraries')``: per checked leaf, the locations of the stop_gradients of each kind."""
     jaxpr = jaxpr.jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jaxpr
     found: dict[int, list[str]] = {}
     inside: dict[int, list[str]] = {}  # those a library wrote (softmax's max shift): named only when no other is
     env = {v: 1 << i for i, v in enumerate(jaxpr.invars[:n])}
     _walk(jaxpr, env, found, inside, ())
-    return [tuple(found.get(i) or inside.get(i) or ()) for i in range(n)]
+    return found, inside
 
 
 _LIBRARIES = ("/jax/_src/nn/", "/jax/_src/numpy/", "/jax/_src/scipy/", "/optax/", "/flax/", "/equinox/")

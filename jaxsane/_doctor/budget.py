@@ -367,6 +367,11 @@ def _grads_rules(plan: StagePlan, cost: StepCost, opts: dict[str, Any], explicit
         said.append("gradients checked in reverse mode only (a custom_jvp rule is checked through its transpose)")
     if _change(plan, opts, explicit, "grads", "grads_float64", False):
         said.append("gradients checked in float32, a failing leaf again in float64")
+    if _change(plan, opts, explicit, "grads", "grads_trust_autodiff", True):
+        said.append(
+            "finite differences only where autodiff can be wrong (a derivative rule not JAX's own, a stop_gradient "
+            "of the user's, a zero gradient)"
+        )
     if _change(plan, opts, explicit, "grads", "grads_replay_examples", 1):
         said.append("the gradient's replay for latent NaNs on 1 example")
     grads = _planned(plan, opts, "grads")

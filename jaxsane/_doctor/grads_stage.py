@@ -123,7 +123,8 @@ def _check(ctx: Any) -> list[Finding]:
         return _skipped()
     loss, params, batch = _inputs(ctx)
     check = functools.partial(check_grads, loss, params, batch, order=opts.grads_order, modes=opts.grads_modes,
-                              max_leaves=opts.grads_max_leaves or None)  # fmt: skip
+                              max_leaves=opts.grads_max_leaves or None,
+                              trust_autodiff=opts.grads_trust_autodiff)  # fmt: skip
     findings = check(dtype=jnp.float64) if opts.grads_float64 else check(dtype=jnp.float32, gradient=_shared(ctx))
     if not opts.grads_float64 and any(f.code in ("grad.mismatch", "grad.missing") for f in findings):
         findings = check(dtype=jnp.float64)  # a float32 failure, confirmed on the same sampled leaves (same seed)

@@ -98,6 +98,12 @@ class GradsOptions:
         "check in float64; False: in float32, and a leaf that fails there is checked again in float64 before it is "
         "reported (cheaper on a large model; an error below float32's resolution can go unseen)",
     )
+    grads_trust_autodiff: bool = _opt(
+        False,
+        "compare with finite differences only the leaves where autodiff can be wrong: all of them when the loss uses "
+        "a derivative rule that is not JAX's own (custom_jvp/custom_vjp), else those behind a stop_gradient the user "
+        "wrote and those with a zero or non-finite gradient (doctor sets it on a large step)",
+    )
     grads_replay_examples: int = _opt(
         0,
         "examples the equation-by-equation replay of the gradient (nonfinite.latent) runs on (0: the check's)",

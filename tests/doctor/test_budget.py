@@ -85,6 +85,7 @@ def test_a_large_step_samples_the_runs_telemetry_checks_reverse_mode_and_cuts_ev
     plan = _plan()
     grads = plan.changes["grads"]
     assert grads["grads_modes"] == ("rev",) and grads["grads_float64"] is False and grads["grads_replay_examples"] == 1
+    assert grads["grads_trust_autodiff"] is True and "finite differences only where autodiff can be wrong" in plan.lines[0]
     assert plan.changes["run"] == {  # no eval data: eval untouched
         "run_telemetry_every": _budget.telemetry_every(30),
         "run_telemetry_examples": _budget.SMALL_BATCH,
@@ -235,6 +236,25 @@ def test_a_float32_gradient_check_confirms_a_failing_leaf_in_float64(wrong, monk
     codes = [f.code for f in d.findings]
     assert calls == (["float32", "float64"] if wrong else ["float32"])
     assert ("grad.mismatch" in codes) == wrong
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_large_steps_gradient_check_trusts_jax_rules_and_still_finds_a_wrong_custom_rule(wrong, monkeypatch):
+    monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)
+    trusted = []
+    real = _grads_stage.check_grads
+
+    def spy(*args, trust_autodiff, **kw):
+        trusted.append(trust_autodiff)
+        return real(*args, trust_autodiff=trust_autodiff, **kw)
+
+    monkeypatch.setattr(_grads_stage, "check_grads", spy)
+    exp = jaxsane.Experiment(
+        init=_experiment().init, step=_step, train=TRAIN, loss=_wrong_loss() if wrong else _loss, params=lambda s: s
+    )
+    d = jaxsane.doctor(exp, stages=["grads"], progress=False, compile_cache=False)
+    assert trusted and all(trusted)
+    assert [f.path for f in d.findings if f.code == "grad.mismatch"] == (["params['w1']"] if wrong else [])
 
 
 def test_a_large_step_without_a_loss_plans_no_gradient_check(monkeypatch):

@@ -218,7 +218,7 @@ def test_the_option_names_of_earlier_releases_still_work():
                "overfit_init_scales", "overfit_batch_size", "init_scales", "run_steps", "run_eval_every",
                "run_dead_every", "run_thresholds"]
     added = ["grads_float64", "grads_replay_examples", "run_eval_examples", "run_telemetry_every",
-             "run_telemetry_examples", "overfit_seconds"]  # doctor at scale
+             "run_telemetry_examples", "overfit_seconds", "grads_trust_autodiff"]  # doctor at scale
     assert sorted(_options.OPTIONS) == sorted(earlier + added)
 
 
