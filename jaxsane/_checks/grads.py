@@ -102,8 +102,9 @@ def check_grads(
         the function's slope: every leaf when the function uses a derivative rule that is not JAX's own (a
         ``jax.custom_jvp``/``custom_vjp`` of the user's or a library's, Equinox's and Flax's wrappers of them),
         else the leaves whose value reaches a ``stop_gradient`` the user wrote and those whose gradient is zero
-        or not finite; the others' autodiff gradients are JAX's exact rules (``_checks/grads_trust.py``). No
-        finite difference is computed when none is left. doctor sets it on a large step. Default False: every
+        or not finite; the others' autodiff gradients are JAX's exact rules (``_checks/grads_trust.py``). When
+        none is left, ``f`` is not evaluated at all, so a non-finite value with finite gradients goes unreported
+        here (doctor's init stage reports the loss at init). doctor sets it on a large step. Default False: every
         checked leaf.
 
     Returns:
