@@ -536,7 +536,9 @@ def _check(plan: GradCheckPlan) -> list[Finding]:
         unstopped=unstopped_directional(_projected(leaves, cots), values, leaves.operands(), dirs),
     )
     tally = Tally()
+    zero = [j for j in range(n) if compared[j] and np.all(np.isfinite(grads[j])) and not np.any(grads[j])]
+    unmoved = len(zero) > 1 and judge.unmoved_together(zero)  # two evaluations for them all, when f ignores them
     for j, (a, k) in enumerate(leaves.checked):
         if compared[j]:
-            judge.judge(j, shown_path(leaves.paths[a][k]), tally)
+            judge.judge(j, shown_path(leaves.paths[a][k]), tally, unmoved=unmoved and j in zero)
     return tally.findings_at(v0, tol.eps) + leaves.sampled

@@ -97,9 +97,9 @@ class LeafJudge:
         vec[j] = t
         return np.asarray(self.value_at(self.values, self.dirs[:j] + [sub] + self.dirs[j + 1 :], vec))
 
-    def along(self, j: int) -> Callable:
-        """``g(t)``: ``f`` with leaf ``j`` moved by ``t`` along its direction; check_jvp and check_vjp ask for
-        the same points, so each is evaluated once."""
+    def along(self, j: int | list[int]) -> Callable:
+        """``g(t)``: ``f`` with leaf ``j`` (or every leaf of a list, together) moved by ``t`` along its direction;
+        check_jvp and check_vjp ask for the same points, so each is evaluated once."""
         memo: dict[float, np.ndarray] = {0.0: self.v0}
 
         def g(t):
@@ -111,6 +111,15 @@ class LeafJudge:
             return memo[key]
 
         return g
+
+    def unmoved_together(self, js: list[int]) -> bool:
+        """Whether ``f`` is bitwise unchanged when the leaves ``js`` (whose gradients are identically zero) all move
+        a step ``eps`` each way at once, along their independent random directions: then each one's own
+        difference quotient is exactly zero too (a cancellation to the last bit between independent random
+        directions does not happen), and two evaluations judge them all instead of two per leaf (an MLP-Mixer
+        with a zero-initialised head: 76 such leaves, 70 s of its gradient check on 8 host devices). Not
+        jit-safe."""
+        return directional_quotient(self.along(js), np.asarray(0.0, self.tdtype), self.tol.eps) == 0.0
 
     def checks(self, j: int, g: Callable, ad: float) -> tuple:
         """The ``(g, g_jvp, g_vjp)`` that :func:`run_check` compares for leaf ``j``."""
@@ -131,8 +140,9 @@ class LeafJudge:
 
         return g, g_jvp, g_vjp
 
-    def judge(self, j: int, path: str, tally: Tally) -> None:
-        """Compare leaf ``j`` and record what it gives in ``tally``."""
+    def judge(self, j: int, path: str, tally: Tally, unmoved: bool = False) -> None:
+        """Compare leaf ``j`` and record what it gives in ``tally``; ``unmoved``: its gradient is identically zero
+        and :meth:`unmoved_together` found ``f`` unchanged along it (its difference quotient is 0)."""
         tol, ad, jvps = self.tol, self.directional[j], self.jvps
         if not (np.all(np.isfinite(self.grads[j])) and np.isfinite(ad) and (jvps is None or np.isfinite(jvps[j]))):
             tally.backward.append((path, ad))
@@ -140,7 +150,7 @@ class LeafJudge:
         g = self.along(j)
         t0 = np.asarray(0.0, self.tdtype)
         if not np.any(self.grads[j]):
-            self.missing(j, path, g, t0, tally)
+            self.missing(j, path, g, t0, tally, unmoved)
             return
         checks = self.checks(j, g, ad)
         failure, errors, fds = None, [], []
@@ -173,10 +183,11 @@ class LeafJudge:
         tol = self.tol
         return kink_at_every_step(g, (tol.ladder[0], tol.ladder[-1]), ad, tol.atol, tol.kink_rtol)[0]
 
-    def missing(self, j: int, path: str, g: Callable, t0: np.ndarray, tally: Tally) -> None:
-        """A leaf whose gradient is identically zero: ``grad.missing``, or non-finite a step away."""
+    def missing(self, j: int, path: str, g: Callable, t0: np.ndarray, tally: Tally, unmoved: bool = False) -> None:
+        """A leaf whose gradient is identically zero: ``grad.missing``, or non-finite a step away (``unmoved``: its
+        difference quotient is known to be 0)."""
         tol = self.tol
-        fd = directional_quotient(g, t0, tol.eps)
+        fd = 0.0 if unmoved else directional_quotient(g, t0, tol.eps)
         if not np.isfinite(fd):
             tally.nearby.append((path, fd))
             return

@@ -10,7 +10,8 @@ in float64 (about twice the float32 cost on a CPU) on ``grads_batch_size`` examp
 Two kinds of plan, both said in the summary (``artifacts["plan"]``) and by info findings where a check ran on
 less than it would (``grad.sampled``, ``overfit.budget``):
 
-* **per-stage rules** (always): on a step of at least :data:`LARGE_STEP_FLOPS` (a model the size people train),
+* **per-stage rules** (always): on a step of at least :data:`LARGE_STEP_FLOPS` or a training state of at least
+  :data:`LARGE_STATE_BYTES` (a model the size people train),
   the gradient check takes at most :data:`GRADS_STEPS` of the user's steps (fewer examples, sampled leaves),
   the overfit sweep at most :data:`OVERFIT_STEPS` configuration-steps' worth of flops (fewer examples, then
   fewer configurations) and the sweep's stacked states at most :data:`SWEEP_STATES` of the user's states at
@@ -44,6 +45,11 @@ from .options import GradsOptions, OverfitOptions, RunOptions
 LARGE_STEP_FLOPS = {"cpu": 1e9, "other": 1e12}
 """A step of at least this many flops (about 20 ms of a CPU core; a model of about a million parameters on a
 thousand tokens) makes the per-stage rules apply; off the CPU 1000x more."""
+LARGE_STATE_BYTES = {"cpu": 2**26, "other": 2**34}
+"""... and so does a training state of at least this many bytes, whatever the step's flops: 64 MiB, about 5M float32
+parameters with Adam's two moments, which the update reads and writes whole every step (tens of ms of a CPU's
+memory bandwidth). A recommender's 32M-parameter embedding tables cost 0.58 GFLOP a step and 0.3 s on 2 cores;
+planned as small, its overfit sweep took its 30 s floor next to the user's 17 s run. Off the CPU 16 GiB."""
 GRADS_STEPS = 8.0  # the gradient check's share, in user steps
 OVERFIT_STEPS = 40.0  # the sweep's share, in user steps (its early exit usually spends less)
 SWEEP_TIME_STEPS = 20.0  # the sweep's time guard: its runs take at most this many of the user's steps, as timed,
@@ -224,7 +230,8 @@ def plan_stages(
     if cost is None:
         return plan
     backend = backend or jax.default_backend()
-    plan.large = large = cost.flops >= LARGE_STEP_FLOPS["cpu" if backend == "cpu" else "other"]
+    where = "cpu" if backend == "cpu" else "other"
+    plan.large = large = cost.flops >= LARGE_STEP_FLOPS[where] or cost.state_bytes >= LARGE_STATE_BYTES[where]
     if large:
         evaluates = adapted is not None and adapted.experiment.eval is not None
         has_loss = adapted is not None and adapted.loss_fn is not None
@@ -290,7 +297,8 @@ def _per_stage_rules(
     plan.sweep_memory_bytes = SWEEP_STATES * cost.state_bytes
     plan.sweep_chunk = SWEEP_CHUNK
     plan.lines.append(
-        f"plan: the step is large ({cost.flops / 1e9:.3g} GFLOP on {cost.examples or 'its'} examples), so "
+        f"plan: the step is large ({cost.flops / 1e9:.3g} GFLOP on {cost.examples or 'its'} examples, a "
+        f"{cost.state_bytes / 2**20:.0f} MiB training state), so "
         + ", ".join(
             said
             + [

@@ -435,6 +435,7 @@ def overfit_stage(ctx: StageContext) -> Iterable[Finding]:
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,
         init_scales=opts.overfit_init_scales,
+        reference_batch=ctx.batch,  # the step stage runs the user's step on it: no compile at another shape
         **_plan_limits(ctx),
     )
     precompiled: concurrent.futures.Future | None = None
@@ -493,6 +494,7 @@ def prepare_overfit(ctx: StageContext, pool: concurrent.futures.Executor) -> dic
         steps=opts.overfit_steps,
         learning_rates=opts.overfit_learning_rates,
         init_scales=opts.overfit_init_scales,
+        reference_batch=ctx.batch,  # the step stage runs the user's step on it: no compile at another shape
         **_plan_limits(ctx),
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import threading
 import warnings
@@ -189,16 +190,16 @@ def plan_overfit(
     update_scales: Sequence[float] | None = None,
     budget_flops: float | None = None,
     memory_bytes: float | None = None,
+    reference_batch: PyTree | None = None,
 ) -> OverfitPlan:
-    """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and
-    target of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may be started early (in a
-    background thread) and whose ``run`` compiles (unless given the compiled program), runs and judges.
-    ``update_scales``: sweep these factors on the step's updates instead of rates, ending at the first fit (what
-    ``run`` does itself when the rate cannot be set and its own fits nothing: ``update_scale.py``). doctor's
-    planning adds ``budget_flops``, the flops the sweep may take when ``seeds`` and ``learning_rates`` are left
-    to it (fewer configurations, an ``overfit.budget`` finding), ``memory_bytes``, what the stacked states
-    running at once may hold (more, smaller groups run in turns: ``sweep.py``). The plan's ``run(precompiled,
-    time_limit)`` takes the time limit of :func:`overfit`. Not jit-safe."""
+    """Everything :func:`overfit` does before compiling: arguments checked, configurations, the step and target
+    of the sweep. Returns an :class:`OverfitPlan` whose ``compile`` may start early (in a background thread) and
+    whose ``run(precompiled, time_limit)`` compiles (unless given the program), runs and judges. ``update_scales``:
+    sweep these factors on the step's updates instead of rates, ending at the first fit (what ``run`` does itself
+    when the rate cannot be set and its own fits nothing: ``update_scale.py``). doctor adds ``budget_flops``, the
+    flops the sweep may take when ``seeds`` and ``learning_rates`` are left to it (fewer configurations, an
+    ``overfit.budget`` finding), ``memory_bytes``, what the stacked states running at once may hold (more, smaller
+    groups run in turns: ``sweep.py``), and ``reference_batch`` (:func:`_mismatch_check`). Not jit-safe."""
     options = {k: v for k, v in locals().items() if k not in ("experiment", "batch", "learning_rates")}
     _check_arguments(
         experiment,
@@ -236,12 +237,12 @@ def plan_overfit(
     if ceiling is not None:  # an ambiguous batch caps the reachable accuracy: ask for no more than it allows
         target_accuracy = min(target_accuracy, ceiling.accuracy - 1e-6)
     seed, reports = grid.seed_list[0], grid.step_reports_loss  # can apply's accuracy judge? (found while compiling)
-    mismatch = _in_thread(accuracy_mismatch, adapted, seed, batch, reports) if accuracy else None
+    mismatch = _mismatch_check(adapted, seed, batch, reports, reference_batch) if accuracy else None
     select = _selector(scale_leaves)
     host_plan = host_prepare_plan(adapted, grid.example, select, grid.lr_paths)
     spec = SweepSpec(
         one_step,
-        None if host_plan is not None else _in_program_prepare(adapted, select, grid.lr_paths),
+        None if host_plan is not None else _in_program_prepare(adapted, grid, select, update_scales is not None),
         None if accuracy is None else _on_state(adapted, accuracy),
         chunk=chunk,
         n_chunks=max(1, math.ceil(steps / chunk)),
@@ -377,8 +378,25 @@ def _loss_step(adapted: PureExperiment, step_reports_loss: bool) -> Callable[[Py
     return one_step
 
 
-def _in_program_prepare(adapted: PureExperiment, select: Callable[[str], bool], lr_paths: set) -> Callable:
-    """``(state, lr, scale) -> state`` that the compiled program applies when the host cannot. Jit-safe."""
+def _mismatch_check(
+    adapted: PureExperiment, seed: int, batch: PyTree, reports: bool, reference_batch: PyTree | None
+) -> concurrent.futures.Future | _Deferred:
+    """Whether apply's accuracy can judge the fit (``setup.accuracy_mismatch``), as a future: on the overfit batch
+    in a thread while the sweep compiles, or, given a ``reference_batch`` the caller runs the user's step and apply
+    on anyway (doctor's first train batch), there once the sweep runs: on the overfit batch it compiles the user's
+    step once more at that batch's shape (a full compile: 10 s of a 3.5M-parameter CNN's on 2 cores). Not jit-safe."""
+    if reference_batch is None:
+        return _in_thread(accuracy_mismatch, adapted, seed, batch, reports)
+    return _Deferred(functools.partial(accuracy_mismatch, adapted, seed, reference_batch, reports))
+
+
+def _in_program_prepare(adapted: PureExperiment, grid: Grid, select: Callable[[str], bool], scaled: bool) -> Any:
+    """``(state, lr, scale) -> state`` that the compiled program applies when the host cannot, or None when no
+    configuration sets a rate or an init scale (a large model's sweep at the step's own rate: no preparing program
+    to compile, 2.6 s of a 3.5M-parameter CNN's). Jit-safe."""
+    lr_paths = grid.lr_paths
+    if not (lr_paths or scaled or any(c.init_scale != 1.0 for c in grid.configs)):
+        return None
 
     def prepare(state, lr, scale):  # in the compiled program, only when the host cannot do it
         state = adapted.with_params(state, _scale_params(adapted.params(state), scale, select))
@@ -400,6 +418,20 @@ def _in_thread(fn: Callable, *args: Any) -> concurrent.futures.Future:
 
     threading.Thread(target=work, name=f"{threading.current_thread().name}/overfit-setup", daemon=True).start()
     return future
+
+
+class _Deferred:
+    """``fn()``, called once, by the first ``result()`` (a future's interface, for work that should run where and
+    when its result is first needed). Thread-safe; not jit-safe."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._fn, self._lock, self._done, self._value = fn, threading.Lock(), False, None
+
+    def result(self) -> Any:
+        with self._lock:
+            if not self._done:
+                self._value, self._done = self._fn(), True
+            return self._value
 
 
 def _on_state(adapted: PureExperiment, accuracy: Callable) -> Callable:
@@ -434,7 +466,7 @@ class _Sweep:
     judging: _Judging
     early_exit: bool
     progress: bool
-    mismatch: concurrent.futures.Future | None = None  # of setup.accuracy_mismatch, found while the sweep compiles
+    mismatch: concurrent.futures.Future | _Deferred | None = None  # of setup.accuracy_mismatch (plan_overfit)
     traces: TraceCount = dataclasses.field(default_factory=TraceCount)
     per_seed: list[list[Any]] = dataclasses.field(default_factory=list)
 

@@ -655,3 +655,38 @@ def test_a_jump_that_grows_as_the_step_shrinks_is_round_off_not_a_kink():
     steps = (1e-3, 1e-4)
     assert not kink_at_every_step(round_off_like, steps, 0.5, 1e-3, 0.02)[0]
     assert kink_at_every_step(kink, steps, 0.5, 1e-3, 0.02)[0]
+
+
+def test_leaves_the_loss_ignores_are_differenced_together_and_a_rounded_one_still_alone(monkeypatch):
+    """Leaves with an identically zero gradient are differenced together first (two evaluations for them all): a
+    zero-initialised head's body leaves, bitwise ignored, give the findings they gave one by one; a rounded leaf
+    among them (zero gradient, yet the loss moves) sends every leaf back to its own differences and stays an
+    error."""
+    from jaxsane._checks.grads_leaf import LeafJudge
+
+    together = []
+    real = LeafJudge.unmoved_together
+    monkeypatch.setattr(LeafJudge, "unmoved_together", lambda self, js: together.append(real(self, js)) or together[-1])
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)))
+    rng = np.random.default_rng(1)
+    params = {f"body{i}": jnp.asarray(rng.normal(size=(3, 3))) for i in range(3)} | {"head": jnp.zeros((3, 2))}
+
+    def zero_head(p, x):
+        h = x
+        for i in range(3):
+            h = jnp.tanh(h @ p[f"body{i}"])
+        return jnp.sum((h @ p["head"] + 1.0) ** 2)
+
+    def rounded(p, x):  # BUG: the rounding has no gradient; body2 is unused
+        return jnp.sum(jnp.tanh(x @ jnp.round(p["body0"] * 1e8) / 1e8) ** 2) + jnp.sum(x @ p["body1"]) * 0.0
+
+    for loss, expected in ((zero_head, [True]), (rounded, [False])):
+        together.clear()
+        findings = check_grads(loss, params, x)
+        assert together == expected, (loss.__name__, together)
+        monkeypatch.setattr(LeafJudge, "unmoved_together", lambda self, js: False)  # one by one, as before
+        alone = check_grads(loss, params, x)
+        monkeypatch.setattr(LeafJudge, "unmoved_together", lambda self, js: together.append(real(self, js)) or together[-1])
+        assert [(f.code, f.path, f.severity) for f in findings] == [(f.code, f.path, f.severity) for f in alone]
+    missing = {f.path: f for f in findings if f.code == "grad.missing"}
+    assert missing["params['body0']"].severity == "error" and missing["params['body0']"].extra["depends"], findings

@@ -61,9 +61,9 @@ def judged(monkeypatch):
     seen: list[str] = []
     real = grads_leaf.LeafJudge.judge
 
-    def spy(self, j, path, tally):
+    def spy(self, j, path, tally, **kw):
         seen.append(path)
-        return real(self, j, path, tally)
+        return real(self, j, path, tally, **kw)
 
     monkeypatch.setattr(grads_leaf.LeafJudge, "judge", spy)
     return seen

@@ -67,6 +67,18 @@ def test_a_large_step_samples_leaves_cuts_examples_and_bounds_the_sweep(monkeypa
     assert _budget.grads_steps(cost, grads, grads.grads_max_leaves) <= _budget.GRADS_STEPS + 1e-9
 
 
+def test_a_large_training_state_makes_a_step_of_few_flops_large(monkeypatch):
+    """A recommender's embedding tables: few flops a step, but a state the update reads and writes whole every
+    step; the per-stage rules apply, and the plan says the state's size."""
+    small = _plan()
+    assert not small.large and small.cost.state_bytes < _budget.LARGE_STATE_BYTES["cpu"]
+    monkeypatch.setitem(_budget.LARGE_STATE_BYTES, "cpu", small.cost.state_bytes)  # this MLP's state counts as large
+    plan = _plan()
+    assert plan.large and plan.cost.flops < _budget.LARGE_STEP_FLOPS["cpu"]
+    assert plan.changes["overfit"]["overfit_batch_size"] == _budget.SMALL_BATCH
+    assert f"a {plan.cost.state_bytes / 2**20:.0f} MiB training state" in plan.lines[0]
+
+
 def test_a_large_steps_sweep_stops_within_its_chunk_of_a_fit(monkeypatch):
     small = jaxsane.doctor(_experiment(), stages=["overfit"], progress=False, compile_cache=False)
     monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)  # this MLP's step counts as large

@@ -419,3 +419,30 @@ def test_whether_the_accuracy_can_judge_the_fit_is_found_while_the_sweep_compile
     assert threads and threads[0] != threading.main_thread().name  # beside the compile, not before it
     assert result.target_accuracy is None and "(judged by the loss)" in best.message
     assert "a stand-in for the real check" in best.message
+
+
+def test_with_a_reference_batch_the_accuracy_check_runs_there_when_the_sweep_runs(monkeypatch):
+    """doctor passes the batch its step stage runs the user's step on: the check that apply's accuracy can judge
+    the fit then runs on that batch, on the main thread once the sweep runs, and compiles no step at the overfit
+    batch's shape; the verdict is the check's as before."""
+    import threading
+
+    from jaxsane._overfit import overfit as _overfit_module
+    from jaxsane._overfit.overfit import plan_overfit
+
+    calls = []
+
+    def mismatch(adapted, seed, batch, reports):
+        calls.append((threading.current_thread().name, int(np.shape(batch["x"])[0])))
+        return "apply runs in another mode (a stand-in for the real check)"
+
+    monkeypatch.setattr(_overfit_module, "accuracy_mismatch", mismatch)
+    exp = _tiny("healthy")
+    full = _batch()  # the Experiment's one train batch, 16 examples
+    plan = plan_overfit(exp, jax.tree_util.tree_map(lambda v: v[:8], full), seeds=1, steps=150, baseline=False,
+                        progress=False, reference_batch=full)  # fmt: skip
+    assert calls == []  # nothing yet: not while planning, not beside the compile
+    result = plan.run()
+    assert calls == [(threading.main_thread().name, int(np.shape(full["x"])[0]))], calls
+    best = next(f for f in result.findings if f.code == "overfit.best")
+    assert result.target_accuracy is None and "a stand-in for the real check" in best.message
