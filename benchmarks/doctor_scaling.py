@@ -19,7 +19,13 @@ drifts (on the 2-core development VM the same user run took 14 to 21 s within fi
 inside the window moves both sides alike. With ``--reps N`` the row gives the median run of each side and the
 median of the N ratios, and lists every ratio. Asserts nothing.
 
+Programs not written for the ladder (``benchmarks/programs/more/``: an Equinox WaveNet, a linen CNN with gradient
+accumulation and an EMA, a LoRA classifier, a two-tower recommender, a data-parallel MLP-Mixer on 8 host devices)
+run the same way when ``--rungs`` names their paths: ``python PATH`` is the user's cold run, ``PATH:experiment``
+what doctor checks.
+
   python benchmarks/doctor_scaling.py [--rungs lm_1m,cnn_small] [--reps 3] [--markdown FILE] [--budget SECONDS]
+  python benchmarks/doctor_scaling.py --rungs benchmarks/programs/more/wavenet_eqx.py,...
 """
 
 from __future__ import annotations
@@ -63,8 +69,15 @@ def measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, st
     return wall, usage.ru_maxrss / 1024, proc.returncode, text
 
 
+def is_program(rung: str) -> bool:
+    """A rung given as a program's path (``benchmarks/programs/more/``): ``python PATH`` is the user's cold run,
+    printing one JSON line of timings, and its ``experiment`` is what doctor checks."""
+    return rung.endswith(".py")
+
+
 def user_run(rung: str) -> dict:
-    wall, rss, rc, out = measured([sys.executable, PROGRAM, rung], child_env())
+    cmd = [sys.executable, rung] if is_program(rung) else [sys.executable, PROGRAM, rung]
+    wall, rss, rc, out = measured(cmd, child_env())
     lines = [line for line in out.splitlines() if line.startswith("{")]
     inner = json.loads(lines[-1]) if lines else {}
     return {"wall": wall, "rss": rss, "rc": rc, **inner}
@@ -82,7 +95,8 @@ RUN_DOCTOR = (
 def doctor_run(rung: str, budget: float | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "d.json")
-        cmd = [sys.executable, "-c", RUN_DOCTOR, "doctor", f"{PROGRAM}:{rung}", "-q", "--json", report]
+        target = f"{rung}:experiment" if is_program(rung) else f"{PROGRAM}:{rung}"
+        cmd = [sys.executable, "-c", RUN_DOCTOR, "doctor", target, "-q", "--json", report]
         if budget is not None:
             cmd += ["--budget", str(budget)]
         wall, rss, rc, out = measured(cmd, child_env(JAXSANE_CACHE_DIR=os.path.join(tmp, "cache")))
@@ -151,7 +165,11 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rungs", default=",".join(RUNGS), help="comma list of " + ", ".join(RUNGS))
+    parser.add_argument(
+        "--rungs",
+        default=",".join(RUNGS),
+        help="comma list of " + ", ".join(RUNGS) + ", or paths of programs (benchmarks/programs/more/*.py)",
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as markdown")
     parser.add_argument("--budget", type=float, help="run doctor with --budget SECONDS")
     parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
@@ -160,7 +178,7 @@ def main() -> None:
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
-    unknown = [r for r in rungs if r not in RUNGS]
+    unknown = [r for r in rungs if r not in RUNGS and not (is_program(r) and os.path.exists(os.path.join(ROOT, r)))]
     if unknown:
         parser.error(f"unknown rung(s) {unknown}; the rungs are {list(RUNGS)}")
     rows = []
@@ -179,7 +197,8 @@ def main() -> None:
                 f"{doc['device_peak_mb']}; load {load()}",
                 flush=True,
             )
-        rows.append(bracketed(rung, users, doctors, f"{before} -> {load()}"))
+        name = os.path.splitext(os.path.basename(rung))[0] if is_program(rung) else rung
+        rows.append(bracketed(name, users, doctors, f"{before} -> {load()}"))
     text = table(rows)
     print(text)
     if args.markdown:
