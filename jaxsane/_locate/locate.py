@@ -69,6 +69,7 @@ from .latent import as_latent, latent_candidate
 from .origins import find_origins, recording_custom_vjp
 from .replay import Ctx, Replay, Val, flags
 from .result import LocateReport, Origin
+from .screen import finite_everywhere, screen_pays
 
 # ----------------------------------------------------------------------------- entry point
 
@@ -267,6 +268,8 @@ def _locate(
         np.asarray(a, aval.dtype) if isinstance(a, (int, float, complex)) else a
         for a, aval in zip(arrays, closed.in_avals)
     ]
+    if not (compiled_failed or xla_only) and screen_pays(closed) and _screened_finite(closed, arrays):
+        return None  # every value the replay would see is finite: nothing to locate, nothing latent
     ins = [Val(a, kind="input", name=p) for a, p in zip(arrays, in_paths)]
     outs, env = replay.replay(closed.jaxpr, closed.consts, ins, Ctx())
     if len(out_paths) != len(outs):  # pragma: no cover - defensive
@@ -287,6 +290,15 @@ def _locate(
     if not compiled_failed and latent_candidate(origins):  # a backward NaN: is the compiled program finite?
         report = as_latent(report, [v.bad for v in outs], _run_compiled(closed, arrays))
     return report
+
+
+def _screened_finite(closed, arrays: list) -> bool:
+    """:func:`finite_everywhere` (``screen.py``): the replay's outputs would be finite. False when the screen
+    cannot run the program (the replay then decides, as without it)."""
+    try:
+        return finite_everywhere(closed, arrays)
+    except Exception:  # noqa: BLE001 - a program the screen cannot compile: the replay judges it
+        return False
 
 
 def _compiled_only(closed, arrays: list, env: dict, replay: Replay, out_paths: list) -> LocateReport | None:
