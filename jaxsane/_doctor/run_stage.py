@@ -39,6 +39,7 @@ from .._core.tree import (
     copy_arrays,
     grouped_finite_flags,
     is_inexact,
+    one_replica,
     without_carried_infs,
 )
 from .._experiment.batches import count_examples, get_inputs, iter_batches, slice_examples, sliceable
@@ -92,7 +93,7 @@ class RunPrograms:
     def _before(params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
         return {"param_norm": leaf_norms(params)}
 
-    def _after(self, state: PyTree, new_state: PyTree, metrics: Any, batch: PyTree) -> tuple[jax.Array, jax.Array]:
+    def _after(self, state: PyTree, new_state: PyTree, metrics: Any) -> tuple[jax.Array, jax.Array]:
         before, after = _floats(self.adapted.params(state)), _floats(self.adapted.params(new_state))
         return leaf_norms([a - b for a, b in zip(after, before)]), self._finite(state, new_state, metrics)
 
@@ -220,7 +221,7 @@ def prepare_run(ctx: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
         sampled = telemetry_batch(ctx.experiment, batch, telemetry_examples(opts, with_loss))
         programs.before.lower(params, sampled).compile()
         new_state, metrics = jax.eval_shape(adapted.step, state, batch)  # the step's outputs, traced abstractly
-        programs.after.lower(state, new_state, metrics, batch).compile()
+        programs.after.lower(*one_replica((state, new_state, metrics))).compile()
         if programs.monitor.dead and programs.dead_count(params, get_inputs(adapted.experiment, batch)):
             programs.dead.lower(params, get_inputs(adapted.experiment, batch)).compile()
         if eval_loss is not None:
@@ -260,11 +261,21 @@ def _guard_finding(
 
 
 class _Dispatched(NamedTuple):
-    """One step of the run, dispatched: its inputs (``kept``: the state, a copy while the step may donate it),
-    batch, outputs and the device flag of whether they are all finite, not yet read."""
+    """One step of the run, dispatched: its inputs (``kept``: the state, a copy while the step may donate it, of
+    one replica when it is replicated over a mesh), batch, outputs and the device flag of whether they are all
+    finite, not yet read."""
+
+    def inputs(self) -> PyTree:
+        """The step's input state as the step took it: ``kept`` placed back where the step's inputs were."""
+        leaves, treedef = jax.tree_util.tree_flatten(self.kept)
+        placed = zip(leaves, self.shardings)
+        return jax.tree_util.tree_unflatten(
+            treedef, [jax.device_put(x, s) if isinstance(x, jax.Array) else x for x, s in placed]
+        )
 
     step: int
     kept: PyTree
+    shardings: list  # the sharding of each leaf of the step's input state: ``kept`` may be one replica of it
     batch: PyTree
     new_state: PyTree
     metrics: Any
@@ -285,34 +296,40 @@ class _Runner:
         """Step ``i`` on ``state`` with its telemetry, recorded in the Monitor; nothing waits for the device."""
         programs, monitor = self.programs, self.programs.monitor
         mode = monitor.mode_for(i) if self.reports_loss else max(monitor.mode_for(i), MODE_NORMS)
-        # the step's inputs, kept: a copy while the step may donate them, else a new tree of the same arrays (an
-        # NNX step replaces the values of the state's Variables in place, the arrays themselves never change)
-        arrays = jax.tree_util.tree_leaves(state)
-        kept = copy_arrays(state) if self.copy_inputs else jax.tree_util.tree_map(lambda x: x, state)
-        if mode != MODE_BARE:  # (only here: the pure view of the parameters costs an NNX graph walk per call)
-            params = self.adapted.params(kept)
-            sampled = telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples)
-            tel = programs.before(params, sampled)
+        tel: dict[str, Any] = {}
+        if mode != MODE_BARE:  # dispatched before the step, which may donate the state: they read it as it was
+            params = self.adapted.params(state)  # (only here: the pure view costs an NNX graph walk per call)
+            tel = programs.before(params, telemetry_batch(self.ctx.experiment, batch, self.telemetry_examples))
             tel.pop("grads", None)  # (shared with the grads stage's check; the run records only norms)
-        else:
-            tel = {}
+            if mode == MODE_FULL and monitor.dead:
+                tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(self.ctx.experiment, batch))
+        lost = mode != MODE_BARE and programs.measures_lost(state, batch)  # reruns the user's step: the whole state
+        arrays = jax.tree_util.tree_leaves(state)
+        shardings = [x.sharding if isinstance(x, jax.Array) else None for x in arrays]
+        kept = self._kept(state, whole=lost)
         new_state, metrics = programs.step(state, batch)
         self.reports_loss = "loss" in metrics
         if self.copy_inputs:  # its inputs deleted, or the donated copies of shared ones (_experiment/donation.py)
             spared = getattr(self.adapted.memoized("traced:step"), "donates", None)
             self.copy_inputs = bool(spared) or any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
-        update_norm, finite = programs.after(kept, new_state, metrics, batch)
+        update_norm, finite = programs.after(*one_replica((kept, new_state, metrics)))
         if mode != MODE_BARE:
             handle_loss = tel.pop("loss", None)
             if "loss" not in metrics and handle_loss is not None:
                 metrics = {**metrics, "loss": handle_loss}  # a step that reports no loss: Experiment.loss before it
             tel = {"param_norm": tel["param_norm"], "update_norm": update_norm, **tel}
-            if programs.measures_lost(kept, batch):
+            if lost:
                 tel["update_lost"] = programs.lost(kept, new_state, batch)
-            if mode == MODE_FULL and monitor.dead:
-                tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(self.ctx.experiment, batch))
             metrics = {**metrics, "telemetry": tel}
-        return _Dispatched(i, kept, batch, new_state, metrics, finite, self.reports_loss)
+        return _Dispatched(i, kept, shardings, batch, new_state, metrics, finite, self.reports_loss)
+
+    def _kept(self, state: PyTree, whole: bool) -> PyTree:
+        """The step's inputs, kept: a copy while the step may donate them (of one replica of a state replicated over
+        a mesh, unless ``whole``: 1/8 of the copy on 8 devices), else a new tree of the same arrays (an NNX step
+        replaces the values of the state's Variables in place, the arrays themselves never change)."""
+        if not self.copy_inputs:
+            return jax.tree_util.tree_map(lambda x: x, state)
+        return copy_arrays(state if whole else one_replica(state))
 
 
 def run_stage(ctx: Any) -> Iterable[Finding]:
@@ -348,6 +365,9 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     previous: _Dispatched | None = None
     release = Releaser()
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
+        due = previous is not None and eval_loss is not None and (previous.step + 1) % opts.run_eval_every == 0
+        # the state after the previous step, evaluated before the next step may donate it
+        evaluated = eval_loss(adapted.params(state), eval_batch) if due and eval_loss is not None else None
         try:
             current = None if batch is None else runner.dispatch(previous.step + 1 if previous else 0, state, batch)
         except Exception:
@@ -357,12 +377,11 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
         if previous is not None:
             if not bool(previous.finite):  # recorded, so the report marks it; guard names it
                 p = previous
-                findings.append(_guard_finding(adapted, p.kept, p.batch, p.step, p.metrics, p.reports_loss))
+                findings.append(_guard_finding(adapted, p.inputs(), p.batch, p.step, p.metrics, p.reports_loss))
                 failed = True
                 break
-            if eval_loss is not None and (previous.step + 1) % opts.run_eval_every == 0:  # the state after it
-                after = current.kept if current is not None else previous.new_state
-                monitor.record_eval(previous.step + 1, float(eval_loss(adapted.params(after), eval_batch)))
+            if evaluated is not None:
+                monitor.record_eval(previous.step + 1, float(evaluated))
         if current is not None:
             monitor.record(current.step, current.metrics, current.kept, current.batch)
             state, previous = current.new_state, current

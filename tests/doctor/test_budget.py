@@ -250,6 +250,25 @@ def test_a_float32_gradient_check_confirms_a_failing_leaf_in_float64(wrong, monk
     assert ("grad.mismatch" in codes) == wrong
 
 
+def test_a_zero_gradient_behind_a_zero_initialised_head_is_not_checked_again_in_float64(monkeypatch):
+    # an info, not a failure: the loss is bitwise unchanged when those leaves move, nothing for float64 to confirm
+    calls = []
+    real = _grads_stage.check_grads
+
+    def spy(*args, dtype, **kw):
+        calls.append(np.dtype(dtype).name)
+        return real(*args, dtype=dtype, **kw)
+
+    def init(key):
+        return {"w1": jax.random.normal(key, (64, 256)) * 0.1, "w2": jnp.zeros((256, 3))}
+
+    monkeypatch.setattr(_grads_stage, "check_grads", spy)
+    exp = jaxsane.Experiment(init=init, step=_step, train=TRAIN, loss=_loss, params=lambda s: s)
+    d = jaxsane.doctor(exp, stages=["grads"], grads_float64=False, progress=False, compile_cache=False)
+    (zeroed,) = [f for f in d.findings if f.code == "grad.missing"]
+    assert zeroed.severity == "info" and "w1" in zeroed.path and calls == ["float32"]
+
+
 @pytest.mark.parametrize("wrong", [False, True])
 def test_a_large_steps_gradient_check_trusts_jax_rules_and_still_finds_a_wrong_custom_rule(wrong, monkeypatch):
     monkeypatch.setitem(_budget.LARGE_STEP_FLOPS, "cpu", 1.0)

@@ -70,3 +70,35 @@ def test_doctor_sweeps_a_convolutional_step_whose_states_come_back_replicated_ov
     d = jaxsane.doctor(exp, stages=["overfit"], progress=False, compile_cache=False)
     assert d.complete and not [f for f in d if f.severity != "info"], d
     assert d.artifacts["overfit"].losses.shape[1] > 5  # the host loop ran past its first chunk
+
+
+@SEVERAL
+def test_the_host_loops_programs_are_compiled_ahead_for_the_mesh_the_users_step_returns_the_states_on(monkeypatch):
+    # compiled for the default device, the per-chunk record and the early-exit test refused the states the step
+    # returned replicated over the mesh, and each compiled again on its first call (3.5 s of an MLP-Mixer's sweep)
+    from jaxsane._overfit import sweep
+
+    again = []
+    real = sweep.CompiledAhead.__call__
+
+    def spy(self, *args):
+        ahead = self.compiled is not None
+        out = real(self, *args)
+        if ahead and self.compiled is None:
+            again.append(self)
+        return out
+
+    monkeypatch.setattr(sweep.CompiledAhead, "__call__", spy)
+    x = np.random.default_rng(1).normal(size=(2 * len(jax.devices()), 6, 6, 1)).astype(np.float32)
+
+    def loss(params, b):
+        h = jax.lax.conv_general_dilated(
+            b["x"], params["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        logits = jnp.tanh(h).mean(axis=(1, 2)) @ params["w"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
+
+    exp = _data_parallel(loss, {"k": (3, 3, 1, 8), "w": (8, 2)}, x, (x.mean(axis=(1, 2, 3)) > 0).astype(np.int32))
+    d = jaxsane.doctor(exp, stages=["overfit"], progress=False, compile_cache=False)
+    assert d.complete and not [f for f in d if f.severity != "info"], d
+    assert not again, [type(a).__name__ for a in again]
