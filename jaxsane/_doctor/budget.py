@@ -58,6 +58,9 @@ SWEEP_COLD_SHARE = 0.4  # on a large step, this share of the user's own cold run
 # beyond the user's own is about half of it: the step stage's checks, the batch probes, the run's telemetry)
 MIN_LARGE_SWEEP_SECONDS = 5.0  # and never less than this (a fast step's sweep: the host's pace is noisy below it)
 COLD_RUN_STEPS = 30  # the steps of the user's own cold run (init, the first step, then these): doctor's yardstick
+DATA_SECONDS = 5.0  # the data stage reads an endless stream for at most this long,
+DATA_SHARE = 0.1  # and for this share of the user's own cold run when that is shorter (data_seconds),
+MIN_DATA_SECONDS = 1.0  # but never less than this (a cheap stream reads hundreds of batches a second)
 SWEEP_STATES = 2.0  # stacked training states the sweep holds at once, in the user's own states
 SMALL_BATCH = 4  # examples a large model's gradient check, run telemetry and overfit sweep use
 SEQUENCE_BATCH = 2  # the examples they use when each example holds many targets
@@ -357,6 +360,21 @@ def sweep_seconds(
     return sweep_time_limit(
         step, large=large, init_seconds=timed.get("init", 0.0), first_step_seconds=timed.get("first_step", 0.0)
     )
+
+
+def data_seconds(option: float | None, artifacts: dict[str, Any]) -> float:
+    """The data stage's time for reading each stream: ``data_max_seconds`` as set, else :data:`DATA_SECONDS`, cut on
+    a program whose own cold run is short to :data:`DATA_SHARE` of it (its init, the step's first call and
+    :data:`COLD_RUN_STEPS` steps, as doctor timed them; the data stage runs after the step stage), at least
+    :data:`MIN_DATA_SECONDS`. A two-tower recommender whose cold run takes 7 s read its endless sampler for 3.7 s
+    of doctor's 15. Not jit-safe."""
+    if option is not None:
+        return float(option)
+    timed = artifacts.get("user_seconds", {})
+    if timed.get("step") is None:
+        return DATA_SECONDS
+    cold = timed.get("init", 0.0) + timed.get("first_step", 0.0) + COLD_RUN_STEPS * timed["step"]
+    return min(DATA_SECONDS, max(MIN_DATA_SECONDS, DATA_SHARE * cold))
 
 
 def telemetry_every(run_steps: int) -> int:

@@ -52,10 +52,11 @@ class DataOptions:
         "batches read from an iterable split (default: no count limit; data_max_seconds bounds the reading)",
         minimum=1,
     )
-    data_max_seconds: float = _opt(
-        5.0,
+    data_max_seconds: float | None = _opt(
+        None,
         "seconds spent reading each iterable split: a stream is read until it ends, starts over (one epoch) "
-        "or this runs out, so rare corrupt rows far into an endless stream are seen",
+        "or this runs out, so rare corrupt rows far into an endless stream are seen (default: 5 s, less on a "
+        "program whose own cold run is short: a tenth of it as doctor timed it, at least 1 s)",
         minimum=0,
     )
 

@@ -408,3 +408,14 @@ def test_the_runs_gradient_telemetry_is_taken_on_the_first_examples_only_when_th
     norms = [float(jnp.linalg.norm(grads[k])) for k in sorted(grads)]
     assert run["grad_norm"][0] == pytest.approx(norms, rel=1e-4), (run["grad_norm"][0], norms)
     assert run["loss"][0] == pytest.approx(float(_loss(params, TRAIN)), rel=1e-5)  # the loss of the whole batch
+
+
+def test_the_data_stage_reads_a_stream_for_a_share_of_a_short_cold_run():
+    assert _budget.data_seconds(None, {}) == _budget.DATA_SECONDS  # the step not timed (the data stage alone)
+    short = {"user_seconds": {"init": 0.8, "first_step": 1.5, "step": 0.1}}  # a cold run of 5.3 s
+    assert _budget.data_seconds(None, short) == _budget.MIN_DATA_SECONDS
+    middle = {"user_seconds": {"init": 2.0, "first_step": 3.0, "step": 0.5}}  # 20 s
+    assert _budget.data_seconds(None, middle) == pytest.approx(2.0)
+    long = {"user_seconds": {"init": 5.0, "first_step": 10.0, "step": 2.0}}  # 75 s
+    assert _budget.data_seconds(None, long) == _budget.DATA_SECONDS
+    assert _budget.data_seconds(7.5, short) == 7.5  # as the user set it

@@ -138,19 +138,19 @@ def test_an_interrupted_doctor_keeps_what_it_found_and_the_cli_returns_130(tmp_p
 
     namespace: dict = {}
     exec(compile(_INTERRUPTING, "counting.py", "exec"), namespace)
-    jaxsane.doctor(namespace["experiment"](), stages=["data"], progress=False, compile_cache=False)
+    jaxsane.doctor(namespace["experiment"](), stages=["init"], progress=False, compile_cache=False)
     source = _INTERRUPTING.replace("LIMIT = None", f"LIMIT = {namespace['calls'][0]}")  # interrupt the step stage
     path = tmp_path / "interrupting.py"
     path.write_text(source)
     namespace = {}
     exec(compile(source, str(path), "exec"), namespace)
     with pytest.raises(KeyboardInterrupt) as info:
-        jaxsane.doctor(namespace["experiment"](), stages=["data", "step"], progress=False, compile_cache=False)
+        jaxsane.doctor(namespace["experiment"](), stages=["init", "step"], progress=False, compile_cache=False)
     diagnosis = info.value.diagnosis
-    assert [(s["name"], s["status"], s["reason"]) for s in diagnosis.stages] == [
-        ("data", "ran", ""), ("step", "failed", "interrupted by Ctrl-C")]
+    (init, step) = [(s["name"], s["status"], s["reason"]) for s in diagnosis.stages]
+    assert init[:2] == ("init", "not applicable") and step == ("step", "failed", "interrupted by Ctrl-C")
     assert "during stage 'step' of 'stopped'" in "\n".join(info.value.__notes__)
-    code = main(["doctor", f"{path}:experiment", "--stages", "data", "step", "--no-cache", "-q"])
+    code = main(["doctor", f"{path}:experiment", "--stages", "init", "step", "--no-cache", "-q"])
     assert code == EXIT_INTERRUPTED == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C) during stage 'step' of 'stopped'" in err
