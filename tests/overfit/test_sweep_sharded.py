@@ -39,6 +39,20 @@ def _data_parallel(loss, shapes, x, y):
     return jaxsane.Experiment(init=init, step=step, train=batch, loss=loss, params=lambda s: s[0], num_classes=2)
 
 
+def _convolutional(seed: int) -> jaxsane.Experiment:
+    """A data-parallel convolutional classifier (a convolution makes the sweep loop on the host: HostLooped)."""
+    x = np.random.default_rng(seed).normal(size=(2 * len(jax.devices()), 6, 6, 1)).astype(np.float32)
+
+    def loss(params, b):
+        h = jax.lax.conv_general_dilated(
+            b["x"], params["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        logits = jnp.tanh(h).mean(axis=(1, 2)) @ params["w"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
+
+    return _data_parallel(loss, {"k": (3, 3, 1, 8), "w": (8, 2)}, x, (x.mean(axis=(1, 2, 3)) > 0).astype(np.int32))
+
+
 @SEVERAL
 def test_doctor_sweeps_a_step_jitted_for_a_batch_sharded_over_every_device():
     x = np.random.default_rng(0).normal(size=(8 * len(jax.devices()), 8)).astype(np.float32)
@@ -57,16 +71,7 @@ def test_doctor_sweeps_a_step_jitted_for_a_batch_sharded_over_every_device():
 def test_doctor_sweeps_a_convolutional_step_whose_states_come_back_replicated_over_the_mesh():
     # a convolution makes the sweep loop on the host (HostLooped): its programs, compiled ahead for the default
     # device, then meet the states the user's step returned replicated over every device (out_shardings)
-    x = np.random.default_rng(0).normal(size=(2 * len(jax.devices()), 6, 6, 1)).astype(np.float32)
-
-    def loss(params, b):
-        h = jax.lax.conv_general_dilated(
-            b["x"], params["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
-        )
-        logits = jnp.tanh(h).mean(axis=(1, 2)) @ params["w"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
-
-    exp = _data_parallel(loss, {"k": (3, 3, 1, 8), "w": (8, 2)}, x, (x.mean(axis=(1, 2, 3)) > 0).astype(np.int32))
+    exp = _convolutional(seed=0)
     d = jaxsane.doctor(exp, stages=["overfit"], progress=False, compile_cache=False)
     assert d.complete and not [f for f in d if f.severity != "info"], d
     assert d.artifacts["overfit"].losses.shape[1] > 5  # the host loop ran past its first chunk
@@ -89,16 +94,7 @@ def test_the_host_loops_programs_are_compiled_ahead_for_the_mesh_the_users_step_
         return out
 
     monkeypatch.setattr(sweep.CompiledAhead, "__call__", spy)
-    x = np.random.default_rng(1).normal(size=(2 * len(jax.devices()), 6, 6, 1)).astype(np.float32)
-
-    def loss(params, b):
-        h = jax.lax.conv_general_dilated(
-            b["x"], params["k"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
-        )
-        logits = jnp.tanh(h).mean(axis=(1, 2)) @ params["w"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"]).mean()
-
-    exp = _data_parallel(loss, {"k": (3, 3, 1, 8), "w": (8, 2)}, x, (x.mean(axis=(1, 2, 3)) > 0).astype(np.int32))
+    exp = _convolutional(seed=1)
     d = jaxsane.doctor(exp, stages=["overfit"], progress=False, compile_cache=False)
     assert d.complete and not [f for f in d if f.severity != "info"], d
     assert not again, [type(a).__name__ for a in again]
