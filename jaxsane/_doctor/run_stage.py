@@ -270,12 +270,12 @@ class _Dispatched(NamedTuple):
         leaves, treedef = jax.tree_util.tree_flatten(self.kept)
         placed = zip(leaves, self.shardings)
         return jax.tree_util.tree_unflatten(
-            treedef, [jax.device_put(x, s) if isinstance(x, jax.Array) else x for x, s in placed]
+            treedef, [jax.device_put(x, s) if isinstance(x, jax.Array) and s is not None else x for x, s in placed]
         )
 
     step: int
     kept: PyTree
-    shardings: list  # the sharding of each leaf of the step's input state: ``kept`` may be one replica of it
+    shardings: list  # the sharding of each committed leaf of the step's input state: ``kept`` may be one replica
     batch: PyTree
     new_state: PyTree
     metrics: Any
@@ -305,7 +305,8 @@ class _Runner:
                 tel["dead_fraction"] = programs.dead_fractions(params, get_inputs(self.ctx.experiment, batch))
         lost = mode != MODE_BARE and programs.measures_lost(state, batch)  # reruns the user's step: the whole state
         arrays = jax.tree_util.tree_leaves(state)
-        shardings = [x.sharding if isinstance(x, jax.Array) else None for x in arrays]
+        # (an uncommitted input stays uncommitted: placed on its device, a shard_map step over a mesh refuses it)
+        shardings = [x.sharding if isinstance(x, jax.Array) and x.committed else None for x in arrays]
         kept = self._kept(state, whole=lost)
         new_state, metrics = programs.step(state, batch)
         self.reports_loss = "loss" in metrics
