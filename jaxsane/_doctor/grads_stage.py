@@ -135,7 +135,7 @@ def _unconfirmed(f: Finding) -> bool:
     """A float32 mismatch or missing gradient that float64 must confirm: an error or a warning. An info (leaves
     whose zero gradient is exact because a later layer starts at zero, the loss bitwise unchanged when they move)
     is no failure for rounding to explain: on an MLP-Mixer with a zero-initialised head the float64 pass compiled
-    the loss twice more and took 8 of its check's 18 s, for the same finding."""
+    the loss twice more and took 10 of its check's 18 s, for the same finding."""
     return f.code in ("grad.mismatch", "grad.missing") and f.severity != "info"
 
 
