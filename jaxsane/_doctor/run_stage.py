@@ -260,6 +260,16 @@ def _guard_finding(
     )
 
 
+def _placed(kept: PyTree, shardings: list) -> PyTree:
+    """``kept`` (a state's copy, perhaps of one replica) with each leaf that had a committed sharding placed there
+    again. Not jit-safe."""
+    leaves, treedef = jax.tree_util.tree_flatten(kept)
+    return jax.tree_util.tree_unflatten(
+        treedef,
+        [jax.device_put(x, s) if isinstance(x, jax.Array) and s is not None else x for x, s in zip(leaves, shardings)],
+    )
+
+
 class _Dispatched(NamedTuple):
     """One step of the run, dispatched: its inputs (``kept``: the state, a copy while the step may donate it, of
     one replica when it is replicated over a mesh), batch, outputs and the device flag of whether they are all
@@ -267,11 +277,7 @@ class _Dispatched(NamedTuple):
 
     def inputs(self) -> PyTree:
         """The step's input state as the step took it: ``kept`` placed back where the step's inputs were."""
-        leaves, treedef = jax.tree_util.tree_flatten(self.kept)
-        placed = zip(leaves, self.shardings)
-        return jax.tree_util.tree_unflatten(
-            treedef, [jax.device_put(x, s) if isinstance(x, jax.Array) and s is not None else x for x, s in placed]
-        )
+        return _placed(self.kept, self.shardings)
 
     step: int
     kept: PyTree
@@ -307,13 +313,16 @@ class _Runner:
         arrays = jax.tree_util.tree_leaves(state)
         # (an uncommitted input stays uncommitted: placed on its device, a shard_map step over a mesh refuses it)
         shardings = [x.sharding if isinstance(x, jax.Array) and x.committed else None for x in arrays]
-        kept = self._kept(state, whole=lost)
+        kept, replica = self._kept(state, whole=lost)
         new_state, metrics = programs.step(state, batch)
         self.reports_loss = "loss" in metrics
         if self.copy_inputs:  # its inputs deleted, or the donated copies of shared ones (_experiment/donation.py)
             spared = getattr(self.adapted.memoized("traced:step"), "donates", None)
             self.copy_inputs = bool(spared) or any(x.is_deleted() for x in arrays if isinstance(x, jax.Array))
-        update_norm, finite = programs.after(*one_replica((kept, new_state, metrics)))
+        measured = one_replica((kept, new_state, metrics))
+        if replica and measured[0] is kept:  # the outputs live elsewhere than the replica kept: measure on the mesh
+            measured = (_placed(kept, shardings), new_state, metrics)
+        update_norm, finite = programs.after(*measured)
         if mode != MODE_BARE:
             handle_loss = tel.pop("loss", None)
             if "loss" not in metrics and handle_loss is not None:
@@ -324,13 +333,15 @@ class _Runner:
             metrics = {**metrics, "telemetry": tel}
         return _Dispatched(i, kept, shardings, batch, new_state, metrics, finite, self.reports_loss)
 
-    def _kept(self, state: PyTree, whole: bool) -> PyTree:
-        """The step's inputs, kept: a copy while the step may donate them (of one replica of a state replicated over
-        a mesh, unless ``whole``: 1/8 of the copy on 8 devices), else a new tree of the same arrays (an NNX step
-        replaces the values of the state's Variables in place, the arrays themselves never change)."""
+    def _kept(self, state: PyTree, whole: bool) -> tuple[PyTree, bool]:
+        """The step's inputs, kept, and whether that is one replica of them: a copy while the step may donate them
+        (of one replica of a state replicated over a mesh, unless ``whole``: 1/8 of the copy on 8 devices), else a
+        new tree of the same arrays (an NNX step replaces the values of the state's Variables in place, the arrays
+        themselves never change)."""
         if not self.copy_inputs:
-            return jax.tree_util.tree_map(lambda x: x, state)
-        return copy_arrays(state if whole else one_replica(state))
+            return jax.tree_util.tree_map(lambda x: x, state), False
+        local = state if whole else one_replica(state)
+        return copy_arrays(local), local is not state
 
 
 def run_stage(ctx: Any) -> Iterable[Finding]:
@@ -366,9 +377,12 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
     previous: _Dispatched | None = None
     release = Releaser()
     for batch in itertools.chain(iter_batches(ctx.experiment.train, opts.run_steps), [None]):  # None: the last flag
-        due = previous is not None and eval_loss is not None and (previous.step + 1) % opts.run_eval_every == 0
-        # the state after the previous step, evaluated before the next step may donate it
-        evaluated = eval_loss(adapted.params(state), eval_batch) if due and eval_loss is not None else None
+        evaluated, eval_error = None, None
+        if previous is not None and eval_loss is not None and (previous.step + 1) % opts.run_eval_every == 0:
+            try:  # the state after the previous step, evaluated before the next step may donate it
+                evaluated = eval_loss(adapted.params(state), eval_batch)
+            except Exception as e:  # reported once that step's own finiteness is known (a NaN state comes first)
+                eval_error = e
         try:
             current = None if batch is None else runner.dispatch(previous.step + 1 if previous else 0, state, batch)
         except Exception:
@@ -381,6 +395,8 @@ def run_stage(ctx: Any) -> Iterable[Finding]:
                 findings.append(_guard_finding(adapted, p.inputs(), p.batch, p.step, p.metrics, p.reports_loss))
                 failed = True
                 break
+            if eval_error is not None:
+                raise eval_error
             if evaluated is not None:
                 monitor.record_eval(previous.step + 1, float(evaluated))
         if current is not None:
