@@ -167,6 +167,12 @@ def copy_arrays(tree: PyTree) -> PyTree:
     )
 
 
+def replicated_over_devices(sharding: Any) -> bool:
+    """Whether ``sharding`` keeps a whole copy of its array on each of several devices, all of this process's. Not
+    jit-safe."""
+    return len(sharding.device_set) > 1 and sharding.is_fully_replicated and sharding.is_fully_addressable
+
+
 def one_replica(tree: PyTree) -> PyTree:
     """``tree`` with every array (or ``ShapeDtypeStruct``) replicated over several devices replaced by its replica on
     the first of them (the shard itself, no copy), when every other array lives on that device alone; else
@@ -179,7 +185,7 @@ def one_replica(tree: PyTree) -> PyTree:
     for s, shape in placed.items():
         if len(s.device_set) == 1:
             replicas |= s.device_set
-        elif s.is_fully_replicated and s.is_fully_addressable:
+        elif replicated_over_devices(s):
             replicas.add(next(iter(s.addressable_devices_indices_map(shape))))
         else:
             return tree  # sharded: the program runs where the arrays are

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._core.tree import PyTree, host_leaf, is_array
+from .._core.tree import PyTree, host_leaf, is_array, replicated_over_devices
 from .._jaxpr.compile_level import compiler_options
 from .._jaxpr.interpret import all_eqns
 from .time_guard import Reach, cut_note, within
@@ -360,9 +360,7 @@ def replicated_placement(example_state: PyTree) -> Any:
     if len(shardings) != 1:
         return None
     (sharding,) = shardings
-    if sharding is None or len(sharding.device_set) < 2 or not sharding.is_fully_replicated:
-        return None
-    return sharding if sharding.is_fully_addressable else None
+    return sharding if sharding is not None and replicated_over_devices(sharding) else None
 
 
 def _stack_host(xs: Sequence[Any]) -> np.ndarray:
