@@ -452,15 +452,20 @@ def _nearby_gradient(leaves: _Leaves, cots: list, values: list, rng: np.random.G
     """The checked leaves' gradient at a point near this one (every float array of the arguments moved at random by
     a thousandth of its scale): a leaf whose gradient vanishes here only because a later weight is zero (a
     zero-initialised head) gets one there; a leaf multiplied by a constant zero (an RNN carry reset to zeros) does
-    not. None when it cannot be taken. One more compile, only when a leaf's gradient is identically zero."""
+    not. None when it cannot be taken. One more compile, only when a leaf's gradient is identically zero and the
+    caller gave no compiled gradient (``check_grads(gradient=...)``: doctor's, the run's telemetry)."""
 
     def nudged(x: Any) -> Any:
-        a = np.asarray(x)
-        if a.dtype.kind != "f":
+        if not (isinstance(x, (jax.Array, np.ndarray)) and is_real_float(x)):
             return x
+        a = np.asarray(x)
         return jax.device_put((a + 1e-3 * (np.abs(a).mean() + 1e-3) * rng.standard_normal(a.shape)).astype(a.dtype))
 
     try:
+        gradient = leaves.plan.gradient
+        if gradient is not None and _given_gradient(leaves, cots) is not None:  # the caller's compiled one: no compile
+            flat = jax.tree_util.tree_leaves(gradient(*jax.tree_util.tree_map(nudged, leaves.args)))
+            return [np.asarray(flat[k]) for _, k in leaves.checked]
         grad = quick_jit(jax.grad(_projected(leaves, cots)), runs=1)
         return [np.asarray(g) for g in grad([nudged(v) for v in values], [nudged(o) for o in leaves.operands()])]
     except Exception:  # noqa: BLE001 - a function that refuses moved arguments (shardings, dtypes): cannot tell

@@ -41,18 +41,9 @@ from .setup import (
     inputs_or_none,
     set_learning_rate,
 )
-from .sweep import (
-    SweepOutput,
-    SweepSpec,
-    TraceCount,
-    compile_sweep,
-    default_groups,
-    group_layout,
-    memory_groups,
-    run_sweep,
-    stack_states,
-    state_bytes,
-)
+from .sweep import SweepOutput, default_groups, group_layout, memory_groups, run_sweep, stack_states, state_bytes
+from .sweep_compile import compile_sweep
+from .sweep_program import SweepSpec, TraceCount
 from .update_scale import UPDATE_SCALES, UpdateScaled, needs_scaled_updates, with_scaled_updates
 from .verdict import Ceiling, batch_ceiling, judge, loss_fit_without_accuracy, normalised_outputs
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-Carry = Any  # ``sweep.Carry``: a group's loop carry (chunks run, states, losses, accuracy, reached_at)
-SweepSpec = Any  # ``sweep.SweepSpec``: the step, its chunk and its targets
+Carry = Any  # ``sweep_program.Carry``: a group's loop carry (chunks run, states, losses, accuracy, reached_at)
+SweepSpec = Any  # ``sweep_program.SweepSpec``: the step, its chunk and its targets
 
 
 REACH_MARGIN = 3.0

@@ -494,6 +494,31 @@ def test_a_layer_zeroed_further_on_is_said_not_blamed_but_an_unused_one_is_grad_
     assert f.path == "params['head']" and f.severity == "error", reset
 
 
+def test_a_zeroed_layer_is_told_from_an_unused_one_with_the_given_gradient_and_no_compile_of_its_own():
+    """With doctor's compiled gradient (the run's telemetry), the point nearby is differentiated by that program:
+    the same verdicts as above, and the check compiles no backward pass of its own for it."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
+    params = {"body": jnp.asarray(np.random.default_rng(1).normal(size=(3, 4)), jnp.float32), "head": jnp.zeros((4, 2))}
+    kw = dict(dtype=jnp.float32, modes=("rev",))
+    zeroed = lambda p, x: jnp.sum((jnp.tanh(x @ p["body"]) @ p["head"] + 1.0) ** 2)  # noqa: E731
+    reset = lambda p, x: jnp.sum((jnp.zeros((6, 4)) @ p["head"] + jnp.tanh(x @ p["body"])[:, :2]) ** 2)  # noqa: E731
+    for loss, path, severity in ((zeroed, "params['body']", "info"), (reset, "params['head']", "error")):
+        calls = []
+        gradient = jax.jit(jax.grad(loss))
+        counted = lambda p, b, g=gradient: calls.append(1) or g(p, b)  # noqa: E731
+        compiled = []
+        listener = lambda event, _s, **kw: compiled.append(kw.get("fun_name")) if "backend_compile" in event else None  # noqa: E731
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            findings = check_grads(loss, params, x, gradient=counted, **kw)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+        (f,) = [f for f in findings if f.code == "grad.missing"]
+        assert (f.path, f.severity) == (path, severity), findings
+        assert len(calls) == 2, calls  # at the point and nearby
+        assert "scalar" not in compiled, compiled  # (the check's own gradient program is named after its scalar)
+
+
 def test_kink_options_are_validated():
     with pytest.raises(jaxsane.JaxsaneError, match="kink_rtol"):
         check_grads(lambda p: jnp.sum(p), jnp.ones(3), kink_rtol=-1.0)

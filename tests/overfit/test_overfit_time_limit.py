@@ -15,7 +15,7 @@ from jaxsane import overfit
 from jaxsane._doctor.budget import sweep_seconds
 from jaxsane._overfit import overfit as overfit_module
 from jaxsane._overfit import verdict as verdict_module
-from jaxsane._overfit.sweep import Carry, SweepSpec
+from jaxsane._overfit.sweep_program import Carry, SweepSpec
 from jaxsane._overfit.time_guard import Reach, within
 
 HIDDEN, TIME = 16, 400  # a small RNN over a long sequence: each step is a loop of 400 dependent iterations

@@ -9,7 +9,8 @@ import pytest
 from flax import linen as nn
 
 import jaxsane
-from jaxsane._overfit import sweep as _sweep
+from jaxsane._overfit import sweep_compile as _sweep
+from jaxsane._overfit.sweep_program import per_configuration
 
 
 class _CNN(nn.Module):
@@ -90,10 +91,10 @@ def test_a_single_configuration_runs_unbatched_and_several_vmapped():
     for size in (1, 3):
         states = {"w": jnp.asarray(rng.normal(size=(size, 4, 2)), jnp.float32)}
         batches = {"x": jnp.asarray(rng.normal(size=(size, 5, 4)), jnp.float32)}
-        got = _sweep.per_configuration(step)(states, batches)
+        got = per_configuration(step)(states, batches)
         want = jax.vmap(step)(states, batches)
         for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             assert g.shape == w.shape
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
-        batch_dims = _dot_batch_dims(_sweep.per_configuration(step), states, batches)
+        batch_dims = _dot_batch_dims(per_configuration(step), states, batches)
         assert batch_dims and all(bool(dims[0]) == (size > 1) for dims in batch_dims), (size, batch_dims)

@@ -81,7 +81,7 @@ def test_doctor_sweeps_a_convolutional_step_whose_states_come_back_replicated_ov
 def test_the_host_loops_programs_are_compiled_ahead_for_the_mesh_the_users_step_returns_the_states_on(monkeypatch):
     # compiled for the default device, the per-chunk record and the early-exit test refused the states the step
     # returned replicated over the mesh, and each compiled again on its first call (3.5 s of an MLP-Mixer's sweep)
-    from jaxsane._overfit import sweep
+    from jaxsane._overfit import sweep_compile as sweep
 
     again = []
     real = sweep.CompiledAhead.__call__
@@ -98,3 +98,36 @@ def test_the_host_loops_programs_are_compiled_ahead_for_the_mesh_the_users_step_
     d = jaxsane.doctor(exp, stages=["overfit"], progress=False, compile_cache=False)
     assert d.complete and not [f for f in d if f.severity != "info"], d
     assert not again, [type(a).__name__ for a in again]
+
+
+def _dense(constrained: bool) -> jaxsane.Experiment:
+    """A data-parallel MLP classifier; ``constrained``: its loss pins the hidden layer's sharding on the mesh."""
+    x = np.random.default_rng(2).normal(size=(8 * len(jax.devices()), 8)).astype(np.float32)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+
+    def loss(params, b):
+        h = jnp.tanh(b["x"] @ params["w1"])
+        if constrained:
+            h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data")))
+        return optax.softmax_cross_entropy_with_integer_labels(h @ params["w2"], b["y"]).mean()
+
+    return _data_parallel(loss, {"w1": (8, 32), "w2": (32, 2)}, x, (x[:, 0] > 0).astype(np.int32))
+
+
+@SEVERAL
+@pytest.mark.parametrize("constrained", [False, True])
+def test_a_replicated_sweep_runs_on_one_device_unless_the_step_places_values_itself(monkeypatch, constrained):
+    # compiled for the mesh its state is replicated on, the sweep ran whole on every device (an MLP-Mixer on 8 host
+    # devices: 8 times the work on 2 cores); a step whose jit only places its values sweeps on one device, one that
+    # constrains a value's sharding inside stays on the mesh
+    from jaxsane._overfit import sweep_compile as sweep
+
+    programs = []
+    real = sweep._compiled
+    monkeypatch.setattr(sweep, "_compiled", lambda *a, **k: programs.append(a[1]) or real(*a, **k))
+    d = jaxsane.doctor(_dense(constrained), stages=["overfit"], progress=False, compile_cache=False)
+    assert d.complete and not [f for f in d if f.severity != "info"], d
+    assert d.artifacts["overfit"].reached.any(), d.artifacts["overfit"]
+    (traced,) = programs
+    devices = {len(s.device_set) for s in traced.lower().compile().output_shardings if hasattr(s, "device_set")}
+    assert devices == ({len(jax.devices())} if constrained else {1}), devices
