@@ -173,6 +173,18 @@ def replicated_over_devices(sharding: Any) -> bool:
     return len(sharding.device_set) > 1 and sharding.is_fully_replicated and sharding.is_fully_addressable
 
 
+def replicated_placement(tree: PyTree) -> Any:
+    """The sharding that replicates every array of ``tree`` over several devices, when they all share one (a
+    data-parallel state: the user's step replicates it over a mesh), else None. The overfit sweep compiles for
+    it when the step holds placements of its own, the run stage its measures of the step's outputs. Not
+    jit-safe."""
+    shardings = {getattr(x, "sharding", None) for x in jax.tree_util.tree_leaves(tree) if is_array(x)}
+    if len(shardings) != 1:
+        return None
+    (sharding,) = shardings
+    return sharding if sharding is not None and replicated_over_devices(sharding) else None
+
+
 def one_replica(tree: PyTree) -> PyTree:
     """``tree`` with every array (or ``ShapeDtypeStruct``) replicated over several devices replaced by its replica on
     the first of them (the shard itself, no copy), when every other array lives on that device alone; else

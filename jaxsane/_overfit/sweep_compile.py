@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.tree import PyTree, is_array, replicated_over_devices
+from .._core.tree import PyTree, replicated_placement
 from .._jaxpr.compile_level import compiler_options
 from .._jaxpr.interpret import all_eqns
 from .._jaxpr.placement import places_values, unplaced
@@ -133,19 +133,6 @@ def _spec(x: Any, size: int, placement: Any = None) -> jax.ShapeDtypeStruct:
     """The abstract value of ``size`` stacked copies of leaf ``x`` (placed by ``placement`` when given)."""
     dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
     return jax.ShapeDtypeStruct((size, *np.shape(x)), canonical_dtype(dtype), sharding=placement)
-
-
-def replicated_placement(example_state: PyTree) -> Any:
-    """The sharding that replicates every array of ``example_state`` over several devices, when they all share
-    one (a data-parallel state: the user's step replicates it over a mesh), else None. The sweep's programs are
-    compiled for it: the user's step inside returns its states there, and a program compiled for the default
-    device refuses them and compiles again on the first call (an MLP-Mixer on 8 host devices: 3.5 s of its
-    sweep). Not jit-safe."""
-    shardings = {getattr(x, "sharding", None) for x in jax.tree_util.tree_leaves(example_state) if is_array(x)}
-    if len(shardings) != 1:
-        return None
-    (sharding,) = shardings
-    return sharding if sharding is not None and replicated_over_devices(sharding) else None
 
 
 def compile_sweep(
