@@ -715,3 +715,17 @@ def test_leaves_the_loss_ignores_are_differenced_together_and_a_rounded_one_stil
         assert [(f.code, f.path, f.severity) for f in findings] == [(f.code, f.path, f.severity) for f in alone]
     missing = {f.path: f for f in findings if f.code == "grad.missing"}
     assert missing["params['body0']"].severity == "error" and missing["params['body0']"].extra["depends"], findings
+
+
+def test_a_check_in_the_arguments_precision_reads_them_without_a_copy_and_a_replicated_one_on_one_device():
+    # a large model's float32 check: a copy of every float32 parameter was host memory the user's run never holds
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from jaxsane._checks.grads import _cast_host
+
+    x = jnp.ones((4, 3), jnp.float32)
+    assert _cast_host(x, jnp.float32) is x
+    assert _cast_host(x, jnp.float64).dtype == jnp.float64
+    if len(jax.devices()) > 1:  # replicated over a mesh: checked once, on one device, not on every replica
+        spread = jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P()))
+        assert len(_cast_host(spread, jnp.float32).sharding.device_set) == 1
