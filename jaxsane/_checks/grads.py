@@ -246,8 +246,8 @@ class _MixedPrecision(JaxsaneError):
 def _cast_host(x: Any, dtype: Any) -> Any:
     """Float leaves to ``dtype`` through numpy (no device compile per shape), or as they are when they already hold
     it on one device (an array spread over devices comes to one: the check runs once, not on every replica); other
-    host arrays onto the device as they are (the user's functions see jax arrays, as in their own jitted step: numpy indexing by a traced
-    index would fail); other leaves unchanged."""
+    host arrays onto the device as they are (the user's functions see jax arrays, as in their own jitted step:
+    numpy indexing by a traced index would fail); other leaves unchanged."""
     if dtype is None or not (is_real_float(x) and hasattr(x, "dtype")):
         return jax.device_put(x) if isinstance(x, np.ndarray) else x
     if isinstance(x, jax.core.Tracer):
