@@ -49,3 +49,20 @@ def test_a_sharded_array_or_replicas_on_different_devices_leave_the_tree_as_it_i
 def test_a_tree_on_one_device_is_unchanged():
     tree = {"w": jnp.ones(3), "b": np.zeros(2)}
     assert one_replica(tree) is tree
+
+
+def test_copy_arrays_copies_every_array_where_it_lives_and_keeps_what_is_committed():
+    from jaxsane._core.tree import copy_arrays
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    spread = jax.device_put(jnp.arange(8.0 * len(jax.devices())), NamedSharding(mesh, P("d")))
+    tree = {"loose": jnp.ones(3), "spread": spread, "key": jax.random.key(1), "n": 3, "host": np.ones(2)}
+    copied = copy_arrays(tree)
+    for name in ("loose", "spread", "key"):
+        a, b = tree[name], copied[name]
+        assert b is not a and b.sharding == a.sharding and b.committed == a.committed, name
+        data = (lambda x: jax.random.key_data(x)) if name == "key" else (lambda x: x)
+        assert np.array_equal(np.asarray(data(a)), np.asarray(data(b)))
+        a.delete()  # the copy survives the original (a donating step deletes its inputs)
+        assert not b.is_deleted()
+    assert copied["n"] == 3 and copied["host"] is tree["host"]
