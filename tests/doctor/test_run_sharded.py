@@ -73,13 +73,12 @@ def test_a_data_parallel_step_that_goes_nan_is_named_by_guard_on_its_inputs_back
 @SEVERAL
 def test_the_measures_of_a_replicated_steps_outputs_are_compiled_ahead_for_their_replica():
     # jax.eval_shape places the step's outputs nowhere: compiled ahead for that, `after` met the outputs' replica
-    # on its first call and compiled again on the main thread (0.4 s of an MLP-Mixer's run)
-    import threading
-
-    main, compiled = threading.get_ident(), []
+    # on its first call and compiled again (0.4 s of an MLP-Mixer's run); once, in the background or (when the run
+    # stage takes the queued compile itself) on the main thread
+    compiled = []
 
     def listener(event, _seconds, **kw):
-        if "backend_compile" in event and threading.get_ident() == main:
+        if "backend_compile" in event:
             compiled.append(str(kw.get("fun_name")))
 
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -88,4 +87,4 @@ def test_the_measures_of_a_replicated_steps_outputs_are_compiled_ahead_for_their
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert d.complete and not [f for f in d if f.severity == "error"], d
-    assert not [name for name in compiled if "_after" in name], compiled
+    assert len([name for name in compiled if "_after" in name]) == 1, compiled

@@ -69,7 +69,7 @@ def test_the_overfit_sweep_compiles_quick_for_a_short_budget_and_fully_for_a_lon
     import optax
 
     import jaxsane
-    import jaxsane._overfit.sweep as sweep
+    import jaxsane._overfit.sweep_compile as sweep
 
     chosen = []
 
