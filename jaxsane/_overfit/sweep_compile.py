@@ -154,8 +154,10 @@ def compile_sweep(
     if placement is not None:
         one = on_one_device(spec, example_state, batch_for(0))
         if one is not None:
-            traced, abstract = _traced(one, layout, example_state, batch_for, traces, None)
+            probe = TraceCount()  # (a trace the mesh's program replaces is no compile)
+            traced, abstract = _traced(one, layout, example_state, batch_for, probe, None)
             if not places_values(traced.jaxpr):  # prepare and accuracy too: nothing in the program names devices
+                traces.count += probe.count
                 return _compiled(one, traced, abstract, example_state=None), time.perf_counter() - t
     traced, abstract = _traced(spec, layout, example_state, batch_for, traces, placement)
     return _compiled(spec, traced, abstract, example_state), time.perf_counter() - t

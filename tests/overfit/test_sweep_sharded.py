@@ -3,6 +3,8 @@ device, the step jitted with those in_shardings and out_shardings. doctor cuts t
 (``batches.whole_shards``: 4 rows on 8 devices, the step refused the cut), and runs a multi-device group program one
 group at a time, its programs compiled ahead jitted for the states' shardings (a convolution's host loop)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,26 +102,32 @@ def test_the_host_loops_programs_are_compiled_ahead_for_the_mesh_the_users_step_
     assert not again, [type(a).__name__ for a in again]
 
 
-def _dense(constrained: bool) -> jaxsane.Experiment:
-    """A data-parallel MLP classifier; ``constrained``: its loss pins the hidden layer's sharding on the mesh."""
+def _dense(constrained: str) -> jaxsane.Experiment:
+    """A data-parallel MLP classifier with apply; ``constrained`` ("loss", "apply" or ""): which of them pins the
+    hidden layer's sharding on the mesh (the sweep's step calls the loss, its accuracy apply)."""
     x = np.random.default_rng(2).normal(size=(8 * len(jax.devices()), 8)).astype(np.float32)
     mesh = Mesh(np.array(jax.devices()), ("data",))
 
-    def loss(params, b):
-        h = jnp.tanh(b["x"] @ params["w1"])
-        if constrained:
+    def logits(params, inputs, pinned):
+        h = jnp.tanh(inputs @ params["w1"])
+        if pinned:
             h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data")))
-        return optax.softmax_cross_entropy_with_integer_labels(h @ params["w2"], b["y"]).mean()
+        return h @ params["w2"]
 
-    return _data_parallel(loss, {"w1": (8, 32), "w2": (32, 2)}, x, (x[:, 0] > 0).astype(np.int32))
+    def loss(params, b):
+        return optax.softmax_cross_entropy_with_integer_labels(logits(params, b["x"], constrained == "loss"), b["y"]).mean()
+
+    exp = _data_parallel(loss, {"w1": (8, 32), "w2": (32, 2)}, x, (x[:, 0] > 0).astype(np.int32))
+    apply = lambda params, inputs: logits(params, inputs, constrained == "apply")  # noqa: E731
+    return dataclasses.replace(exp, apply=apply, inputs=lambda b: b["x"], labels=lambda b: b["y"])
 
 
 @SEVERAL
-@pytest.mark.parametrize("constrained", [False, True])
+@pytest.mark.parametrize("constrained", ["", "loss", "apply"])
 def test_a_replicated_sweep_runs_on_one_device_unless_the_step_places_values_itself(monkeypatch, constrained):
     # compiled for the mesh its state is replicated on, the sweep ran whole on every device (an MLP-Mixer on 8 host
     # devices: 8 times the work on 2 cores); a step whose jit only places its values sweeps on one device, one that
-    # constrains a value's sharding inside stays on the mesh
+    # constrains a value's sharding inside stays on the mesh, and so does a sweep whose accuracy (apply) does
     from jaxsane._overfit import sweep_compile as sweep
 
     programs = []
@@ -128,6 +136,7 @@ def test_a_replicated_sweep_runs_on_one_device_unless_the_step_places_values_its
     d = jaxsane.doctor(_dense(constrained), stages=["overfit"], progress=False, compile_cache=False)
     assert d.complete and not [f for f in d if f.severity != "info"], d
     assert d.artifacts["overfit"].reached.any(), d.artifacts["overfit"]
+    assert (d.artifacts["overfit"].accuracy is not None) and d.artifacts["overfit"].compiles == 1
     (traced,) = programs
     devices = {len(s.device_set) for s in traced.lower().compile().output_shardings if hasattr(s, "device_set")}
     assert devices == ({len(jax.devices())} if constrained else {1}), devices
