@@ -115,7 +115,8 @@ def _dense(constrained: str) -> jaxsane.Experiment:
         return h @ params["w2"]
 
     def loss(params, b):
-        return optax.softmax_cross_entropy_with_integer_labels(logits(params, b["x"], constrained == "loss"), b["y"]).mean()
+        out = logits(params, b["x"], constrained == "loss")
+        return optax.softmax_cross_entropy_with_integer_labels(out, b["y"]).mean()
 
     exp = _data_parallel(loss, {"w1": (8, 32), "w2": (32, 2)}, x, (x[:, 0] > 0).astype(np.int32))
     apply = lambda params, inputs: logits(params, inputs, constrained == "apply")  # noqa: E731
