@@ -159,8 +159,8 @@ def copy_arrays(tree: PyTree) -> PyTree:
     """A copy of every jax array in ``tree`` (no compile), on the same devices with the same sharding, committed
     only where the original is (jit's cache tells the two apart: a program compiled for the original would miss).
     For calling a step that may donate its inputs on arrays that must survive. Two batched ``device_put`` calls,
-    not one per leaf (the run stage copies a state every step: per leaf, an MLP-Mixer's 237 leaves took 9.4 ms
-    idle and 50 ms beside its step, batched 7.3 ms idle). Not jit-safe."""
+    not one per leaf (the run stage copies a state every step: an MLP-Mixer replica's 237 leaves, 9.4 -> 8.3 ms
+    idle). Not jit-safe."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
     for committed in (True, False):
