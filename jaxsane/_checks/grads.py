@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -243,16 +244,16 @@ class _MixedPrecision(JaxsaneError):
         self.reason = reason
 
 
-def _cast_host(x: Any, dtype: Any) -> Any:
-    """Float leaves to ``dtype`` through numpy (no device compile per shape), or as they are when they already hold
-    it on one device (an array spread over devices comes to one: the check runs once, not on every replica); other
-    host arrays onto the device as they are (the user's functions see jax arrays, as in their own jitted step:
-    numpy indexing by a traced index would fail); other leaves unchanged."""
+def _cast_host(x: Any, dtype: Any, shared: bool = False) -> Any:
+    """Float leaves to ``dtype`` through numpy (no device compile per shape), or, ``shared``, as they are when they
+    already hold it on one device (an array spread over devices comes to one: the check runs once, not on every
+    replica); other host arrays onto the device as they are (the user's functions see jax arrays, as in their own
+    jitted step: numpy indexing by a traced index would fail); other leaves unchanged."""
     if dtype is None or not (is_real_float(x) and hasattr(x, "dtype")):
         return jax.device_put(x) if isinstance(x, np.ndarray) else x
     if isinstance(x, jax.core.Tracer):
         raise ArgumentError("check_grads is not jit-safe. Fix: call it on concrete arrays, outside jax.jit.")
-    if isinstance(x, jax.Array) and x.dtype == np.dtype(dtype) and len(x.sharding.device_set) == 1:
+    if shared and isinstance(x, jax.Array) and x.dtype == np.dtype(dtype) and len(x.sharding.device_set) == 1:
         return x  # already in the check's precision, on one device: no copy (a large model's float32 check)
     return jax.device_put(np.asarray(x).astype(np.dtype(dtype)))
 
@@ -492,7 +493,10 @@ def _reaching(jaxpr: Any, cots: list, n: int) -> list[bool] | None:
 def _check(plan: GradCheckPlan) -> list[Finding]:
     """The check in the plan's dtype: pick the leaves, draw their directions and the output's cotangents, find
     the compute dtype, take the derivatives once for all leaves, then compare leaf by leaf."""
-    args = [jax.tree_util.tree_map(lambda x: _cast_host(x, plan.dtype), a) for a in plan.args]
+    # the parameters are read as they are where they can be (a large model's float32 check: no copy of them); the
+    # other arguments are copied, as a step that donates its batch could delete them under a check beside it
+    cast = [functools.partial(_cast_host, dtype=plan.dtype, shared=i == 0) for i in range(len(plan.args))]
+    args = [jax.tree_util.tree_map(c, a) for c, a in zip(cast, plan.args)]
     rng = np.random.default_rng(plan.seed)
     leaves = _Leaves.select(plan, args)
     if not leaves.checked:

@@ -724,9 +724,10 @@ def test_a_check_in_the_arguments_precision_reads_them_without_a_copy_and_a_repl
     from jaxsane._checks.grads import _cast_host
 
     x = jnp.ones((4, 3), jnp.float32)
-    assert _cast_host(x, jnp.float32) is x
+    assert _cast_host(x, jnp.float32, shared=True) is x
+    assert _cast_host(x, jnp.float32) is not x  # (a batch: the user's step may donate it beside the check)
     with jax.enable_x64(True):  # (as the check's own float64 pass runs)
-        assert _cast_host(x, jnp.float64).dtype == jnp.float64
+        assert _cast_host(x, jnp.float64, shared=True).dtype == jnp.float64
     if len(jax.devices()) > 1:  # replicated over a mesh: checked once, on one device, not on every replica
         spread = jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P()))
-        assert len(_cast_host(spread, jnp.float32).sharding.device_set) == 1
+        assert len(_cast_host(spread, jnp.float32, shared=True).sharding.device_set) == 1
