@@ -129,10 +129,12 @@ def canonical_dtype(dtype: Any) -> Any:
     return jax.dtypes.canonicalize_dtype(dtype)
 
 
-def _spec(x: Any, size: int, placement: Any = None) -> jax.ShapeDtypeStruct:
-    """The abstract value of ``size`` stacked copies of leaf ``x`` (placed by ``placement`` when given)."""
+def _spec(x: Any, size: int | None, placement: Any = None) -> jax.ShapeDtypeStruct:
+    """The abstract value of ``size`` stacked copies of leaf ``x`` (of ``x`` itself when ``size`` is None) as the
+    sweep's states hold it (from host arrays: never weakly typed), placed by ``placement`` when given."""
     dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
-    return jax.ShapeDtypeStruct((size, *np.shape(x)), canonical_dtype(dtype), sharding=placement)
+    shape = np.shape(x) if size is None else (size, *np.shape(x))
+    return jax.ShapeDtypeStruct(shape, canonical_dtype(dtype), sharding=placement)
 
 
 def compile_sweep(
@@ -169,15 +171,8 @@ def on_one_device(spec: SweepSpec, example_state: PyTree, batch: PyTree) -> Swee
     an MLP-Mixer's sweep compiled for the mesh its state is replicated on ran on every device, 8 times the work.
     Not jit-safe."""
     # traced at abstract values placed nowhere: the replicated arrays' own carry their mesh into the jaxpr's equations
-    step = unplaced(spec.step, *jax.tree_util.tree_map(_abstract, (example_state, batch)))
+    step = unplaced(spec.step, *jax.tree_util.tree_map(lambda x: _spec(x, None), (example_state, batch)))
     return None if step is None else dataclasses.replace(spec, step=step)
-
-
-def _abstract(x: Any) -> jax.ShapeDtypeStruct:
-    """The abstract value of leaf ``x`` as the sweep's stacked states hold it (from host arrays: never weakly
-    typed), placed nowhere."""
-    dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
-    return jax.ShapeDtypeStruct(np.shape(x), canonical_dtype(dtype))
 
 
 def _traced(
